@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+// apiClient talks to a gateway's management API.
+type apiClient struct {
+	base string
+	key  string
+	http *http.Client
+}
+
+func newAPIClient() (*apiClient, error) {
+	base := strings.TrimRight(os.Getenv("SANDGATE_URL"), "/")
+	if base == "" {
+		base = "http://127.0.0.1:8080"
+	}
+	key := os.Getenv("SANDGATE_API_KEY")
+	if key == "" {
+		return nil, errors.New("SANDGATE_API_KEY is not set")
+	}
+	// Redirects (artifact downloads) are followed only where asked.
+	return &apiClient{base: base, key: key, http: &http.Client{
+		Timeout:       5 * time.Minute,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}, nil
+}
+
+// apiErr is the contract's error body.
+type apiErr struct {
+	Status int
+	Code   string `json:"code"`
+	Msg    string `json:"message"`
+}
+
+func (e *apiErr) Error() string { return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Msg) }
+
+func (c *apiClient) do(ctx context.Context, method, path string, body any, out any) (*http.Response, error) {
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.key)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 400 {
+		var e struct {
+			Error apiErr `json:"error"`
+		}
+		if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
+			return nil, fmt.Errorf("%s %s: %s", method, path, resp.Status)
+		}
+		e.Error.Status = resp.StatusCode
+		return nil, &e.Error
+	}
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return nil, fmt.Errorf("%s %s: bad response: %w", method, path, err)
+		}
+	}
+	return resp, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+const sessionUsage = `usage: sandgate session SUBCOMMAND
+  create [-kind browser] [-runtime NAME] [-ttl SECONDS] [-idle SECONDS] [-width W -height H] [-label k=v]...
+  list
+  get ID
+  extend ID -ttl SECONDS
+  delete ID
+  preview ID [-scope cdp] [-ttl SECONDS] [-view-only]
+  screenshot ID [-o FILE]
+  artifacts ID`
+
+type labelFlags map[string]string
+
+func (l labelFlags) String() string { return "" }
+func (l labelFlags) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok {
+		return errors.New("labels are k=v")
+	}
+	l[k] = val
+	return nil
+}
+
+// cmdSession runs the session subcommands against SANDGATE_URL.
+func cmdSession(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return usageError(sessionUsage)
+	}
+	c, err := newAPIClient()
+	if err != nil {
+		return err
+	}
+	sub, args := args[0], flagsFirst(args[1:])
+	fs := flag.NewFlagSet("session "+sub, flag.ContinueOnError)
+	var out map[string]any
+	idArg := func() (string, error) {
+		if fs.NArg() != 1 {
+			return "", usageError(sessionUsage)
+		}
+		return fs.Arg(0), nil
+	}
+	switch sub {
+	case "create":
+		kind := fs.String("kind", "browser", "browser or desktop")
+		rt := fs.String("runtime", "", "kata, gvisor or runc (default: the gateway's)")
+		ttl := fs.Int("ttl", 0, "seconds to live (default: the tenant's)")
+		idle := fs.Int("idle", 0, "idle timeout in seconds (0: none)")
+		w := fs.Int("width", 0, "screen width")
+		h := fs.Int("height", 0, "screen height")
+		labels := labelFlags{}
+		fs.Var(labels, "label", "k=v label, repeatable")
+		if err := fs.Parse(args); err != nil {
+			return usageError(err.Error())
+		}
+		req := map[string]any{"kind": *kind, "labels": labels}
+		if *rt != "" {
+			req["runtime"] = *rt
+		}
+		if *ttl != 0 {
+			req["ttl_seconds"] = *ttl
+		}
+		if *idle != 0 {
+			req["idle_timeout_seconds"] = *idle
+		}
+		if *w != 0 || *h != 0 {
+			req["screen"] = map[string]int{"width": *w, "height": *h}
+		}
+		start := time.Now()
+		if _, err := c.do(ctx, "POST", "/v1/sessions?wait=false", req, &out); err != nil {
+			return err
+		}
+		id, _ := out["id"].(string)
+		fmt.Fprintf(os.Stderr, "session %s: %s (runtime %v)\n", id, out["state"], out["runtime"])
+		last := out["state"]
+		for out["state"] == "starting" {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+			if _, err := c.do(ctx, "GET", "/v1/sessions/"+id, nil, &out); err != nil {
+				return err
+			}
+			if out["state"] != last {
+				fmt.Fprintf(os.Stderr, "session %s: %s after %s\n", id, out["state"], time.Since(start).Round(10*time.Millisecond))
+				last = out["state"]
+			} else if time.Since(start)/time.Second != (time.Since(start)-200*time.Millisecond)/time.Second {
+				fmt.Fprintf(os.Stderr, "session %s: waiting for Chromium and VNC (%s)\n", id, time.Since(start).Round(time.Second))
+			}
+		}
+		if out["state"] == "failed" {
+			printJSON(out)
+			return fmt.Errorf("session %s failed: %v", id, out["failure"])
+		}
+	case "list":
+		if _, err := c.do(ctx, "GET", "/v1/sessions", nil, &out); err != nil {
+			return err
+		}
+	case "get", "delete", "artifacts":
+		if err := fs.Parse(args); err != nil {
+			return usageError(err.Error())
+		}
+		id, err := idArg()
+		if err != nil {
+			return err
+		}
+		method, path := "GET", "/v1/sessions/"+id
+		if sub == "delete" {
+			method = "DELETE"
+		} else if sub == "artifacts" {
+			path += "/artifacts"
+		}
+		if _, err := c.do(ctx, method, path, nil, &out); err != nil {
+			return err
+		}
+	case "extend":
+		ttl := fs.Int("ttl", 0, "new time to live, seconds from now")
+		if err := fs.Parse(args); err != nil {
+			return usageError(err.Error())
+		}
+		id, err := idArg()
+		if err != nil {
+			return err
+		}
+		if _, err := c.do(ctx, "POST", "/v1/sessions/"+id+"/extend", map[string]int{"ttl_seconds": *ttl}, &out); err != nil {
+			return err
+		}
+	case "preview":
+		scope := fs.String("scope", "cdp", "cdp, vnc, view or review")
+		ttl := fs.Int("ttl", 300, "seconds the preview URL is valid")
+		vo := fs.Bool("view-only", false, "drop input (vnc, view)")
+		if err := fs.Parse(args); err != nil {
+			return usageError(err.Error())
+		}
+		id, err := idArg()
+		if err != nil {
+			return err
+		}
+		req := map[string]any{"scope": *scope, "ttl_seconds": *ttl, "view_only": *vo}
+		if _, err := c.do(ctx, "POST", "/v1/sessions/"+id+"/previews", req, &out); err != nil {
+			return err
+		}
+	case "screenshot":
+		file := fs.String("o", "", "also download the PNG to FILE")
+		if err := fs.Parse(args); err != nil {
+			return usageError(err.Error())
+		}
+		id, err := idArg()
+		if err != nil {
+			return err
+		}
+		if _, err := c.do(ctx, "POST", "/v1/sessions/"+id+"/screenshot", nil, &out); err != nil {
+			return err
+		}
+		if *file != "" {
+			if err := c.download(ctx, out["id"].(string), *file); err != nil {
+				return err
+			}
+		}
+	default:
+		return usageError(sessionUsage)
+	}
+	return printJSON(out)
+}
+
+// download fetches an artifact through its presigned URL.
+func (c *apiClient) download(ctx context.Context, id, file string) error {
+	resp, err := c.do(ctx, "GET", "/v1/artifacts/"+id, nil, nil)
+	if err != nil {
+		return err
+	}
+	loc := resp.Header.Get("Location")
+	req, err := http.NewRequestWithContext(ctx, "GET", loc, nil)
+	if err != nil {
+		return err
+	}
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer r.Body.Close()
+	if r.StatusCode != 200 {
+		return fmt.Errorf("download: %s", r.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// flagsFirst moves positional arguments after the flags, so that
+// "screenshot ID -o FILE" parses like "screenshot -o FILE ID".
+func flagsFirst(args []string) []string {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			pos = append(pos, args[i+1:]...)
+			i = len(args)
+		case strings.HasPrefix(a, "-"):
+			flags = append(flags, a)
+			if !strings.Contains(a, "=") && i+1 < len(args) && !boolFlags[strings.TrimLeft(a, "-")] {
+				flags = append(flags, args[i+1])
+				i++
+			}
+		default:
+			pos = append(pos, a)
+		}
+	}
+	return append(flags, pos...)
+}
+
+var boolFlags = map[string]bool{"view-only": true}

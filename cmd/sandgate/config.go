@@ -1,0 +1,160 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Config is the gateway's whole configuration, read from one JSON file.
+type Config struct {
+	// Listen is the address the gateway serves on, e.g. "127.0.0.1:8080".
+	Listen string `json:"listen"`
+	// PublicURL is how clients reach the gateway, e.g. "http://127.0.0.1:8080".
+	// Preview URLs and CDP WebSocket URLs are built on it.
+	PublicURL string `json:"public_url"`
+	// Hosts are the Host header values the gateway answers to; the host of
+	// PublicURL is always one of them.
+	Hosts []string `json:"hosts"`
+
+	Containerd struct {
+		Address     string `json:"address"`
+		Namespace   string `json:"namespace"`
+		Snapshotter string `json:"snapshotter"`
+	} `json:"containerd"`
+
+	// StateDir holds per-session workspaces.
+	StateDir string `json:"state_dir"`
+	// CacheDir holds built session image archives.
+	CacheDir string `json:"cache_dir"`
+
+	Network struct {
+		Bridge    string `json:"bridge"`
+		Subnet    string `json:"subnet"`
+		PluginDir string `json:"plugin_dir"`
+		NetNSDir  string `json:"netns_dir"`
+	} `json:"network"`
+
+	// DefaultRuntime is used when a create request names none. Empty means
+	// the strongest usable handler (kata, then gvisor); runc is used only
+	// when named here.
+	DefaultRuntime string `json:"default_runtime"`
+	Runtimes       struct {
+		Gvisor struct {
+			// Runsc is the path of a runsc wrapper the runc shim runs
+			// instead of runc.
+			Runsc string `json:"runsc"`
+		} `json:"gvisor"`
+	} `json:"runtimes"`
+
+	MinIO struct {
+		Endpoint  string   `json:"endpoint"`
+		AccessKey string   `json:"access_key"`
+		SecretKey string   `json:"secret_key"`
+		Bucket    string   `json:"bucket"`
+		Secure    bool     `json:"secure"`
+		PresignTTL Duration `json:"presign_ttl"`
+	} `json:"minio"`
+
+	Tokens struct {
+		// ActiveKey names the key that signs new preview tokens; all keys
+		// verify, so a rotated-out key keeps working until removed.
+		ActiveKey string            `json:"active_key"`
+		Keys      map[string]string `json:"keys"`
+	} `json:"tokens"`
+
+	Tenants []TenantConfig `json:"tenants"`
+}
+
+// TenantConfig is one tenant: its hashed API keys and limits.
+type TenantConfig struct {
+	Name string `json:"name"`
+	// APIKeySHA256 are hex SHA-256 digests of the tenant's API keys.
+	APIKeySHA256 []string `json:"api_key_sha256"`
+	MaxSessions  int      `json:"max_sessions"`
+	DefaultTTL   Duration `json:"default_ttl"`
+	MaxTTL       Duration `json:"max_ttl"`
+	MaxIdle      Duration `json:"max_idle"`
+}
+
+// Duration is a time.Duration written as "90s" or "10m" in JSON.
+type Duration struct{ time.Duration }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string such as \"90s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// LoadConfig reads and checks a config file; unknown fields are errors.
+func LoadConfig(path string) (*Config, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c := defaultConfig()
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := c.check(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+func defaultConfig() *Config {
+	c := &Config{Listen: "127.0.0.1:8080", PublicURL: "http://127.0.0.1:8080", StateDir: "/var/lib/sandgate", CacheDir: "/var/cache/sandgate"}
+	c.Containerd.Address = "/run/containerd/containerd.sock"
+	c.Containerd.Namespace = "sandgate"
+	c.Containerd.Snapshotter = "overlayfs"
+	c.Network.Bridge = "sandgate0"
+	c.Network.Subnet = "10.231.0.0/16"
+	c.Network.PluginDir = "/usr/lib/cni"
+	c.Network.NetNSDir = "/run/netns"
+	c.MinIO.Bucket = "sandgate-artifacts"
+	c.MinIO.PresignTTL = Duration{5 * time.Minute}
+	return c
+}
+
+func (c *Config) check() error {
+	var errs []error
+	if c.MinIO.Endpoint == "" {
+		errs = append(errs, errors.New("minio.endpoint is required"))
+	}
+	if len(c.Tokens.Keys) == 0 || c.Tokens.Keys[c.Tokens.ActiveKey] == "" {
+		errs = append(errs, errors.New("tokens.active_key must name one of tokens.keys"))
+	}
+	for id, k := range c.Tokens.Keys {
+		if len(k) < 32 {
+			errs = append(errs, fmt.Errorf("tokens.keys.%s is shorter than 32 characters", id))
+		}
+	}
+	if len(c.Tenants) == 0 {
+		errs = append(errs, errors.New("at least one tenant is required"))
+	}
+	for _, t := range c.Tenants {
+		if t.Name == "" || len(t.APIKeySHA256) == 0 {
+			errs = append(errs, errors.New("every tenant needs a name and an api_key_sha256"))
+		}
+	}
+	switch c.DefaultRuntime {
+	case "", "runc", "gvisor", "kata":
+	default:
+		errs = append(errs, fmt.Errorf("default_runtime %q is not one of kata, gvisor, runc", c.DefaultRuntime))
+	}
+	return errors.Join(errs...)
+}

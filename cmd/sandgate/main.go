@@ -1,0 +1,61 @@
+// Command sandgate is the Sandgate binary: the gateway (`sandgate serve`),
+// the session image builder and the API client subcommands.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `usage: sandgate COMMAND [ARGS]
+
+  serve -config FILE          run the gateway
+  image build|ref             build the session image into containerd, or print its ref
+  hash-key [KEY]              print the SHA-256 of an API key (a new key when none is given)
+  session create|list|get|extend|delete|preview|screenshot|artifacts
+                              talk to a gateway: SANDGATE_URL and SANDGATE_API_KEY
+`
+
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
+
+func main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = cmdServe(ctx, log, os.Args[2:])
+	case "image":
+		err = cmdImage(ctx, log, os.Args[2:])
+	case "hash-key":
+		err = cmdHashKey(os.Args[2:])
+	case "session", "sessions":
+		err = cmdSession(ctx, os.Args[2:])
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		err = usageError(usage)
+	}
+	var ue usageError
+	switch {
+	case err == nil:
+	case errors.As(err, &ue):
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "sandgate:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/namespaces"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/images"
+	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/session"
+)
+
+// cmdServe runs the gateway until SIGINT or SIGTERM.
+func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfgPath := fs.String("config", "/etc/sandgate/config.json", "config file")
+	if err := fs.Parse(args); err != nil {
+		return usageError(err.Error())
+	}
+	cfg, err := LoadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	pub, err := url.Parse(cfg.PublicURL)
+	if err != nil || pub.Host == "" || (pub.Scheme != "http" && pub.Scheme != "https") {
+		return fmt.Errorf("config: public_url %q must be an http(s) URL", cfg.PublicURL)
+	}
+
+	client, err := containerd.New(cfg.Containerd.Address, containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		return fmt.Errorf("connect to containerd at %s: %w", cfg.Containerd.Address, err)
+	}
+	defer client.Close()
+
+	def := images.SessionDefinition()
+	b := &images.Builder{Client: client, CacheDir: cfg.CacheDir, Snapshotter: cfg.Containerd.Snapshotter, Log: log}
+	ref, err := b.Ensure(namespaces.WithNamespace(ctx, cfg.Containerd.Namespace), def)
+	if err != nil {
+		return fmt.Errorf("session image: %w", err)
+	}
+
+	store, err := recordings.New(ctx, recordings.Config{
+		Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
+		Secure: cfg.MinIO.Secure, Bucket: cfg.MinIO.Bucket, PresignTTL: cfg.MinIO.PresignTTL.Duration,
+	})
+	if err != nil {
+		return err
+	}
+
+	tenants := map[string]session.TenantLimits{}
+	keys := map[string]string{}
+	for _, t := range cfg.Tenants {
+		lim := session.TenantLimits{MaxSessions: t.MaxSessions, DefaultTTL: t.DefaultTTL.Duration, MaxTTL: t.MaxTTL.Duration, MaxIdle: t.MaxIdle.Duration}
+		if lim.MaxTTL == 0 {
+			lim.MaxTTL = 24 * time.Hour
+		}
+		if lim.DefaultTTL == 0 {
+			lim.DefaultTTL = min(15*time.Minute, lim.MaxTTL)
+		}
+		if lim.MaxIdle == 0 {
+			lim.MaxIdle = lim.MaxTTL
+		}
+		tenants[t.Name] = lim
+		for _, h := range t.APIKeySHA256 {
+			keys[h] = t.Name
+		}
+	}
+	mgr, err := session.New(ctx, client, session.Config{
+		Namespace: cfg.Containerd.Namespace, Image: ref, Snapshotter: cfg.Containerd.Snapshotter,
+		StateDir: cfg.StateDir,
+		Network: session.NetworkConfig{
+			Bridge: cfg.Network.Bridge, Subnet: cfg.Network.Subnet, PluginDir: cfg.Network.PluginDir,
+			NetNSDir: cfg.Network.NetNSDir, IPAMDir: filepath.Join(cfg.StateDir, "ipam"),
+		},
+		Runtimes:       session.RuntimeConfig{Runsc: cfg.Runtimes.Gvisor.Runsc},
+		DefaultRuntime: cfg.DefaultRuntime,
+		Tenants:        tenants,
+	}, log)
+	if err != nil {
+		return err
+	}
+	defer mgr.Close()
+
+	srv, err := gateway.New(gateway.Config{
+		PublicURL: pub, Hosts: cfg.Hosts, APIKeys: keys,
+		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
+	}, mgr, store, log)
+	if err != nil {
+		return err
+	}
+	log.Info("sandgate listening", "addr", cfg.Listen, "public_url", cfg.PublicURL, "image", ref)
+	return srv.Listen(ctx, cfg.Listen)
+}
+
+// cmdHashKey prints an API key's SHA-256, the form the config stores.
+// Without an argument it makes a new key and prints both.
+func cmdHashKey(args []string) error {
+	key := ""
+	if len(args) > 0 {
+		key = args[0]
+	} else {
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		key = "sg_" + hex.EncodeToString(b)
+		fmt.Println(key)
+	}
+	sum := sha256.Sum256([]byte(key))
+	fmt.Println(hex.EncodeToString(sum[:]))
+	return nil
+}

@@ -1,0 +1,212 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	fws "github.com/fasthttp/websocket"
+	"github.com/gofiber/contrib/websocket"
+	"github.com/gofiber/fiber/v2"
+	"github.com/golang-jwt/jwt/v5"
+	gws "github.com/gorilla/websocket"
+
+	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/session"
+)
+
+const (
+	localClaims   = "claims"
+	localEndpoint = "endpoint"
+	localUpstream = "upstream"
+)
+
+func jwtTime(t time.Time) *jwt.NumericDate { return jwt.NewNumericDate(t) }
+
+// previewAuth checks the token in the path: signature, expiry, scope, that
+// its session is running and that it was not revoked. Every failure is the
+// same 401, so a client learns nothing about other sessions.
+func (s *Server) previewAuth(scope string) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		claims, err := s.tokens.verify(c.Params("token"), time.Now())
+		if err != nil || claims.Scope != scope {
+			return errUnauthenticated("the preview token is missing, invalid or expired")
+		}
+		ep, err := s.sessions.Endpoint(claims.Tenant, claims.Session)
+		if err != nil || s.sessions.Revoked(claims.Session, claims.ID) {
+			return errUnauthenticated("the preview token is missing, invalid or expired")
+		}
+		c.Locals(localClaims, claims)
+		c.Locals(localEndpoint, ep)
+		return c.Next()
+	}
+}
+
+// cdpDiscovery serves /json/version, /json, /json/list and /json/protocol
+// with the WebSocket URLs pointing back at the gateway.
+func (s *Server) cdpDiscovery(c *fiber.Ctx) error {
+	path := strings.Trim("json/"+c.Params("*"), "/")
+	if !browser.DiscoveryPaths[path] {
+		return errNotFound("no such CDP endpoint")
+	}
+	ep := c.Locals(localEndpoint).(session.Endpoint)
+	claims := c.Locals(localClaims).(*previewClaims)
+	prefix := s.wsScheme + "://" + c.Hostname() + "/cdp/" + c.Params("token")
+	ctx, cancel := reqCtx(c, 15*time.Second)
+	defer cancel()
+	body, err := browser.Discover(ctx, ep.CDP, path, prefix)
+	if err != nil {
+		return proxyError(ctx, err)
+	}
+	s.sessions.Touch(claims.Session)
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSONCharsetUTF8)
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.Send(body)
+}
+
+// proxyError maps an upstream failure: timeout 504, anything else 502.
+func proxyError(ctx context.Context, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || ctx.Err() == context.DeadlineExceeded {
+		return &apiError{status: 504, code: "unavailable", msg: "the session's browser did not answer in time", err: err}
+	}
+	return &apiError{status: 502, code: "unavailable", msg: "the session's browser is not reachable", err: err}
+}
+
+var devtoolsPath = regexp.MustCompile(`^(browser|page)/([A-Za-z0-9._-]{1,128})$`)
+
+// cdpUpgrade checks a CDP WebSocket request before the upgrade: the target
+// must belong to the token's session, and the session's browser must
+// accept the connection. Failures are plain HTTP errors.
+func (s *Server) cdpUpgrade(c *fiber.Ctx) error {
+	if !websocket.IsWebSocketUpgrade(c) {
+		return errInvalid("this endpoint needs a WebSocket upgrade")
+	}
+	m := devtoolsPath.FindStringSubmatch(c.Params("*"))
+	if m == nil {
+		return errNotFound("no such CDP target")
+	}
+	ep := c.Locals(localEndpoint).(session.Endpoint)
+	ctx, cancel := reqCtx(c, 15*time.Second)
+	defer cancel()
+	// A target id of another session (or of nothing) is refused like a
+	// bad token: this token does not grant it.
+	if m[1] == "browser" {
+		id, err := browser.BrowserID(ctx, ep.CDP)
+		if err != nil {
+			return proxyError(ctx, err)
+		}
+		if id != m[2] {
+			return errUnauthenticated("the preview token does not grant this target")
+		}
+	} else {
+		ts, err := browser.Targets(ctx, ep.CDP)
+		if err != nil {
+			return proxyError(ctx, err)
+		}
+		found := false
+		for _, t := range ts {
+			found = found || t.ID == m[2]
+		}
+		if !found {
+			return errUnauthenticated("the preview token does not grant this target")
+		}
+	}
+	c.Locals(localUpstream, "ws://"+ep.CDP.String()+"/devtools/"+m[1]+"/"+m[2])
+	return c.Next()
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+// cdpProxy pumps CDP messages both ways until either side closes, the
+// token expires, the preview is revoked or the session ends.
+func (s *Server) cdpProxy() fiber.Handler {
+	return websocket.New(func(client *websocket.Conn) {
+		target := client.Locals(localUpstream).(string)
+		claims := client.Locals(localClaims).(*previewClaims)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		d := gws.Dialer{HandshakeTimeout: 10 * time.Second, ReadBufferSize: 64 << 10, WriteBufferSize: 64 << 10}
+		up, resp, err := d.DialContext(ctx, target, nil)
+		cancel()
+		if resp != nil && resp.Body != nil {
+			resp.Body.Close()
+		}
+		if err != nil {
+			s.log.Warn("cdp upstream unreachable", "session", claims.Session, "err", err)
+			client.WriteControl(fws.CloseMessage, fws.FormatCloseMessage(fws.CloseInternalServerErr, "the session's browser is not reachable"), time.Now().Add(time.Second))
+			client.Close()
+			return
+		}
+		s.pump(client, up, claims)
+	}, websocket.Config{
+		ReadBufferSize:  64 << 10,
+		WriteBufferSize: 64 << 10,
+	})
+}
+
+func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaims) {
+	log := s.log.With("session", claims.Session, "tenant", claims.Tenant, "preview", claims.ID)
+	var once sync.Once
+	shut := func(code int, reason string) {
+		once.Do(func() {
+			deadline := time.Now().Add(200 * time.Millisecond)
+			client.WriteControl(fws.CloseMessage, fws.FormatCloseMessage(code, reason), deadline)
+			up.WriteControl(gws.CloseMessage, gws.FormatCloseMessage(gws.CloseNormalClosure, ""), deadline)
+			client.Close()
+			up.Close()
+		})
+	}
+	release, err := s.sessions.Track(claims.Tenant, claims.Session, claims.ID, closerFunc(func() error {
+		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		return nil
+	}))
+	if err != nil {
+		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		return
+	}
+	defer release()
+	expiry := time.AfterFunc(time.Until(claims.ExpiresAt.Time), func() {
+		shut(fws.ClosePolicyViolation, "preview expired")
+	})
+	defer expiry.Stop()
+	log.Info("cdp connection opened")
+	start := time.Now()
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			mt, data, err := up.ReadMessage()
+			if err != nil {
+				shut(fws.CloseGoingAway, "browser closed the connection")
+				return
+			}
+			if err := client.WriteMessage(mt, data); err != nil {
+				shut(fws.CloseGoingAway, "")
+				return
+			}
+		}
+	}()
+	var lastTouch time.Time
+	for {
+		mt, data, err := client.ReadMessage()
+		if err != nil {
+			shut(fws.CloseNormalClosure, "")
+			break
+		}
+		if now := time.Now(); now.Sub(lastTouch) > time.Second {
+			s.sessions.Touch(claims.Session)
+			lastTouch = now
+		}
+		if err := up.WriteMessage(mt, data); err != nil {
+			shut(fws.CloseGoingAway, "browser closed the connection")
+			break
+		}
+	}
+	<-done
+	log.Info("cdp connection closed", "duration", time.Since(start).Round(time.Millisecond))
+}

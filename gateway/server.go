@@ -1,0 +1,203 @@
+// Package gateway is the Fiber app in front of sessions: API keys and
+// tenants, the sessions API, preview tokens, the CDP ingress and the
+// mapping of errors to the public contract. It never talks to containerd.
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/session"
+)
+
+// Config is what the gateway needs from the service's config file.
+type Config struct {
+	// PublicURL is how clients reach the gateway.
+	PublicURL *url.URL
+	// Hosts are the Host header values the gateway answers to.
+	Hosts []string
+	// APIKeys maps the hex SHA-256 of an API key to its tenant.
+	APIKeys map[string]string
+	// TokenKeys sign preview tokens; ActiveKey signs new ones.
+	TokenKeys map[string]string
+	ActiveKey string
+	// MaxPreviewTTL bounds a preview's lifetime.
+	MaxPreviewTTL time.Duration
+	// BodyLimit bounds request bodies.
+	BodyLimit int
+}
+
+// Server is the gateway.
+type Server struct {
+	cfg      Config
+	app      *fiber.App
+	sessions *session.Manager
+	store    *recordings.Store
+	tokens   *signer
+	log      *slog.Logger
+	hosts    map[string]bool
+	origin   string // scheme://host of PublicURL
+	wsScheme string
+}
+
+// New builds the gateway's routes.
+func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *slog.Logger) (*Server, error) {
+	if cfg.PublicURL == nil || cfg.PublicURL.Host == "" {
+		return nil, fmt.Errorf("gateway: public URL is required")
+	}
+	tokens, err := newSigner(cfg.ActiveKey, cfg.TokenKeys)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxPreviewTTL == 0 {
+		cfg.MaxPreviewTTL = 24 * time.Hour
+	}
+	if cfg.BodyLimit == 0 {
+		cfg.BodyLimit = 1 << 20
+	}
+	s := &Server{
+		cfg: cfg, sessions: sessions, store: store, tokens: tokens, log: log,
+		hosts:    map[string]bool{strings.ToLower(cfg.PublicURL.Host): true},
+		origin:   cfg.PublicURL.Scheme + "://" + strings.ToLower(cfg.PublicURL.Host),
+		wsScheme: "ws",
+	}
+	if cfg.PublicURL.Scheme == "https" {
+		s.wsScheme = "wss"
+	}
+	for _, h := range cfg.Hosts {
+		s.hosts[strings.ToLower(h)] = true
+	}
+	s.app = fiber.New(fiber.Config{
+		AppName:               "sandgate",
+		BodyLimit:             cfg.BodyLimit,
+		ErrorHandler:          errorHandler(log),
+		DisableStartupMessage: true,
+		ReadTimeout:           60 * time.Second,
+		IdleTimeout:           120 * time.Second,
+	})
+	s.routes()
+	return s, nil
+}
+
+// App is the Fiber app, for tests and for Listen.
+func (s *Server) App() *fiber.App { return s.app }
+
+// Listen serves until ctx ends, then shuts down.
+func (s *Server) Listen(ctx context.Context, addr string) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.app.Listen(addr) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return s.app.ShutdownWithTimeout(5 * time.Second)
+	}
+}
+
+func (s *Server) routes() {
+	a := s.app
+	a.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
+	a.Use(s.checkHost)
+	a.Get("/readyz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ready"}) })
+	a.Get("/metrics", s.metrics)
+
+	v1 := a.Group("/v1", s.authenticate)
+	v1.Get("/runtimes", s.listRuntimes)
+	v1.Post("/sessions", s.createSession)
+	v1.Get("/sessions", s.listSessions)
+	v1.Get("/sessions/:id", s.getSession)
+	v1.Post("/sessions/:id/extend", s.extendSession)
+	v1.Delete("/sessions/:id", s.deleteSession)
+	v1.Post("/sessions/:id/previews", s.createPreview)
+	v1.Delete("/sessions/:id/previews/:preview", s.revokePreview)
+	v1.Post("/sessions/:id/screenshot", s.screenshot)
+	v1.Get("/sessions/:id/artifacts", s.listArtifacts)
+	v1.Get("/artifacts/:id", s.getArtifact)
+
+	cdp := a.Group("/cdp/:token", s.checkOrigin, s.previewAuth(ScopeCDP))
+	cdp.Get("/json", s.cdpDiscovery)
+	cdp.Get("/json/*", s.cdpDiscovery)
+	cdp.Get("/devtools/*", s.cdpUpgrade, s.cdpProxy())
+}
+
+// checkHost refuses requests whose Host is not the gateway's, which stops
+// DNS rebinding from turning a browser into a client of the gateway.
+func (s *Server) checkHost(c *fiber.Ctx) error {
+	if !s.hosts[strings.ToLower(c.Hostname())] {
+		return errDenied("the Host header does not name this gateway")
+	}
+	return c.Next()
+}
+
+// checkOrigin refuses browser requests from other sites. Clients that send
+// no Origin (CDP libraries) pass.
+func (s *Server) checkOrigin(c *fiber.Ctx) error {
+	o := c.Get(fiber.HeaderOrigin)
+	if o != "" && !strings.EqualFold(o, s.origin) {
+		return errDenied("cross-origin requests are not allowed")
+	}
+	return c.Next()
+}
+
+const localTenant = "tenant"
+
+// authenticate maps the bearer API key to its tenant.
+func (s *Server) authenticate(c *fiber.Ctx) error {
+	h := c.Get(fiber.HeaderAuthorization)
+	key, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || key == "" {
+		return errUnauthenticated("an API key is required: Authorization: Bearer <key>")
+	}
+	sum := sha256.Sum256([]byte(key))
+	tenant, ok := s.cfg.APIKeys[hex.EncodeToString(sum[:])]
+	if !ok {
+		return errUnauthenticated("the API key is not valid")
+	}
+	c.Locals(localTenant, tenant)
+	return c.Next()
+}
+
+func tenantOf(c *fiber.Ctx) string { return c.Locals(localTenant).(string) }
+
+// reqCtx derives the context a handler passes down: it ends when the
+// client goes away or the deadline passes.
+func reqCtx(c *fiber.Ctx, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(c.UserContext(), d)
+}
+
+func (s *Server) metrics(c *fiber.Ctx) error {
+	counts := map[session.State]int{}
+	for _, t := range s.tenants() {
+		for _, i := range s.sessions.List(t) {
+			counts[i.State]++
+		}
+	}
+	var b strings.Builder
+	b.WriteString("# HELP sandgate_sessions Sessions known to the gateway, by state.\n# TYPE sandgate_sessions gauge\n")
+	for _, st := range []session.State{session.StateStarting, session.StateRunning, session.StateStopping, session.StateStopped, session.StateFailed} {
+		fmt.Fprintf(&b, "sandgate_sessions{state=%q} %d\n", st, counts[st])
+	}
+	c.Set(fiber.HeaderContentType, "text/plain; version=0.0.4")
+	return c.SendString(b.String())
+}
+
+func (s *Server) tenants() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, t := range s.cfg.APIKeys {
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	return out
+}

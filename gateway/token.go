@@ -1,0 +1,92 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Preview scopes.
+const (
+	ScopeCDP    = "cdp"
+	ScopeVNC    = "vnc"
+	ScopeView   = "view"
+	ScopeReview = "review"
+)
+
+// previewClaims are the signed content of a preview token. The expiry is
+// inside the signed part; the key id is in the header, so keys rotate.
+type previewClaims struct {
+	Session  string `json:"sid"`
+	Tenant   string `json:"tnt"`
+	Scope    string `json:"scp"`
+	ViewOnly bool   `json:"vo,omitempty"`
+	jwt.RegisteredClaims
+}
+
+// signer issues and checks preview tokens with HMAC-SHA256 keys.
+type signer struct {
+	active string
+	keys   map[string][]byte
+}
+
+func newSigner(active string, keys map[string]string) (*signer, error) {
+	s := &signer{active: active, keys: map[string][]byte{}}
+	for id, k := range keys {
+		if len(k) < 32 {
+			return nil, fmt.Errorf("token key %q is shorter than 32 bytes", id)
+		}
+		s.keys[id] = []byte(k)
+	}
+	if s.keys[active] == nil {
+		return nil, fmt.Errorf("active token key %q is not configured", active)
+	}
+	return s, nil
+}
+
+func newPreviewID() string {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return "p-" + hex.EncodeToString(b)
+}
+
+func (s *signer) issue(c previewClaims) (string, error) {
+	t := jwt.NewWithClaims(jwt.SigningMethodHS256, c)
+	t.Header["kid"] = s.active
+	return t.SignedString(s.keys[s.active])
+}
+
+var errBadToken = errors.New("invalid preview token")
+
+// verify checks signature, key id, algorithm and expiry.
+func (s *signer) verify(token string, now time.Time) (*previewClaims, error) {
+	if len(token) > 4096 {
+		return nil, errBadToken
+	}
+	var c previewClaims
+	_, err := jwt.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
+		kid, _ := t.Header["kid"].(string)
+		k, ok := s.keys[kid]
+		if !ok {
+			return nil, errBadToken
+		}
+		return k, nil
+	},
+		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
+		jwt.WithExpirationRequired(),
+		jwt.WithTimeFunc(func() time.Time { return now }),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadToken, err)
+	}
+	if c.Session == "" || c.Tenant == "" || c.ID == "" {
+		return nil, errBadToken
+	}
+	return &c, nil
+}

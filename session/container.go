@@ -1,0 +1,192 @@
+package session
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/contrib/seccomp"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Container labels. They let a restarted gateway rebuild its sessions from
+// containerd alone.
+const (
+	labelSession = "sandgate.session"
+	labelTenant  = "sandgate.tenant"
+	labelExpires = "sandgate.expires"
+	labelCreated = "sandgate.created"
+	labelAddr    = "sandgate.addr"
+	labelInfo    = "sandgate.info"
+	labelRevoked = "sandgate.revoked." // + preview id; value: unix expiry
+)
+
+// Session processes run as this user, created in the image.
+const sessionUID, sessionGID = 1000, 1000
+
+// storedInfo is the part of Info kept in a label.
+type storedInfo struct {
+	Kind        Kind              `json:"kind"`
+	Runtime     string            `json:"runtime"`
+	IdleTimeout int               `json:"idle"`
+	Resources   Resources         `json:"resources"`
+	Screen      Screen            `json:"screen"`
+	Record      bool              `json:"record"`
+	Labels      map[string]string `json:"labels"`
+}
+
+func containerLabels(info Info, addr string) (map[string]string, error) {
+	raw, err := json.Marshal(storedInfo{
+		Kind: info.Kind, Runtime: info.Runtime, IdleTimeout: info.IdleTimeout,
+		Resources: info.Resources, Screen: info.Screen, Record: info.Record, Labels: info.Labels,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{
+		labelSession: info.ID,
+		labelTenant:  info.Tenant,
+		labelExpires: info.ExpiresAt.UTC().Format(time.RFC3339Nano),
+		labelCreated: info.CreatedAt.UTC().Format(time.RFC3339Nano),
+		labelAddr:    addr,
+		labelInfo:    string(raw),
+	}, nil
+}
+
+func infoFromLabels(l map[string]string) (Info, error) {
+	var si storedInfo
+	if err := json.Unmarshal([]byte(l[labelInfo]), &si); err != nil {
+		return Info{}, fmt.Errorf("label %s: %w", labelInfo, err)
+	}
+	exp, err := time.Parse(time.RFC3339Nano, l[labelExpires])
+	if err != nil {
+		return Info{}, fmt.Errorf("label %s: %w", labelExpires, err)
+	}
+	created, err := time.Parse(time.RFC3339Nano, l[labelCreated])
+	if err != nil {
+		return Info{}, fmt.Errorf("label %s: %w", labelCreated, err)
+	}
+	return Info{
+		ID: l[labelSession], Tenant: l[labelTenant], Kind: si.Kind, Runtime: si.Runtime,
+		CreatedAt: created, ExpiresAt: exp, IdleTimeout: si.IdleTimeout, Resources: si.Resources,
+		Screen: si.Screen, Record: si.Record, Labels: si.Labels,
+	}, nil
+}
+
+func revokedFromLabels(l map[string]string) map[string]time.Time {
+	out := map[string]time.Time{}
+	for k, v := range l {
+		if len(k) > len(labelRevoked) && k[:len(labelRevoked)] == labelRevoked {
+			if sec, err := strconv.ParseInt(v, 10, 64); err == nil {
+				out[k[len(labelRevoked):]] = time.Unix(sec, 0)
+			}
+		}
+	}
+	return out
+}
+
+// withOOMScoreAdj raises the session's OOM score so that under memory
+// pressure sessions go before the gateway. (Lowering it is refused on
+// some hosts and makes runc fail.)
+func withOOMScoreAdj(score int) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		s.Process.OOMScoreAdj = &score
+		return nil
+	}
+}
+
+// newContainer creates the session's container (not its task).
+func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr string, workspace string) (containerd.Container, error) {
+	image, err := m.client.GetImage(ctx, m.cfg.Image)
+	if err != nil {
+		return nil, fmt.Errorf("session image %s: %w", m.cfg.Image, err)
+	}
+	labels, err := containerLabels(info, addr)
+	if err != nil {
+		return nil, err
+	}
+	res := info.Resources
+	period := uint64(100000)
+	quota := int64(res.CPUs * float64(period))
+	specOpts := []oci.SpecOpts{
+		oci.WithImageConfig(image),
+		oci.WithHostname("sandgate"),
+		oci.WithUIDGID(sessionUID, sessionGID),
+		oci.WithEnv([]string{
+			"SANDGATE_SCREEN_WIDTH=" + strconv.Itoa(info.Screen.Width),
+			"SANDGATE_SCREEN_HEIGHT=" + strconv.Itoa(info.Screen.Height),
+			"SANDGATE_CDP_PORT=" + strconv.Itoa(CDPPort),
+			"SANDGATE_VNC_PORT=" + strconv.Itoa(VNCPort),
+		}),
+		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: m.net.nsPath(info.ID)}),
+		oci.WithCapabilities(nil),
+		oci.WithAmbientCapabilities(nil),
+		oci.WithNoNewPrivileges,
+		seccomp.WithDefaultProfile(),
+		oci.WithMemoryLimit(uint64(res.MemoryMB) << 20),
+		oci.WithCPUCFS(quota, period),
+		oci.WithPidsLimit(int64(res.Pids)),
+		withOOMScoreAdj(500),
+		oci.WithMounts([]specs.Mount{{
+			Destination: "/home/sandgate/workspace",
+			Type:        "bind",
+			Source:      workspace,
+			Options:     []string{"rbind", "rw", "nosuid", "nodev"},
+		}}),
+	}
+	return m.client.NewContainer(ctx, info.ID,
+		containerd.WithImage(image),
+		containerd.WithSnapshotter(m.cfg.Snapshotter),
+		containerd.WithNewSnapshot(info.ID, image),
+		containerd.WithRuntime(rt.shim, rt.options),
+		containerd.WithContainerLabels(labels),
+		containerd.WithNewSpec(specOpts...),
+	)
+}
+
+// removeContainer kills the task and deletes the container and its
+// snapshot; anything already gone counts as done.
+func removeContainer(ctx context.Context, c containerd.Container) error {
+	if t, err := c.Task(ctx, nil); err == nil {
+		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("delete task: %w", err)
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return fmt.Errorf("task: %w", err)
+	}
+	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete container: %w", err)
+	}
+	return nil
+}
+
+func (m *Manager) workspaceDir(id string) string {
+	return filepath.Join(m.cfg.StateDir, "sessions", id)
+}
+
+// makeWorkspace creates the session's directory: the workspace mounted
+// into the session and the console log, which stays on the host.
+func (m *Manager) makeWorkspace(id string) (workspace string, console string, err error) {
+	dir := m.workspaceDir(id)
+	workspace = filepath.Join(dir, "workspace")
+	if err := os.MkdirAll(workspace, 0o700); err != nil {
+		return "", "", err
+	}
+	if err := os.Chown(workspace, sessionUID, sessionGID); err != nil {
+		return "", "", err
+	}
+	return workspace, filepath.Join(dir, "console.log"), nil
+}
+
+func newTask(ctx context.Context, c containerd.Container, console string) (containerd.Task, error) {
+	return c.NewTask(ctx, cio.LogFile(console))
+}

@@ -1,0 +1,156 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	gocni "github.com/containerd/go-cni"
+	"github.com/vishvananda/netns"
+)
+
+// NetworkConfig says how session network namespaces are wired.
+type NetworkConfig struct {
+	Bridge    string // host bridge, e.g. "sandgate0"
+	Subnet    string // session addresses, e.g. "10.231.0.0/16"
+	PluginDir string // CNI plugin binaries
+	NetNSDir  string // where named namespaces live, normally /run/netns
+	IPAMDir   string // host-local IPAM state
+}
+
+// netnsPrefix starts the name of every namespace this package creates, so
+// leftovers can be told from other namespaces.
+const netnsPrefix = "sandgate-"
+
+// network creates and removes one namespace per session on a CNI bridge.
+type network struct {
+	cfg NetworkConfig
+	cni gocni.CNI
+}
+
+func newNetwork(cfg NetworkConfig) (*network, error) {
+	if cfg.NetNSDir != "/run/netns" && cfg.NetNSDir != "/var/run/netns" {
+		return nil, fmt.Errorf("netns dir %q: only /run/netns is supported", cfg.NetNSDir)
+	}
+	conf := fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "sandgate",
+  "plugins": [{
+    "type": "bridge",
+    "bridge": %q,
+    "isGateway": true,
+    "ipMasq": false,
+    "hairpinMode": false,
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}
+  }]
+}`, cfg.Bridge, cfg.Subnet, cfg.IPAMDir)
+	c, err := gocni.New(gocni.WithPluginDir([]string{cfg.PluginDir}), gocni.WithInterfacePrefix("eth"))
+	if err != nil {
+		return nil, fmt.Errorf("cni: %w", err)
+	}
+	if err := c.Load(gocni.WithLoNetwork, gocni.WithConfListBytes([]byte(conf))); err != nil {
+		return nil, fmt.Errorf("cni config: %w", err)
+	}
+	return &network{cfg: cfg, cni: c}, nil
+}
+
+func (n *network) nsName(id string) string { return netnsPrefix + id }
+
+func (n *network) nsPath(id string) string { return filepath.Join(n.cfg.NetNSDir, n.nsName(id)) }
+
+// create makes the session's namespace and attaches it to the bridge,
+// returning the session's address. On error nothing is left behind.
+func (n *network) create(ctx context.Context, id string) (netip.Addr, error) {
+	if err := newNamedNetNS(n.nsName(id)); err != nil {
+		return netip.Addr{}, fmt.Errorf("create netns: %w", err)
+	}
+	res, err := n.cni.Setup(ctx, id, n.nsPath(id))
+	if err != nil {
+		n.remove(context.WithoutCancel(ctx), id)
+		return netip.Addr{}, fmt.Errorf("cni add: %w", err)
+	}
+	for name, iface := range res.Interfaces {
+		if !strings.HasPrefix(name, "eth") {
+			continue
+		}
+		for _, ipc := range iface.IPConfigs {
+			if a, ok := netip.AddrFromSlice(ipc.IP); ok && a.Unmap().Is4() {
+				return a.Unmap(), nil
+			}
+		}
+	}
+	n.remove(context.WithoutCancel(ctx), id)
+	return netip.Addr{}, errors.New("cni gave the session no IPv4 address")
+}
+
+// remove detaches and deletes the namespace; a missing one is not an error.
+// CNI DEL runs even without the namespace, so host-local releases the
+// address (a leftover reservation blocks the next session of that id).
+func (n *network) remove(ctx context.Context, id string) error {
+	path := n.nsPath(id)
+	if _, err := os.Stat(path); err != nil {
+		path = ""
+	}
+	var errs []error
+	if err := n.cni.Remove(ctx, id, path); err != nil {
+		errs = append(errs, fmt.Errorf("cni del: %w", err))
+	}
+	if path != "" {
+		if err := netns.DeleteNamed(n.nsName(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("delete netns: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// leftovers lists session ids whose namespaces exist.
+func (n *network) leftovers() []string {
+	entries, _ := os.ReadDir(n.cfg.NetNSDir)
+	var ids []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), netnsPrefix) {
+			ids = append(ids, strings.TrimPrefix(e.Name(), netnsPrefix))
+		}
+	}
+	return ids
+}
+
+// newNamedNetNS creates /run/netns/name without moving this process:
+// the work happens on a locked thread that is restored afterwards.
+func newNamedNetNS(name string) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.NewNamed(name)
+		if err != nil {
+			// NewNamed may have switched the thread already.
+			if netns.Set(orig) == nil {
+				runtime.UnlockOSThread()
+			}
+			errc <- err
+			return
+		}
+		ns.Close()
+		if err := netns.Set(orig); err != nil {
+			// Leave the thread locked: it dies with this goroutine
+			// instead of running other code in the wrong namespace.
+			errc <- fmt.Errorf("restore netns: %w", err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- nil
+	}()
+	return <-errc
+}

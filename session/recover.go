@@ -1,0 +1,124 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
+)
+
+// recover adopts the running, unexpired sessions of known tenants that a
+// previous gateway left in containerd, and removes everything else it
+// owns: other containers, namespaces and workspaces nobody holds.
+func (m *Manager) recover(ctx context.Context) error {
+	containers, err := m.client.Containers(ctx, fmt.Sprintf("labels.%q", labelSession))
+	if err != nil {
+		return fmt.Errorf("list containers: %w", err)
+	}
+	kept := map[string]bool{}
+	for _, c := range containers {
+		id := c.ID()
+		log := m.log.With("session", id)
+		s, exited, why := m.adopt(ctx, c)
+		if s == nil {
+			log.Info("removing orphaned session", "reason", why)
+			if err := removeContainer(ctx, c); err != nil {
+				log.Error("remove orphan container", "err", err)
+			}
+			continue
+		}
+		kept[id] = true
+		m.mu.Lock()
+		m.sessions[id] = s
+		m.mu.Unlock()
+		log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
+		m.wg.Add(1)
+		go m.watch(s, exited)
+	}
+	for _, id := range m.net.leftovers() {
+		if !kept[id] {
+			m.log.Info("removing orphaned network namespace", "session", id)
+			if err := m.net.remove(ctx, id); err != nil {
+				m.log.Error("remove orphan netns", "session", id, "err", err)
+			}
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(m.cfg.StateDir, "sessions"))
+	for _, e := range entries {
+		if !kept[e.Name()] {
+			// A workspace without a container: also release any address
+			// its namespace may still hold.
+			if err := m.net.remove(ctx, e.Name()); err != nil {
+				m.log.Error("release orphan address", "session", e.Name(), "err", err)
+			}
+			os.RemoveAll(filepath.Join(m.cfg.StateDir, "sessions", e.Name()))
+		}
+	}
+	return nil
+}
+
+// adopt rebuilds a session from its container, or says why it cannot.
+func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-chan containerd.ExitStatus, string) {
+	labels, err := c.Labels(ctx)
+	if err != nil {
+		return nil, nil, "labels unreadable"
+	}
+	info, err := infoFromLabels(labels)
+	if err != nil {
+		return nil, nil, err.Error()
+	}
+	if _, ok := m.cfg.Tenants[info.Tenant]; !ok {
+		return nil, nil, "tenant no longer configured"
+	}
+	if time.Now().After(info.ExpiresAt) {
+		return nil, nil, "expired"
+	}
+	rt, ok := m.runtimes[info.Runtime]
+	if !ok || !rt.Usable {
+		return nil, nil, "runtime no longer usable"
+	}
+	addr, err := netip.ParseAddr(labels[labelAddr])
+	if err != nil {
+		return nil, nil, "no address"
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, nil, "no task"
+		}
+		return nil, nil, "task unreadable"
+	}
+	st, err := task.Status(ctx)
+	if err != nil || st.Status != containerd.Running {
+		return nil, nil, "task not running"
+	}
+	exited, err := task.Wait(m.base)
+	if err != nil {
+		return nil, nil, "task cannot be watched"
+	}
+	ep := endpointOf(addr)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := waitReady(rctx, ep, exited, 10*time.Second); err != nil {
+		var pe *PublicError
+		if errors.As(err, &pe) {
+			return nil, nil, pe.Msg
+		}
+		return nil, nil, "not answering"
+	}
+	info.State = StateRunning
+	info.Isolation = rt.Isolation
+	if info.Labels == nil {
+		info.Labels = map[string]string{}
+	}
+	return &sess{
+		info: info, ep: ep, container: c, lastActive: time.Now(),
+		conns: map[*tracked]struct{}{}, revoked: revokedFromLabels(labels), done: make(chan struct{}),
+	}, exited, ""
+}

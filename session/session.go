@@ -1,0 +1,126 @@
+// Package session owns the life of sandbox sessions: their state, the
+// containerd containers and runtime handlers that run them, their network
+// namespaces, the reaper that ends them and the recovery that rebuilds them
+// after a gateway restart. It knows nothing of HTTP.
+package session
+
+import (
+	"errors"
+	"net/netip"
+	"time"
+)
+
+// Error classes. Callers wrap them with %w; the gateway maps each class to
+// one HTTP status in one place.
+var (
+	ErrInvalid            = errors.New("invalid argument")
+	ErrNotFound           = errors.New("not found")
+	ErrConflict           = errors.New("conflict")
+	ErrUnavailableRuntime = errors.New("unavailable runtime")
+	ErrQuota              = errors.New("quota exceeded")
+	ErrUnavailable        = errors.New("unavailable")
+)
+
+// PublicError is an error whose message may be shown to API clients. The
+// wrapped error stays internal.
+type PublicError struct {
+	Class error  // one of the Err* classes
+	Msg   string // safe to show
+	Err   error  // internal cause, may be nil
+}
+
+func (e *PublicError) Error() string {
+	if e.Err != nil {
+		return e.Msg + ": " + e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *PublicError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{e.Class, e.Err}
+	}
+	return []error{e.Class}
+}
+
+func publicf(class error, msg string, cause error) error {
+	return &PublicError{Class: class, Msg: msg, Err: cause}
+}
+
+// Kind is what a session shows.
+type Kind string
+
+const (
+	KindBrowser Kind = "browser"
+	KindDesktop Kind = "desktop"
+)
+
+// State of a session.
+type State string
+
+const (
+	StateStarting State = "starting"
+	StateRunning  State = "running"
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+	StateFailed   State = "failed"
+)
+
+// Resources are a session's limits.
+type Resources struct {
+	CPUs     float64 `json:"cpus"`
+	MemoryMB int     `json:"memory_mb"`
+	Pids     int     `json:"pids"`
+}
+
+// Screen is the size of the session's display.
+type Screen struct {
+	Width  int `json:"width"`
+	Height int `json:"height"`
+}
+
+// Spec is what a session is created from. The gateway fills it from a
+// validated request; Manager.Create checks it again against its limits.
+type Spec struct {
+	Tenant      string
+	Kind        Kind
+	Runtime     string // empty: the manager's default
+	TTL         time.Duration
+	IdleTimeout time.Duration // zero: none
+	Resources   Resources
+	Screen      Screen
+	Record      bool
+	Labels      map[string]string
+}
+
+// Info is a snapshot of one session, safe to hand out.
+type Info struct {
+	ID          string            `json:"id"`
+	Tenant      string            `json:"-"`
+	Kind        Kind              `json:"kind"`
+	Runtime     string            `json:"runtime"`
+	Isolation   string            `json:"isolation"`
+	State       State             `json:"state"`
+	CreatedAt   time.Time         `json:"created_at"`
+	ExpiresAt   time.Time         `json:"expires_at"`
+	IdleTimeout int               `json:"idle_timeout_seconds,omitempty"`
+	Resources   Resources         `json:"resources"`
+	Screen      Screen            `json:"screen"`
+	Record      bool              `json:"record"`
+	Labels      map[string]string `json:"labels"`
+	Failure     string            `json:"failure,omitempty"`
+}
+
+// Endpoint is where a running session's services answer, reachable from
+// the gateway's host only.
+type Endpoint struct {
+	Addr netip.Addr
+	CDP  netip.AddrPort
+	VNC  netip.AddrPort
+}
+
+// Ports inside every session.
+const (
+	CDPPort = 9222
+	VNCPort = 5900
+)
