@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	fws "github.com/fasthttp/websocket"
 	"github.com/gofiber/contrib/websocket"
 	"github.com/gofiber/fiber/v2"
 	"github.com/golang-jwt/jwt/v5"
@@ -137,7 +136,6 @@ func (s *Server) cdpProxy() fiber.Handler {
 		}
 		if err != nil {
 			s.log.Warn("cdp upstream unreachable", "session", claims.Session, "err", err)
-			client.WriteControl(fws.CloseMessage, fws.FormatCloseMessage(fws.CloseInternalServerErr, "the session's browser is not reachable"), time.Now().Add(time.Second))
 			client.Close()
 			return
 		}
@@ -151,26 +149,30 @@ func (s *Server) cdpProxy() fiber.Handler {
 func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaims) {
 	log := s.log.With("session", claims.Session, "tenant", claims.Tenant, "preview", claims.ID)
 	var once sync.Once
-	shut := func(code int, reason string) {
+	// Closing drops both TCP connections without a close frame, as
+	// Chromium itself does: some CDP clients (rod) read every frame as a
+	// JSON message and crash on a close frame.
+	shut := func(why string) {
 		once.Do(func() {
-			deadline := time.Now().Add(200 * time.Millisecond)
-			client.WriteControl(fws.CloseMessage, fws.FormatCloseMessage(code, reason), deadline)
-			up.WriteControl(gws.CloseMessage, gws.FormatCloseMessage(gws.CloseNormalClosure, ""), deadline)
+			// The server side of a hijacked fasthttp connection closes
+			// when the handler returns: end its blocked read now.
+			client.SetReadDeadline(time.Unix(1, 0))
 			client.Close()
 			up.Close()
+			log.Info("cdp connection closing", "reason", why)
 		})
 	}
 	release, err := s.sessions.Track(claims.Tenant, claims.Session, claims.ID, closerFunc(func() error {
-		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		shut("preview revoked or session ended")
 		return nil
 	}))
 	if err != nil {
-		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		shut("preview revoked or session ended")
 		return
 	}
 	defer release()
 	expiry := time.AfterFunc(time.Until(claims.ExpiresAt.Time), func() {
-		shut(fws.ClosePolicyViolation, "preview expired")
+		shut("preview expired")
 	})
 	defer expiry.Stop()
 	log.Info("cdp connection opened")
@@ -182,11 +184,11 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 		for {
 			mt, data, err := up.ReadMessage()
 			if err != nil {
-				shut(fws.CloseGoingAway, "browser closed the connection")
+				shut("browser closed the connection")
 				return
 			}
 			if err := client.WriteMessage(mt, data); err != nil {
-				shut(fws.CloseGoingAway, "")
+				shut("client write failed")
 				return
 			}
 		}
@@ -195,7 +197,7 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 	for {
 		mt, data, err := client.ReadMessage()
 		if err != nil {
-			shut(fws.CloseNormalClosure, "")
+			shut("client closed the connection")
 			break
 		}
 		if now := time.Now(); now.Sub(lastTouch) > time.Second {
@@ -203,7 +205,7 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 			lastTouch = now
 		}
 		if err := up.WriteMessage(mt, data); err != nil {
-			shut(fws.CloseGoingAway, "browser closed the connection")
+			shut("browser closed the connection")
 			break
 		}
 	}

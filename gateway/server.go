@@ -127,6 +127,14 @@ func (s *Server) routes() {
 	cdp.Get("/json", s.cdpDiscovery)
 	cdp.Get("/json/*", s.cdpDiscovery)
 	cdp.Get("/devtools/*", s.cdpUpgrade, s.cdpProxy())
+	// Whatever else is under /cdp: 401 without a valid token (also for an
+	// empty one), 404 with one.
+	a.All("/cdp*", func(c *fiber.Ctx) error {
+		if c.Locals(localClaims) != nil {
+			return errNotFound("no such CDP endpoint")
+		}
+		return errUnauthenticated("the preview token is missing, invalid or expired")
+	})
 }
 
 // checkHost refuses requests whose Host is not the gateway's, which stops

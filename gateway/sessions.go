@@ -65,14 +65,14 @@ func seconds(name string, v *int64) (time.Duration, error) {
 }
 
 type createRequest struct {
-	Kind        string             `json:"kind"`
-	Runtime     string             `json:"runtime"`
-	TTL         *int64             `json:"ttl_seconds"`
-	Idle        *int64             `json:"idle_timeout_seconds"`
-	Resources   *session.Resources `json:"resources"`
-	Screen      *session.Screen    `json:"screen"`
-	Record      bool               `json:"record"`
-	Egress      *struct {
+	Kind      string             `json:"kind"`
+	Runtime   string             `json:"runtime"`
+	TTL       *int64             `json:"ttl_seconds"`
+	Idle      *int64             `json:"idle_timeout_seconds"`
+	Resources *session.Resources `json:"resources"`
+	Screen    *session.Screen    `json:"screen"`
+	Record    bool               `json:"record"`
+	Egress    *struct {
 		Allow []string `json:"allow"`
 	} `json:"egress"`
 	Credentials []json.RawMessage `json:"credentials"`

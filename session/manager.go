@@ -86,7 +86,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	if cfg.Network.IPAMDir == "" {
 		cfg.Network.IPAMDir = filepath.Join(cfg.StateDir, "ipam")
 	}
-	n, err := newNetwork(cfg.Network)
+	n, err := newNetwork(cfg.Network, cfg.Namespace+"-")
 	if err != nil {
 		return nil, err
 	}

@@ -7,11 +7,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 
 	gocni "github.com/containerd/go-cni"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // NetworkConfig says how session network namespaces are wired.
@@ -23,17 +25,18 @@ type NetworkConfig struct {
 	IPAMDir   string // host-local IPAM state
 }
 
-// netnsPrefix starts the name of every namespace this package creates, so
-// leftovers can be told from other namespaces.
-const netnsPrefix = "sandgate-"
-
 // network creates and removes one namespace per session on a CNI bridge.
+// Namespaces are named prefix+session id; the prefix is the containerd
+// namespace's, so two gateways on one host never take each other's.
 type network struct {
-	cfg NetworkConfig
-	cni gocni.CNI
+	cfg    NetworkConfig
+	cni    gocni.CNI
+	prefix string
 }
 
-func newNetwork(cfg NetworkConfig) (*network, error) {
+var sessionIDPattern = regexp.MustCompile(`^s-[0-9a-f]{16}$`)
+
+func newNetwork(cfg NetworkConfig, prefix string) (*network, error) {
 	if cfg.NetNSDir != "/run/netns" && cfg.NetNSDir != "/var/run/netns" {
 		return nil, fmt.Errorf("netns dir %q: only /run/netns is supported", cfg.NetNSDir)
 	}
@@ -49,6 +52,9 @@ func newNetwork(cfg NetworkConfig) (*network, error) {
     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}
   }]
 }`, cfg.Bridge, cfg.Subnet, cfg.IPAMDir)
+	if err := sharedNetNSDir(cfg.NetNSDir); err != nil {
+		return nil, err
+	}
 	c, err := gocni.New(gocni.WithPluginDir([]string{cfg.PluginDir}), gocni.WithInterfacePrefix("eth"))
 	if err != nil {
 		return nil, fmt.Errorf("cni: %w", err)
@@ -56,10 +62,10 @@ func newNetwork(cfg NetworkConfig) (*network, error) {
 	if err := c.Load(gocni.WithLoNetwork, gocni.WithConfListBytes([]byte(conf))); err != nil {
 		return nil, fmt.Errorf("cni config: %w", err)
 	}
-	return &network{cfg: cfg, cni: c}, nil
+	return &network{cfg: cfg, cni: c, prefix: prefix}, nil
 }
 
-func (n *network) nsName(id string) string { return netnsPrefix + id }
+func (n *network) nsName(id string) string { return n.prefix + id }
 
 func (n *network) nsPath(id string) string { return filepath.Join(n.cfg.NetNSDir, n.nsName(id)) }
 
@@ -93,19 +99,43 @@ func (n *network) create(ctx context.Context, id string) (netip.Addr, error) {
 // address (a leftover reservation blocks the next session of that id).
 func (n *network) remove(ctx context.Context, id string) error {
 	path := n.nsPath(id)
-	if _, err := os.Stat(path); err != nil {
-		path = ""
+	cniPath := ""
+	var st unix.Statfs_t
+	if unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC {
+		cniPath = path
 	}
 	var errs []error
-	if err := n.cni.Remove(ctx, id, path); err != nil {
+	if err := n.cni.Remove(ctx, id, cniPath); err != nil {
 		errs = append(errs, fmt.Errorf("cni del: %w", err))
 	}
-	if path != "" {
-		if err := netns.DeleteNamed(n.nsName(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("delete netns: %w", err))
-		}
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		errs = append(errs, fmt.Errorf("unmount netns: %w", err))
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove netns: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// sharedNetNSDir makes the namespace directory a shared mount, as
+// iproute2 does, so that unmounting a namespace reaches the copies that
+// container mount namespaces took; without it removal fails with EBUSY.
+func sharedNetNSDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if err == unix.EINVAL {
+		// Not a mount point yet: bind it onto itself first.
+		if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", dir, err)
+		}
+		err = unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	}
+	if err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
 }
 
 // leftovers lists session ids whose namespaces exist.
@@ -113,8 +143,9 @@ func (n *network) leftovers() []string {
 	entries, _ := os.ReadDir(n.cfg.NetNSDir)
 	var ids []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), netnsPrefix) {
-			ids = append(ids, strings.TrimPrefix(e.Name(), netnsPrefix))
+		id, ok := strings.CutPrefix(e.Name(), n.prefix)
+		if ok && sessionIDPattern.MatchString(id) {
+			ids = append(ids, id)
 		}
 	}
 	return ids

@@ -51,7 +51,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	}
 	entries, _ := os.ReadDir(filepath.Join(m.cfg.StateDir, "sessions"))
 	for _, e := range entries {
-		if !kept[e.Name()] {
+		if !kept[e.Name()] && sessionIDPattern.MatchString(e.Name()) {
 			// A workspace without a container: also release any address
 			// its namespace may still hold.
 			if err := m.net.remove(ctx, e.Name()); err != nil {

@@ -51,11 +51,11 @@ type Config struct {
 	} `json:"runtimes"`
 
 	MinIO struct {
-		Endpoint  string   `json:"endpoint"`
-		AccessKey string   `json:"access_key"`
-		SecretKey string   `json:"secret_key"`
-		Bucket    string   `json:"bucket"`
-		Secure    bool     `json:"secure"`
+		Endpoint   string   `json:"endpoint"`
+		AccessKey  string   `json:"access_key"`
+		SecretKey  string   `json:"secret_key"`
+		Bucket     string   `json:"bucket"`
+		Secure     bool     `json:"secure"`
 		PresignTTL Duration `json:"presign_ttl"`
 	} `json:"minio"`
 

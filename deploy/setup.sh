@@ -1,0 +1,66 @@
+#!/bin/bash
+# setup.sh: install and start what Sandgate needs on a Debian bookworm host,
+# as root. Idempotent: a second run only checks. Slow parts are cached
+# under /var/cache/sandgate, keyed by their inputs (the MinIO version, the
+# session image definition).
+set -euo pipefail
+
+MINIO_VERSION=${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}
+CACHE=${SANDGATE_CACHE:-/var/cache/sandgate}
+LOGS=${SANDGATE_LOGS:-/var/log/sandgate}
+export PATH=/usr/local/go/bin:$PATH
+mkdir -p "$CACHE" "$LOGS"
+
+step() { printf '\n== %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+	echo "setup.sh must run as root (containerd, network namespaces)" >&2
+	exit 1
+fi
+
+packages=(containerd runc containernetworking-plugins mmdebstrap iproute2 nftables chromium xvfb ca-certificates)
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	step "installing Debian packages: ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >"$LOGS/apt.log" 2>&1 || {
+		tail -20 "$LOGS/apt.log" >&2
+		exit 1
+	}
+fi
+
+if ! command -v go >/dev/null; then
+	echo "Go is required (/usr/local/go/bin/go)" >&2
+	exit 1
+fi
+
+minio="$CACHE/minio-$MINIO_VERSION/minio"
+if [ ! -x "$minio" ]; then
+	step "building the MinIO server $MINIO_VERSION (once; about 8 minutes)"
+	tmp=$(mktemp -d)
+	(cd "$tmp" && GOBIN="$CACHE/minio-$MINIO_VERSION" GOFLAGS=-mod=mod go install "github.com/minio/minio@$MINIO_VERSION") >"$LOGS/minio-build.log" 2>&1 || {
+		tail -20 "$LOGS/minio-build.log" >&2
+		exit 1
+	}
+	rm -rf "$tmp"
+fi
+ln -sf "$minio" "$CACHE/minio"
+
+# containerd: this host may have no init system running services.
+if ! ctr version >/dev/null 2>&1; then
+	step "starting containerd"
+	if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+		systemctl start containerd
+	else
+		setsid containerd >"$LOGS/containerd.log" 2>&1 < /dev/null &
+	fi
+	for _ in $(seq 1 100); do
+		ctr version >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+	ctr version >/dev/null || { echo "containerd did not start; see $LOGS/containerd.log" >&2; exit 1; }
+fi
+

@@ -1,0 +1,189 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// chromiumFlags are the flags the session image starts Chromium with
+// (images/session/rootfs/usr/local/bin/sandgate-session), for baselines.
+var chromiumFlags = []string{
+	"--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
+	"--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
+	"--disable-sync", "--disable-features=Translate", "--password-store=basic",
+	"--window-position=0,0", "--window-size=1280,800", "--start-maximized",
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}
+
+func waitJSONVersion(url string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	client := &http.Client{Timeout: time.Second}
+	for time.Now().Before(deadline) {
+		resp, err := client.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("%s did not answer", url)
+}
+
+// hostChromium starts Xvfb and Chromium on the host with the session's
+// flags and returns once CDP answers; stop ends both.
+func hostChromium(b *testing.B, display, port int) (stop func()) {
+	b.Helper()
+	xvfb := exec.Command("Xvfb", fmt.Sprintf(":%d", display), "-screen", "0", "1280x800x24", "-nolisten", "tcp")
+	if err := xvfb.Start(); err != nil {
+		b.Fatalf("Xvfb: %v", err)
+	}
+	sock := fmt.Sprintf("/tmp/.X11-unix/X%d", display)
+	for i := 0; i < 500; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	profile := b.TempDir()
+	args := append(append([]string{}, chromiumFlags...), fmt.Sprintf("--remote-debugging-port=%d", port), "--user-data-dir="+profile, "about:blank")
+	chrome := exec.Command("chromium", args...)
+	chrome.Env = append(os.Environ(), fmt.Sprintf("DISPLAY=:%d", display))
+	if err := chrome.Start(); err != nil {
+		xvfb.Process.Kill()
+		b.Fatalf("chromium: %v", err)
+	}
+	if err := waitJSONVersion(fmt.Sprintf("http://127.0.0.1:%d/json/version", port), 60*time.Second); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		chrome.Process.Kill()
+		chrome.Wait()
+		xvfb.Process.Kill()
+		xvfb.Wait()
+		os.Remove(sock)
+		os.RemoveAll(filepath.Join(profile))
+	}
+}
+
+// BenchmarkColdStart: create a session until CDP answers through the
+// gateway, beside Xvfb and the same Chromium launched directly on the host.
+func BenchmarkColdStart(b *testing.B) {
+	e := needE2E(b)
+	var gw, host []time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		status, body := e.api(b, e.keyA, "POST", "/v1/sessions", map[string]any{"labels": map[string]string{"bench": "coldstart"}})
+		if status != 201 {
+			b.Fatalf("create: %d %s", status, body)
+		}
+		id := jsonField(body, "id")
+		p := e.preview(b, e.keyA, id, 60)
+		if err := waitJSONVersion(p.URL+"/json/version", 60*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		gw = append(gw, time.Since(t0))
+		e.api(b, e.keyA, "DELETE", "/v1/sessions/"+id, nil)
+
+		port, _ := freePort()
+		t1 := time.Now()
+		stop := hostChromium(b, 90+i%5, port)
+		host = append(host, time.Since(t1))
+		stop()
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(percentile(gw, 0.5)), "gateway-p50-ms")
+	b.ReportMetric(ms(percentile(gw, 0.95)), "gateway-p95-ms")
+	b.ReportMetric(ms(percentile(host, 0.5)), "host-p50-ms")
+	b.ReportMetric(ms(percentile(host, 0.95)), "host-p95-ms")
+	b.ReportMetric(float64(percentile(gw, 0.5))/float64(percentile(host, 0.5)), "p50-ratio")
+}
+
+// BenchmarkCDPRoundTrip: Runtime.evaluate of 1+1 through the gateway and
+// directly against the same session's Chromium.
+func BenchmarkCDPRoundTrip(b *testing.B) {
+	e := needE2E(b)
+	s := e.createSession(b, e.keyA, nil)
+	p := e.preview(b, e.keyA, s.ID, 600)
+	c, err := e.client.LoadContainer(e.ctx(), s.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	labels, _ := c.Labels(e.ctx())
+	addr := labels["sandgate.addr"]
+	resp, err := http.Get(p.URL + "/json/list")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var targets []struct{ ID, Type, WebSocketDebuggerURL string }
+	json.NewDecoder(resp.Body).Decode(&targets)
+	resp.Body.Close()
+	var page, gwURL string
+	for _, t := range targets {
+		if t.Type == "page" {
+			page, gwURL = t.ID, t.WebSocketDebuggerURL
+			break
+		}
+	}
+	if page == "" || !strings.Contains(gwURL, "/cdp/") {
+		b.Fatalf("no page target: %+v", targets)
+	}
+	direct := "ws://" + addr + ":9222/devtools/page/" + page
+	var results = map[string]time.Duration{}
+	for _, tc := range []struct{ name, url string }{{"direct", direct}, {"gateway", gwURL}} {
+		b.Run(tc.name, func(b *testing.B) {
+			conn, _, err := websocket.DefaultDialer.DialContext(context.Background(), tc.url, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := conn.WriteJSON(map[string]any{"id": i + 1, "method": "Runtime.evaluate", "params": map[string]any{"expression": "1+1"}}); err != nil {
+					b.Fatal(err)
+				}
+				for {
+					var m struct {
+						ID     int `json:"id"`
+						Result struct {
+							Result struct{ Value int } `json:"result"`
+						} `json:"result"`
+					}
+					if err := conn.ReadJSON(&m); err != nil {
+						b.Fatal(err)
+					}
+					if m.ID == i+1 {
+						if m.Result.Result.Value != 2 {
+							b.Fatalf("1+1 = %d", m.Result.Result.Value)
+						}
+						break
+					}
+				}
+			}
+			results[tc.name] = b.Elapsed() / time.Duration(b.N)
+		})
+	}
+	if results["direct"] > 0 {
+		b.ReportMetric(float64(results["gateway"])/float64(results["direct"]), "gateway/direct")
+		b.ReportMetric(float64(results["gateway"])/1e3, "gateway-us")
+		b.ReportMetric(float64(results["direct"])/1e3, "direct-us")
+	}
+}
