@@ -1,0 +1,77 @@
+package gateway
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// newTestServer builds the gateway without sessions or a store: enough for
+// everything that is refused before either is used.
+func newTestServer(t *testing.T) *Server {
+	t.Helper()
+	u, _ := url.Parse("http://gw.test:8080")
+	s, err := New(Config{
+		PublicURL: u, APIKeys: map[string]string{},
+		TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1",
+	}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestRefusals(t *testing.T) {
+	s := newTestServer(t)
+	cases := []struct {
+		name, method, target, host, auth, origin string
+		status                                   int
+		code                                     string
+	}{
+		{"no key", "GET", "/v1/sessions", "gw.test:8080", "", "", 401, "unauthenticated"},
+		{"not bearer", "GET", "/v1/sessions", "gw.test:8080", "Basic abc", "", 401, "unauthenticated"},
+		{"unknown key", "GET", "/v1/sessions", "gw.test:8080", "Bearer nope", "", 401, "unauthenticated"},
+		{"foreign host", "GET", "/v1/sessions", "evil.test", "Bearer nope", "", 403, "permission_denied"},
+		{"cdp bad token", "GET", "/cdp/abc/json/version", "gw.test:8080", "", "", 401, "unauthenticated"},
+		{"cdp no token", "GET", "/cdp/", "gw.test:8080", "", "", 401, "unauthenticated"},
+		{"cdp foreign origin", "GET", "/cdp/abc/json/version", "gw.test:8080", "", "http://evil.test", 403, "permission_denied"},
+		{"unknown route", "GET", "/nothing", "gw.test:8080", "", "", 404, "not_found"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest(tc.method, tc.target, nil)
+			req.Host = tc.host
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			if tc.origin != "" {
+				req.Header.Set("Origin", tc.origin)
+			}
+			resp, err := s.App().Test(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			json.NewDecoder(resp.Body).Decode(&body)
+			if resp.StatusCode != tc.status || body.Error.Code != tc.code || body.Error.Message == "" {
+				t.Fatalf("got %d %+v, want %d %s", resp.StatusCode, body.Error, tc.status, tc.code)
+			}
+		})
+	}
+}
+
+func TestHealthzNeedsNoHost(t *testing.T) {
+	s := newTestServer(t)
+	req := httptest.NewRequest("GET", "/healthz", nil)
+	req.Host = "10.0.0.1:8080"
+	resp, err := s.App().Test(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("healthz: %v %v", resp, err)
+	}
+}

@@ -1,0 +1,63 @@
+package test
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+type pkgInfo struct {
+	ImportPath string
+	Doc        string
+	Imports    []string
+	Name       string
+}
+
+func listPackages(t *testing.T) []pkgInfo {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-json", "-deps=false", "github.com/sandgate/sandgate/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkgInfo
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for dec.More() {
+		var p pkgInfo
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+// TestArchitecture keeps the rooms of ARCHITECTURE.md apart: session knows
+// nothing of HTTP or Fiber, gateway never talks to containerd.
+func TestArchitecture(t *testing.T) {
+	forbidden := map[string][]string{
+		"github.com/sandgate/sandgate/session":    {"github.com/gofiber/", "github.com/sandgate/sandgate/gateway", "github.com/sandgate/sandgate/browser", "github.com/sandgate/sandgate/recordings"},
+		"github.com/sandgate/sandgate/gateway":    {"github.com/containerd/containerd"},
+		"github.com/sandgate/sandgate/browser":    {"github.com/gofiber/", "github.com/containerd/containerd"},
+		"github.com/sandgate/sandgate/recordings": {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/session"},
+		"github.com/sandgate/sandgate/images":     {"github.com/gofiber/", "github.com/sandgate/sandgate/"},
+	}
+	for _, p := range listPackages(t) {
+		for _, dep := range p.Imports {
+			for _, bad := range forbidden[p.ImportPath] {
+				if strings.HasPrefix(dep, bad) {
+					t.Errorf("%s depends on %s", p.ImportPath, dep)
+				}
+			}
+		}
+	}
+}
+
+// TestPackageDocs: every package says what it owns.
+func TestPackageDocs(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if strings.TrimSpace(p.Doc) == "" {
+			t.Errorf("%s has no package doc comment", p.ImportPath)
+		}
+	}
+}
