@@ -14,10 +14,12 @@ build:
 # and MinIO.
 test:
 	deploy/setup.sh
+	cd test/node && npm ci --no-audit --no-fund --loglevel=error
 	go vet ./...
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m ./...
 
 # Benchmarks: cold start and CDP round trip, each beside its baseline.
 bench:
 	deploy/setup.sh
-	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench . -benchtime 10x ./test/
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ColdStart -benchtime 10x ./test/
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench CDPRoundTrip -benchtime 2000x ./test/

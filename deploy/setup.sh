@@ -18,11 +18,14 @@ if [ "$(id -u)" != 0 ]; then
 	exit 1
 fi
 
-packages=(containerd runc containernetworking-plugins mmdebstrap iproute2 nftables chromium xvfb ca-certificates)
+packages=(containerd runc containernetworking-plugins mmdebstrap iproute2 nftables chromium xvfb ca-certificates curl)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js runs the Playwright and Puppeteer compatibility tests; a machine
+# that has it from elsewhere keeps its own.
+command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
 	step "installing Debian packages: ${missing[*]}"
 	apt-get update -qq

@@ -83,13 +83,20 @@ func (s *Server) cdpUpgrade(c *fiber.Ctx) error {
 	if !websocket.IsWebSocketUpgrade(c) {
 		return errInvalid("this endpoint needs a WebSocket upgrade")
 	}
-	m := devtoolsPath.FindStringSubmatch(c.Params("*"))
-	if m == nil {
-		return errNotFound("no such CDP target")
-	}
 	ep := c.Locals(localEndpoint).(session.Endpoint)
 	ctx, cancel := reqCtx(c, 15*time.Second)
 	defer cancel()
+	m := devtoolsPath.FindStringSubmatch(c.Params("*"))
+	if strings.Trim(c.Params("*"), "/") == "" && !strings.Contains(c.Path(), "/devtools") {
+		id, err := browser.BrowserID(ctx, ep.CDP)
+		if err != nil {
+			return proxyError(ctx, err)
+		}
+		m = []string{"", "browser", id}
+	}
+	if m == nil {
+		return errNotFound("no such CDP target")
+	}
 	// A target id of another session (or of nothing) is refused like a
 	// bad token: this token does not grant it.
 	if m[1] == "browser" {

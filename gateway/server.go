@@ -127,6 +127,9 @@ func (s *Server) routes() {
 	cdp.Get("/json", s.cdpDiscovery)
 	cdp.Get("/json/*", s.cdpDiscovery)
 	cdp.Get("/devtools/*", s.cdpUpgrade, s.cdpProxy())
+	// ws://gw/cdp/TOKEN itself is the browser endpoint, for clients that
+	// take a WebSocket URL (Puppeteer's browserWSEndpoint).
+	cdp.Get("/", s.cdpUpgrade, s.cdpProxy())
 	// Whatever else is under /cdp: 401 without a valid token (also for an
 	// empty one), 404 with one.
 	a.All("/cdp*", func(c *fiber.Ctx) error {

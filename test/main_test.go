@@ -428,19 +428,27 @@ func (e *testEnv) preview(t testing.TB, key, id string, ttl int) previewInfo {
 // browserWS returns the gateway's CDP browser WebSocket URL of a preview.
 func browserWS(t testing.TB, previewURL string) string {
 	t.Helper()
-	resp, err := http.Get(previewURL + "/json/version")
+	ws, err := browserWSErr(previewURL)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return ws
+}
+
+func browserWSErr(previewURL string) (string, error) {
+	resp, err := http.Get(previewURL + "/json/version")
+	if err != nil {
+		return "", err
 	}
 	defer resp.Body.Close()
 	var v struct {
 		WS string `json:"webSocketDebuggerUrl"`
 	}
 	if resp.StatusCode != 200 {
-		t.Fatalf("json/version: %s", resp.Status)
+		return "", fmt.Errorf("json/version: %s", resp.Status)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	return v.WS
+	return v.WS, nil
 }
