@@ -107,7 +107,7 @@ func (s *Server) routes() {
 	a := s.app
 	a.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
 	a.Use(s.checkHost)
-	a.Get("/readyz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ready"}) })
+	a.Get("/readyz", s.readyz)
 	a.Get("/metrics", s.metrics)
 
 	v1 := a.Group("/v1", s.authenticate)
@@ -183,6 +183,19 @@ func tenantOf(c *fiber.Ctx) string { return c.Locals(localTenant).(string) }
 // client goes away or the deadline passes.
 func reqCtx(c *fiber.Ctx, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.UserContext(), d)
+}
+
+// readyz answers 200 when containerd and MinIO answer, else 503.
+func (s *Server) readyz(c *fiber.Ctx) error {
+	ctx, cancel := reqCtx(c, 5*time.Second)
+	defer cancel()
+	if err := s.sessions.Ready(ctx); err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "containerd is not answering", err: err}
+	}
+	if err := s.store.Ready(ctx); err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}
+	}
+	return c.JSON(fiber.Map{"status": "ready"})
 }
 
 func (s *Server) metrics(c *fiber.Ctx) error {

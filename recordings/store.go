@@ -194,6 +194,18 @@ func (s *Store) Find(ctx context.Context, tenant, id string) (Artifact, string, 
 	return Artifact{}, "", ErrNotFound
 }
 
+// Ready tells whether MinIO answers and the bucket is there.
+func (s *Store) Ready(ctx context.Context) error {
+	ok, err := s.client.BucketExists(ctx, s.cfg.Bucket)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("bucket %s is missing", s.cfg.Bucket)
+	}
+	return nil
+}
+
 // PresignedURL returns a short-lived URL serving the tenant's artifact.
 func (s *Store) PresignedURL(ctx context.Context, tenant, id string) (*url.URL, error) {
 	_, k, err := s.Find(ctx, tenant, id)

@@ -138,6 +138,14 @@ func (m *Manager) Runtimes() []Runtime {
 	return out
 }
 
+// Ready tells whether containerd answers.
+func (m *Manager) Ready(ctx context.Context) error {
+	if _, err := m.client.Version(ctx); err != nil {
+		return publicf(ErrUnavailable, "containerd is not answering", err)
+	}
+	return nil
+}
+
 // DefaultRuntime is the runtime a session gets when it names none.
 func (m *Manager) DefaultRuntime() string { return m.cfg.DefaultRuntime }
 
@@ -331,10 +339,13 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		m.mu.Unlock()
 	}()
 
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Millisecond)) }
 	addr, err := m.net.create(ctx, id)
 	if err != nil {
 		return err
 	}
+	mark("network")
 	undo = append(undo, func(c context.Context) error { return m.net.remove(c, id) })
 	undo = append(undo, func(context.Context) error { return os.RemoveAll(m.workspaceDir(id)) })
 	workspace, console, err := m.makeWorkspace(id)
@@ -349,6 +360,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		return fmt.Errorf("create container: %w", err)
 	}
 	undo = append(undo, func(c2 context.Context) error { return removeContainer(c2, c) })
+	mark("container")
 	task, err := newTask(ctx, c, console)
 	if err != nil {
 		return fmt.Errorf("create task: %w", err)
@@ -360,10 +372,12 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	if err := task.Start(ctx); err != nil {
 		return fmt.Errorf("start task: %w", err)
 	}
+	mark("started")
 	ep := endpointOf(addr)
 	if err := waitReady(ctx, ep, exited, m.cfg.ReadyTimeout); err != nil {
 		return err
 	}
+	mark("ready")
 	m.mu.Lock()
 	if s.info.State != StateStarting {
 		m.mu.Unlock()
@@ -375,7 +389,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	s.lastActive = time.Now()
 	s.cancel = nil
 	m.mu.Unlock()
-	log.Info("session running", "addr", addr.String(), "took", time.Since(t0).Round(time.Millisecond))
+	log.Info("session running", append([]any{"addr", addr.String()}, phases...)...)
 	m.wg.Add(1)
 	go m.watch(s, exited)
 	return nil

@@ -91,7 +91,8 @@ func BenchmarkColdStart(b *testing.B) {
 	var gw, host []time.Duration
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		status, body := e.api(b, e.keyA, "POST", "/v1/sessions", map[string]any{"labels": map[string]string{"bench": "coldstart"}})
+		// Two CPUs, as many as the host baseline's Chromium can use.
+		status, body := e.api(b, e.keyA, "POST", "/v1/sessions", map[string]any{"labels": map[string]string{"bench": "coldstart"}, "resources": map[string]any{"cpus": 2}})
 		if status != 201 {
 			b.Fatalf("create: %d %s", status, body)
 		}

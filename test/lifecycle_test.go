@@ -308,3 +308,71 @@ func TestGatewayRestart(t *testing.T) {
 		t.Fatal("the stray network namespace was not removed")
 	}
 }
+
+// TestDeleteWhileStarting cancels a create half way: everything it had
+// made is rolled back.
+func TestDeleteWhileStarting(t *testing.T) {
+	e := needE2E(t)
+	before := len(bridgeVeths())
+	status, body := e.api(t, e.keyA, "POST", "/v1/sessions?wait=false", map[string]any{"labels": map[string]string{"test": t.Name()}})
+	if status != 201 || jsonField(body, "state") != "starting" {
+		t.Fatalf("async create: %d %s", status, body)
+	}
+	id := jsonField(body, "id")
+	time.Sleep(150 * time.Millisecond) // inside the start: network and container exist
+	status, body = e.api(t, e.keyA, "DELETE", "/v1/sessions/"+id, nil)
+	if status != 200 || jsonField(body, "state") != "stopped" {
+		t.Fatalf("delete while starting: %d %s", status, body)
+	}
+	if r := e.residue(t, id); len(r) != 0 {
+		t.Fatalf("a cancelled start left %v", r)
+	}
+	if n := len(bridgeVeths()); n != before {
+		t.Fatalf("%d veths on the bridge, want %d", n, before)
+	}
+	if _, err := os.Stat(e.dir + "/state/sessions/" + id); err == nil {
+		t.Fatal("a cancelled start left its workspace")
+	}
+}
+
+// TestCLI drives the client subcommands the way a person would.
+func TestCLI(t *testing.T) {
+	e := needE2E(t)
+	run := func(args ...string) (string, string) {
+		t.Helper()
+		cmd := exec.Command(e.bin, args...)
+		cmd.Env = append(os.Environ(), "SANDGATE_URL="+e.gwURL, "SANDGATE_API_KEY="+e.keyA)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("sandgate %v: %v\n%s", args, err, stderr.String())
+		}
+		return stdout.String(), stderr.String()
+	}
+	out, progress := run("session", "create", "-ttl", "120", "-label", "test=cli")
+	id := jsonField([]byte(out), "id")
+	t.Cleanup(func() { e.api(t, e.keyA, "DELETE", "/v1/sessions/"+id, nil) })
+	if jsonField([]byte(out), "state") != "running" || !strings.Contains(progress, "starting") || !strings.Contains(progress, "running after") {
+		t.Fatalf("create printed:\n%s\n%s", progress, out)
+	}
+	out, _ = run("session", "preview", id, "-ttl", "60")
+	if !strings.HasPrefix(jsonField([]byte(out), "url"), e.gwURL+"/cdp/") {
+		t.Fatalf("preview: %s", out)
+	}
+	e.mu.Lock()
+	e.tokens = append(e.tokens, jsonField([]byte(out), "url")[len(e.gwURL+"/cdp/"):])
+	e.mu.Unlock()
+	file := t.TempDir() + "/shot.png"
+	run("session", "screenshot", id, "-o", file)
+	if raw, err := os.ReadFile(file); err != nil || !bytes.HasPrefix(raw, []byte("\x89PNG")) {
+		t.Fatalf("screenshot file: %v", err)
+	}
+	out, _ = run("session", "list")
+	if !strings.Contains(out, id) {
+		t.Fatalf("list: %s", out)
+	}
+	out, _ = run("session", "delete", id)
+	if jsonField([]byte(out), "state") != "stopped" {
+		t.Fatalf("delete: %s", out)
+	}
+}

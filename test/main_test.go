@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,6 +49,9 @@ type testEnv struct {
 	keyB      string
 	tokenKey  string
 	client    *containerd.Client
+
+	mu     sync.Mutex
+	tokens []string // every preview token issued, for the log check
 }
 
 var env *testEnv
@@ -69,6 +73,10 @@ func TestMain(m *testing.M) {
 	env = e
 	code := m.Run()
 	e.stopGateway(syscall.SIGTERM)
+	if secrets := e.secretsInLogs(); len(secrets) > 0 {
+		fmt.Fprintln(os.Stderr, "SECRETS in the gateway log:", strings.Join(secrets, ", "))
+		code = 1
+	}
 	if leaks := e.leaks(); len(leaks) > 0 {
 		fmt.Fprintln(os.Stderr, "LEAKS after the tests:")
 		for _, l := range leaks {
@@ -303,6 +311,31 @@ func (e *testEnv) leaks() []string {
 	return out
 }
 
+// secretsInLogs names the API keys, token signing key and preview tokens
+// that appear in the gateway's log (none may).
+func (e *testEnv) secretsInLogs() []string {
+	raw, err := os.ReadFile(e.gwLog)
+	if err != nil {
+		return []string{"gateway log unreadable: " + err.Error()}
+	}
+	var out []string
+	check := func(name, secret string) {
+		if secret != "" && bytes.Contains(raw, []byte(secret)) {
+			out = append(out, name)
+		}
+	}
+	check("tenant A's API key", e.keyA)
+	check("tenant B's API key", e.keyB)
+	check("the token signing key", e.tokenKey)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, tok := range e.tokens {
+		// The signature alone identifies a token.
+		check(fmt.Sprintf("preview token %d", i), tok[strings.LastIndex(tok, ".")+1:])
+	}
+	return out
+}
+
 func sessionNetNS() []string {
 	entries, _ := os.ReadDir("/run/netns")
 	var out []string
@@ -422,6 +455,9 @@ func (e *testEnv) preview(t testing.TB, key, id string, ttl int) previewInfo {
 	if err := json.Unmarshal(body, &p); err != nil {
 		t.Fatal(err)
 	}
+	e.mu.Lock()
+	e.tokens = append(e.tokens, p.URL[strings.LastIndex(p.URL, "/")+1:])
+	e.mu.Unlock()
 	return p
 }
 
