@@ -2,7 +2,7 @@
 # they need themselves (deploy/setup.sh).
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: up test bench build
+.PHONY: up test bench build viewer
 
 up:
 	deploy/up.sh
@@ -18,8 +18,16 @@ test:
 	go vet ./...
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m ./...
 
-# Benchmarks: cold start and CDP round trip, each beside its baseline.
+# Benchmarks, each beside its baseline: cold start, CDP round trip, VNC
+# frames, action round trip.
 bench:
 	deploy/setup.sh
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ColdStart -benchtime 10x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench CDPRoundTrip -benchtime 2000x ./test/
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench VNC -benchtime 100x ./test/
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ActionRoundTrip -benchtime 30x ./test/
+
+# Rebuild the viewer's noVNC bundle (committed, embedded in the binary)
+# from the pinned npm packages.
+viewer:
+	cd gateway/viewer && npm ci --no-audit --no-fund && npm run build

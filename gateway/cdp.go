@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,10 +29,10 @@ func jwtTime(t time.Time) *jwt.NumericDate { return jwt.NewNumericDate(t) }
 // previewAuth checks the token in the path: signature, expiry, scope, that
 // its session is running and that it was not revoked. Every failure is the
 // same 401, so a client learns nothing about other sessions.
-func (s *Server) previewAuth(scope string) fiber.Handler {
+func (s *Server) previewAuth(scopes ...string) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		claims, err := s.tokens.verify(c.Params("token"), time.Now())
-		if err != nil || claims.Scope != scope {
+		if err != nil || !slices.Contains(scopes, claims.Scope) {
 			return errUnauthenticated("the preview token is missing, invalid or expired")
 		}
 		ep, err := s.sessions.Endpoint(claims.Tenant, claims.Session)

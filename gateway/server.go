@@ -120,8 +120,15 @@ func (s *Server) routes() {
 	v1.Post("/sessions/:id/previews", s.createPreview)
 	v1.Delete("/sessions/:id/previews/:preview", s.revokePreview)
 	v1.Post("/sessions/:id/screenshot", s.screenshot)
+	v1.Post("/sessions/:id/actions", s.action)
 	v1.Get("/sessions/:id/artifacts", s.listArtifacts)
 	v1.Get("/artifacts/:id", s.getArtifact)
+
+	a.Get("/viewer-assets/:name", s.viewerAsset)
+	a.Get("/vnc/:token", s.checkOrigin, s.previewAuth(ScopeVNC, ScopeView), s.vncUpgrade, s.vncProxy())
+	a.Get("/view/:token", s.previewAuth(ScopeView), s.viewPage)
+	a.All("/vnc*", refuseToken)
+	a.All("/view*", refuseToken)
 
 	cdp := a.Group("/cdp/:token", s.checkOrigin, s.previewAuth(ScopeCDP))
 	cdp.Get("/json", s.cdpDiscovery)
@@ -132,12 +139,16 @@ func (s *Server) routes() {
 	cdp.Get("/", s.cdpUpgrade, s.cdpProxy())
 	// Whatever else is under /cdp: 401 without a valid token (also for an
 	// empty one), 404 with one.
-	a.All("/cdp*", func(c *fiber.Ctx) error {
-		if c.Locals(localClaims) != nil {
-			return errNotFound("no such CDP endpoint")
-		}
-		return errUnauthenticated("the preview token is missing, invalid or expired")
-	})
+	a.All("/cdp*", refuseToken)
+}
+
+// refuseToken answers what is left under a preview prefix: 401 without a
+// valid token (also an empty one), 404 with one.
+func refuseToken(c *fiber.Ctx) error {
+	if c.Locals(localClaims) != nil {
+		return errNotFound("no such endpoint")
+	}
+	return errUnauthenticated("the preview token is missing, invalid or expired")
 }
 
 // checkHost refuses requests whose Host is not the gateway's, which stops
@@ -153,10 +164,14 @@ func (s *Server) checkHost(c *fiber.Ctx) error {
 // no Origin (CDP libraries) pass.
 func (s *Server) checkOrigin(c *fiber.Ctx) error {
 	o := c.Get(fiber.HeaderOrigin)
-	if o != "" && !strings.EqualFold(o, s.origin) {
-		return errDenied("cross-origin requests are not allowed")
+	if o == "" || strings.EqualFold(o, s.origin) {
+		return c.Next()
 	}
-	return c.Next()
+	// The gateway's own pages, reached under another of its host names.
+	if u, err := url.Parse(o); err == nil && (u.Scheme == "http" || u.Scheme == "https") && s.hosts[strings.ToLower(u.Host)] {
+		return c.Next()
+	}
+	return errDenied("cross-origin requests are not allowed")
 }
 
 const localTenant = "tenant"

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -212,8 +213,8 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 		return err
 	}
 	switch req.Scope {
-	case ScopeCDP:
-	case ScopeVNC, ScopeView, ScopeReview:
+	case ScopeCDP, ScopeVNC, ScopeView:
+	case ScopeReview:
 		return errInvalid(fmt.Sprintf("scope %q is not available on this gateway yet", req.Scope))
 	default:
 		return errInvalid(`scope must be one of "cdp", "vnc", "view", "review"`)
@@ -224,6 +225,9 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 	}
 	if ttl == 0 {
 		ttl = 5 * time.Minute
+	}
+	if req.ViewOnly && req.Scope == ScopeCDP {
+		return errInvalid("view_only applies to vnc and view previews; CDP cannot be made read-only")
 	}
 	if ttl > s.cfg.MaxPreviewTTL {
 		return errInvalid(fmt.Sprintf("ttl_seconds must be at most %d", int(s.cfg.MaxPreviewTTL.Seconds())))
@@ -281,16 +285,29 @@ func (s *Server) screenshot(c *fiber.Ctx) error {
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	png, err := browser.Screenshot(ctx, ep.CDP, info.Screen.Width, info.Screen.Height)
-	if err != nil {
-		return &apiError{status: 503, code: "unavailable", msg: "the browser did not deliver a screenshot", err: err}
+	var png []byte
+	if info.Kind == session.KindBrowser {
+		png, err = browser.Screenshot(ctx, ep.CDP, info.Screen.Width, info.Screen.Height)
+	} else {
+		png, err = screenPNG(ctx, ep)
 	}
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the session did not deliver a screenshot", err: err}
+	}
+	a, err := s.storeScreenshot(ctx, tenant, id, png)
+	if err != nil {
+		return err
+	}
+	return c.Status(fiber.StatusCreated).JSON(a)
+}
+
+func (s *Server) storeScreenshot(ctx context.Context, tenant, id string, png []byte) (recordings.Artifact, error) {
 	name := "screenshot-" + time.Now().UTC().Format("20060102T150405.000Z") + ".png"
 	a, err := s.store.Put(ctx, tenant, id, recordings.KindScreenshot, name, "image/png", png)
 	if err != nil {
-		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+		return a, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
-	return c.Status(fiber.StatusCreated).JSON(a)
+	return a, nil
 }
 
 func (s *Server) listArtifacts(c *fiber.Ctx) error {

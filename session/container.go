@@ -122,6 +122,7 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 		oci.WithHostname("sandgate"),
 		oci.WithUIDGID(sessionUID, sessionGID),
 		oci.WithEnv([]string{
+			"SANDGATE_KIND=" + string(info.Kind),
 			"SANDGATE_SCREEN_WIDTH=" + strconv.Itoa(info.Screen.Width),
 			"SANDGATE_SCREEN_HEIGHT=" + strconv.Itoa(info.Screen.Height),
 			"SANDGATE_CDP_PORT=" + strconv.Itoa(CDPPort),

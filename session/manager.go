@@ -184,9 +184,7 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	switch spec.Kind {
 	case "":
 		spec.Kind = KindBrowser
-	case KindBrowser:
-	case KindDesktop:
-		return nil, publicf(ErrInvalid, `kind "desktop" is not available yet; use "browser"`, nil)
+	case KindBrowser, KindDesktop:
 	default:
 		return nil, publicf(ErrInvalid, fmt.Sprintf("kind %q is not one of browser, desktop", spec.Kind), nil)
 	}
@@ -374,7 +372,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	}
 	mark("started")
 	ep := endpointOf(addr)
-	if err := waitReady(ctx, ep, exited, m.cfg.ReadyTimeout); err != nil {
+	if err := waitReady(ctx, ep, info.Kind == KindBrowser, exited, m.cfg.ReadyTimeout); err != nil {
 		return err
 	}
 	mark("ready")
@@ -413,13 +411,13 @@ func endpointOf(a netip.Addr) Endpoint {
 	return Endpoint{Addr: a, CDP: netip.AddrPortFrom(a, CDPPort), VNC: netip.AddrPortFrom(a, VNCPort)}
 }
 
-// waitReady polls until Chromium answers CDP discovery and the VNC server
-// accepts connections.
-func waitReady(ctx context.Context, ep Endpoint, exited <-chan containerd.ExitStatus, limit time.Duration) error {
+// waitReady polls until the VNC server accepts connections and, for
+// browser sessions, Chromium answers CDP discovery.
+func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan containerd.ExitStatus, limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	client := &http.Client{Timeout: 2 * time.Second}
-	cdpOK, vncOK := false, false
+	cdpOK, vncOK := !needCDP, false
 	for {
 		if !vncOK {
 			var d net.Dialer

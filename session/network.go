@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	gocni "github.com/containerd/go-cni"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -80,8 +81,31 @@ func (n *network) create(ctx context.Context, id string) (netip.Addr, error) {
 		n.remove(context.WithoutCancel(ctx), id)
 		return netip.Addr{}, fmt.Errorf("cni add: %w", err)
 	}
+	// Sessions share the bridge but must not reach each other: their
+	// host-side veths are isolated bridge ports, which talk only to the
+	// host, never to one another.
+	isolated := false
 	for name, iface := range res.Interfaces {
-		if !strings.HasPrefix(name, "eth") {
+		// go-cni adds an empty placeholder for its default interface name.
+		if iface.Sandbox != "" || iface.Mac == "" || name == n.cfg.Bridge {
+			continue
+		}
+		link, err := netlink.LinkByName(name)
+		if err == nil {
+			err = netlink.LinkSetIsolated(link, true)
+		}
+		if err != nil {
+			n.remove(context.WithoutCancel(ctx), id)
+			return netip.Addr{}, fmt.Errorf("isolate bridge port %s: %w", name, err)
+		}
+		isolated = true
+	}
+	if !isolated {
+		n.remove(context.WithoutCancel(ctx), id)
+		return netip.Addr{}, errors.New("cni reported no host-side interface to isolate")
+	}
+	for name, iface := range res.Interfaces {
+		if !strings.HasPrefix(name, "eth") || iface.Sandbox == "" {
 			continue
 		}
 		for _, ipc := range iface.IPConfigs {

@@ -41,6 +41,7 @@ func TestArchitecture(t *testing.T) {
 		"github.com/sandgate/sandgate/browser":    {"github.com/gofiber/", "github.com/containerd/containerd"},
 		"github.com/sandgate/sandgate/recordings": {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/session"},
 		"github.com/sandgate/sandgate/images":     {"github.com/gofiber/", "github.com/sandgate/sandgate/"},
+		"github.com/sandgate/sandgate/desktop":    {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/gateway"},
 	}
 	for _, p := range listPackages(t) {
 		for _, dep := range p.Imports {

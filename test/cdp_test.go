@@ -45,6 +45,17 @@ func testPages(t testing.TB) string {
 			fmt.Fprint(w, `<!doctype html><html><head><title>Sandgate test page</title></head>
 <body><h1 id="greeting">hello from the test</h1><script>window.answer = 6 * 7;</script></body></html>`)
 		})
+		mux.HandleFunc("/input.html", func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, `<!doctype html><html><head><title>input</title><style>
+html,body{margin:0;height:100%}#field{box-sizing:border-box;width:100%;height:50%;font-size:40px}
+#go{width:100%;height:20%;font-size:40px}#tall{height:4000px;background:linear-gradient(#fff,#06c)}</style></head>
+<body><input id="field" autofocus><button id="go" onclick="document.title='clicked'">Go</button>
+<div id="tall"></div></body></html>`)
+		})
+		mux.HandleFunc("/toggle.html", func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, `<!doctype html><html><head><title>toggle</title><style>html,body{margin:0;height:100%;background:#c00}</style></head>
+<body onmousedown="document.body.style.background = document.body.style.background === 'rgb(0, 0, 204)' ? '#c00' : '#00c'"></body></html>`)
+		})
 		go http.Serve(l, mux)
 		pagesURL = "http://" + l.Addr().String()
 	})

@@ -1,0 +1,131 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"image/png"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/desktop"
+	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/session"
+)
+
+// sessionExec runs commands in one session for desktop actions.
+type sessionExec struct {
+	m          *session.Manager
+	tenant, id string
+}
+
+func (e sessionExec) Exec(ctx context.Context, argv []string) ([]byte, error) {
+	res, err := e.m.Exec(ctx, e.tenant, e.id, argv)
+	if err != nil {
+		return nil, err
+	}
+	if res.ExitCode != 0 {
+		return nil, fmt.Errorf("%s exited %d: %s", argv[0], res.ExitCode, strings.TrimSpace(string(res.Stderr)))
+	}
+	return res.Stdout, nil
+}
+
+// screenPNG captures the session's whole screen over VNC, from outside
+// the sandbox, and encodes it as PNG.
+func screenPNG(ctx context.Context, ep session.Endpoint) ([]byte, error) {
+	img, err := desktop.Capture(ctx, ep.VNC.String())
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	enc := png.Encoder{CompressionLevel: png.BestSpeed}
+	if err := enc.Encode(&b, img); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+type actionResponse struct {
+	Action   string               `json:"action"`
+	Cursor   *cursor              `json:"cursor,omitempty"`
+	Image    string               `json:"image,omitempty"` // base64 PNG
+	Artifact *recordings.Artifact `json:"artifact,omitempty"`
+	TookMS   int64                `json:"took_ms"`
+}
+
+type cursor struct {
+	X int `json:"x"`
+	Y int `json:"y"`
+}
+
+// action runs one computer-use action. Input goes through xdotool inside
+// the session (containerd exec); screenshots are read over VNC from the
+// gateway's side.
+func (s *Server) action(c *fiber.Ctx) error {
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
+	}
+	var a desktop.Action
+	if err := decode(c, &a); err != nil {
+		return err
+	}
+	tenant := tenantOf(c)
+	info, err := s.sessions.Get(tenant, id)
+	if err != nil {
+		return err
+	}
+	steps, err := desktop.Plan(a, info.Screen.Width, info.Screen.Height)
+	if errors.Is(err, desktop.ErrInvalid) {
+		return errInvalid(strings.TrimPrefix(err.Error(), desktop.ErrInvalid.Error()+": "))
+	}
+	if err != nil {
+		return err
+	}
+	ep, err := s.sessions.Endpoint(tenant, id)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := reqCtx(c, 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	ex := sessionExec{m: s.sessions, tenant: tenant, id: id}
+	if err := desktop.Run(ctx, ex, steps); err != nil {
+		return actionError(err)
+	}
+	s.sessions.Touch(id)
+	resp := actionResponse{Action: a.Action}
+	switch a.Action {
+	case "cursor_position":
+		x, y, err := desktop.CursorPosition(ctx, ex)
+		if err != nil {
+			return actionError(err)
+		}
+		resp.Cursor = &cursor{X: x, Y: y}
+	case "screenshot", "wait":
+		png, err := screenPNG(ctx, ep)
+		if err != nil {
+			return &apiError{status: 503, code: "unavailable", msg: "the session's display did not deliver a screenshot", err: err}
+		}
+		art, err := s.storeScreenshot(ctx, tenant, id, png)
+		if err != nil {
+			return err
+		}
+		resp.Image = base64.StdEncoding.EncodeToString(png)
+		resp.Artifact = &art
+	}
+	resp.TookMS = time.Since(start).Milliseconds()
+	return c.JSON(resp)
+}
+
+func actionError(err error) error {
+	var pe *session.PublicError
+	if errors.As(err, &pe) {
+		return err
+	}
+	return &apiError{status: 503, code: "unavailable", msg: "the action could not be carried out in the session", err: err}
+}

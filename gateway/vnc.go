@@ -1,0 +1,176 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	fws "github.com/fasthttp/websocket"
+	"github.com/gofiber/contrib/websocket"
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/desktop"
+	"github.com/sandgate/sandgate/session"
+)
+
+// vncKeepalive is how often an idle VNC WebSocket is pinged, so that
+// proxies keep viewers that only watch.
+const vncKeepalive = 25 * time.Second
+
+// vncUpgrade refuses plain HTTP before the upgrade.
+func (s *Server) vncUpgrade(c *fiber.Ctx) error {
+	if !websocket.IsWebSocketUpgrade(c) {
+		return errInvalid("this endpoint needs a WebSocket upgrade")
+	}
+	return c.Next()
+}
+
+// vncProxy carries RFB over a binary WebSocket (what noVNC speaks) to the
+// session's VNC server. Everything the viewer sends passes through a
+// desktop.Filter: malformed streams are cut, and a view-only preview's
+// input never reaches the session.
+func (s *Server) vncProxy() fiber.Handler {
+	return websocket.New(func(client *websocket.Conn) {
+		claims := client.Locals(localClaims).(*previewClaims)
+		ep := client.Locals(localEndpoint).(session.Endpoint)
+		log := s.log.With("session", claims.Session, "tenant", claims.Tenant, "preview", claims.ID, "view_only", claims.ViewOnly)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var d net.Dialer
+		up, err := d.DialContext(ctx, "tcp", ep.VNC.String())
+		cancel()
+		if err != nil {
+			log.Warn("vnc upstream unreachable", "err", err)
+			closeWS(client, fws.CloseTryAgainLater, "the session's display is not reachable")
+			return
+		}
+		s.pumpVNC(client, up, claims, log)
+	}, websocket.Config{
+		Subprotocols:    []string{"binary"},
+		ReadBufferSize:  64 << 10,
+		WriteBufferSize: 64 << 10,
+	})
+}
+
+func closeWS(c *websocket.Conn, code int, reason string) {
+	c.WriteControl(fws.CloseMessage, fws.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
+	c.SetReadDeadline(time.Unix(1, 0))
+	c.Close()
+}
+
+func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewClaims, log interface {
+	Info(string, ...any)
+	Warn(string, ...any)
+}) {
+	var once sync.Once
+	var wmu sync.Mutex // one writer at a time on the client socket
+	shut := func(code int, why string) {
+		once.Do(func() {
+			wmu.Lock()
+			closeWS(client, code, why)
+			wmu.Unlock()
+			up.Close()
+			log.Info("vnc connection closing", "reason", why)
+		})
+	}
+	release, err := s.sessions.Track(claims.Tenant, claims.Session, claims.ID, closerFunc(func() error {
+		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		return nil
+	}))
+	if err != nil {
+		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		return
+	}
+	defer release()
+	expiry := time.AfterFunc(time.Until(claims.ExpiresAt.Time), func() {
+		shut(fws.ClosePolicyViolation, "preview expired")
+	})
+	defer expiry.Stop()
+	log.Info("vnc connection opened")
+
+	done := make(chan struct{})
+	go func() { // session -> viewer
+		defer close(done)
+		buf := make([]byte, 256<<10)
+		for {
+			n, err := up.Read(buf)
+			if n > 0 {
+				wmu.Lock()
+				werr := client.WriteMessage(fws.BinaryMessage, buf[:n])
+				wmu.Unlock()
+				if werr != nil {
+					shut(fws.CloseGoingAway, "viewer write failed")
+					return
+				}
+			}
+			if err != nil {
+				shut(fws.CloseGoingAway, "the session's display closed the connection")
+				return
+			}
+		}
+	}()
+	go func() { // keepalive and activity while connected
+		t := time.NewTicker(vncKeepalive)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				s.sessions.Touch(claims.Session)
+				wmu.Lock()
+				err := client.WriteControl(fws.PingMessage, nil, time.Now().Add(5*time.Second))
+				wmu.Unlock()
+				if err != nil {
+					shut(fws.CloseGoingAway, "viewer gone")
+					return
+				}
+			}
+		}
+	}()
+
+	filter := &desktop.Filter{ViewOnly: claims.ViewOnly}
+	var lastTouch time.Time
+	for {
+		mt, data, err := client.ReadMessage()
+		if err != nil {
+			shut(fws.CloseNormalClosure, "viewer closed the connection")
+			break
+		}
+		if mt != fws.BinaryMessage {
+			shut(fws.CloseUnsupportedData, "RFB must be sent as binary WebSocket messages")
+			break
+		}
+		out, err := filter.Feed(data)
+		if err != nil {
+			log.Warn("vnc viewer sent a bad RFB stream", "err", err)
+			shut(fws.ClosePolicyViolation, rfbReason(err))
+			break
+		}
+		if now := time.Now(); !claims.ViewOnly && now.Sub(lastTouch) > time.Second {
+			s.sessions.Touch(claims.Session)
+			lastTouch = now
+		}
+		if len(out) > 0 {
+			if _, err := up.Write(out); err != nil {
+				shut(fws.CloseGoingAway, "the session's display closed the connection")
+				break
+			}
+		}
+	}
+	<-done
+}
+
+// rfbReason is the close reason shown to the viewer; WebSocket close
+// reasons are limited to 123 bytes.
+func rfbReason(err error) string {
+	msg := err.Error()
+	if !errors.Is(err, desktop.ErrProtocol) {
+		msg = "bad RFB stream"
+	}
+	if len(msg) > 120 {
+		msg = msg[:120]
+	}
+	return msg
+}
