@@ -60,7 +60,9 @@ func Plan(a Action, width, height int) ([]Step, error) {
 		if c[0] < 0 || c[1] < 0 || c[0] >= width || c[1] >= height {
 			return nil, invalid("%s (%d, %d) is outside the %dx%d screen", name, c[0], c[1], width, height)
 		}
-		return []string{"mousemove", "--sync", strconv.Itoa(c[0]), strconv.Itoa(c[1])}, nil
+		// No --sync: it waits for pointer motion, which never comes when
+		// the pointer is already there (xdotool then hangs for 15 s).
+		return []string{"mousemove", strconv.Itoa(c[0]), strconv.Itoa(c[1])}, nil
 	}
 	optionalMove := func() ([]string, error) {
 		if a.Coordinate == nil {

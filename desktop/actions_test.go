@@ -11,14 +11,14 @@ func TestPlan(t *testing.T) {
 		a    Action
 		want [][]string
 	}{
-		{Action{Action: "left_click", Coordinate: []int{10, 20}}, [][]string{{"xdotool", "mousemove", "--sync", "10", "20", "click", "--repeat", "1", "--delay", "80", "1"}}},
+		{Action{Action: "left_click", Coordinate: []int{10, 20}}, [][]string{{"xdotool", "mousemove", "10", "20", "click", "--repeat", "1", "--delay", "80", "1"}}},
 		{Action{Action: "double_click"}, [][]string{{"xdotool", "click", "--repeat", "2", "--delay", "80", "1"}}},
 		{Action{Action: "key", Text: "ctrl+l"}, [][]string{{"xdotool", "key", "--", "ctrl+l"}}},
 		{Action{Action: "key", Text: "Enter"}, [][]string{{"xdotool", "key", "--", "Return"}}},
 		{Action{Action: "key", Text: "ctrl+shift+t Page_Down"}, [][]string{{"xdotool", "key", "--", "ctrl+shift+t", "Page_Down"}}},
 		{Action{Action: "type", Text: "-rf /"}, [][]string{{"xdotool", "type", "--delay", "8", "--", "-rf /"}}},
-		{Action{Action: "scroll", Coordinate: []int{5, 5}, ScrollDirection: "down", ScrollAmount: 4}, [][]string{{"xdotool", "mousemove", "--sync", "5", "5", "click", "--repeat", "4", "--delay", "20", "5"}}},
-		{Action{Action: "left_click_drag", StartCoordinate: []int{1, 2}, Coordinate: []int{3, 4}}, [][]string{{"xdotool", "mousemove", "--sync", "1", "2", "mousedown", "1", "mousemove", "--sync", "3", "4", "mouseup", "1"}}},
+		{Action{Action: "scroll", Coordinate: []int{5, 5}, ScrollDirection: "down", ScrollAmount: 4}, [][]string{{"xdotool", "mousemove", "5", "5", "click", "--repeat", "4", "--delay", "20", "5"}}},
+		{Action{Action: "left_click_drag", StartCoordinate: []int{1, 2}, Coordinate: []int{3, 4}}, [][]string{{"xdotool", "mousemove", "1", "2", "mousedown", "1", "mousemove", "3", "4", "mouseup", "1"}}},
 	}
 	for _, tc := range cases {
 		steps, err := Plan(tc.a, 100, 100)

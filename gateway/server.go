@@ -77,7 +77,11 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 		s.hosts[strings.ToLower(h)] = true
 	}
 	s.app = fiber.New(fiber.Config{
-		AppName:               "sandgate",
+		AppName: "sandgate",
+		// Values from a request outlive it (revocations, tracked
+		// connections): without this Fiber hands out strings whose bytes
+		// it reuses for the next request.
+		Immutable:             true,
 		BodyLimit:             cfg.BodyLimit,
 		ErrorHandler:          errorHandler(log),
 		DisableStartupMessage: true,
