@@ -24,7 +24,7 @@ bench:
 	deploy/setup.sh
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ColdStart -benchtime 10x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench CDPRoundTrip -benchtime 2000x ./test/
-	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench VNC -benchtime 100x ./test/
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench VNC -benchtime 200x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ActionRoundTrip -benchtime 30x ./test/
 
 # Rebuild the viewer's noVNC bundle (committed, embedded in the binary)

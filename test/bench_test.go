@@ -148,43 +148,54 @@ func BenchmarkCDPRoundTrip(b *testing.B) {
 		b.Fatalf("no page target: %+v", targets)
 	}
 	direct := "ws://" + addr + ":9222/devtools/page/" + page
-	var results = map[string]time.Duration{}
-	for _, tc := range []struct{ name, url string }{{"direct", direct}, {"gateway", gwURL}} {
-		b.Run(tc.name, func(b *testing.B) {
-			conn, _, err := websocket.DefaultDialer.DialContext(context.Background(), tc.url, nil)
-			if err != nil {
+	conns := map[string]*websocket.Conn{}
+	for name, u := range map[string]string{"direct": direct, "gateway": gwURL} {
+		c, _, err := websocket.DefaultDialer.DialContext(context.Background(), u, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		conns[name] = c
+	}
+	id := 0
+	eval := func(conn *websocket.Conn) time.Duration {
+		id++
+		t0 := time.Now()
+		if err := conn.WriteJSON(map[string]any{"id": id, "method": "Runtime.evaluate", "params": map[string]any{"expression": "1+1"}}); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			var m struct {
+				ID     int `json:"id"`
+				Result struct {
+					Result struct{ Value int } `json:"result"`
+				} `json:"result"`
+			}
+			if err := conn.ReadJSON(&m); err != nil {
 				b.Fatal(err)
 			}
-			defer conn.Close()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if err := conn.WriteJSON(map[string]any{"id": i + 1, "method": "Runtime.evaluate", "params": map[string]any{"expression": "1+1"}}); err != nil {
-					b.Fatal(err)
+			if m.ID == id {
+				if m.Result.Result.Value != 2 {
+					b.Fatalf("1+1 = %d", m.Result.Result.Value)
 				}
-				for {
-					var m struct {
-						ID     int `json:"id"`
-						Result struct {
-							Result struct{ Value int } `json:"result"`
-						} `json:"result"`
-					}
-					if err := conn.ReadJSON(&m); err != nil {
-						b.Fatal(err)
-					}
-					if m.ID == i+1 {
-						if m.Result.Result.Value != 2 {
-							b.Fatalf("1+1 = %d", m.Result.Result.Value)
-						}
-						break
-					}
-				}
+				return time.Since(t0)
 			}
-			results[tc.name] = b.Elapsed() / time.Duration(b.N)
-		})
+		}
 	}
-	if results["direct"] > 0 {
-		b.ReportMetric(float64(results["gateway"])/float64(results["direct"]), "gateway/direct")
-		b.ReportMetric(float64(results["gateway"])/1e3, "gateway-us")
-		b.ReportMetric(float64(results["direct"])/1e3, "direct-us")
+	for i := 0; i < 50; i++ { // warm both paths
+		eval(conns["direct"])
+		eval(conns["gateway"])
 	}
+	// Interleaved, so that neither path gains from running second.
+	var direct_, gateway_ []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		direct_ = append(direct_, eval(conns["direct"]))
+		gateway_ = append(gateway_, eval(conns["gateway"]))
+	}
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	b.ReportMetric(us(percentile(direct_, 0.5)), "direct-p50-us")
+	b.ReportMetric(us(percentile(gateway_, 0.5)), "gateway-p50-us")
+	b.ReportMetric(us(percentile(gateway_, 0.95)), "gateway-p95-us")
+	b.ReportMetric(float64(percentile(gateway_, 0.5))/float64(percentile(direct_, 0.5)), "p50-gateway/direct")
 }
