@@ -5,13 +5,190 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/cio"
 	"github.com/containerd/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
+
+// ExecSpec is a command to run in a session.
+type ExecSpec struct {
+	Args     []string
+	Env      []string // KEY=VALUE, added to the session's environment
+	Cwd      string   // default: the session user's home
+	Root     bool     // run as root (still without capabilities)
+	Stdin    io.Reader
+	Stdout   io.Writer
+	Stderr   io.Writer // ignored with Terminal
+	Terminal bool
+	Cols     uint16
+	Rows     uint16
+}
+
+// Process is a command running in a session.
+type Process struct {
+	proc    containerd.Process
+	statusC <-chan containerd.ExitStatus
+	started time.Time
+	once    sync.Once
+	log     func(error)
+}
+
+var execSeq atomic.Uint64
+
+// homeDir is the session user's home inside every session.
+const homeDir = "/home/sandgate"
+
+// Start runs a command in the session through containerd's exec, so it
+// works the same under every runtime handler. The caller must Wait and
+// then Close.
+func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (*Process, error) {
+	if len(spec.Args) == 0 || spec.Args[0] == "" {
+		return nil, publicf(ErrInvalid, "cmd must name a program", nil)
+	}
+	s, err := m.lookup(tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	c, state := s.container, s.info.State
+	m.mu.Unlock()
+	if state != StateRunning {
+		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
+	}
+	ctx = m.ctx(ctx)
+	cspec, err := c.Spec(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("container spec: %w", err)
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("task: %w", err)
+	}
+	p := *cspec.Process
+	p.Args = spec.Args
+	p.Terminal = spec.Terminal
+	p.Cwd = homeDir
+	if spec.Cwd != "" {
+		p.Cwd = spec.Cwd
+	}
+	p.Env = append(append([]string{}, cspec.Process.Env...), "DISPLAY=:0", "HOME="+homeDir, "USER=sandgate", "TERM=xterm-256color")
+	p.Env = append(p.Env, spec.Env...)
+	if spec.Root {
+		p.User = specs.User{UID: 0, GID: 0}
+	}
+	if spec.Terminal {
+		p.ConsoleSize = &specs.Box{Width: uint(max(spec.Cols, 1)), Height: uint(max(spec.Rows, 1))}
+	}
+
+	stdin := spec.Stdin
+	if stdin == nil {
+		stdin = bytes.NewReader(nil)
+	}
+	stdout, stderr := spec.Stdout, spec.Stderr
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	er := &eofReader{r: stdin}
+	opts := []cio.Opt{cio.WithStreams(er, stdout, stderr)}
+	if spec.Terminal {
+		opts = []cio.Opt{cio.WithStreams(er, stdout, nil), cio.WithTerminal}
+	}
+	execID := fmt.Sprintf("x%d-%d", time.Now().UnixNano(), execSeq.Add(1))
+	proc, err := task.Exec(ctx, execID, &p, cio.NewCreator(opts...))
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, publicf(ErrConflict, "the session is not running", err)
+		}
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	pr := &Process{proc: proc, log: func(err error) { m.log.Warn("exec", "session", id, "err", err) }}
+	// The shim keeps the process's stdin open until told: pass EOF on.
+	er.onEOF = func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		proc.CloseIO(cctx, containerd.WithStdinCloser)
+	}
+	statusC, err := proc.Wait(ctx)
+	if err != nil {
+		pr.Close()
+		return nil, fmt.Errorf("exec wait: %w", err)
+	}
+	pr.statusC = statusC
+	if err := proc.Start(ctx); err != nil {
+		pr.Close()
+		if errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err) {
+			return nil, publicf(ErrInvalid, fmt.Sprintf("cannot run %q in the session: no such program, or cwd missing", spec.Args[0]), err)
+		}
+		return nil, fmt.Errorf("exec start: %w", err)
+	}
+	pr.started = time.Now()
+	return pr, nil
+}
+
+// eofReader calls onEOF once its reader is exhausted.
+type eofReader struct {
+	r     io.Reader
+	once  sync.Once
+	onEOF func()
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF && e.onEOF != nil {
+		e.once.Do(func() { go e.onEOF() })
+	}
+	return n, err
+}
+
+// Wait waits for the process to exit and for its output to be copied, and
+// returns the exit code. When ctx ends first the process is killed.
+func (p *Process) Wait(ctx context.Context) (int, error) {
+	select {
+	case st := <-p.statusC:
+		p.proc.IO().Wait()
+		code, _, err := st.Result()
+		return int(code), err
+	case <-ctx.Done():
+		p.Signal(syscall.SIGKILL)
+		select {
+		case <-p.statusC:
+		case <-time.After(5 * time.Second):
+		}
+		return -1, ctx.Err()
+	}
+}
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig syscall.Signal) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return p.proc.Kill(ctx, sig)
+}
+
+// Resize sets the terminal size of a Terminal process.
+func (p *Process) Resize(ctx context.Context, cols, rows uint16) error {
+	return p.proc.Resize(ctx, uint32(cols), uint32(rows))
+}
+
+// Close removes the process from containerd, killing it if it still runs.
+func (p *Process) Close() {
+	p.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := p.proc.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			p.log(err)
+		}
+	})
+}
 
 // ExecResult is how a command in a session ended.
 type ExecResult struct {
@@ -20,77 +197,24 @@ type ExecResult struct {
 	Stderr   []byte
 }
 
-var execSeq atomic.Uint64
-
 // maxExecOutput bounds what Exec keeps of a command's output.
 const maxExecOutput = 4 << 20
 
-// Exec runs argv in the session as the session's user, with the session's
-// display, through containerd's exec (so it works the same under every
-// runtime handler), and waits for it.
+// Exec runs argv as the session's user with its display and returns the
+// output; for short commands such as desktop input.
 func (m *Manager) Exec(ctx context.Context, tenant, id string, argv []string) (ExecResult, error) {
-	if len(argv) == 0 {
-		return ExecResult{}, publicf(ErrInvalid, "empty command", nil)
-	}
-	s, err := m.lookup(tenant, id)
+	var stdout, stderr limitedBuffer
+	stdout.max, stderr.max = maxExecOutput, maxExecOutput
+	p, err := m.Start(ctx, tenant, id, ExecSpec{Args: argv, Stdout: &stdout, Stderr: &stderr})
 	if err != nil {
 		return ExecResult{}, err
 	}
-	m.mu.Lock()
-	c, state := s.container, s.info.State
-	m.mu.Unlock()
-	if state != StateRunning {
-		return ExecResult{}, publicf(ErrConflict, "the session is "+string(state), nil)
-	}
-	ctx = m.ctx(ctx)
-	spec, err := c.Spec(ctx)
+	defer p.Close()
+	code, err := p.Wait(ctx)
 	if err != nil {
-		return ExecResult{}, fmt.Errorf("container spec: %w", err)
+		return ExecResult{}, err
 	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		return ExecResult{}, fmt.Errorf("task: %w", err)
-	}
-	p := *spec.Process
-	p.Args = argv
-	p.Terminal = false
-	p.Cwd = "/home/sandgate"
-	p.Env = append(append([]string{}, spec.Process.Env...), "DISPLAY=:0", "HOME=/home/sandgate")
-
-	var stdout, stderr limitedBuffer
-	stdout.max, stderr.max = maxExecOutput, maxExecOutput
-	execID := fmt.Sprintf("x%d-%d", time.Now().UnixNano(), execSeq.Add(1))
-	proc, err := task.Exec(ctx, execID, &p, cio.NewCreator(cio.WithStreams(bytes.NewReader(nil), &stdout, &stderr)))
-	if err != nil {
-		return ExecResult{}, fmt.Errorf("exec: %w", err)
-	}
-	cleanup := func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if _, err := proc.Delete(dctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			m.log.Warn("exec cleanup", "session", id, "err", err)
-		}
-	}
-	defer cleanup()
-	statusC, err := proc.Wait(ctx)
-	if err != nil {
-		return ExecResult{}, fmt.Errorf("exec wait: %w", err)
-	}
-	if err := proc.Start(ctx); err != nil {
-		return ExecResult{}, fmt.Errorf("exec start: %w", err)
-	}
-	select {
-	case st := <-statusC:
-		// The output copy finishes once the process's pipes close.
-		proc.IO().Wait()
-		code, _, err := st.Result()
-		if err != nil {
-			return ExecResult{}, err
-		}
-		return ExecResult{ExitCode: int(code), Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}, nil
-	case <-ctx.Done():
-		return ExecResult{}, ctx.Err()
-	}
+	return ExecResult{ExitCode: code, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}, nil
 }
 
 // limitedBuffer keeps the first max bytes written to it.
@@ -109,5 +233,3 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
-
-var _ io.Writer = (*limitedBuffer)(nil)
