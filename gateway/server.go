@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -81,8 +82,11 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 		// Values from a request outlive it (revocations, tracked
 		// connections): without this Fiber hands out strings whose bytes
 		// it reuses for the next request.
-		Immutable:             true,
+		Immutable: true,
+		// Bodies over the limit reach the handler as a stream: file
+		// uploads use it, limitBody refuses it everywhere else.
 		BodyLimit:             cfg.BodyLimit,
+		StreamRequestBody:     true,
 		ErrorHandler:          errorHandler(log),
 		DisableStartupMessage: true,
 		ReadTimeout:           60 * time.Second,
@@ -109,6 +113,7 @@ func (s *Server) Listen(ctx context.Context, addr string) error {
 
 func (s *Server) routes() {
 	a := s.app
+	a.Use(s.limitBody)
 	a.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
 	a.Use(s.checkHost)
 	a.Get("/readyz", s.readyz)
@@ -125,6 +130,11 @@ func (s *Server) routes() {
 	v1.Delete("/sessions/:id/previews/:preview", s.revokePreview)
 	v1.Post("/sessions/:id/screenshot", s.screenshot)
 	v1.Post("/sessions/:id/actions", s.action)
+	v1.Post("/sessions/:id/exec", s.exec)
+	v1.Get("/sessions/:id/shell", s.shellUpgrade, s.shell())
+	v1.Put("/sessions/:id/files", s.putFile)
+	v1.Get("/sessions/:id/files", s.getFile)
+	v1.Get("/sessions/:id/events", s.events)
 	v1.Get("/sessions/:id/artifacts", s.listArtifacts)
 	v1.Get("/artifacts/:id", s.getArtifact)
 
@@ -144,6 +154,25 @@ func (s *Server) routes() {
 	// Whatever else is under /cdp: 401 without a valid token (also for an
 	// empty one), 404 with one.
 	a.All("/cdp*", refuseToken)
+}
+
+// limitBody refuses request bodies over the limit, except file uploads,
+// which stream.
+func (s *Server) limitBody(c *fiber.Ctx) error {
+	if c.Method() == fiber.MethodPut && strings.HasSuffix(c.Path(), "/files") {
+		return c.Next()
+	}
+	n := c.Request().Header.ContentLength()
+	if n > s.cfg.BodyLimit || n == -1 {
+		// Read a bounded part of what is being sent, so that the client
+		// reads this answer rather than a reset connection.
+		if st := c.Context().RequestBodyStream(); st != nil {
+			io.CopyN(io.Discard, st, 8<<20)
+		}
+		c.Set(fiber.HeaderConnection, "close")
+		return &apiError{status: 413, code: "invalid_argument", msg: fmt.Sprintf("the request body is larger than %d bytes", s.cfg.BodyLimit)}
+	}
+	return c.Next()
 }
 
 // refuseToken answers what is left under a preview prefix: 401 without a

@@ -32,6 +32,7 @@ type ExecSpec struct {
 
 // Process is a command running in a session.
 type Process struct {
+	ns      func(context.Context) context.Context // adds the containerd namespace
 	proc    containerd.Process
 	statusC <-chan containerd.ExitStatus
 	started time.Time
@@ -110,7 +111,7 @@ func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (
 		}
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	pr := &Process{proc: proc, log: func(err error) { m.log.Warn("exec", "session", id, "err", err) }}
+	pr := &Process{proc: proc, ns: m.ctx, log: func(err error) { m.log.Warn("exec", "session", id, "err", err) }}
 	// The shim keeps the process's stdin open until told: pass EOF on.
 	er.onEOF = func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -169,20 +170,20 @@ func (p *Process) Wait(ctx context.Context) (int, error) {
 
 // Signal sends sig to the process.
 func (p *Process) Signal(sig syscall.Signal) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(p.ns(context.Background()), 5*time.Second)
 	defer cancel()
 	return p.proc.Kill(ctx, sig)
 }
 
 // Resize sets the terminal size of a Terminal process.
 func (p *Process) Resize(ctx context.Context, cols, rows uint16) error {
-	return p.proc.Resize(ctx, uint32(cols), uint32(rows))
+	return p.proc.Resize(p.ns(ctx), uint32(cols), uint32(rows))
 }
 
 // Close removes the process from containerd, killing it if it still runs.
 func (p *Process) Close() {
 	p.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(p.ns(context.Background()), 10*time.Second)
 		defer cancel()
 		if _, err := p.proc.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 			p.log(err)

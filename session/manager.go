@@ -42,6 +42,10 @@ type TenantLimits struct {
 	DefaultTTL  time.Duration
 	MaxTTL      time.Duration
 	MaxIdle     time.Duration
+	// AllowRoot lets the tenant run commands as root in its sessions.
+	AllowRoot bool
+	// MaxFileBytes bounds one file upload.
+	MaxFileBytes int64
 }
 
 // Manager runs sessions. It is safe for concurrent use.
@@ -69,6 +73,8 @@ type sess struct {
 	revoked    map[string]time.Time
 	cancel     context.CancelFunc // cancels a create in progress
 	done       chan struct{}      // closed when the session has stopped or failed
+	events     []Event
+	dropped    int
 }
 
 type tracked struct {
@@ -283,6 +289,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		return Info{}, publicf(ErrQuota, fmt.Sprintf("the tenant already has %d active sessions, its maximum", active), nil)
 	}
 	m.sessions[info.ID] = s
+	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime})
 	m.mu.Unlock()
 
 	log := m.log.With("session", info.ID, "tenant", info.Tenant, "runtime", rt.Name)
@@ -332,6 +339,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		if s.info.Failure == "" {
 			s.info.Failure = failureText(ctx, err)
 		}
+		s.record("failed", map[string]any{"failure": s.info.Failure})
 		closeConns(s, "")
 		close(s.done)
 		m.mu.Unlock()
@@ -382,6 +390,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		return errors.New("session was stopped while starting")
 	}
 	s.info.State = StateRunning
+	s.record("started", map[string]any{"took_ms": time.Since(t0).Milliseconds()})
 	s.ep = ep
 	s.container = c
 	s.lastActive = time.Now()
@@ -605,6 +614,7 @@ func (m *Manager) stop(ctx context.Context, s *sess, final State, failure string
 	m.mu.Lock()
 	s.info.State = final
 	s.info.Failure = failure
+	s.record(string(final), map[string]any{"failure": failure})
 	close(s.done)
 	m.mu.Unlock()
 	log.Info("session stopped", "state", final, "failure", failure)

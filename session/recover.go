@@ -117,8 +117,10 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 	if info.Labels == nil {
 		info.Labels = map[string]string{}
 	}
-	return &sess{
+	s := &sess{
 		info: info, ep: ep, container: c, lastActive: time.Now(),
 		conns: map[*tracked]struct{}{}, revoked: revokedFromLabels(labels), done: make(chan struct{}),
-	}, exited, ""
+	}
+	s.record("adopted", map[string]any{"note": "gateway restarted; earlier events were not kept"})
+	return s, exited, ""
 }

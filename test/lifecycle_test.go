@@ -230,13 +230,13 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	t.Run("oversized-body", func(t *testing.T) {
-		// The gateway answers from the headers, before the body is sent.
 		conn, err := net.Dial("tcp", e.gwAddr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		fmt.Fprintf(conn, "POST /v1/sessions HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", e.gwAddr, e.keyA, 64<<20)
+		fmt.Fprintf(conn, "POST /v1/sessions HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", e.gwAddr, e.keyA, 2<<20)
+		go conn.Write(bytes.Repeat([]byte(" "), 2<<20))
 		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err != nil {

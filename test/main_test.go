@@ -146,7 +146,7 @@ func setup() (*testEnv, error) {
 		"tokens":          map[string]any{"active_key": "k1", "keys": map[string]string{"k1": e.tokenKey}},
 		"tenants": []map[string]any{
 			{"name": "tenant-a", "api_key_sha256": []string{hash(e.keyA)}, "max_sessions": 6, "default_ttl": "10m", "max_ttl": "1h"},
-			{"name": "tenant-b", "api_key_sha256": []string{hash(e.keyB)}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h"},
+			{"name": "tenant-b", "api_key_sha256": []string{hash(e.keyB)}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h", "max_file_bytes": 1 << 20},
 		},
 	}
 	raw, _ := json.MarshalIndent(cfg, "", "  ")

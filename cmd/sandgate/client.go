@@ -193,7 +193,7 @@ func cmdSession(ctx context.Context, args []string) error {
 		if _, err := c.do(ctx, "GET", "/v1/sessions", nil, &out); err != nil {
 			return err
 		}
-	case "get", "delete", "artifacts":
+	case "get", "delete", "artifacts", "events":
 		if err := fs.Parse(args); err != nil {
 			return usageError(err.Error())
 		}
@@ -204,8 +204,8 @@ func cmdSession(ctx context.Context, args []string) error {
 		method, path := "GET", "/v1/sessions/"+id
 		if sub == "delete" {
 			method = "DELETE"
-		} else if sub == "artifacts" {
-			path += "/artifacts"
+		} else if sub == "artifacts" || sub == "events" {
+			path += "/" + sub
 		}
 		if _, err := c.do(ctx, method, path, nil, &out); err != nil {
 			return err

@@ -78,6 +78,11 @@ type TenantConfig struct {
 	DefaultTTL   Duration `json:"default_ttl"`
 	MaxTTL       Duration `json:"max_ttl"`
 	MaxIdle      Duration `json:"max_idle"`
+	// AllowRoot lets the tenant run commands as root (still without
+	// capabilities) in its sessions.
+	AllowRoot bool `json:"allow_root"`
+	// MaxFileBytes bounds one file upload (default 1 GiB).
+	MaxFileBytes int64 `json:"max_file_bytes"`
 }
 
 // Duration is a time.Duration written as "90s" or "10m" in JSON.

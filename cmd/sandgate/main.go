@@ -17,13 +17,22 @@ const usage = `usage: sandgate COMMAND [ARGS]
   serve -config FILE          run the gateway
   image build|ref             build the session image into containerd, or print its ref
   hash-key [KEY]              print the SHA-256 of an API key (a new key when none is given)
-  session create|list|get|extend|delete|preview|screenshot|artifacts
+  session create|list|get|extend|delete|preview|screenshot|artifacts|events
                               talk to a gateway: SANDGATE_URL and SANDGATE_API_KEY
+  exec [-t SECONDS] [-e K=V] [-w DIR] [-u root] SESSION -- CMD [ARGS]
+                              run a command; stdin is forwarded, the exit status passed through
+  shell SESSION               an interactive shell
+  cp SRC DST                  copy files: one side is SESSION:/path; directories as tar
 `
 
 type usageError string
 
 func (e usageError) Error() string { return string(e) }
+
+// exitError passes a remote command's exit status through.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -43,14 +52,23 @@ func main() {
 		err = cmdHashKey(os.Args[2:])
 	case "session", "sessions":
 		err = cmdSession(ctx, os.Args[2:])
+	case "exec":
+		err = cmdExec(ctx, os.Args[2:])
+	case "shell":
+		err = cmdShell(ctx, os.Args[2:])
+	case "cp":
+		err = cmdCp(ctx, os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:
 		err = usageError(usage)
 	}
 	var ue usageError
+	var ee exitError
 	switch {
 	case err == nil:
+	case errors.As(err, &ee):
+		os.Exit(int(ee))
 	case errors.As(err, &ue):
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

@@ -61,7 +61,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	tenants := map[string]session.TenantLimits{}
 	keys := map[string]string{}
 	for _, t := range cfg.Tenants {
-		lim := session.TenantLimits{MaxSessions: t.MaxSessions, DefaultTTL: t.DefaultTTL.Duration, MaxTTL: t.MaxTTL.Duration, MaxIdle: t.MaxIdle.Duration}
+		lim := session.TenantLimits{
+			MaxSessions: t.MaxSessions, DefaultTTL: t.DefaultTTL.Duration, MaxTTL: t.MaxTTL.Duration,
+			MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
+		}
 		if lim.MaxTTL == 0 {
 			lim.MaxTTL = 24 * time.Hour
 		}

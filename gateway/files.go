@@ -1,0 +1,195 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/session"
+)
+
+const defaultMaxFileBytes = 1 << 30
+
+// filePath checks the path query parameter: absolute, clean, no NUL.
+func filePath(c *fiber.Ctx) (string, error) {
+	p := c.Query("path")
+	switch {
+	case p == "":
+		return "", errInvalid("path is required, e.g. ?path=/home/sandgate/workspace/file.txt")
+	case !noNUL(p):
+		return "", errInvalid("path must not contain NUL bytes")
+	case !strings.HasPrefix(p, "/"):
+		return "", errInvalid("path must be absolute")
+	case len(p) > 4096:
+		return "", errInvalid("path is too long")
+	}
+	return path.Clean(p), nil
+}
+
+// Shell snippets run with the path as $1, never spliced into the script.
+const (
+	scriptKind = `if [ -d "$1" ]; then echo dir; elif [ -f "$1" ]; then echo file; elif [ -e "$1" ]; then echo other; else echo missing; fi`
+	scriptPut  = `d=$(dirname -- "$1"); [ -d "$d" ] || { echo "no such directory" >&2; exit 20; }; [ ! -d "$1" ] || { echo "is a directory" >&2; exit 21; }; exec cat > "$1"`
+)
+
+func (s *Server) fileKind(ctx context.Context, tenant, id, p string, root bool) (string, error) {
+	var out bytes.Buffer
+	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptKind, "sandgate", p}, Stdout: &out, Root: root})
+	if err != nil {
+		return "", err
+	}
+	defer proc.Close()
+	if _, err := proc.Wait(ctx); err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// putFile writes the request body to a path in the session, streaming it
+// through the command's standard input.
+func (s *Server) putFile(c *fiber.Ctx) error {
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
+	}
+	p, err := filePath(c)
+	if err != nil {
+		return err
+	}
+	tenant := tenantOf(c)
+	lim, _ := s.sessions.Limits(tenant)
+	max := lim.MaxFileBytes
+	if max <= 0 {
+		max = defaultMaxFileBytes
+	}
+	if n := c.Request().Header.ContentLength(); n > 0 && int64(n) > max {
+		// Read (a bounded part of) what the client is sending, so that it
+		// gets to read this answer instead of a reset connection.
+		if st := c.Context().RequestBodyStream(); st != nil {
+			io.CopyN(io.Discard, st, 64<<20)
+		}
+		c.Set(fiber.HeaderConnection, "close")
+		return &apiError{status: 413, code: "invalid_argument", msg: fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max)}
+	}
+	var body io.Reader = bytes.NewReader(c.Body())
+	if st := c.Context().RequestBodyStream(); st != nil {
+		body = st
+	}
+	sha := sha256.New()
+	counted := &countingReader{r: io.LimitReader(body, max+1), h: sha}
+	ctx, cancel := reqCtx(c, 30*time.Minute)
+	defer cancel()
+	var stderr bytes.Buffer
+	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p}, Stdin: counted, Stderr: &stderr})
+	if err != nil {
+		return err
+	}
+	defer proc.Close()
+	code, err := proc.Wait(ctx)
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the upload did not finish", err: err}
+	}
+	if counted.n > max {
+		s.sessions.Exec(ctx, tenant, id, []string{"rm", "-f", "--", p})
+		return &apiError{status: 413, code: "invalid_argument", msg: fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max)}
+	}
+	switch code {
+	case 0:
+	case 20:
+		return errNotFound("the directory of path does not exist in the session")
+	case 21:
+		return &apiError{status: 409, code: "conflict", msg: "path is a directory"}
+	default:
+		return errDenied("the session refused to write path (permissions?)")
+	}
+	sum := hex.EncodeToString(sha.Sum(nil))
+	s.sessions.Record(id, "file_upload", map[string]any{"path": p, "bytes": counted.n, "sha256": sum})
+	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"path": p, "size": counted.n, "sha256": sum})
+}
+
+type countingReader struct {
+	r interface{ Read([]byte) (int, error) }
+	h interface{ Write([]byte) (int, error) }
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	c.h.Write(p[:n])
+	return n, err
+}
+
+// getFile streams a file, or a directory as a tar archive, out of the
+// session.
+func (s *Server) getFile(c *fiber.Ctx) error {
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
+	}
+	p, err := filePath(c)
+	if err != nil {
+		return err
+	}
+	tenant := tenantOf(c)
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	kind, err := s.fileKind(ctx, tenant, id, p, false)
+	cancel()
+	if err != nil {
+		return err
+	}
+	var args []string
+	switch kind {
+	case "file":
+		args = []string{"cat", "--", p}
+		c.Set(fiber.HeaderContentType, "application/octet-stream")
+		c.Set(fiber.HeaderContentDisposition, fmt.Sprintf("attachment; filename=%q", path.Base(p)))
+	case "dir":
+		args = []string{"tar", "-C", p, "-cf", "-", "."}
+		c.Set(fiber.HeaderContentType, "application/x-tar")
+		c.Set(fiber.HeaderContentDisposition, fmt.Sprintf("attachment; filename=%q", path.Base(p)+".tar"))
+	case "missing":
+		return errNotFound("no such file or directory in the session")
+	default:
+		return errInvalid("path is neither a regular file nor a directory")
+	}
+	pr, pw := io.Pipe()
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	var stderr bytes.Buffer
+	proc, err := s.sessions.Start(sctx, tenant, id, session.ExecSpec{Args: args, Stdout: pw, Stderr: &stderr})
+	if err != nil {
+		scancel()
+		return err
+	}
+	counter := &countingReader{r: pr, h: io.Discard}
+	go func() {
+		code, err := proc.Wait(sctx)
+		proc.Close()
+		if err == nil && code != 0 {
+			err = fmt.Errorf("%s exited %d", args[0], code)
+		}
+		pw.CloseWithError(err)
+	}()
+	s.sessions.Touch(id)
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer scancel()
+		if _, err := io.Copy(w, counter); err != nil {
+			proc.Signal(syscall.SIGKILL)
+			pr.CloseWithError(err)
+		}
+		w.Flush()
+		s.sessions.Record(id, "file_download", map[string]any{"path": p, "kind": kind, "bytes": counter.n})
+	})
+	return nil
+}

@@ -1,0 +1,133 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	fws "github.com/fasthttp/websocket"
+	"github.com/gofiber/contrib/websocket"
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/session"
+)
+
+const localSession = "session"
+
+// shellUpgrade checks the session before the WebSocket upgrade.
+func (s *Server) shellUpgrade(c *fiber.Ctx) error {
+	if !websocket.IsWebSocketUpgrade(c) {
+		return errInvalid("the shell needs a WebSocket upgrade")
+	}
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
+	}
+	if _, err := s.sessions.Endpoint(tenantOf(c), id); err != nil {
+		return err
+	}
+	c.Locals(localSession, id)
+	return c.Next()
+}
+
+// shellControl is a text message from the client.
+type shellControl struct {
+	Type string `json:"type"` // "resize"
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+// shell runs an interactive bash on a PTY. Binary messages carry the
+// terminal's bytes both ways; text messages are JSON control: resize from
+// the client, {"type":"exit","exit_code":N} from the server at the end.
+func (s *Server) shell() fiber.Handler {
+	return websocket.New(func(ws *websocket.Conn) {
+		tenant := ws.Locals(localTenant).(string)
+		id := ws.Locals(localSession).(string)
+		cols, _ := strconv.Atoi(ws.Query("cols", "80"))
+		rows, _ := strconv.Atoi(ws.Query("rows", "24"))
+		log := s.log.With("session", id, "tenant", tenant)
+
+		var wmu sync.Mutex
+		send := func(mt int, data []byte) error {
+			wmu.Lock()
+			defer wmu.Unlock()
+			return ws.WriteMessage(mt, data)
+		}
+		stdinR, stdinW := io.Pipe()
+		out := writerFunc(func(p []byte) (int, error) {
+			return len(p), send(fws.BinaryMessage, p)
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{
+			Args: []string{"bash", "-l"}, Terminal: true, Stdin: stdinR, Stdout: out,
+			Cols: uint16(clamp(cols, 1, 1000)), Rows: uint16(clamp(rows, 1, 1000)),
+		})
+		if err != nil {
+			log.Warn("shell start", "err", err)
+			closeWS(ws, fws.CloseInternalServerErr, "the shell could not start")
+			return
+		}
+		defer proc.Close()
+		var once sync.Once
+		shut := func(code int, why string) {
+			once.Do(func() {
+				wmu.Lock()
+				closeWS(ws, code, why)
+				wmu.Unlock()
+				stdinW.Close()
+				proc.Signal(syscall.SIGKILL)
+			})
+		}
+		release, err := s.sessions.Track(tenant, id, "shell", closerFunc(func() error {
+			shut(fws.CloseGoingAway, "the session ended")
+			return nil
+		}))
+		if err != nil {
+			shut(fws.CloseGoingAway, "the session ended")
+			return
+		}
+		defer release()
+		start := time.Now()
+		s.sessions.Record(id, "shell_opened", nil)
+
+		go func() {
+			for {
+				mt, data, err := ws.ReadMessage()
+				if err != nil {
+					stdinW.Close()
+					return
+				}
+				s.sessions.Touch(id)
+				if mt == fws.BinaryMessage {
+					if _, err := stdinW.Write(data); err != nil {
+						return
+					}
+					continue
+				}
+				var ctl shellControl
+				if json.Unmarshal(data, &ctl) == nil && ctl.Type == "resize" && ctl.Cols > 0 && ctl.Rows > 0 {
+					rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+					proc.Resize(rctx, min(ctl.Cols, 1000), min(ctl.Rows, 1000))
+					rcancel()
+				}
+			}
+		}()
+		code, _ := proc.Wait(ctx)
+		msg, _ := json.Marshal(map[string]any{"type": "exit", "exit_code": code})
+		send(fws.TextMessage, msg)
+		shut(fws.CloseNormalClosure, "the shell exited")
+		s.sessions.Record(id, "shell_closed", map[string]any{"exit_code": code, "duration_ms": time.Since(start).Milliseconds()})
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+func clamp(v, lo, hi int) int { return max(lo, min(v, hi)) }

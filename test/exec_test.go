@@ -1,0 +1,431 @@
+package test
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+type execOut struct {
+	Records  []execRec
+	Stdout   []byte
+	Stderr   []byte
+	ExitCode int
+	TimedOut bool
+	Took     time.Duration
+}
+
+type execRec struct {
+	Stream   string `json:"stream"`
+	Data     []byte `json:"data"`
+	ExitCode *int   `json:"exit_code"`
+	TimedOut bool   `json:"timed_out"`
+}
+
+// execIn runs a command through POST /exec and collects the stream.
+func (e *testEnv) execIn(t testing.TB, key, id string, req map[string]any) execOut {
+	t.Helper()
+	raw, _ := json.Marshal(req)
+	hreq, _ := http.NewRequest("POST", e.gwURL+"/v1/sessions/"+id+"/exec", bytes.NewReader(raw))
+	hreq.Header.Set("Authorization", "Bearer "+key)
+	hreq.Header.Set("Content-Type", "application/json")
+	t0 := time.Now()
+	resp, err := http.DefaultClient.Do(hreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/x-ndjson" {
+		body, _ := io.ReadAll(resp.Body)
+		t.Fatalf("exec: %d %s", resp.StatusCode, body)
+	}
+	var out execOut
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 64<<20)
+	for sc.Scan() {
+		var r execRec
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("record %q: %v", sc.Text(), err)
+		}
+		out.Records = append(out.Records, r)
+		switch {
+		case r.Stream == "stdout":
+			out.Stdout = append(out.Stdout, r.Data...)
+		case r.Stream == "stderr":
+			out.Stderr = append(out.Stderr, r.Data...)
+		case r.ExitCode != nil:
+			out.ExitCode, out.TimedOut = *r.ExitCode, r.TimedOut
+		}
+	}
+	out.Took = time.Since(t0)
+	if last := out.Records[len(out.Records)-1]; last.ExitCode == nil {
+		t.Fatalf("the stream did not end with the exit: %+v", last)
+	}
+	return out
+}
+
+func TestExecStreamsInOrder(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
+	if out.ExitCode != 3 || string(out.Stdout) != "out\n" || string(out.Stderr) != "err\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", out.ExitCode, out.Stdout, out.Stderr)
+	}
+	if r := out.Records; len(r) != 3 || r[0].Stream != "stdout" || r[1].Stream != "stderr" {
+		t.Fatalf("records out of order: %+v", r)
+	}
+	// It streams: the first line arrives long before the command ends.
+	raw, _ := json.Marshal(map[string]any{"cmd": []string{"sh", "-c", "echo first; sleep 2; echo second"}})
+	req, _ := http.NewRequest("POST", e.gwURL+"/v1/sessions/"+s.ID+"/exec", bytes.NewReader(raw))
+	req.Header.Set("Authorization", "Bearer "+e.keyA)
+	t0 := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.Contains(line, `"stdout"`) || time.Since(t0) > 1500*time.Millisecond {
+		t.Fatalf("first record %q after %v (%v): output is not streamed", line, time.Since(t0), err)
+	}
+}
+
+func TestExecTimeoutKillsChildren(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "sleep 101 & sleep 102 & sleep 103"}, "timeout_seconds": 2})
+	if !out.TimedOut || out.ExitCode == 0 || out.Took > 6*time.Second {
+		t.Fatalf("timed_out %v, exit %d, after %v", out.TimedOut, out.ExitCode, out.Took)
+	}
+	left := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "pgrep -a sleep || true"}})
+	if strings.Contains(string(left.Stdout), "sleep 10") {
+		t.Fatalf("children survived the timeout: %s", left.Stdout)
+	}
+}
+
+func TestExecConcurrent(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	var wg sync.WaitGroup
+	errs := make(chan string, 10)
+	for i := 0; i < 10; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			out := e.execIn(t, e.keyA, s.ID, map[string]any{
+				"cmd": []string{"sh", "-c", `for n in $(seq 1 300); do echo "$ID-$n"; done`},
+				"env": map[string]string{"ID": fmt.Sprint(i)},
+			})
+			var want strings.Builder
+			for n := 1; n <= 300; n++ {
+				fmt.Fprintf(&want, "%d-%d\n", i, n)
+			}
+			if string(out.Stdout) != want.String() || out.ExitCode != 0 {
+				errs <- fmt.Sprintf("command %d: exit %d, %d bytes, mixed or lost output", i, out.ExitCode, len(out.Stdout))
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+func TestFilesRoundTrip(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	put := func(path string, body io.Reader, size int64) (int, []byte) {
+		req, _ := http.NewRequest("PUT", e.gwURL+"/v1/sessions/"+s.ID+"/files?path="+url.QueryEscape(path), body)
+		req.Header.Set("Authorization", "Bearer "+e.keyA)
+		req.ContentLength = size
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, raw
+	}
+	get := func(path string) (*http.Response, error) {
+		req, _ := http.NewRequest("GET", e.gwURL+"/v1/sessions/"+s.ID+"/files?path="+url.QueryEscape(path), nil)
+		req.Header.Set("Authorization", "Bearer "+e.keyA)
+		return http.DefaultClient.Do(req)
+	}
+
+	// 100 MB each way, hashed on both ends.
+	const size = 100 << 20
+	h := sha256.New()
+	status, body := put("/home/sandgate/workspace/big.bin", io.TeeReader(io.LimitReader(rand.Reader, size), h), size)
+	want := fmt.Sprintf("%x", h.Sum(nil))
+	if status != 201 || jsonField(body, "sha256") != want {
+		t.Fatalf("upload: %d %s, want sha256 %s", status, body, want)
+	}
+	resp, err := get("/home/sandgate/workspace/big.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2 := sha256.New()
+	n, _ := io.Copy(h2, resp.Body)
+	resp.Body.Close()
+	if got := fmt.Sprintf("%x", h2.Sum(nil)); resp.StatusCode != 200 || n != size || got != want {
+		t.Fatalf("download: %d, %d bytes, sha256 %s", resp.StatusCode, n, got)
+	}
+
+	// Binary stdout, byte for byte.
+	small := make([]byte, 256<<10)
+	rand.Read(small)
+	if status, body := put("/tmp/bin.dat", bytes.NewReader(small), int64(len(small))); status != 201 {
+		t.Fatalf("upload: %d %s", status, body)
+	}
+	out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"cat", "/tmp/bin.dat"}})
+	if !bytes.Equal(out.Stdout, small) {
+		t.Fatalf("binary stdout differs: %d bytes back of %d", len(out.Stdout), len(small))
+	}
+
+	// A directory comes back as tar.
+	e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"mkdir", "-p", "/tmp/d/sub"}})
+	put("/tmp/d/a.txt", strings.NewReader("alpha"), 5)
+	put("/tmp/d/sub/b.txt", strings.NewReader("beta"), 4)
+	resp, err = get("/tmp/d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "application/x-tar" {
+		t.Fatalf("directory download: %s", resp.Header.Get("Content-Type"))
+	}
+	files := map[string]string{}
+	tr := tar.NewReader(resp.Body)
+	for {
+		hd, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hd.Typeflag == tar.TypeReg {
+			b, _ := io.ReadAll(tr)
+			files[strings.TrimPrefix(hd.Name, "./")] = string(b)
+		}
+	}
+	if files["a.txt"] != "alpha" || files["sub/b.txt"] != "beta" || len(files) != 2 {
+		t.Fatalf("tar holds %v", files)
+	}
+}
+
+func TestShellResize(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	u := "ws://" + e.gwAddr + "/v1/sessions/" + s.ID + "/shell?cols=80&rows=24"
+	c, resp, err := websocket.DefaultDialer.Dial(u, http.Header{"Authorization": {"Bearer " + e.keyA}})
+	if err != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		t.Fatalf("shell: %v (%d)", err, status)
+	}
+	defer c.Close()
+	c.WriteMessage(websocket.TextMessage, []byte(`{"type":"resize","cols":123,"rows":45}`))
+	time.Sleep(200 * time.Millisecond)
+	c.WriteMessage(websocket.BinaryMessage, []byte("stty size; exit 7\n"))
+	var screen strings.Builder
+	c.SetReadDeadline(time.Now().Add(15 * time.Second))
+	exit := -1
+	for {
+		mt, data, err := c.ReadMessage()
+		if err != nil {
+			break
+		}
+		if mt == websocket.BinaryMessage {
+			screen.Write(data)
+			continue
+		}
+		var ctl struct {
+			Type     string `json:"type"`
+			ExitCode int    `json:"exit_code"`
+		}
+		if json.Unmarshal(data, &ctl) == nil && ctl.Type == "exit" {
+			exit = ctl.ExitCode
+		}
+	}
+	if !strings.Contains(screen.String(), "45 123") {
+		t.Fatalf("stty size after the resize printed:\n%s", screen.String())
+	}
+	if exit != 7 {
+		t.Fatalf("exit %d, want 7", exit)
+	}
+	// Without an API key there is no shell.
+	if _, resp, err := websocket.DefaultDialer.Dial(u, nil); err == nil || resp == nil || resp.StatusCode != 401 {
+		t.Fatalf("shell without a key: %v", resp)
+	}
+}
+
+func TestExecBadInput(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyB, nil)
+	for _, tc := range []struct {
+		name, method, path, body string
+		status                   int
+		code                     string
+	}{
+		{"empty-cmd", "POST", "/exec", `{"cmd":[]}`, 400, "invalid_argument"},
+		{"no-cmd", "POST", "/exec", `{}`, 400, "invalid_argument"},
+		{"nul-arg", "POST", "/exec", `{"cmd":["echo","a\u0000b"]}`, 400, "invalid_argument"},
+		{"bad-env", "POST", "/exec", `{"cmd":["true"],"env":{"A B":"x"}}`, 400, "invalid_argument"},
+		{"relative-cwd", "POST", "/exec", `{"cmd":["true"],"cwd":"tmp"}`, 400, "invalid_argument"},
+		{"huge-timeout", "POST", "/exec", `{"cmd":["true"],"timeout_seconds":99999}`, 400, "invalid_argument"},
+		{"root-not-allowed", "POST", "/exec", `{"cmd":["id"],"user":"root"}`, 403, "permission_denied"},
+		{"nul-path", "GET", "/files?path=/tmp/a%00b", "", 400, "invalid_argument"},
+		{"relative-path", "GET", "/files?path=tmp/x", "", 400, "invalid_argument"},
+		{"missing-path", "GET", "/files?path=/no/such/file", "", 404, "not_found"},
+		{"put-missing-dir", "PUT", "/files?path=/no/such/dir/f", "x", 404, "not_found"},
+		{"put-onto-dir", "PUT", "/files?path=/tmp", "x", 409, "conflict"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, e.gwURL+"/v1/sessions/"+s.ID+tc.path, strings.NewReader(tc.body))
+			req.Header.Set("Authorization", "Bearer "+e.keyB)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			raw, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.status || jsonErrCode(raw) != tc.code {
+				t.Fatalf("%d %s, want %d %s", resp.StatusCode, raw, tc.status, tc.code)
+			}
+		})
+	}
+	t.Run("put-over-limit", func(t *testing.T) {
+		conn, err := net.Dial("tcp", e.gwAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "PUT /v1/sessions/%s/files?path=/tmp/big HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", s.ID, e.gwAddr, e.keyB, 2<<20)
+		go conn.Write(bytes.Repeat([]byte("x"), 2<<20))
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 413 || jsonErrCode(raw) != "invalid_argument" {
+			t.Fatalf("%d %s", resp.StatusCode, raw)
+		}
+	})
+	t.Run("no-such-program", func(t *testing.T) {
+		out := e.execIn(t, e.keyB, s.ID, map[string]any{"cmd": []string{"/nonexistent/prog"}})
+		if out.ExitCode != 127 || !strings.Contains(string(out.Stderr), "No such file") {
+			t.Fatalf("exit %d, stderr %q", out.ExitCode, out.Stderr)
+		}
+	})
+	if status, _ := e.api(t, e.keyB, "POST", "/v1/sessions/s-0000000000000000/exec", map[string]any{"cmd": []string{"true"}}); status != 404 {
+		t.Fatalf("exec in an unknown session: %d", status)
+	}
+	if status, _ := e.api(t, e.keyA, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"cmd": []string{"true"}}); status != 404 {
+		t.Fatalf("exec in another tenant's session: %d", status)
+	}
+	if out := e.execIn(t, e.keyB, s.ID, map[string]any{"cmd": []string{"echo", "still fine"}}); string(out.Stdout) != "still fine\n" {
+		t.Fatalf("the session was harmed: %q", out.Stdout)
+	}
+}
+
+func jsonErrCode(raw []byte) string {
+	var b struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	json.Unmarshal(raw, &b)
+	return b.Error.Code
+}
+
+// TestExecAudit: commands are in the audit trail with argv, user, cwd,
+// exit code, duration and output bytes, never env values.
+func TestExecAudit(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	canary := "canary-" + randHex(8)
+	e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo hi; exit 4"}, "env": map[string]string{"TOKEN": canary}, "cwd": "/tmp"})
+	status, body := e.api(t, e.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
+	if status != 200 {
+		t.Fatalf("events: %d %s", status, body)
+	}
+	if bytes.Contains(body, []byte(canary)) {
+		t.Fatal("an env value reached the audit trail")
+	}
+	var evs struct {
+		Events []struct {
+			Type   string
+			Fields map[string]any
+		}
+	}
+	json.Unmarshal(body, &evs)
+	for _, ev := range evs.Events {
+		if ev.Type == "exec" {
+			f := ev.Fields
+			if f["user"] != "sandgate" || f["cwd"] != "/tmp" || f["exit_code"] != float64(4) || f["stdout_bytes"] != float64(3) || f["duration_ms"] == nil {
+				t.Fatalf("exec event %v", f)
+			}
+			if argv, _ := f["argv"].([]any); len(argv) != 3 || argv[2] != "echo hi; exit 4" {
+				t.Fatalf("argv %v", f["argv"])
+			}
+			return
+		}
+	}
+	t.Fatalf("no exec event in %s", body)
+}
+
+// TestExecCLI: `sandgate exec` passes the exit status and stdin through,
+// `sandgate cp` copies both ways.
+func TestExecCLI(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	run := func(stdin string, args ...string) (string, int) {
+		cmd := exec.Command(e.bin, args...)
+		cmd.Env = append(os.Environ(), "SANDGATE_URL="+e.gwURL, "SANDGATE_API_KEY="+e.keyA)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.Output()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), code
+	}
+	if out, code := run("", "exec", s.ID, "--", "sh", "-c", "echo hi; exit 5"); out != "hi\n" || code != 5 {
+		t.Fatalf("exec: %q, exit %d", out, code)
+	}
+	if out, code := run("piped input\n", "exec", s.ID, "--", "tr", "a-z", "A-Z"); out != "PIPED INPUT\n" || code != 0 {
+		t.Fatalf("stdin: %q, exit %d", out, code)
+	}
+	dir := t.TempDir()
+	os.WriteFile(dir+"/in.txt", []byte("copied"), 0o644)
+	if _, code := run("", "cp", dir+"/in.txt", s.ID+":/tmp/in.txt"); code != 0 {
+		t.Fatal("cp to the session failed")
+	}
+	if _, code := run("", "cp", s.ID+":/tmp/in.txt", dir+"/back.txt"); code != 0 {
+		t.Fatal("cp from the session failed")
+	}
+	if b, _ := os.ReadFile(dir + "/back.txt"); string(b) != "copied" {
+		t.Fatalf("round trip gave %q", b)
+	}
+}
