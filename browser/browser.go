@@ -139,9 +139,8 @@ func Screenshot(ctx context.Context, cdp netip.AddrPort, width, height int) ([]b
 	}
 	actx, cancel := remote.NewAllocator(ctx, "http://"+cdp.String())
 	defer cancel()
-	// The remote allocator attaches; cancelling detaches from the page
-	// and leaves the browser and the page open.
-	cctx, cancel2 := chromedp.NewContext(actx, chromedp.WithTargetID(target.ID(pageID)))
+	// Detach on cancel: closing the agent's page would close its browser.
+	cctx, cancel2 := chromedp.NewContext(actx, chromedp.WithTargetID(target.ID(pageID)), chromedp.WithDetachOnCancel())
 	defer cancel2()
 	t, f := true, true
 	png, err := chromedp.Run(cctx, chromedp.Action[[]byte](func(ctx context.Context, tg *chromedp.Target) ([]byte, error) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -123,13 +124,15 @@ func (s *Server) exec(c *fiber.Ctx) error {
 	records := make(chan execRecord, 256)
 	out := &recordWriter{stream: "stdout", c: records}
 	errw := &recordWriter{stream: "stderr", c: records}
-	// GNU timeout signals the command's whole process group, so children
-	// go with it; the gateway's own deadline below is the backstop.
-	args := append([]string{"timeout", "--kill-after=2", strconv.FormatInt(int64(timeout/time.Second), 10)}, req.Cmd...)
+	frames := &frameReader{streams: map[byte]*recordWriter{1: out, 2: errw}}
+	// sandgate-exec (in the image) runs the command in its own process
+	// group, kills the group at the timeout, and sends both streams down
+	// one pipe in order; the gateway's own deadline is the backstop.
+	args := append([]string{"/usr/local/bin/sandgate-exec", strconv.FormatInt(int64(timeout/time.Second), 10)}, req.Cmd...)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+10*time.Second)
 	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{
 		Args: args, Env: env, Cwd: req.Cwd, Root: root,
-		Stdin: strings.NewReader(string(stdin)), Stdout: out, Stderr: errw,
+		Stdin: strings.NewReader(string(stdin)), Stdout: frames, Stderr: errw,
 	})
 	if err != nil {
 		cancel()
@@ -151,7 +154,10 @@ func (s *Server) exec(c *fiber.Ctx) error {
 		defer proc.Close()
 		code, werr := proc.Wait(ctx)
 		took := time.Since(start)
-		timedOut := took >= timeout || ctx.Err() != nil
+		timedOut := frames.timedOut || ctx.Err() != nil
+		if frames.ended {
+			code = frames.code
+		}
 		final := execRecord{ExitCode: &code, DurationMS: took.Milliseconds(), TimedOut: timedOut}
 		if werr != nil && !timedOut {
 			final.Error = "the command's end could not be read"
@@ -184,6 +190,42 @@ func (s *Server) exec(c *fiber.Ctx) error {
 		}
 	})
 	return nil
+}
+
+// frameReader decodes sandgate-exec's frames: stream id, big-endian
+// length, bytes; stream 3 ends with "exit N" or "timeout N".
+type frameReader struct {
+	streams  map[byte]*recordWriter
+	buf      []byte
+	ended    bool
+	timedOut bool
+	code     int
+}
+
+func (f *frameReader) Write(p []byte) (int, error) {
+	f.buf = append(f.buf, p...)
+	for len(f.buf) >= 5 {
+		n := int(binary.BigEndian.Uint32(f.buf[1:5]))
+		if n > 1<<20 {
+			return 0, fmt.Errorf("exec frame of %d bytes", n)
+		}
+		if len(f.buf) < 5+n {
+			break
+		}
+		id, data := f.buf[0], f.buf[5:5+n]
+		if w, ok := f.streams[id]; ok {
+			w.Write(data)
+		} else if id == 3 {
+			word, num, _ := strings.Cut(string(data), " ")
+			f.code, _ = strconv.Atoi(num)
+			f.timedOut, f.ended = word == "timeout", true
+		}
+		f.buf = f.buf[5+n:]
+	}
+	if len(f.buf) == 0 {
+		f.buf = nil
+	}
+	return len(p), nil
 }
 
 // recordWriter turns a process's output into stream records.

@@ -163,6 +163,8 @@ func TestDiscoveryEndpoints(t *testing.T) {
 func TestScreenshotToMinIO(t *testing.T) {
 	e := needE2E(t)
 	s := e.createSession(t, e.keyA, map[string]any{"screen": map[string]int{"width": 1024, "height": 640}})
+	p := e.preview(t, e.keyA, s.ID, 300)
+	before := pageIDs(t, p.URL)
 	status, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+s.ID+"/screenshot", nil)
 	if status != 201 {
 		t.Fatalf("screenshot: %d %s", status, body)
@@ -209,6 +211,11 @@ func TestScreenshotToMinIO(t *testing.T) {
 	}
 	if b := img.Bounds(); b.Dx() != 1024 || b.Dy() != 640 {
 		t.Fatalf("screenshot is %dx%d, want the session's 1024x640", b.Dx(), b.Dy())
+	}
+
+	// Taking it left the agent's page (and browser) alone.
+	if after := pageIDs(t, p.URL); after != before {
+		t.Fatalf("the screenshot changed the browser's pages: %q before, %q after", before, after)
 	}
 
 	// Tampering with the presigned URL gets nothing.
@@ -495,3 +502,22 @@ func forge(t *testing.T, tok, kid string, key []byte, edit func(jwt.MapClaims)) 
 }
 
 func protoTarget(url string) proto.TargetCreateTarget { return proto.TargetCreateTarget{URL: url} }
+
+// pageIDs lists the browser's page targets.
+func pageIDs(t testing.TB, previewURL string) string {
+	t.Helper()
+	resp, err := http.Get(previewURL + "/json/list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ts []struct{ ID, Type string }
+	json.NewDecoder(resp.Body).Decode(&ts)
+	var ids []string
+	for _, tg := range ts {
+		if tg.Type == "page" {
+			ids = append(ids, tg.ID)
+		}
+	}
+	return strings.Join(ids, ",")
+}

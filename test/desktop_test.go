@@ -147,7 +147,7 @@ func (e *testEnv) cdpPage(t testing.TB, id string) (context.Context, func()) {
 			break
 		}
 	}
-	cctx, cancelC := chromedp.NewContext(actx, chromedp.WithTargetID(targetID(pageID)))
+	cctx, cancelC := chromedp.NewContext(actx, chromedp.WithTargetID(targetID(pageID)), chromedp.WithDetachOnCancel())
 	return cctx, func() { cancelC(); cancelA(); cancel() }
 }
 
