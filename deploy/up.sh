@@ -26,7 +26,7 @@ if [ ! -f "$CONFIG" ]; then
   "listen": "127.0.0.1:8080",
   "public_url": "http://127.0.0.1:8080",
   "hosts": ["localhost:8080"],
-  "default_runtime": "runc",
+  "runtimes": {"gvisor": {"runsc": "$CACHE/runsc"}},
   "state_dir": "$DATA",
   "cache_dir": "$CACHE",
   "minio": {"endpoint": "127.0.0.1:9000", "access_key": "sandgate", "secret_key": "$minio_secret"},
@@ -57,7 +57,7 @@ bin/sandgate image build -config "$CONFIG"
 key_file="$(dirname "$CONFIG")/dev-api-key"
 cat >&2 <<TXT
 
-Sandgate is starting on http://127.0.0.1:8080 (runc: development only, not an isolation boundary).
+Sandgate is starting on http://127.0.0.1:8080 (sessions run under gVisor by default).
 Development API key: $(cat "$key_file" 2>/dev/null || echo "(see your config)")
 
 Try it from another shell:

@@ -311,12 +311,23 @@ func TestDesktopSession(t *testing.T) {
 	if status != 201 {
 		t.Fatalf("screenshot: %d %s", status, body)
 	}
-	var shot struct{ Image string }
-	json.Unmarshal(e.mustAction(t, e.keyA, s.ID, map[string]any{"action": "screenshot"}), &shot)
-	raw, _ := base64.StdEncoding.DecodeString(shot.Image)
-	img, err := png.Decode(bytes.NewReader(raw))
-	if err != nil || colours(img) < 5 {
-		t.Fatalf("desktop screenshot: %v, %d colours", err, colours(img))
+	// The desktop's windows appear within moments of the start (longer
+	// under gVisor).
+	var img image.Image
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		var shot struct{ Image string }
+		json.Unmarshal(e.mustAction(t, e.keyA, s.ID, map[string]any{"action": "screenshot"}), &shot)
+		raw, _ := base64.StdEncoding.DecodeString(shot.Image)
+		var err error
+		if img, err = png.Decode(bytes.NewReader(raw)); err != nil {
+			t.Fatalf("desktop screenshot: %v", err)
+		}
+		if colours(img) >= 5 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if colours(img) < 5 {
+		t.Fatalf("desktop screenshot has %d colours: no desktop", colours(img))
 	}
 	e.mustAction(t, e.keyA, s.ID, map[string]any{"action": "mouse_move", "coordinate": []int{640, 400}})
 	if x, y := e.cursor(t, s.ID); x != 640 || y != 400 {

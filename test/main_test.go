@@ -137,7 +137,6 @@ func setup() (*testEnv, error) {
 		"listen":          e.gwAddr,
 		"public_url":      e.gwURL,
 		"hosts":           []string{fmt.Sprintf("localhost:%d", port)},
-		"default_runtime": "runc",
 		"state_dir":       filepath.Join(dir, "state"),
 		"cache_dir":       cacheDir(),
 		"containerd":      map[string]string{"namespace": testNamespace},
@@ -148,6 +147,13 @@ func setup() (*testEnv, error) {
 			{"name": "tenant-a", "api_key_sha256": []string{hash(e.keyA)}, "max_sessions": 6, "default_ttl": "10m", "max_ttl": "1h"},
 			{"name": "tenant-b", "api_key_sha256": []string{hash(e.keyB)}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h", "max_file_bytes": 1 << 20},
 		},
+	}
+	// With gVisor built (deploy/setup.sh), the suite runs under it: the
+	// default is the strongest usable runtime. Without, under runc.
+	if runsc := filepath.Join(cacheDir(), "runsc"); fileExists(runsc) {
+		cfg["runtimes"] = map[string]any{"gvisor": map[string]string{"runsc": runsc}}
+	} else {
+		cfg["default_runtime"] = "runc"
 	}
 	raw, _ := json.MarshalIndent(cfg, "", "  ")
 	e.cfgPath = filepath.Join(dir, "config.json")
@@ -164,6 +170,11 @@ func setup() (*testEnv, error) {
 		return e, err
 	}
 	return e, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 func cacheDir() string {
