@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // Container labels. They let a restarted gateway rebuild its sessions from
@@ -104,6 +105,20 @@ func withOOMScoreAdj(score int) oci.SpecOpts {
 	}
 }
 
+// withRlimit sets one resource limit, soft and hard, for every process.
+func withRlimit(kind string, n uint64) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		for i, r := range s.Process.Rlimits {
+			if r.Type == kind {
+				s.Process.Rlimits[i].Soft, s.Process.Rlimits[i].Hard = n, n
+				return nil
+			}
+		}
+		s.Process.Rlimits = append(s.Process.Rlimits, specs.POSIXRlimit{Type: kind, Soft: n, Hard: n})
+		return nil
+	}
+}
+
 // newContainer creates the session's container (not its task).
 func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr string, workspace string) (containerd.Container, error) {
 	image, err := m.client.GetImage(ctx, m.cfg.Image)
@@ -137,12 +152,15 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 		oci.WithCPUCFS(quota, period),
 		oci.WithPidsLimit(int64(res.Pids)),
 		withOOMScoreAdj(500),
-		oci.WithMounts([]specs.Mount{{
-			Destination: "/home/sandgate/workspace",
-			Type:        "bind",
-			Source:      workspace,
-			Options:     []string{"rbind", "rw", "nosuid", "nodev"},
-		}}),
+		withRlimit("RLIMIT_NOFILE", 4096),
+		// The image is read-only; what a session writes goes to bounded
+		// tmpfs (charged to the session's memory) or its workspace.
+		oci.WithRootFSReadonly(),
+		oci.WithMounts([]specs.Mount{
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "size=1g"}},
+			{Destination: "/home/sandgate", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0755", "uid=1000", "gid=1000", "size=256m"}},
+			{Destination: "/home/sandgate/workspace", Type: "bind", Source: workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		}),
 	}
 	return m.client.NewContainer(ctx, info.ID,
 		containerd.WithImage(image),
@@ -159,7 +177,11 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 func removeContainer(ctx context.Context, c containerd.Container) error {
 	if t, err := c.Task(ctx, nil); err == nil {
 		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("delete task: %w", err)
+			// A sandbox that died by itself (gVisor after a crash)
+			// cannot be killed again; delete what is left of it.
+			if _, err2 := t.Delete(ctx); err2 != nil && !errdefs.IsNotFound(err2) {
+				return fmt.Errorf("delete task: %w (and without kill: %v)", err, err2)
+			}
 		}
 	} else if !errdefs.IsNotFound(err) {
 		return fmt.Errorf("task: %w", err)
@@ -174,18 +196,32 @@ func (m *Manager) workspaceDir(id string) string {
 	return filepath.Join(m.cfg.StateDir, "sessions", id)
 }
 
+// workspaceBytes bounds what a session can write to its workspace.
+const workspaceBytes = 1 << 30
+
 // makeWorkspace creates the session's directory: the workspace mounted
-// into the session and the console log, which stays on the host.
+// into the session, a tmpfs of bounded size (its pages are charged to the
+// session's memory), and the console log, which stays on the host.
 func (m *Manager) makeWorkspace(id string) (workspace string, console string, err error) {
 	dir := m.workspaceDir(id)
 	workspace = filepath.Join(dir, "workspace")
 	if err := os.MkdirAll(workspace, 0o700); err != nil {
 		return "", "", err
 	}
-	if err := os.Chown(workspace, sessionUID, sessionGID); err != nil {
-		return "", "", err
+	opts := fmt.Sprintf("size=%d,mode=0755,uid=%d,gid=%d", workspaceBytes, sessionUID, sessionGID)
+	if err := unix.Mount("tmpfs", workspace, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return "", "", fmt.Errorf("mount workspace: %w", err)
 	}
 	return workspace, filepath.Join(dir, "console.log"), nil
+}
+
+// removeWorkspace unmounts and deletes the session's directory.
+func (m *Manager) removeWorkspace(id string) error {
+	dir := m.workspaceDir(id)
+	if err := unix.Unmount(filepath.Join(dir, "workspace"), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		return fmt.Errorf("unmount workspace: %w", err)
+	}
+	return os.RemoveAll(dir)
 }
 
 func newTask(ctx context.Context, c containerd.Container, console string) (containerd.Task, error) {

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -353,7 +352,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	}
 	mark("network")
 	undo = append(undo, func(c context.Context) error { return m.net.remove(c, id) })
-	undo = append(undo, func(context.Context) error { return os.RemoveAll(m.workspaceDir(id)) })
+	undo = append(undo, func(context.Context) error { return m.removeWorkspace(id) })
 	workspace, console, err := m.makeWorkspace(id)
 	if err != nil {
 		return fmt.Errorf("workspace: %w", err)
@@ -608,7 +607,7 @@ func (m *Manager) stop(ctx context.Context, s *sess, final State, failure string
 	if err := m.net.remove(ctx, s.info.ID); err != nil {
 		log.Error("remove network", "err", err)
 	}
-	if err := os.RemoveAll(m.workspaceDir(s.info.ID)); err != nil {
+	if err := m.removeWorkspace(s.info.ID); err != nil {
 		log.Error("remove workspace", "err", err)
 	}
 	m.mu.Lock()

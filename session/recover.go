@@ -57,7 +57,9 @@ func (m *Manager) recover(ctx context.Context) error {
 			if err := m.net.remove(ctx, e.Name()); err != nil {
 				m.log.Error("release orphan address", "session", e.Name(), "err", err)
 			}
-			os.RemoveAll(filepath.Join(m.cfg.StateDir, "sessions", e.Name()))
+			if err := m.removeWorkspace(e.Name()); err != nil {
+				m.log.Error("remove orphan workspace", "session", e.Name(), "err", err)
+			}
 		}
 	}
 	return nil

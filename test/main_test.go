@@ -134,15 +134,15 @@ func setup() (*testEnv, error) {
 	e.keyA, e.keyB, e.tokenKey = "sg_a_"+randHex(16), "sg_b_"+randHex(16), randHex(32)
 	hash := func(k string) string { s := sha256.Sum256([]byte(k)); return hex.EncodeToString(s[:]) }
 	cfg := map[string]any{
-		"listen":          e.gwAddr,
-		"public_url":      e.gwURL,
-		"hosts":           []string{fmt.Sprintf("localhost:%d", port)},
-		"state_dir":       filepath.Join(dir, "state"),
-		"cache_dir":       cacheDir(),
-		"containerd":      map[string]string{"namespace": testNamespace},
-		"network":         map[string]string{"bridge": testBridge, "subnet": testSubnet},
-		"minio":           map[string]any{"endpoint": e.minioAddr, "access_key": "sandgate", "secret_key": "sandgate-test-secret"},
-		"tokens":          map[string]any{"active_key": "k1", "keys": map[string]string{"k1": e.tokenKey}},
+		"listen":     e.gwAddr,
+		"public_url": e.gwURL,
+		"hosts":      []string{fmt.Sprintf("localhost:%d", port)},
+		"state_dir":  filepath.Join(dir, "state"),
+		"cache_dir":  cacheDir(),
+		"containerd": map[string]string{"namespace": testNamespace},
+		"network":    map[string]string{"bridge": testBridge, "subnet": testSubnet},
+		"minio":      map[string]any{"endpoint": e.minioAddr, "access_key": "sandgate", "secret_key": "sandgate-test-secret"},
+		"tokens":     map[string]any{"active_key": "k1", "keys": map[string]string{"k1": e.tokenKey}},
 		"tenants": []map[string]any{
 			{"name": "tenant-a", "api_key_sha256": []string{hash(e.keyA)}, "max_sessions": 6, "default_ttl": "10m", "max_ttl": "1h"},
 			{"name": "tenant-b", "api_key_sha256": []string{hash(e.keyB)}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h", "max_file_bytes": 1 << 20},
