@@ -27,6 +27,7 @@ bench:
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench VNC -benchtime 200x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ActionRoundTrip -benchtime 30x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Exec -benchtime 50x ./test/
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Runtimes -benchtime 5x ./test/
 
 # Rebuild the viewer's noVNC bundle (committed, embedded in the binary)
 # from the pinned npm packages.
