@@ -31,8 +31,9 @@ func newAPIClient() (*apiClient, error) {
 		return nil, errors.New("SANDGATE_API_KEY is not set")
 	}
 	// Redirects (artifact downloads) are followed only where asked.
+	// No client timeout: exec and downloads stream for as long as they
+	// run; ctx (SIGINT) ends them.
 	return &apiClient{base: base, key: key, http: &http.Client{
-		Timeout:       5 * time.Minute,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}, nil
 }
@@ -55,15 +56,7 @@ func (c *apiClient) do(ctx context.Context, method, path string, body any, out a
 		}
 		r = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, r)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.key)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
+	resp, err := c.raw(ctx, method, path, r, "application/json")
 	if err != nil {
 		return nil, err
 	}
@@ -71,16 +64,6 @@ func (c *apiClient) do(ctx context.Context, method, path string, body any, out a
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return nil, err
-	}
-	if resp.StatusCode >= 400 {
-		var e struct {
-			Error apiErr `json:"error"`
-		}
-		if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
-			return nil, fmt.Errorf("%s %s: %s", method, path, resp.Status)
-		}
-		e.Error.Status = resp.StatusCode
-		return nil, &e.Error
 	}
 	if out != nil && len(raw) > 0 {
 		if err := json.Unmarshal(raw, out); err != nil {
@@ -106,15 +89,16 @@ const sessionUsage = `usage: sandgate session SUBCOMMAND
   screenshot ID [-o FILE]
   artifacts ID`
 
-type labelFlags map[string]string
+// kvFlags collects repeated k=v flags (labels, environment).
+type kvFlags map[string]string
 
-func (l labelFlags) String() string { return "" }
-func (l labelFlags) Set(v string) error {
+func (f kvFlags) String() string { return "" }
+func (f kvFlags) Set(v string) error {
 	k, val, ok := strings.Cut(v, "=")
 	if !ok {
-		return errors.New("labels are k=v")
+		return errors.New("expected k=v")
 	}
-	l[k] = val
+	f[k] = val
 	return nil
 }
 
@@ -144,7 +128,7 @@ func cmdSession(ctx context.Context, args []string) error {
 		idle := fs.Int("idle", 0, "idle timeout in seconds (0: none)")
 		w := fs.Int("width", 0, "screen width")
 		h := fs.Int("height", 0, "screen height")
-		labels := labelFlags{}
+		labels := kvFlags{}
 		fs.Var(labels, "label", "k=v label, repeatable")
 		if err := fs.Parse(args); err != nil {
 			return usageError(err.Error())

@@ -22,18 +22,6 @@ import (
 	"golang.org/x/term"
 )
 
-type envFlags map[string]string
-
-func (e envFlags) String() string { return "" }
-func (e envFlags) Set(v string) error {
-	k, val, ok := strings.Cut(v, "=")
-	if !ok {
-		return errors.New("env is K=V")
-	}
-	e[k] = val
-	return nil
-}
-
 // cmdExec runs a command in a session like `docker exec`: output streams
 // to stdout and stderr, stdin (when not a terminal) is sent along, and the
 // command's exit status becomes ours.
@@ -42,7 +30,7 @@ func cmdExec(ctx context.Context, args []string) error {
 	timeout := fs.Int("t", 0, "timeout in seconds (default: the gateway's)")
 	cwd := fs.String("w", "", "working directory")
 	user := fs.String("u", "", "user: sandgate (default) or root")
-	env := envFlags{}
+	env := kvFlags{}
 	fs.Var(env, "e", "K=V environment variable, repeatable")
 	if err := fs.Parse(args); err != nil {
 		return usageError(err.Error())
@@ -136,9 +124,7 @@ func (c *apiClient) raw(ctx context.Context, method, path string, body io.Reader
 	if body != nil {
 		req.Header.Set("Content-Type", ctype)
 	}
-	hc := *c.http
-	hc.Timeout = 0
-	resp, err := hc.Do(req)
+	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, err
 	}
