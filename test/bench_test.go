@@ -52,6 +52,9 @@ func waitJSONVersion(url string, limit time.Duration) error {
 // flags and returns once CDP answers; stop ends both.
 func hostChromium(b *testing.B, display, port int) (stop func()) {
 	b.Helper()
+	// A display left locked by an earlier, killed run would refuse us.
+	os.Remove(fmt.Sprintf("/tmp/.X%d-lock", display))
+	os.Remove(fmt.Sprintf("/tmp/.X11-unix/X%d", display))
 	xvfb := exec.Command("Xvfb", fmt.Sprintf(":%d", display), "-screen", "0", "1280x800x24", "-nolisten", "tcp")
 	if err := xvfb.Start(); err != nil {
 		b.Fatalf("Xvfb: %v", err)
@@ -77,9 +80,10 @@ func hostChromium(b *testing.B, display, port int) (stop func()) {
 	return func() {
 		chrome.Process.Kill()
 		chrome.Wait()
-		xvfb.Process.Kill()
+		xvfb.Process.Signal(os.Interrupt)
 		xvfb.Wait()
 		os.Remove(sock)
+		os.Remove(fmt.Sprintf("/tmp/.X%d-lock", display))
 		os.RemoveAll(filepath.Join(profile))
 	}
 }
