@@ -111,16 +111,7 @@ func Plan(a Action, width, height int) ([]Step, error) {
 		case "triple_click":
 			repeat = "3"
 		}
-		click := []string{"click", "--repeat", repeat, "--delay", "80", button}
-		if a.Text == "" {
-			return xdo(mv, click), nil
-		}
-		// Text on a click names modifiers held during it ("shift").
-		mods, err := keyCombo(a.Text)
-		if err != nil {
-			return nil, err
-		}
-		return xdo(mv, []string{"keydown", mods}, click, []string{"keyup", mods}), nil
+		return held(xdo, a.Text, mv, []string{"click", "--repeat", repeat, "--delay", "80", button})
 	case "left_click_drag":
 		if a.StartCoordinate == nil || a.Coordinate == nil {
 			return nil, invalid("left_click_drag needs start_coordinate and coordinate")
@@ -161,15 +152,7 @@ func Plan(a Action, width, height int) ([]Step, error) {
 		if amount < 1 || amount > maxScroll {
 			return nil, invalid("scroll_amount must be between 1 and %d", maxScroll)
 		}
-		click := []string{"click", "--repeat", strconv.Itoa(amount), "--delay", "20", b}
-		if a.Text == "" {
-			return xdo(mv, click), nil
-		}
-		mods, err := keyCombo(a.Text)
-		if err != nil {
-			return nil, err
-		}
-		return xdo(mv, []string{"keydown", mods}, click, []string{"keyup", mods}), nil
+		return held(xdo, a.Text, mv, []string{"click", "--repeat", strconv.Itoa(amount), "--delay", "20", b})
 	case "type":
 		if a.Text == "" {
 			return nil, invalid("type needs text")
@@ -214,6 +197,19 @@ func Plan(a Action, width, height int) ([]Step, error) {
 	default:
 		return nil, invalid("unknown action %q; one of %s", a.Action, strings.Join(Actions, ", "))
 	}
+}
+
+// held builds move-then-click, with the modifiers named in text ("shift")
+// held down around the click.
+func held(xdo func(...[]string) []Step, text string, move, click []string) ([]Step, error) {
+	if text == "" {
+		return xdo(move, click), nil
+	}
+	mods, err := keyCombo(text)
+	if err != nil {
+		return nil, err
+	}
+	return xdo(move, []string{"keydown", mods}, click, []string{"keyup", mods}), nil
 }
 
 // keyCombo checks a combo such as "ctrl+shift+t" and returns it in

@@ -73,13 +73,7 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 		max = defaultMaxFileBytes
 	}
 	if n := c.Request().Header.ContentLength(); n > 0 && int64(n) > max {
-		// Read (a bounded part of) what the client is sending, so that it
-		// gets to read this answer instead of a reset connection.
-		if st := c.Context().RequestBodyStream(); st != nil {
-			io.CopyN(io.Discard, st, 64<<20)
-		}
-		c.Set(fiber.HeaderConnection, "close")
-		return &apiError{status: 413, code: "invalid_argument", msg: fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max)}
+		return tooLarge(c, fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max))
 	}
 	var body io.Reader = bytes.NewReader(c.Body())
 	if st := c.Context().RequestBodyStream(); st != nil {

@@ -164,15 +164,20 @@ func (s *Server) limitBody(c *fiber.Ctx) error {
 	}
 	n := c.Request().Header.ContentLength()
 	if n > s.cfg.BodyLimit || n == -1 {
-		// Read a bounded part of what is being sent, so that the client
-		// reads this answer rather than a reset connection.
-		if st := c.Context().RequestBodyStream(); st != nil {
-			io.CopyN(io.Discard, st, 8<<20)
-		}
-		c.Set(fiber.HeaderConnection, "close")
-		return &apiError{status: 413, code: "invalid_argument", msg: fmt.Sprintf("the request body is larger than %d bytes", s.cfg.BodyLimit)}
+		return tooLarge(c, fmt.Sprintf("the request body is larger than %d bytes", s.cfg.BodyLimit))
 	}
 	return c.Next()
+}
+
+// tooLarge answers 413. It first reads a bounded part of what is being
+// sent, so that the client reads this answer rather than a reset
+// connection, and closes the connection after it.
+func tooLarge(c *fiber.Ctx, msg string) error {
+	if st := c.Context().RequestBodyStream(); st != nil {
+		io.CopyN(io.Discard, st, 64<<20)
+	}
+	c.Set(fiber.HeaderConnection, "close")
+	return &apiError{status: 413, code: "invalid_argument", msg: msg}
 }
 
 // refuseToken answers what is left under a preview prefix: 401 without a

@@ -3,7 +3,6 @@ package session
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -77,9 +76,6 @@ func probeRuntimes(ctx context.Context, cfg RuntimeConfig) map[string]*Runtime {
 func version(ctx context.Context, bin string, args ...string) (string, error) {
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return "", err
-	}
-	if _, err := os.Stat(path); err != nil {
 		return "", err
 	}
 	out, err := exec.CommandContext(ctx, path, args...).CombinedOutput()

@@ -319,14 +319,7 @@ func TestRevokedTokenClosesWebSocket(t *testing.T) {
 	}
 	t.Logf("closed %v after revocation", at.Sub(revoked).Round(time.Millisecond))
 	// And the token no longer opens anything.
-	resp, err := http.Get(p.URL + "/json/version")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 401 {
-		t.Fatalf("revoked token: %d, want 401", resp.StatusCode)
-	}
+	wantStatus(t, p.URL+"/json/version", 401, "revoked token")
 }
 
 func TestExpiredTokenClosesWebSocket(t *testing.T) {
@@ -345,14 +338,7 @@ func TestExpiredTokenClosesWebSocket(t *testing.T) {
 	} else {
 		t.Logf("closed %v after expiry", late.Round(time.Millisecond))
 	}
-	resp, err := http.Get(p.URL + "/json/version")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 401 {
-		t.Fatalf("expired token: %d, want 401", resp.StatusCode)
-	}
+	wantStatus(t, p.URL+"/json/version", 401, "expired token")
 }
 
 func TestTokenRejections(t *testing.T) {
@@ -520,4 +506,17 @@ func pageIDs(t testing.TB, previewURL string) string {
 		}
 	}
 	return strings.Join(ids, ",")
+}
+
+// wantStatus fetches url and checks the status.
+func wantStatus(t testing.TB, url string, want int, what string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		t.Fatalf("%s: %d, want %d", what, resp.StatusCode, want)
+	}
 }

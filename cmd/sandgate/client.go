@@ -263,11 +263,16 @@ func (c *apiClient) download(ctx context.Context, id, file string) error {
 	if r.StatusCode != 200 {
 		return fmt.Errorf("download: %s", r.Status)
 	}
-	f, err := os.Create(file)
+	return saveTo(file, r.Body)
+}
+
+// saveTo writes r to the file at path.
+func saveTo(path string, r io.Reader) error {
+	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, r.Body); err != nil {
+	if _, err := io.Copy(f, r); err != nil {
 		f.Close()
 		return err
 	}

@@ -251,15 +251,7 @@ func cmdCp(ctx context.Context, args []string) error {
 		if st, err := os.Stat(dst); err == nil && st.IsDir() {
 			dst = filepath.Join(dst, filepath.Base(p))
 		}
-		f, err := os.Create(dst)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(f, resp.Body); err != nil {
-			f.Close()
-			return err
-		}
-		return f.Close()
+		return saveTo(dst, resp.Body)
 	}
 	id, p, ok := remote(args[1])
 	if !ok {
