@@ -177,10 +177,20 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 func removeContainer(ctx context.Context, c containerd.Container) error {
 	if t, err := c.Task(ctx, nil); err == nil {
 		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			// A sandbox that died by itself (gVisor after a crash)
-			// cannot be killed again; delete what is left of it.
+			// A gVisor sandbox whose control server died (after an OOM
+			// kill, say) cannot be signalled through runsc any more: kill
+			// its process from the host, then delete what is left.
+			if pid := t.Pid(); pid > 0 {
+				if exited, werr := t.Wait(ctx); werr == nil {
+					unix.Kill(int(pid), unix.SIGKILL)
+					select {
+					case <-exited:
+					case <-time.After(10 * time.Second):
+					}
+				}
+			}
 			if _, err2 := t.Delete(ctx); err2 != nil && !errdefs.IsNotFound(err2) {
-				return fmt.Errorf("delete task: %w (and without kill: %v)", err, err2)
+				return fmt.Errorf("delete task: %w (and after killing its process: %v)", err, err2)
 			}
 		}
 	} else if !errdefs.IsNotFound(err) {
