@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -33,6 +34,8 @@ type network struct {
 	cfg    NetworkConfig
 	cni    gocni.CNI
 	prefix string
+	// gateway is the bridge's own address, where the egress proxy listens.
+	gateway netip.Addr
 }
 
 var sessionIDPattern = regexp.MustCompile(`^s-[0-9a-f]{16}$`)
@@ -56,6 +59,13 @@ func newNetwork(cfg NetworkConfig, prefix string) (*network, error) {
 	if err := sharedNetNSDir(cfg.NetNSDir); err != nil {
 		return nil, err
 	}
+	gw, err := gatewayAddr(cfg.Subnet)
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureBridge(cfg.Bridge, gw); err != nil {
+		return nil, err
+	}
 	c, err := gocni.New(gocni.WithPluginDir([]string{cfg.PluginDir}), gocni.WithInterfacePrefix("eth"))
 	if err != nil {
 		return nil, fmt.Errorf("cni: %w", err)
@@ -63,7 +73,43 @@ func newNetwork(cfg NetworkConfig, prefix string) (*network, error) {
 	if err := c.Load(gocni.WithLoNetwork, gocni.WithConfListBytes([]byte(conf))); err != nil {
 		return nil, fmt.Errorf("cni config: %w", err)
 	}
-	return &network{cfg: cfg, cni: c, prefix: prefix}, nil
+	return &network{cfg: cfg, cni: c, prefix: prefix, gateway: gw.Addr()}, nil
+}
+
+// gatewayAddr is the bridge's address: the subnet's first host, which is
+// what CNI's host-local IPAM gives the gateway.
+func gatewayAddr(subnet string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(subnet)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 29 {
+		return netip.Prefix{}, fmt.Errorf("network subnet %q: want an IPv4 prefix of /29 or larger", subnet)
+	}
+	p = p.Masked()
+	return netip.PrefixFrom(p.Addr().Next(), p.Bits()), nil
+}
+
+// ensureBridge creates the bridge with its address before any session
+// exists, so that the egress proxy can listen on it from the start. The
+// CNI bridge plugin then finds it ready.
+func ensureBridge(name string, addr netip.Prefix) error {
+	link, err := netlink.LinkByName(name)
+	if _, missing := err.(netlink.LinkNotFoundError); missing {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+		if err := netlink.LinkAdd(br); err != nil {
+			return fmt.Errorf("create bridge %s: %w", name, err)
+		}
+		link, err = netlink.LinkByName(name)
+	}
+	if err != nil {
+		return fmt.Errorf("bridge %s: %w", name, err)
+	}
+	want := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
+	if err := netlink.AddrReplace(link, want); err != nil {
+		return fmt.Errorf("address bridge %s: %w", name, err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("bring up bridge %s: %w", name, err)
+	}
+	return nil
 }
 
 func (n *network) nsName(id string) string { return n.prefix + id }
