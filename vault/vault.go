@@ -1,0 +1,257 @@
+// Package vault owns tenants' credentials for QA test accounts: stored in
+// MinIO sealed with AES-256-GCM under a key from the gateway's config,
+// write-only through the API (metadata comes back, the secret never does),
+// and opened only for the egress proxy and the fill_credential action.
+package vault
+
+import (
+	"bytes"
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// Error classes; messages wrapped around them are safe to show.
+var (
+	ErrNotFound = errors.New("credential not found")
+	ErrInvalid  = errors.New("invalid credential")
+)
+
+// Kinds of credential, matching how the egress proxy applies them.
+const (
+	KindBasic  = "basic"
+	KindBearer = "bearer"
+	KindHeader = "header"
+	KindCookie = "cookie"
+)
+
+// Meta is what the API shows of a credential: everything but the secret.
+type Meta struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Kind      string    `json:"kind"`
+	Username  string    `json:"username,omitempty"`
+	FieldName string    `json:"field_name,omitempty"` // header or cookie name
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// New is a credential to store.
+type New struct {
+	Name      string `json:"name"`
+	Kind      string `json:"kind"`
+	Username  string `json:"username"`
+	FieldName string `json:"field_name"`
+	Secret    string `json:"secret"`
+}
+
+// Opened is a credential with its secret, for the proxy and actions only.
+type Opened struct {
+	Meta
+	Secret string
+}
+
+// sealed is the stored object.
+type sealed struct {
+	Meta
+	Nonce      []byte `json:"nonce"`
+	Ciphertext []byte `json:"ciphertext"`
+}
+
+// Config says where credentials live and how they are sealed.
+type Config struct {
+	Endpoint  string
+	AccessKey string
+	SecretKey string
+	Secure    bool
+	Bucket    string
+	Key       []byte // 32 bytes
+}
+
+// Vault stores credentials in their own bucket, one object per credential
+// under the tenant's prefix.
+type Vault struct {
+	client *minio.Client
+	bucket string
+	aead   cipher.AEAD
+}
+
+// Open connects to MinIO and creates the bucket if it is missing.
+func Open(ctx context.Context, cfg Config) (*Vault, error) {
+	if len(cfg.Key) != 32 {
+		return nil, errors.New("vault key must be 32 bytes")
+	}
+	block, err := aes.NewCipher(cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, err
+	}
+	c, err := minio.New(cfg.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""), Secure: cfg.Secure})
+	if err != nil {
+		return nil, fmt.Errorf("minio client: %w", err)
+	}
+	ok, err := c.BucketExists(ctx, cfg.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("minio at %s: %w", cfg.Endpoint, err)
+	}
+	if !ok {
+		if err := c.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{}); err != nil {
+			return nil, fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)
+		}
+	}
+	return &Vault{client: c, bucket: cfg.Bucket, aead: aead}, nil
+}
+
+var (
+	idPattern   = regexp.MustCompile(`^cred_[0-9a-f]{16}$`)
+	namePattern = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]{1,64}$`) // an HTTP token
+)
+
+func key(tenant, id string) string { return tenant + "/" + id + ".json" }
+
+// additional data binds the ciphertext to its tenant, id and use, so a
+// sealed secret moved elsewhere does not open.
+func aad(tenant string, m Meta) []byte {
+	return []byte(strings.Join([]string{"sandgate-vault-v1", tenant, m.ID, m.Kind, m.FieldName, m.Username}, "\x00"))
+}
+
+// Create seals and stores a credential for the tenant.
+func (v *Vault) Create(ctx context.Context, tenant string, n New) (Meta, error) {
+	if err := check(n); err != nil {
+		return Meta{}, err
+	}
+	b := make([]byte, 8)
+	rand.Read(b)
+	m := Meta{ID: "cred_" + hex.EncodeToString(b), Name: n.Name, Kind: n.Kind, Username: n.Username, FieldName: n.FieldName, CreatedAt: time.Now().UTC()}
+	nonce := make([]byte, v.aead.NonceSize())
+	rand.Read(nonce)
+	s := sealed{Meta: m, Nonce: nonce, Ciphertext: v.aead.Seal(nil, nonce, []byte(n.Secret), aad(tenant, m))}
+	raw, err := json.Marshal(s)
+	if err != nil {
+		return Meta{}, err
+	}
+	if _, err := v.client.PutObject(ctx, v.bucket, key(tenant, m.ID), bytes.NewReader(raw), int64(len(raw)),
+		minio.PutObjectOptions{ContentType: "application/json"}); err != nil {
+		return Meta{}, fmt.Errorf("store credential: %w", err)
+	}
+	return m, nil
+}
+
+func check(n New) error {
+	bad := func(msg string) error { return fmt.Errorf("%w: %s", ErrInvalid, msg) }
+	if n.Name == "" || len(n.Name) > 128 {
+		return bad("name must be 1-128 bytes")
+	}
+	if n.Secret == "" || len(n.Secret) > 4096 {
+		return bad("secret must be 1-4096 bytes")
+	}
+	if strings.ContainsAny(n.Secret, "\r\n\x00") {
+		return bad("secret must not contain line breaks or NUL")
+	}
+	switch n.Kind {
+	case KindBasic:
+		if n.Username == "" || strings.ContainsAny(n.Username, ":\r\n\x00") || len(n.Username) > 256 {
+			return bad("a basic credential needs a username of at most 256 bytes without ':' or line breaks")
+		}
+	case KindBearer:
+	case KindHeader, KindCookie:
+		if !namePattern.MatchString(n.FieldName) {
+			return bad("a " + n.Kind + " credential needs field_name, a header or cookie name")
+		}
+		if n.Kind == KindHeader {
+			switch strings.ToLower(n.FieldName) {
+			case "host", "content-length", "transfer-encoding", "connection", "proxy-authorization":
+				return bad("field_name " + n.FieldName + " cannot carry a credential")
+			}
+		}
+		if n.Kind == KindCookie && strings.ContainsAny(n.Secret, "; ") {
+			return bad("a cookie value must not contain ';' or spaces")
+		}
+	default:
+		return bad(fmt.Sprintf("kind %q is not one of basic, bearer, header, cookie", n.Kind))
+	}
+	return nil
+}
+
+func (v *Vault) load(ctx context.Context, tenant, id string) (sealed, error) {
+	if !idPattern.MatchString(id) {
+		return sealed{}, ErrNotFound
+	}
+	obj, err := v.client.GetObject(ctx, v.bucket, key(tenant, id), minio.GetObjectOptions{})
+	if err != nil {
+		return sealed{}, fmt.Errorf("read credential: %w", err)
+	}
+	defer obj.Close()
+	raw, err := io.ReadAll(io.LimitReader(obj, 64<<10))
+	if err != nil {
+		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+			return sealed{}, ErrNotFound
+		}
+		return sealed{}, fmt.Errorf("read credential: %w", err)
+	}
+	var s sealed
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return sealed{}, fmt.Errorf("credential object: %w", err)
+	}
+	return s, nil
+}
+
+// Get returns a credential's metadata.
+func (v *Vault) Get(ctx context.Context, tenant, id string) (Meta, error) {
+	s, err := v.load(ctx, tenant, id)
+	return s.Meta, err
+}
+
+// Open returns a credential with its secret.
+func (v *Vault) Open(ctx context.Context, tenant, id string) (Opened, error) {
+	s, err := v.load(ctx, tenant, id)
+	if err != nil {
+		return Opened{}, err
+	}
+	plain, err := v.aead.Open(nil, s.Nonce, s.Ciphertext, aad(tenant, s.Meta))
+	if err != nil {
+		return Opened{}, errors.New("credential does not open with this gateway's key")
+	}
+	return Opened{Meta: s.Meta, Secret: string(plain)}, nil
+}
+
+// List returns the tenant's credentials, oldest first.
+func (v *Vault) List(ctx context.Context, tenant string) ([]Meta, error) {
+	out := []Meta{}
+	for obj := range v.client.ListObjects(ctx, v.bucket, minio.ListObjectsOptions{Prefix: tenant + "/"}) {
+		if obj.Err != nil {
+			return nil, fmt.Errorf("list credentials: %w", obj.Err)
+		}
+		id := strings.TrimSuffix(strings.TrimPrefix(obj.Key, tenant+"/"), ".json")
+		m, err := v.Get(ctx, tenant, id)
+		if err != nil {
+			continue
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, nil
+}
+
+// Delete removes a credential; sessions bound to it get no secret after.
+func (v *Vault) Delete(ctx context.Context, tenant, id string) error {
+	if _, err := v.load(ctx, tenant, id); err != nil {
+		return err
+	}
+	return v.client.RemoveObject(ctx, v.bucket, key(tenant, id), minio.RemoveObjectOptions{})
+}
