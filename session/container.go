@@ -43,12 +43,13 @@ type storedInfo struct {
 	Screen      Screen            `json:"screen"`
 	Record      bool              `json:"record"`
 	Labels      map[string]string `json:"labels"`
+	Egress      Egress            `json:"egress"`
 }
 
 func containerLabels(info Info, addr string) (map[string]string, error) {
 	raw, err := json.Marshal(storedInfo{
 		Kind: info.Kind, Runtime: info.Runtime, IdleTimeout: info.IdleTimeout,
-		Resources: info.Resources, Screen: info.Screen, Record: info.Record, Labels: info.Labels,
+		Resources: info.Resources, Screen: info.Screen, Record: info.Record, Labels: info.Labels, Egress: info.Egress,
 	})
 	if err != nil {
 		return nil, err
@@ -79,7 +80,7 @@ func infoFromLabels(l map[string]string) (Info, error) {
 	return Info{
 		ID: l[labelSession], Tenant: l[labelTenant], Kind: si.Kind, Runtime: si.Runtime,
 		CreatedAt: created, ExpiresAt: exp, IdleTimeout: si.IdleTimeout, Resources: si.Resources,
-		Screen: si.Screen, Record: si.Record, Labels: si.Labels,
+		Screen: si.Screen, Record: si.Record, Labels: si.Labels, Egress: si.Egress,
 	}, nil
 }
 
@@ -119,6 +120,27 @@ func withRlimit(kind string, n uint64) oci.SpecOpts {
 	}
 }
 
+// sessionEnv is the environment of every session process: what the
+// session shows, and the egress proxy as the way out for Chromium and
+// command-line tools.
+func (m *Manager) sessionEnv(info Info) []string {
+	proxy := "http://" + m.ProxyAddr().String()
+	env := []string{
+		"SANDGATE_KIND=" + string(info.Kind),
+		"SANDGATE_SCREEN_WIDTH=" + strconv.Itoa(info.Screen.Width),
+		"SANDGATE_SCREEN_HEIGHT=" + strconv.Itoa(info.Screen.Height),
+		"SANDGATE_CDP_PORT=" + strconv.Itoa(CDPPort),
+		"SANDGATE_VNC_PORT=" + strconv.Itoa(VNCPort),
+		"SANDGATE_PROXY=" + proxy,
+		"http_proxy=" + proxy, "https_proxy=" + proxy, "HTTP_PROXY=" + proxy, "HTTPS_PROXY=" + proxy,
+		"no_proxy=localhost,127.0.0.1", "NO_PROXY=localhost,127.0.0.1",
+	}
+	if m.cfg.Env != nil {
+		env = append(env, m.cfg.Env(info)...)
+	}
+	return env
+}
+
 // newContainer creates the session's container (not its task).
 func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr string, workspace string) (containerd.Container, error) {
 	image, err := m.client.GetImage(ctx, m.cfg.Image)
@@ -136,13 +158,7 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 		oci.WithImageConfig(image),
 		oci.WithHostname("sandgate"),
 		oci.WithUIDGID(sessionUID, sessionGID),
-		oci.WithEnv([]string{
-			"SANDGATE_KIND=" + string(info.Kind),
-			"SANDGATE_SCREEN_WIDTH=" + strconv.Itoa(info.Screen.Width),
-			"SANDGATE_SCREEN_HEIGHT=" + strconv.Itoa(info.Screen.Height),
-			"SANDGATE_CDP_PORT=" + strconv.Itoa(CDPPort),
-			"SANDGATE_VNC_PORT=" + strconv.Itoa(VNCPort),
-		}),
+		oci.WithEnv(m.sessionEnv(info)),
 		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: m.net.nsPath(info.ID)}),
 		oci.WithCapabilities(nil),
 		oci.WithAmbientCapabilities(nil),

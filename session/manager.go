@@ -33,6 +33,12 @@ type Config struct {
 	DefaultRuntime string // empty: strongest usable (kata, then gvisor)
 	Tenants        map[string]TenantLimits
 	ReadyTimeout   time.Duration
+	// ProxyPort is where the egress proxy listens on the bridge's
+	// address (default 3128); the kernel rules let sessions reach only it.
+	ProxyPort uint16
+	// Env adds environment variables to a new session (the egress CA's
+	// key hashes, say). Nothing secret may go there: it is the sandbox's.
+	Env func(Info) []string
 }
 
 // TenantLimits bound what one tenant may ask for.
@@ -45,6 +51,8 @@ type TenantLimits struct {
 	AllowRoot bool
 	// MaxFileBytes bounds one file upload.
 	MaxFileBytes int64
+	// EgressAllow is added to every session's egress allow list.
+	EgressAllow []string
 }
 
 // Manager runs sessions. It is safe for concurrent use.
@@ -65,6 +73,7 @@ type Manager struct {
 
 type sess struct {
 	info       Info
+	addr       netip.Addr // on the bridge, once the network exists
 	ep         Endpoint
 	container  containerd.Container
 	lastActive time.Time
@@ -74,6 +83,7 @@ type sess struct {
 	done       chan struct{}      // closed when the session has stopped or failed
 	events     []Event
 	dropped    int
+	misses     int // health probes in a row that found the display gone
 }
 
 type tracked struct {
@@ -91,8 +101,15 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	if cfg.Network.IPAMDir == "" {
 		cfg.Network.IPAMDir = filepath.Join(cfg.StateDir, "ipam")
 	}
+	if cfg.ProxyPort == 0 {
+		cfg.ProxyPort = 3128
+	}
 	n, err := newNetwork(cfg.Network, cfg.Namespace+"-")
 	if err != nil {
+		return nil, err
+	}
+	fw := newFirewall(cfg.Namespace, cfg.Network.Bridge, netip.AddrPortFrom(n.gateway, cfg.ProxyPort))
+	if err := fw.install(); err != nil {
 		return nil, err
 	}
 	base, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), cfg.Namespace))
@@ -149,6 +166,25 @@ func (m *Manager) Ready(ctx context.Context) error {
 		return publicf(ErrUnavailable, "containerd is not answering", err)
 	}
 	return nil
+}
+
+// ProxyAddr is where sessions reach the egress proxy: the bridge's own
+// address. The proxy must listen there.
+func (m *Manager) ProxyAddr() netip.AddrPort {
+	return netip.AddrPortFrom(m.net.gateway, m.cfg.ProxyPort)
+}
+
+// BySource finds the live session holding a bridge address, for the
+// egress proxy.
+func (m *Manager) BySource(a netip.Addr) (Info, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range m.sessions {
+		if s.addr == a && (s.info.State == StateStarting || s.info.State == StateRunning) {
+			return copyInfo(s.info), true
+		}
+	}
+	return Info{}, false
 }
 
 // DefaultRuntime is the runtime a session gets when it names none.
@@ -265,7 +301,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		ID: newID(), Tenant: spec.Tenant, Kind: spec.Kind, Runtime: rt.Name, Isolation: rt.Isolation,
 		State: StateStarting, CreatedAt: now, ExpiresAt: now.Add(spec.TTL),
 		IdleTimeout: int(spec.IdleTimeout.Seconds()), Resources: spec.Resources, Screen: spec.Screen,
-		Record: spec.Record, Labels: spec.Labels,
+		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress,
 	}
 	if info.Labels == nil {
 		info.Labels = map[string]string{}
@@ -351,6 +387,9 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		return err
 	}
 	mark("network")
+	m.mu.Lock()
+	s.addr = addr
+	m.mu.Unlock()
 	undo = append(undo, func(c context.Context) error { return m.net.remove(c, id) })
 	undo = append(undo, func(context.Context) error { return m.removeWorkspace(id) })
 	workspace, console, err := m.makeWorkspace(id)
@@ -711,15 +750,69 @@ func (m *Manager) Revoked(id, preview string) bool {
 	return r
 }
 
-// reap ends sessions past their TTL or idle timeout.
+// Health probing: a session whose VNC port stops accepting connections
+// for probeMisses probes in a row has lost its sandbox (a gVisor sandbox
+// killed by its memory limit, say, whose task containerd still reports
+// running); it is stopped and reported failed.
+const (
+	probeEvery  = 3 * time.Second
+	probeMisses = 3
+)
+
+func (m *Manager) probe() {
+	m.mu.Lock()
+	var live []*sess
+	for _, s := range m.sessions {
+		if s.info.State == StateRunning {
+			live = append(live, s)
+		}
+	}
+	m.mu.Unlock()
+	for _, s := range live {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			ctx, cancel := context.WithTimeout(m.base, 2*time.Second)
+			defer cancel()
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", s.ep.VNC.String())
+			if c != nil {
+				c.Close()
+			}
+			if m.base.Err() != nil {
+				return
+			}
+			m.mu.Lock()
+			if err == nil {
+				s.misses = 0
+				m.mu.Unlock()
+				return
+			}
+			s.misses++
+			dead := s.misses >= probeMisses && s.info.State == StateRunning
+			m.mu.Unlock()
+			if dead {
+				m.log.Warn("session stopped answering", "session", s.info.ID, "tenant", s.info.Tenant, "err", err)
+				m.stop(m.base, s, StateFailed, "the session stopped answering: its display server is gone (the sandbox may have run out of memory)")
+			}
+		}()
+	}
+}
+
+// reap ends sessions past their TTL or idle timeout, and probes their
+// health.
 func (m *Manager) reap() {
 	defer m.wg.Done()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	health := time.NewTicker(probeEvery)
+	defer health.Stop()
 	for {
 		select {
 		case <-m.base.Done():
 			return
+		case <-health.C:
+			m.probe()
 		case now := <-tick.C:
 			var due []*sess
 			var why []string

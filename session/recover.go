@@ -120,7 +120,7 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 		info.Labels = map[string]string{}
 	}
 	s := &sess{
-		info: info, ep: ep, container: c, lastActive: time.Now(),
+		info: info, addr: addr, ep: ep, container: c, lastActive: time.Now(),
 		conns: map[*tracked]struct{}{}, revoked: revokedFromLabels(labels), done: make(chan struct{}),
 	}
 	s.record("adopted", map[string]any{"note": "gateway restarted; earlier events were not kept"})

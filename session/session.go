@@ -8,6 +8,8 @@ import (
 	"errors"
 	"net/netip"
 	"time"
+
+	"github.com/sandgate/sandgate/egress"
 )
 
 // Error classes. Callers wrap them with %w; the gateway maps each class to
@@ -91,6 +93,15 @@ type Spec struct {
 	Screen      Screen
 	Record      bool
 	Labels      map[string]string
+	Egress      Egress
+}
+
+// Egress is what a session may reach through the egress proxy, and which
+// credentials the proxy adds to its requests. The gateway validates it
+// with the egress package; nothing else leaves a session.
+type Egress struct {
+	Allow       []string         `json:"allow"`
+	Credentials []egress.Binding `json:"credentials,omitempty"`
 }
 
 // Info is a snapshot of one session, safe to hand out.
@@ -108,6 +119,7 @@ type Info struct {
 	Screen      Screen            `json:"screen"`
 	Record      bool              `json:"record"`
 	Labels      map[string]string `json:"labels"`
+	Egress      Egress            `json:"egress"`
 	Failure     string            `json:"failure,omitempty"`
 }
 
