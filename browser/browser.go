@@ -15,6 +15,7 @@ import (
 	"time"
 
 	cdpc "github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
@@ -159,4 +160,51 @@ func Screenshot(ctx context.Context, cdp netip.AddrPort, width, height int) ([]b
 		return nil, fmt.Errorf("screenshot: %w", err)
 	}
 	return png, nil
+}
+
+// Fill types text into the first element matching a CSS selector on the
+// browser's first page, from the gateway's own CDP connection: the text
+// goes through Input.insertText, so it never passes through the agent's
+// CDP connection, requests or responses. Whatever was in the field is
+// replaced.
+func Fill(ctx context.Context, cdp netip.AddrPort, selector, text string) error {
+	pageID, err := firstPage(ctx, cdp)
+	if err != nil {
+		return err
+	}
+	actx, cancel := remote.NewAllocator(ctx, "http://"+cdp.String())
+	defer cancel()
+	cctx, cancel2 := chromedp.NewContext(actx, chromedp.WithTargetID(target.ID(pageID)), chromedp.WithDetachOnCancel())
+	defer cancel2()
+	err = chromedp.Do(cctx,
+		chromedp.WaitVisible(chromedp.CSS(selector)),
+		chromedp.Focus(chromedp.CSS(selector)),
+		// Select what the field holds, so the text replaces it.
+		chromedp.Action[chromedp.Void](func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+			_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const e = document.activeElement; if (e && e.select) { e.select(); return true } return false })()`))
+			return chromedp.Void{}, err
+		}),
+		chromedp.Action[chromedp.Void](func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+			_, err := cdpc.Call(ctx, t, input.InsertText, input.InsertTextParams{Text: text})
+			return chromedp.Void{}, err
+		}),
+	)
+	if err != nil {
+		// chromedp's errors name the selector, never the text.
+		return fmt.Errorf("fill %s: %w", selector, err)
+	}
+	return nil
+}
+
+func firstPage(ctx context.Context, cdp netip.AddrPort) (string, error) {
+	ts, err := Targets(ctx, cdp)
+	if err != nil {
+		return "", err
+	}
+	for _, t := range ts {
+		if t.Type == "page" {
+			return t.ID, nil
+		}
+	}
+	return "", errors.New("the browser has no page open")
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"image/png"
@@ -70,11 +71,17 @@ func (s *Server) action(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	tenant := tenantOf(c)
+	var kind struct {
+		Action string `json:"action"`
+	}
+	if json.Unmarshal(c.Body(), &kind) == nil && kind.Action == "fill_credential" {
+		return s.fillCredential(c, tenant, id)
+	}
 	var a desktop.Action
 	if err := decode(c, &a); err != nil {
 		return err
 	}
-	tenant := tenantOf(c)
 	info, err := s.sessions.Get(tenant, id)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
 )
 
 // Config is what the gateway needs from the service's config file.
@@ -44,6 +45,7 @@ type Server struct {
 	sessions *session.Manager
 	store    *recordings.Store
 	tokens   *signer
+	vault    *vault.Vault // nil: no credentials
 	log      *slog.Logger
 	hosts    map[string]bool
 	origin   string // scheme://host of PublicURL
@@ -51,7 +53,7 @@ type Server struct {
 }
 
 // New builds the gateway's routes.
-func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *slog.Logger) (*Server, error) {
+func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *slog.Logger, opts ...Option) (*Server, error) {
 	if cfg.PublicURL == nil || cfg.PublicURL.Host == "" {
 		return nil, fmt.Errorf("gateway: public URL is required")
 	}
@@ -76,6 +78,9 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	}
 	for _, h := range cfg.Hosts {
 		s.hosts[strings.ToLower(h)] = true
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	s.app = fiber.New(fiber.Config{
 		AppName: "sandgate",
@@ -131,6 +136,10 @@ func (s *Server) routes() {
 	v1.Post("/sessions/:id/screenshot", s.screenshot)
 	v1.Post("/sessions/:id/actions", s.action)
 	v1.Post("/sessions/:id/exec", s.exec)
+	v1.Post("/credentials", s.createCredential)
+	v1.Get("/credentials", s.listCredentials)
+	v1.Get("/credentials/:cid", s.getCredential)
+	v1.Delete("/credentials/:cid", s.deleteCredential)
 	v1.Get("/sessions/:id/shell", s.shellUpgrade, s.shell())
 	v1.Put("/sessions/:id/files", s.putFile)
 	v1.Get("/sessions/:id/files", s.getFile)

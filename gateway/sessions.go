@@ -14,6 +14,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 )
@@ -76,7 +77,7 @@ type createRequest struct {
 	Egress    *struct {
 		Allow []string `json:"allow"`
 	} `json:"egress"`
-	Credentials []json.RawMessage `json:"credentials"`
+	Credentials []egress.Binding  `json:"credentials"`
 	Labels      map[string]string `json:"labels"`
 }
 
@@ -96,15 +97,17 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 	if req.Record {
 		return errInvalid("recording is not available on this gateway yet")
 	}
-	if req.Egress != nil && len(req.Egress.Allow) > 0 {
-		return errInvalid("egress rules are not available on this gateway yet; sessions have no egress")
+	var allow []string
+	if req.Egress != nil {
+		allow = req.Egress.Allow
 	}
-	if len(req.Credentials) > 0 {
-		return errInvalid("credentials are not available on this gateway yet")
+	eg, err := s.egressSpec(c, allow, req.Credentials)
+	if err != nil {
+		return err
 	}
 	spec := session.Spec{
 		Tenant: tenantOf(c), Kind: session.Kind(req.Kind), Runtime: req.Runtime,
-		TTL: ttl, IdleTimeout: idle, Labels: req.Labels,
+		TTL: ttl, IdleTimeout: idle, Labels: req.Labels, Egress: eg,
 	}
 	if req.Resources != nil {
 		spec.Resources = *req.Resources
