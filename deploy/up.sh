@@ -19,6 +19,7 @@ mkdir -p "$(dirname "$CONFIG")" "$DATA/minio"
 if [ ! -f "$CONFIG" ]; then
 	minio_secret=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 	token_key=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+	vault_key=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 	read -r key hash < <(bin/sandgate hash-key | tr '\n' ' ')
 	umask 077
 	cat >"$CONFIG" <<JSON
@@ -31,6 +32,7 @@ if [ ! -f "$CONFIG" ]; then
   "cache_dir": "$CACHE",
   "minio": {"endpoint": "127.0.0.1:9000", "access_key": "sandgate", "secret_key": "$minio_secret"},
   "tokens": {"active_key": "k1", "keys": {"k1": "$token_key"}},
+  "vault": {"key": "$vault_key"},
   "tenants": [{"name": "dev", "api_key_sha256": ["$hash"], "max_sessions": 8, "default_ttl": "15m", "max_ttl": "4h"}]
 }
 JSON

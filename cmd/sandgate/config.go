@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/sandgate/sandgate/egress"
 )
 
 // Config is the gateway's whole configuration, read from one JSON file.
@@ -66,6 +68,28 @@ type Config struct {
 		Keys      map[string]string `json:"keys"`
 	} `json:"tokens"`
 
+	Egress struct {
+		// ProxyPort is the egress proxy's port on the bridge's address.
+		ProxyPort uint16 `json:"proxy_port"`
+		// DNS is the resolver the proxy asks ("ip:53"); empty: the host's.
+		DNS string `json:"dns"`
+		// Hosts pins names to addresses, before DNS.
+		Hosts map[string][]string `json:"hosts"`
+		// ExemptNetworks are private networks sessions may reach when a
+		// name on their allow list resolves there (a staging network).
+		ExemptNetworks []string `json:"exempt_networks"`
+		// UpstreamCAFile adds CAs that intercepted hosts are verified
+		// against, besides the system's.
+		UpstreamCAFile string `json:"upstream_ca_file"`
+	} `json:"egress"`
+
+	Vault struct {
+		// Key seals stored credentials and derives the session CAs: 64
+		// hex digits. Without it, credentials are unavailable.
+		Key    string `json:"key"`
+		Bucket string `json:"bucket"`
+	} `json:"vault"`
+
 	Tenants []TenantConfig `json:"tenants"`
 }
 
@@ -83,6 +107,9 @@ type TenantConfig struct {
 	AllowRoot bool `json:"allow_root"`
 	// MaxFileBytes bounds one file upload (default 1 GiB).
 	MaxFileBytes int64 `json:"max_file_bytes"`
+	// EgressAllow is added to the allow list of every session of the
+	// tenant: "host:port" or "*.example.com:443".
+	EgressAllow []string `json:"egress_allow"`
 }
 
 // Duration is a time.Duration written as "90s" or "10m" in JSON.
@@ -132,6 +159,8 @@ func defaultConfig() *Config {
 	c.Network.NetNSDir = "/run/netns"
 	c.MinIO.Bucket = "sandgate-artifacts"
 	c.MinIO.PresignTTL = Duration{5 * time.Minute}
+	c.Egress.ProxyPort = 3128
+	c.Vault.Bucket = "sandgate-vault"
 	return c
 }
 
@@ -155,6 +184,14 @@ func (c *Config) check() error {
 		if t.Name == "" || len(t.APIKeySHA256) == 0 {
 			errs = append(errs, errors.New("every tenant needs a name and an api_key_sha256"))
 		}
+		for _, a := range t.EgressAllow {
+			if _, err := egress.ParsePattern(a); err != nil {
+				errs = append(errs, fmt.Errorf("tenant %s: egress_allow: %w", t.Name, err))
+			}
+		}
+	}
+	if _, err := c.vaultKey(); err != nil {
+		errs = append(errs, err)
 	}
 	switch c.DefaultRuntime {
 	case "", "runc", "gvisor", "kata":

@@ -19,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
 )
 
 // cmdServe runs the gateway until SIGINT or SIGTERM.
@@ -58,12 +59,31 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 
+	vkey, _ := cfg.vaultKey()
+	var v *vault.Vault
+	if vkey != nil {
+		v, err = vault.Open(ctx, vault.Config{
+			Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
+			Secure: cfg.MinIO.Secure, Bucket: cfg.Vault.Bucket, Key: vkey,
+		})
+		if err != nil {
+			return fmt.Errorf("vault: %w", err)
+		}
+	} else {
+		log.Warn("no vault.key configured: credentials and fill_credential are unavailable")
+	}
+	ca, err := caSecret(vkey)
+	if err != nil {
+		return err
+	}
+
 	tenants := map[string]session.TenantLimits{}
 	keys := map[string]string{}
 	for _, t := range cfg.Tenants {
 		lim := session.TenantLimits{
 			MaxSessions: t.MaxSessions, DefaultTTL: t.DefaultTTL.Duration, MaxTTL: t.MaxTTL.Duration,
 			MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
+			EgressAllow: t.EgressAllow,
 		}
 		if lim.MaxTTL == 0 {
 			lim.MaxTTL = 24 * time.Hour
@@ -89,16 +109,23 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		Runtimes:       session.RuntimeConfig{Runsc: cfg.Runtimes.Gvisor.Runsc},
 		DefaultRuntime: cfg.DefaultRuntime,
 		Tenants:        tenants,
+		ProxyPort:      cfg.Egress.ProxyPort,
+		Env:            sessionCAEnv(ca),
 	}, log)
 	if err != nil {
 		return err
 	}
 	defer mgr.Close()
+	proxy, err := startEgress(cfg, mgr, v, ca, log)
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
 
 	srv, err := gateway.New(gateway.Config{
 		PublicURL: pub, Hosts: cfg.Hosts, APIKeys: keys,
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
-	}, mgr, store, log)
+	}, mgr, store, log, gateway.WithVault(v))
 	if err != nil {
 		return err
 	}

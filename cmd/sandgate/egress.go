@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"crypto/hkdf"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
+)
+
+// vaultKey decodes vault.key; nil when no vault is configured.
+func (c *Config) vaultKey() ([]byte, error) {
+	if c.Vault.Key == "" {
+		return nil, nil
+	}
+	k, err := hex.DecodeString(c.Vault.Key)
+	if err != nil || len(k) != 32 {
+		return nil, errors.New("vault.key must be 64 hex digits (32 bytes)")
+	}
+	return k, nil
+}
+
+// caSecret derives the secret the session CAs come from, apart from the
+// key that seals credentials.
+func caSecret(vaultKey []byte) ([]byte, error) {
+	if vaultKey == nil {
+		return nil, nil
+	}
+	return hkdf.Key(sha256.New, vaultKey, nil, "sandgate egress session ca", 32)
+}
+
+// sessionCAEnv gives a session with HTTPS credential bindings the key
+// hashes of its CA, which its Chromium trusts; the key stays here.
+func sessionCAEnv(secret []byte) func(session.Info) []string {
+	return func(info session.Info) []string {
+		if secret == nil || len(info.Egress.Credentials) == 0 {
+			return nil
+		}
+		ca, err := egress.NewCA(secret, info.ID)
+		if err != nil {
+			return nil
+		}
+		return []string{"SANDGATE_CA_SPKI=" + strings.Join(ca.SPKIHashes(), ",")}
+	}
+}
+
+// policies finds a session's egress policy by its bridge address.
+type policies struct{ m *session.Manager }
+
+func (p policies) Policy(src netip.Addr) (egress.Policy, bool) {
+	info, ok := p.m.BySource(src)
+	if !ok {
+		return egress.Policy{}, false
+	}
+	pol := egress.Policy{Session: info.ID, Tenant: info.Tenant, Bindings: info.Egress.Credentials}
+	for _, a := range info.Egress.Allow {
+		if pat, err := egress.ParsePattern(a); err == nil {
+			pol.Allow = append(pol.Allow, pat)
+		}
+	}
+	return pol, true
+}
+
+// secrets opens vault credentials for the proxy.
+type secrets struct{ v *vault.Vault }
+
+func (s secrets) Credential(ctx context.Context, tenant, id string) (egress.Credential, error) {
+	if s.v == nil {
+		return egress.Credential{}, errors.New("no vault")
+	}
+	c, err := s.v.Open(ctx, tenant, id)
+	if err != nil {
+		return egress.Credential{}, err
+	}
+	return egress.Credential{Kind: c.Kind, Name: c.FieldName, Username: c.Username, Secret: c.Secret}, nil
+}
+
+// startEgress runs the egress proxy on the bridge's address, the one
+// place the kernel rules let sessions connect to.
+func startEgress(cfg *Config, m *session.Manager, v *vault.Vault, ca []byte, log *slog.Logger) (*egress.Proxy, error) {
+	ec := egress.Config{CASecret: ca, Log: log.With("component", "egress"),
+		Audit: func(id, typ string, f map[string]any) { m.Record(id, typ, f) }}
+	static := map[string][]netip.Addr{}
+	for name, addrs := range cfg.Egress.Hosts {
+		h, ok := egress.NormalizeHost(name)
+		if !ok {
+			return nil, fmt.Errorf("config: egress.hosts: %q is not a host name", name)
+		}
+		for _, a := range addrs {
+			ip, err := netip.ParseAddr(a)
+			if err != nil {
+				return nil, fmt.Errorf("config: egress.hosts.%s: %q is not an IP address", name, a)
+			}
+			static[h] = append(static[h], ip)
+		}
+	}
+	ec.Resolver = egress.NewResolver(cfg.Egress.DNS, static)
+	for _, n := range cfg.Egress.ExemptNetworks {
+		p, err := netip.ParsePrefix(n)
+		if err != nil {
+			return nil, fmt.Errorf("config: egress.exempt_networks: %q is not a CIDR prefix", n)
+		}
+		ec.Exempt = append(ec.Exempt, p.Masked())
+	}
+	if cfg.Egress.UpstreamCAFile != "" {
+		pem, err := os.ReadFile(cfg.Egress.UpstreamCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("config: egress.upstream_ca_file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, errors.New("config: egress.upstream_ca_file holds no PEM certificate")
+		}
+		ec.UpstreamRoots = pool
+	}
+	addr := m.ProxyAddr()
+	l, err := net.Listen("tcp", addr.String())
+	if err != nil {
+		return nil, fmt.Errorf("egress proxy on %s: %w", addr, err)
+	}
+	p := egress.New(ec, policies{m}, secrets{v})
+	go func() {
+		if err := p.Serve(l); err != nil {
+			log.Error("egress proxy stopped", "err", err)
+		}
+	}()
+	log.Info("egress proxy listening", "addr", addr.String())
+	return p, nil
+}
