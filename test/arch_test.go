@@ -42,6 +42,8 @@ func TestArchitecture(t *testing.T) {
 		"github.com/sandgate/sandgate/recordings": {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/session"},
 		"github.com/sandgate/sandgate/images":     {"github.com/gofiber/", "github.com/sandgate/sandgate/"},
 		"github.com/sandgate/sandgate/desktop":    {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/gateway"},
+		"github.com/sandgate/sandgate/egress":     {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/"},
+		"github.com/sandgate/sandgate/vault":      {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/"},
 	}
 	for _, p := range listPackages(t) {
 		for _, dep := range p.Imports {

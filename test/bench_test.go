@@ -50,7 +50,7 @@ func waitJSONVersion(url string, limit time.Duration) error {
 
 // hostChromium starts Xvfb and Chromium on the host with the session's
 // flags and returns once CDP answers; stop ends both.
-func hostChromium(b *testing.B, display, port int) (stop func()) {
+func hostChromium(b *testing.B, display, port int, extra ...string) (stop func()) {
 	b.Helper()
 	// A display left locked by an earlier, killed run would refuse us.
 	os.Remove(fmt.Sprintf("/tmp/.X%d-lock", display))
@@ -67,7 +67,7 @@ func hostChromium(b *testing.B, display, port int) (stop func()) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	profile := b.TempDir()
-	args := append(append([]string{}, chromiumFlags...), fmt.Sprintf("--remote-debugging-port=%d", port), "--user-data-dir="+profile, "about:blank")
+	args := append(append(append([]string{}, chromiumFlags...), extra...), fmt.Sprintf("--remote-debugging-port=%d", port), "--user-data-dir="+profile, "about:blank")
 	chrome := exec.Command("chromium", args...)
 	chrome.Env = append(os.Environ(), fmt.Sprintf("DISPLAY=:%d", display))
 	if err := chrome.Start(); err != nil {

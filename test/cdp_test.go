@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,46 +22,33 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-var (
-	pagesOnce sync.Once
-	pagesURL  string
-	pagesErr  error
-)
-
-// testPages serves the test's pages on the session bridge's host address,
-// the one address of the host a session can reach. The bridge exists once
-// a session has been created.
+// testPages is where the test pages are, as sessions see them: a name
+// on every test tenant's default allow list, served from the test's hosts
+// namespace and reached through the egress proxy.
 func testPages(t testing.TB) string {
 	t.Helper()
-	pagesOnce.Do(func() {
-		l, err := net.Listen("tcp", bridgeIP+":0")
-		if err != nil {
-			pagesErr = err
-			return
-		}
-		mux := http.NewServeMux()
-		mux.HandleFunc("/hello.html", func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprint(w, `<!doctype html><html><head><title>Sandgate test page</title></head>
+	return "http://pages.sandgate.test"
+}
+
+// pagesMux serves the test pages.
+func pagesMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/hello.html", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `<!doctype html><html><head><title>Sandgate test page</title></head>
 <body><h1 id="greeting">hello from the test</h1><script>window.answer = 6 * 7;</script></body></html>`)
-		})
-		mux.HandleFunc("/input.html", func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprint(w, `<!doctype html><html><head><title>input</title><style>
+	})
+	mux.HandleFunc("/input.html", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `<!doctype html><html><head><title>input</title><style>
 html,body{margin:0;height:100%}#field{box-sizing:border-box;width:100%;height:50%;font-size:40px}
 #go{width:100%;height:20%;font-size:40px}#tall{height:4000px;background:linear-gradient(#fff,#06c)}</style></head>
 <body><input id="field" autofocus><button id="go" onclick="document.title='clicked'">Go</button>
 <div id="tall"></div></body></html>`)
-		})
-		mux.HandleFunc("/toggle.html", func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprint(w, `<!doctype html><html><head><title>toggle</title><style>html,body{margin:0;height:100%;background:#c00}</style></head>
-<body onmousedown="document.body.style.background = document.body.style.background === 'rgb(0, 0, 204)' ? '#c00' : '#00c'"></body></html>`)
-		})
-		go http.Serve(l, mux)
-		pagesURL = "http://" + l.Addr().String()
 	})
-	if pagesErr != nil {
-		t.Fatalf("test pages: %v", pagesErr)
-	}
-	return pagesURL
+	mux.HandleFunc("/toggle.html", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `<!doctype html><html><head><title>toggle</title><style>html,body{margin:0;height:100%;background:#c00}</style></head>
+<body onmousedown="document.body.style.background = document.body.style.background === 'rgb(0, 0, 204)' ? '#c00' : '#00c'"></body></html>`)
+	})
+	return mux
 }
 
 func TestChromedpThroughGateway(t *testing.T) {

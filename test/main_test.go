@@ -48,6 +48,9 @@ type testEnv struct {
 	keyA      string
 	keyB      string
 	tokenKey  string
+	vaultKey  string
+	canary    string // the secret of the test credentials; must never show
+	hosts     *testHosts
 	client    *containerd.Client
 
 	mu     sync.Mutex
@@ -125,6 +128,12 @@ func setup() (*testEnv, error) {
 	if err := e.startMinIO(); err != nil {
 		return e, err
 	}
+	if e.hosts, err = newTestHosts(dir); err != nil {
+		return e, fmt.Errorf("test hosts: %w", err)
+	}
+	if err := e.serveTestSites(); err != nil {
+		return e, err
+	}
 	port, err := freePort()
 	if err != nil {
 		return e, err
@@ -132,6 +141,7 @@ func setup() (*testEnv, error) {
 	e.gwAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	e.gwURL = "http://" + e.gwAddr
 	e.keyA, e.keyB, e.tokenKey = "sg_a_"+randHex(16), "sg_b_"+randHex(16), randHex(32)
+	e.vaultKey, e.canary = randHex(32), "canary-"+randHex(12)
 	hash := func(k string) string { s := sha256.Sum256([]byte(k)); return hex.EncodeToString(s[:]) }
 	cfg := map[string]any{
 		"listen":     e.gwAddr,
@@ -143,9 +153,11 @@ func setup() (*testEnv, error) {
 		"network":    map[string]string{"bridge": testBridge, "subnet": testSubnet},
 		"minio":      map[string]any{"endpoint": e.minioAddr, "access_key": "sandgate", "secret_key": "sandgate-test-secret"},
 		"tokens":     map[string]any{"active_key": "k1", "keys": map[string]string{"k1": e.tokenKey}},
+		"egress":     map[string]any{"hosts": testHostNames, "upstream_ca_file": e.hosts.caFile},
+		"vault":      map[string]any{"key": e.vaultKey},
 		"tenants": []map[string]any{
-			{"name": "tenant-a", "api_key_sha256": []string{hash(e.keyA)}, "max_sessions": 6, "default_ttl": "10m", "max_ttl": "1h"},
-			{"name": "tenant-b", "api_key_sha256": []string{hash(e.keyB)}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h", "max_file_bytes": 1 << 20},
+			{"name": "tenant-a", "api_key_sha256": []string{hash(e.keyA)}, "max_sessions": 6, "default_ttl": "10m", "max_ttl": "1h", "egress_allow": []string{"pages.sandgate.test:80"}},
+			{"name": "tenant-b", "api_key_sha256": []string{hash(e.keyB)}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h", "max_file_bytes": 1 << 20, "egress_allow": []string{"pages.sandgate.test:80"}},
 		},
 	}
 	// With gVisor built (deploy/setup.sh), the suite runs under it: the
@@ -284,6 +296,9 @@ func (e *testEnv) teardown() {
 	if e.client != nil {
 		e.client.Close()
 	}
+	if e.hosts != nil {
+		e.hosts.close()
+	}
 	os.RemoveAll(e.dir)
 }
 
@@ -338,6 +353,8 @@ func (e *testEnv) secretsInLogs() []string {
 	check("tenant A's API key", e.keyA)
 	check("tenant B's API key", e.keyB)
 	check("the token signing key", e.tokenKey)
+	check("the vault key", e.vaultKey)
+	check("the test credentials' canary secret", e.canary)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for i, tok := range e.tokens {
