@@ -3,10 +3,12 @@ package session
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/containerd"
@@ -222,6 +224,44 @@ func (m *Manager) workspaceDir(id string) string {
 	return filepath.Join(m.cfg.StateDir, "sessions", id)
 }
 
+// DownloadDir is where Chromium saves downloads inside a session, in its
+// workspace, which the gateway reads from the host side.
+const (
+	downloadsDir = ".downloads"
+	DownloadDir  = "/home/sandgate/workspace/" + downloadsDir
+)
+
+// OpenDownload opens a finished download of a session from the host side.
+// The workspace belongs to the session, so the file is opened beneath it
+// with no symlink followed: a session cannot point the gateway at a host
+// file.
+func (m *Manager) OpenDownload(tenant, id, guid string) (*os.File, error) {
+	if _, err := m.lookup(tenant, id); err != nil {
+		return nil, err
+	}
+	if guid == "" || strings.ContainsAny(guid, "/\\") || guid == "." || guid == ".." {
+		return nil, publicf(ErrInvalid, "bad download id", nil)
+	}
+	root, err := os.Open(filepath.Join(m.workspaceDir(id), "workspace"))
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	fd, err := unix.Openat2(int(root.Fd()), downloadsDir+"/"+guid, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open download: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), guid)
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		return nil, errors.New("download is not a regular file")
+	}
+	return f, nil
+}
+
 // workspaceBytes bounds what a session can write to its workspace.
 const workspaceBytes = 1 << 30
 
@@ -237,6 +277,13 @@ func (m *Manager) makeWorkspace(id string) (workspace string, console string, er
 	opts := fmt.Sprintf("size=%d,mode=0755,uid=%d,gid=%d", workspaceBytes, sessionUID, sessionGID)
 	if err := unix.Mount("tmpfs", workspace, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return "", "", fmt.Errorf("mount workspace: %w", err)
+	}
+	dl := filepath.Join(workspace, downloadsDir)
+	if err := os.Mkdir(dl, 0o755); err != nil {
+		return "", "", err
+	}
+	if err := os.Chown(dl, sessionUID, sessionGID); err != nil {
+		return "", "", err
 	}
 	return workspace, filepath.Join(dir, "console.log"), nil
 }

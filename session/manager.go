@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -69,6 +70,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	sessions map[string]*sess
+	observer Observer
 }
 
 type sess struct {
@@ -84,6 +86,7 @@ type sess struct {
 	events     []Event
 	dropped    int
 	misses     int // health probes in a row that found the display gone
+	trail      *os.File
 }
 
 type tracked struct {
@@ -324,7 +327,8 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		return Info{}, publicf(ErrQuota, fmt.Sprintf("the tenant already has %d active sessions, its maximum", active), nil)
 	}
 	m.sessions[info.ID] = s
-	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime})
+	s.trail, _ = m.openTrail(info.Tenant, info.ID)
+	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record})
 	m.mu.Unlock()
 
 	log := m.log.With("session", info.ID, "tenant", info.Tenant, "runtime", rt.Name)
@@ -376,8 +380,9 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		}
 		s.record("failed", map[string]any{"failure": s.info.Failure})
 		closeConns(s, "")
-		close(s.done)
 		m.mu.Unlock()
+		m.ended(s)
+		close(s.done)
 	}()
 
 	var phases []any
@@ -437,6 +442,12 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	log.Info("session running", append([]any{"addr", addr.String()}, phases...)...)
 	m.wg.Add(1)
 	go m.watch(s, exited)
+	m.mu.Lock()
+	o, info := m.observer, copyInfo(s.info)
+	m.mu.Unlock()
+	if o != nil {
+		o.SessionRunning(info, ep)
+	}
 	return nil
 }
 
@@ -653,8 +664,9 @@ func (m *Manager) stop(ctx context.Context, s *sess, final State, failure string
 	s.info.State = final
 	s.info.Failure = failure
 	s.record(string(final), map[string]any{"failure": failure})
-	close(s.done)
 	m.mu.Unlock()
+	m.ended(s)
+	close(s.done)
 	log.Info("session stopped", "state", final, "failure", failure)
 }
 

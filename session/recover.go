@@ -123,6 +123,8 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 		info: info, addr: addr, ep: ep, container: c, lastActive: time.Now(),
 		conns: map[*tracked]struct{}{}, revoked: revokedFromLabels(labels), done: make(chan struct{}),
 	}
-	s.record("adopted", map[string]any{"note": "gateway restarted; earlier events were not kept"})
+	trail, old := m.openTrail(info.Tenant, info.ID)
+	s.trail, s.events = trail, old
+	s.record("adopted", map[string]any{"note": "the gateway restarted and took the session over"})
 	return s, exited, ""
 }
