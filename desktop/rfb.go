@@ -249,6 +249,10 @@ func (c *Client) ReadUpdate() (rects []image.Rectangle, n int, err error) {
 	}
 }
 
+// Framebuffer is the client's copy of the screen, which ReadUpdate
+// changes: read it only between calls to ReadUpdate.
+func (c *Client) Framebuffer() *image.RGBA { return c.fb }
+
 // Capture returns the whole screen as it is now.
 func (c *Client) Capture() (*image.RGBA, error) {
 	if err := c.RequestUpdate(false); err != nil {

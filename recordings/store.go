@@ -12,11 +12,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"mime"
 	"net/url"
+	"os"
 	"regexp"
 	"sort"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -31,6 +36,9 @@ const (
 	KindDownload   = "download"
 	KindRecording  = "recording"
 	KindLog        = "log"
+	// KindSegment is a piece of a recording in progress; the finished
+	// recording replaces its segments.
+	KindSegment = "recording_segment"
 )
 
 // Artifact describes one stored object.
@@ -43,6 +51,8 @@ type Artifact struct {
 	SHA256      string    `json:"sha256"`
 	ContentType string    `json:"content_type"`
 	CreatedAt   time.Time `json:"created_at"`
+	// SourceURL is where a download came from.
+	SourceURL string `json:"source_url,omitempty"`
 }
 
 // Config says where the store is.
@@ -88,10 +98,23 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 
 var (
 	idPattern   = regexp.MustCompile(`^(s-[0-9a-f]{16})\.[0-9a-f]{16}$`)
-	namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 	sessPattern = regexp.MustCompile(`^s-[0-9a-f]{16}$`)
 	tenantChars = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 )
+
+// validName accepts a file name as a browser would save it: 1-255 bytes
+// of UTF-8 without path separators or control characters.
+func validName(n string) bool {
+	if n == "" || len(n) > 255 || !utf8.ValidString(n) || n == "." || n == ".." {
+		return false
+	}
+	for _, r := range n {
+		if r == '/' || r == '\\' || unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
 
 func newArtifactID(session string) string {
 	b := make([]byte, 8)
@@ -107,29 +130,126 @@ func key(tenant, session, kind, id string) string {
 
 // Put stores data as a new artifact of the session.
 func (s *Store) Put(ctx context.Context, tenant, session, kind, name, contentType string, data []byte) (Artifact, error) {
-	if !tenantChars.MatchString(tenant) || !sessPattern.MatchString(session) || !namePattern.MatchString(name) {
-		return Artifact{}, fmt.Errorf("recordings: bad tenant, session or name")
-	}
 	sum := sha256.Sum256(data)
 	a := Artifact{
 		ID: newArtifactID(session), Session: session, Kind: kind, Name: name,
 		Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:]), ContentType: contentType,
-		CreatedAt: time.Now().UTC().Truncate(time.Millisecond),
 	}
-	_, err := s.client.PutObject(ctx, s.cfg.Bucket, key(tenant, session, kind, a.ID), bytes.NewReader(data), a.Size, minio.PutObjectOptions{
-		ContentType:        contentType,
-		ContentDisposition: fmt.Sprintf("attachment; filename=%q", name),
-		UserMetadata: map[string]string{
-			"Sandgate-Name":    name,
-			"Sandgate-Sha256":  a.SHA256,
-			"Sandgate-Created": a.CreatedAt.Format(time.RFC3339Nano),
-		},
-		SendContentMd5: true,
+	return s.put(ctx, tenant, a, bytes.NewReader(data))
+}
+
+// PutFile stores a file as an artifact, reading it twice: once for its
+// digest, once to upload. id may be empty (a new one is made) or a stable
+// id from SegmentID, which makes a retried upload replace the same object.
+func (s *Store) PutFile(ctx context.Context, tenant string, a Artifact, path string) (Artifact, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Artifact{}, err
+	}
+	defer f.Close()
+	return s.PutFrom(ctx, tenant, a, f)
+}
+
+// PutFrom stores what f holds from its start, as PutFile does.
+func (s *Store) PutFrom(ctx context.Context, tenant string, a Artifact, f io.ReadSeeker) (Artifact, error) {
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return Artifact{}, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return Artifact{}, err
+	}
+	if a.ID == "" {
+		a.ID = newArtifactID(a.Session)
+	}
+	a.Size, a.SHA256 = n, hex.EncodeToString(h.Sum(nil))
+	return s.put(ctx, tenant, a, f)
+}
+
+// SegmentID is the stable artifact id of a named piece of a session's
+// recording.
+func SegmentID(session, name string) string {
+	sum := sha256.Sum256([]byte(session + "/" + name))
+	return session + "." + hex.EncodeToString(sum[:8])
+}
+
+func (s *Store) put(ctx context.Context, tenant string, a Artifact, r io.Reader) (Artifact, error) {
+	if !tenantChars.MatchString(tenant) || !sessPattern.MatchString(a.Session) || !validName(a.Name) || !idPattern.MatchString(a.ID) {
+		return Artifact{}, fmt.Errorf("recordings: bad tenant, session, id or name")
+	}
+	if a.CreatedAt.IsZero() {
+		a.CreatedAt = time.Now().UTC()
+	}
+	a.CreatedAt = a.CreatedAt.UTC().Truncate(time.Millisecond)
+	meta := map[string]string{
+		// Metadata travels in headers: names are escaped to ASCII.
+		"Sandgate-Name":    url.PathEscape(a.Name),
+		"Sandgate-Sha256":  a.SHA256,
+		"Sandgate-Created": a.CreatedAt.Format(time.RFC3339Nano),
+	}
+	if a.SourceURL != "" {
+		meta["Sandgate-Source"] = url.PathEscape(a.SourceURL)
+	}
+	_, err := s.client.PutObject(ctx, s.cfg.Bucket, key(tenant, a.Session, a.Kind, a.ID), r, a.Size, minio.PutObjectOptions{
+		ContentType:        a.ContentType,
+		ContentDisposition: mime.FormatMediaType("attachment", map[string]string{"filename": a.Name}),
+		UserMetadata:       meta,
+		SendContentMd5:     true,
 	})
 	if err != nil {
 		return Artifact{}, fmt.Errorf("store artifact: %w", err)
 	}
 	return a, nil
+}
+
+// Fetch copies an artifact's bytes to w.
+func (s *Store) Fetch(ctx context.Context, tenant, id string, w io.Writer) error {
+	_, k, err := s.Find(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	obj, err := s.client.GetObject(ctx, s.cfg.Bucket, k, minio.GetObjectOptions{})
+	if err != nil {
+		return err
+	}
+	defer obj.Close()
+	_, err = io.Copy(w, obj)
+	return err
+}
+
+// Delete removes one of the tenant's artifacts.
+func (s *Store) Delete(ctx context.Context, tenant, id string) error {
+	_, k, err := s.Find(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	return s.client.RemoveObject(ctx, s.cfg.Bucket, k, minio.RemoveObjectOptions{})
+}
+
+// Expire removes the tenant's artifacts created before cutoff and returns
+// how many went.
+func (s *Store) Expire(ctx context.Context, tenant string, cutoff time.Time) (int, error) {
+	if !tenantChars.MatchString(tenant) {
+		return 0, ErrNotFound
+	}
+	n := 0
+	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: tenant + "/", Recursive: true, WithMetadata: true}) {
+		if obj.Err != nil {
+			return n, fmt.Errorf("list artifacts: %w", obj.Err)
+		}
+		parts := strings.Split(obj.Key, "/")
+		if len(parts) != 4 {
+			continue
+		}
+		if artifactOf(parts[1], obj).CreatedAt.Before(cutoff) {
+			if err := s.client.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}); err != nil {
+				return n, fmt.Errorf("remove %s: %w", obj.Key, err)
+			}
+			n++
+		}
+	}
+	return n, nil
 }
 
 // List returns the session's artifacts, oldest first.
@@ -172,6 +292,12 @@ func artifactOf(session string, obj minio.ObjectInfo) Artifact {
 	if a.ContentType == "" {
 		a.ContentType = meta("content-type")
 	}
+	if src, err := url.PathUnescape(meta("sandgate-source")); err == nil {
+		a.SourceURL = src
+	}
+	if name, err := url.PathUnescape(a.Name); err == nil {
+		a.Name = name
+	}
 	return a
 }
 
@@ -213,4 +339,32 @@ func (s *Store) PresignedURL(ctx context.Context, tenant, id string) (*url.URL, 
 		return nil, err
 	}
 	return s.client.PresignedGetObject(ctx, s.cfg.Bucket, k, s.cfg.PresignTTL, nil)
+}
+
+// ListKind returns the session's artifacts of one kind, oldest first.
+func (s *Store) ListKind(ctx context.Context, tenant, session, kind string) ([]Artifact, error) {
+	all, err := s.List(ctx, tenant, session)
+	if err != nil {
+		return nil, err
+	}
+	var out []Artifact
+	for _, a := range all {
+		if a.Kind == kind {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
