@@ -22,7 +22,7 @@ if [ "$(id -u)" != 0 ]; then
 	exit 1
 fi
 
-packages=(containerd runc containernetworking-plugins mmdebstrap iproute2 nftables chromium xvfb ca-certificates curl)
+packages=(containerd runc containernetworking-plugins mmdebstrap iproute2 nftables chromium xvfb ca-certificates curl ffmpeg)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

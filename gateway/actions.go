@@ -105,6 +105,7 @@ func (s *Server) action(c *fiber.Ctx) error {
 		return actionError(err)
 	}
 	s.sessions.Touch(id)
+	s.sessions.Record(id, "action", map[string]any{"action": a.Action})
 	resp := actionResponse{Action: a.Action}
 	switch a.Action {
 	case "cursor_position":

@@ -184,6 +184,7 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 	})
 	defer expiry.Stop()
 	log.Info("cdp connection opened")
+	s.sessions.Record(claims.Session, "preview_connected", map[string]any{"preview": claims.ID, "scope": claims.Scope})
 	start := time.Now()
 
 	done := make(chan struct{})
@@ -219,4 +220,5 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 	}
 	<-done
 	log.Info("cdp connection closed", "duration", time.Since(start).Round(time.Millisecond))
+	s.sessions.Record(claims.Session, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(start).Milliseconds()})
 }

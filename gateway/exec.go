@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 )
 
@@ -267,8 +269,28 @@ func (s *Server) events(c *fiber.Ctx) error {
 		return err
 	}
 	evs, err := s.sessions.Events(tenantOf(c), id)
-	if err != nil {
+	if err == nil {
+		return c.JSON(fiber.Map{"events": evs})
+	}
+	// A session this gateway no longer holds: its stored trail.
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	logs, lerr := s.store.ListKind(ctx, tenantOf(c), id, recordings.KindLog)
+	if lerr != nil || len(logs) == 0 {
 		return err
 	}
-	return c.JSON(fiber.Map{"events": evs})
+	var b bytes.Buffer
+	if ferr := s.store.Fetch(ctx, tenantOf(c), logs[len(logs)-1].ID, &b); ferr != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: ferr}
+	}
+	stored := []session.Event{}
+	dec := json.NewDecoder(&b)
+	for dec.More() {
+		var ev session.Event
+		if dec.Decode(&ev) != nil {
+			break
+		}
+		stored = append(stored, ev)
+	}
+	return c.JSON(fiber.Map{"events": stored})
 }

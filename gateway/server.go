@@ -45,11 +45,16 @@ type Server struct {
 	sessions *session.Manager
 	store    *recordings.Store
 	tokens   *signer
-	vault    *vault.Vault // nil: no credentials
-	log      *slog.Logger
-	hosts    map[string]bool
-	origin   string // scheme://host of PublicURL
-	wsScheme string
+	vault    *vault.Vault         // nil: no credentials
+	recorder *recordings.Recorder // nil: no recordings
+	// retention per tenant; the janitor enforces it.
+	retention    map[string]time.Duration
+	janitorEvery time.Duration
+	watch        watchers
+	log          *slog.Logger
+	hosts        map[string]bool
+	origin       string // scheme://host of PublicURL
+	wsScheme     string
 }
 
 // New builds the gateway's routes.
@@ -79,6 +84,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	for _, h := range cfg.Hosts {
 		s.hosts[strings.ToLower(h)] = true
 	}
+	s.watch.cancel = map[string]context.CancelFunc{}
 	for _, o := range opts {
 		o(s)
 	}
@@ -108,6 +114,7 @@ func (s *Server) App() *fiber.App { return s.app }
 func (s *Server) Listen(ctx context.Context, addr string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.app.Listen(addr) }()
+	go s.janitor(ctx)
 	select {
 	case err := <-errc:
 		return err
@@ -150,6 +157,9 @@ func (s *Server) routes() {
 	a.Get("/viewer-assets/:name", s.viewerAsset)
 	a.Get("/vnc/:token", s.checkOrigin, s.previewAuth(ScopeVNC, ScopeView), s.vncUpgrade, s.vncProxy())
 	a.Get("/view/:token", s.previewAuth(ScopeView), s.viewPage)
+	a.Get("/review/:token", s.reviewAuth, s.review)
+	a.Get("/review/:token/artifacts/:id", s.reviewAuth, s.reviewArtifact)
+	a.All("/review*", refuseToken)
 	a.All("/vnc*", refuseToken)
 	a.All("/view*", refuseToken)
 

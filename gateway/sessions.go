@@ -94,8 +94,8 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if req.Record {
-		return errInvalid("recording is not available on this gateway yet")
+	if req.Record && s.recorder == nil {
+		return errInvalid("recording is not available on this gateway (ffmpeg is missing)")
 	}
 	var allow []string
 	if req.Egress != nil {
@@ -107,7 +107,7 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 	}
 	spec := session.Spec{
 		Tenant: tenantOf(c), Kind: session.Kind(req.Kind), Runtime: req.Runtime,
-		TTL: ttl, IdleTimeout: idle, Labels: req.Labels, Egress: eg,
+		TTL: ttl, IdleTimeout: idle, Labels: req.Labels, Egress: eg, Record: req.Record,
 	}
 	if req.Resources != nil {
 		spec.Resources = *req.Resources
@@ -216,9 +216,7 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 		return err
 	}
 	switch req.Scope {
-	case ScopeCDP, ScopeVNC, ScopeView:
-	case ScopeReview:
-		return errInvalid(fmt.Sprintf("scope %q is not available on this gateway yet", req.Scope))
+	case ScopeCDP, ScopeVNC, ScopeView, ScopeReview:
 	default:
 		return errInvalid(`scope must be one of "cdp", "vnc", "view", "review"`)
 	}
@@ -236,7 +234,24 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 		return errInvalid(fmt.Sprintf("ttl_seconds must be at most %d", int(s.cfg.MaxPreviewTTL.Seconds())))
 	}
 	tenant := tenantOf(c)
-	if _, err := s.sessions.Endpoint(tenant, id); err != nil {
+	if req.Scope == ScopeReview {
+		if req.ViewOnly {
+			return errInvalid("view_only applies to vnc and view previews")
+		}
+		// A review outlives its session: it needs the session known to
+		// this gateway, or artifacts of it in the store.
+		if _, err := s.sessions.Get(tenant, id); err != nil {
+			ctx, cancel := reqCtx(c, 30*time.Second)
+			defer cancel()
+			as, lerr := s.store.List(ctx, tenant, id)
+			if lerr != nil {
+				return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: lerr}
+			}
+			if len(as) == 0 {
+				return err
+			}
+		}
+	} else if _, err := s.sessions.Endpoint(tenant, id); err != nil {
 		return err
 	}
 	now := time.Now().UTC().Truncate(time.Second)
@@ -249,6 +264,7 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 	if err != nil {
 		return fmt.Errorf("sign preview: %w", err)
 	}
+	s.sessions.Record(id, "preview_issued", map[string]any{"preview": pid, "scope": req.Scope, "view_only": req.ViewOnly, "expires_at": now.Add(ttl)})
 	return c.Status(fiber.StatusCreated).JSON(previewResponse{
 		ID: pid, URL: s.cfg.PublicURL.String() + "/" + req.Scope + "/" + tok,
 		ExpiresAt: now.Add(ttl), Scope: req.Scope, ViewOnly: req.ViewOnly,
@@ -266,6 +282,7 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	}
 	ctx, cancel := reqCtx(c, 10*time.Second)
 	defer cancel()
+	s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid})
 	if err := s.sessions.RevokePreview(ctx, tenantOf(c), id, pid, time.Now().Add(s.cfg.MaxPreviewTTL)); err != nil {
 		return err
 	}
@@ -310,6 +327,7 @@ func (s *Server) storeScreenshot(ctx context.Context, tenant, id string, png []b
 	if err != nil {
 		return a, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
+	s.sessions.Record(id, "screenshot", map[string]any{"artifact": a.ID, "size": a.Size, "sha256": a.SHA256})
 	return a, nil
 }
 

@@ -88,6 +88,11 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 	})
 	defer expiry.Stop()
 	log.Info("vnc connection opened")
+	s.sessions.Record(claims.Session, "preview_connected", map[string]any{"preview": claims.ID, "scope": claims.Scope, "view_only": claims.ViewOnly})
+	opened := time.Now()
+	defer func() {
+		s.sessions.Record(claims.Session, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(opened).Milliseconds()})
+	}()
 
 	done := make(chan struct{})
 	go func() { // session -> viewer

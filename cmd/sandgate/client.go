@@ -128,12 +128,18 @@ func cmdSession(ctx context.Context, args []string) error {
 		idle := fs.Int("idle", 0, "idle timeout in seconds (0: none)")
 		w := fs.Int("width", 0, "screen width")
 		h := fs.Int("height", 0, "screen height")
+		record := fs.Bool("record", false, "record the screen")
+		var allow listFlag
+		fs.Var(&allow, "allow", "egress host:port (or *.domain:port) the session may reach, repeatable")
 		labels := kvFlags{}
 		fs.Var(labels, "label", "k=v label, repeatable")
 		if err := fs.Parse(args); err != nil {
 			return usageError(err.Error())
 		}
-		req := map[string]any{"kind": *kind, "labels": labels}
+		req := map[string]any{"kind": *kind, "labels": labels, "record": *record}
+		if len(allow) > 0 {
+			req["egress"] = map[string]any{"allow": []string(allow)}
+		}
 		if *rt != "" {
 			req["runtime"] = *rt
 		}
@@ -303,3 +309,9 @@ func flagsFirst(args []string) []string {
 }
 
 var boolFlags = map[string]bool{"view-only": true}
+
+// listFlag collects a repeated string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }

@@ -83,6 +83,16 @@ type Config struct {
 		UpstreamCAFile string `json:"upstream_ca_file"`
 	} `json:"egress"`
 
+	Recording struct {
+		// FPS of recordings (default 5) and the length of the segments
+		// streamed to MinIO while a session runs (default 2s).
+		FPS     int      `json:"fps"`
+		Segment Duration `json:"segment"`
+	} `json:"recording"`
+
+	// RetentionCheck is how often expired artifacts are looked for.
+	RetentionCheck Duration `json:"retention_check"`
+
 	Vault struct {
 		// Key seals stored credentials and derives the session CAs: 64
 		// hex digits. Without it, credentials are unavailable.
@@ -110,6 +120,9 @@ type TenantConfig struct {
 	// EgressAllow is added to the allow list of every session of the
 	// tenant: "host:port" or "*.example.com:443".
 	EgressAllow []string `json:"egress_allow"`
+	// ArtifactRetention removes the tenant's artifacts this long after
+	// they were stored; zero keeps them.
+	ArtifactRetention Duration `json:"artifact_retention"`
 }
 
 // Duration is a time.Duration written as "90s" or "10m" in JSON.

@@ -122,13 +122,31 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	defer proxy.Close()
 
+	opts := []gateway.Option{gateway.WithVault(v)}
+	rec, err := recordings.NewRecorder(recordings.RecorderConfig{
+		Dir: filepath.Join(cfg.StateDir, "recordings"), FPS: cfg.Recording.FPS, Segment: cfg.Recording.Segment.Duration,
+		Log: log.With("component", "recorder"),
+	}, store)
+	if err != nil {
+		log.Warn("recordings are unavailable", "err", err)
+	} else {
+		opts = append(opts, gateway.WithRecorder(rec))
+	}
+	retention := map[string]time.Duration{}
+	for _, t := range cfg.Tenants {
+		retention[t.Name] = t.ArtifactRetention.Duration
+	}
+	opts = append(opts, gateway.WithRetention(retention, cfg.RetentionCheck.Duration))
 	srv, err := gateway.New(gateway.Config{
 		PublicURL: pub, Hosts: cfg.Hosts, APIKeys: keys,
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
-	}, mgr, store, log, gateway.WithVault(v))
+	}, mgr, store, log, opts...)
 	if err != nil {
 		return err
 	}
+	// Sessions adopted after a restart get their recorder and download
+	// watcher back; those that ended meanwhile get their artifacts final.
+	mgr.Observe(srv.Observer())
 	log.Info("sandgate listening", "addr", cfg.Listen, "public_url", cfg.PublicURL, "image", ref)
 	return srv.Listen(ctx, cfg.Listen)
 }
