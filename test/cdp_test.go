@@ -48,6 +48,28 @@ html,body{margin:0;height:100%}#field{box-sizing:border-box;width:100%;height:50
 		fmt.Fprint(w, `<!doctype html><html><head><title>toggle</title><style>html,body{margin:0;height:100%;background:#c00}</style></head>
 <body onmousedown="document.body.style.background = document.body.style.background === 'rgb(0, 0, 204)' ? '#c00' : '#00c'"></body></html>`)
 	})
+	mux.HandleFunc("/colors.html", func(w http.ResponseWriter, r *http.Request) {
+		// One colour a second, through the palette, from the page's load.
+		fmt.Fprintf(w, `<!doctype html><html><head><title>colors</title><style>html,body{margin:0;height:100%%}</style></head>
+<body><script>const p = %s; const t0 = Date.now();
+function paint() { document.body.style.background = p[Math.floor((Date.now() - t0) / 1000) %% p.length]; }
+paint(); setInterval(paint, 50);</script></body></html>`, paletteJS())
+	})
+	mux.HandleFunc("/busy.html", func(w http.ResponseWriter, r *http.Request) {
+		// A screen that changes everywhere all the time, as video does.
+		fmt.Fprint(w, `<!doctype html><html><head><title>busy</title><style>html,body{margin:0;height:100%;overflow:hidden}</style></head>
+<body><canvas id="c"></canvas><script>const c = document.getElementById("c"); c.width = innerWidth; c.height = innerHeight;
+const g = c.getContext("2d"); function draw() { for (let i = 0; i < 200; i++) { g.fillStyle = "hsl(" + (Math.random() * 360) + ",80%,50%)";
+g.fillRect(Math.random() * c.width, Math.random() * c.height, 80, 60); } requestAnimationFrame(draw); } draw();</script></body></html>`)
+	})
+	mux.HandleFunc("/download.html", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `<!doctype html><html><head><title>download</title></head><body><a id="dl" href="/file.bin">get the report</a></body></html>`)
+	})
+	mux.HandleFunc("/file.bin", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Disposition", `attachment; filename="report data.bin"`)
+		w.Write(downloadBody)
+	})
 	return mux
 }
 

@@ -47,6 +47,9 @@ type testEnv struct {
 	minioLog  string
 	keyA      string
 	keyB      string
+	keyC      string // tenant-c: artifacts kept for seconds only
+	minioBin  string
+	minioUI   string
 	tokenKey  string
 	vaultKey  string
 	canary    string // the secret of the test credentials; must never show
@@ -140,7 +143,7 @@ func setup() (*testEnv, error) {
 	}
 	e.gwAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	e.gwURL = "http://" + e.gwAddr
-	e.keyA, e.keyB, e.tokenKey = "sg_a_"+randHex(16), "sg_b_"+randHex(16), randHex(32)
+	e.keyA, e.keyB, e.keyC, e.tokenKey = "sg_a_"+randHex(16), "sg_b_"+randHex(16), "sg_c_"+randHex(16), randHex(32)
 	e.vaultKey, e.canary = randHex(32), "canary-"+randHex(12)
 	hash := func(k string) string { s := sha256.Sum256([]byte(k)); return hex.EncodeToString(s[:]) }
 	cfg := map[string]any{
@@ -158,7 +161,9 @@ func setup() (*testEnv, error) {
 		"tenants": []map[string]any{
 			{"name": "tenant-a", "api_key_sha256": []string{hash(e.keyA)}, "max_sessions": 6, "default_ttl": "10m", "max_ttl": "1h", "egress_allow": []string{"pages.sandgate.test:80"}},
 			{"name": "tenant-b", "api_key_sha256": []string{hash(e.keyB)}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h", "max_file_bytes": 1 << 20, "egress_allow": []string{"pages.sandgate.test:80"}},
+			{"name": "tenant-c", "api_key_sha256": []string{hash(e.keyC)}, "max_sessions": 1, "default_ttl": "10m", "max_ttl": "1h", "artifact_retention": "3s"},
 		},
+		"retention_check": "1s",
 	}
 	// With gVisor built (deploy/setup.sh), the suite runs under it: the
 	// default is the strongest usable runtime. Without, under runc.
@@ -210,8 +215,12 @@ func (e *testEnv) startMinIO() error {
 	if bin == "" {
 		bin = filepath.Join(cacheDir(), "minio")
 	}
-	return e.runMinIO(bin, fmt.Sprintf("127.0.0.1:%d", cport))
+	e.minioBin, e.minioUI = bin, fmt.Sprintf("127.0.0.1:%d", cport)
+	return e.runMinIO(bin, e.minioUI)
 }
+
+// restartMinIO starts MinIO again on the same address and data.
+func (e *testEnv) restartMinIO() error { return e.runMinIO(e.minioBin, e.minioUI) }
 
 func (e *testEnv) runMinIO(bin, console string) error {
 	logf, err := os.OpenFile(e.minioLog, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
@@ -352,6 +361,7 @@ func (e *testEnv) secretsInLogs() []string {
 	}
 	check("tenant A's API key", e.keyA)
 	check("tenant B's API key", e.keyB)
+	check("tenant C's API key", e.keyC)
 	check("the token signing key", e.tokenKey)
 	check("the vault key", e.vaultKey)
 	check("the test credentials' canary secret", e.canary)

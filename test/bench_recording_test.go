@@ -1,0 +1,98 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/sandgate/sandgate/recordings"
+)
+
+func cpuTime(who int) time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(who, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkRecording: what one recording at 1280x800 costs, for a still
+// screen and a busy one (the whole screen repainted all the time): CPU
+// cores (the recorder's VNC client plus ffmpeg) and bytes per minute;
+// then how many busy recordings this machine keeps at once before frames
+// come late. The recorder is the gateway's own (recordings.Recorder),
+// writing to the test's MinIO.
+func BenchmarkRecording(b *testing.B) {
+	e := needE2E(b)
+	ctx := context.Background()
+	store, err := recordings.New(ctx, recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rec, err := recordings.NewRecorder(recordings.RecorderConfig{Dir: b.TempDir()}, store)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := e.createSession(b, e.keyA, map[string]any{"resources": map[string]any{"cpus": 1}})
+	c, err := e.client.LoadContainer(e.ctx(), s.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	labels, _ := c.Labels(e.ctx())
+	vnc := labels["sandgate.addr"] + ":5900"
+	show := func(page string) {
+		cctx, done := e.cdpPage(b, s.ID)
+		defer done()
+		if err := chromedp.Do(cctx, chromedp.Navigate(testPages(b)+page)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fake := func() string { return "s-" + randHex(8) }
+	const span = 20 * time.Second
+	for i := 0; i < b.N; i++ {
+		for _, screen := range []struct{ name, page string }{{"still", "/hello.html"}, {"busy", "/busy.html"}} {
+			show(screen.page)
+			id := fake()
+			self, kids, t0 := cpuTime(syscall.RUSAGE_SELF), cpuTime(syscall.RUSAGE_CHILDREN), time.Now()
+			rec.Start("bench", id, vnc)
+			time.Sleep(span)
+			m, err := rec.Finish(ctx, "bench", id, time.Now())
+			if err != nil || m == nil {
+				b.Fatalf("finish: %v", err)
+			}
+			wall := time.Since(t0)
+			cores := float64(cpuTime(syscall.RUSAGE_SELF)-self+cpuTime(syscall.RUSAGE_CHILDREN)-kids) / float64(wall)
+			b.ReportMetric(cores, screen.name+"-cpu-cores")
+			b.ReportMetric(float64(m.Size)/m.Duration*60/(1<<20), screen.name+"-MiB-per-min")
+		}
+		// Concurrent busy recordings until frames come late (more than 2%
+		// written behind their time).
+		maxOK := 0
+		for _, n := range []int{1, 2, 4, 6, 8, 12} {
+			ids := make([]string, n)
+			for j := range ids {
+				ids[j] = fake()
+				rec.Start("bench", ids[j], vnc)
+			}
+			time.Sleep(15 * time.Second)
+			var frames, late int64
+			for _, id := range ids {
+				f, l, _ := rec.Stats(id)
+				frames, late = frames+f, late+l
+			}
+			for _, id := range ids {
+				rec.Finish(ctx, "bench", id, time.Now())
+			}
+			frac := float64(late) / float64(max(frames, 1))
+			b.ReportMetric(frac, fmt.Sprintf("late-frac-%d", n))
+			if frac > 0.02 || frames < int64(n)*15*5*9/10 {
+				break
+			}
+			maxOK = n
+		}
+		b.ReportMetric(float64(maxOK), "max-concurrent-without-late-frames")
+	}
+	store.Expire(ctx, "bench", time.Now().Add(time.Hour))
+}

@@ -1,0 +1,509 @@
+package test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// palette is what /colors.html shows, one colour a second.
+var palette = [][3]int{
+	{230, 30, 30}, {30, 200, 30}, {30, 30, 230}, {240, 220, 20}, {220, 30, 220},
+	{20, 220, 220}, {250, 140, 0}, {120, 20, 160}, {0, 110, 110}, {130, 70, 0},
+}
+
+func paletteJS() string {
+	var parts []string
+	for _, c := range palette {
+		parts = append(parts, fmt.Sprintf(`"rgb(%d,%d,%d)"`, c[0], c[1], c[2]))
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+// downloadBody is what /file.bin serves.
+var downloadBody = func() []byte {
+	b := make([]byte, 300<<10)
+	rand.Read(b)
+	return b
+}()
+
+type artifact struct {
+	ID          string    `json:"id"`
+	Session     string    `json:"session"`
+	Kind        string    `json:"kind"`
+	Name        string    `json:"name"`
+	Size        int64     `json:"size"`
+	SHA256      string    `json:"sha256"`
+	ContentType string    `json:"content_type"`
+	CreatedAt   time.Time `json:"created_at"`
+	SourceURL   string    `json:"source_url"`
+}
+
+func (e *testEnv) artifacts(t *testing.T, key, id string) []artifact {
+	t.Helper()
+	st, body := e.api(t, key, "GET", "/v1/sessions/"+id+"/artifacts", nil)
+	if st != 200 {
+		t.Fatalf("artifacts: %d %s", st, body)
+	}
+	var l struct{ Artifacts []artifact }
+	json.Unmarshal(body, &l)
+	return l.Artifacts
+}
+
+// fetchArtifact follows GET /v1/artifacts/{id} to MinIO and returns the bytes.
+func (e *testEnv) fetchArtifact(t *testing.T, key, id string) []byte {
+	t.Helper()
+	st, _, loc := e.redirect(t, key, "/v1/artifacts/"+id)
+	if st != 302 {
+		t.Fatalf("artifact %s: %d", id, st)
+	}
+	resp, err := http.Get(loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("presigned GET: %d %s", resp.StatusCode, b)
+	}
+	return b
+}
+
+func (e *testEnv) redirect(t *testing.T, key, path string) (int, []byte, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", e.gwURL+path, nil)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, resp.Header.Get("Location")
+}
+
+func findKind(as []artifact, kind, contentType string) *artifact {
+	for i := range as {
+		if as[i].Kind == kind && (contentType == "" || as[i].ContentType == contentType) {
+			return &as[i]
+		}
+	}
+	return nil
+}
+
+// probeDuration is ffprobe's duration of a video file.
+func probeDuration(t *testing.T, path string) float64 {
+	t.Helper()
+	out, err := exec.Command("ffprobe", "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", path).Output()
+	if err != nil {
+		t.Fatalf("ffprobe %s: %v", path, err)
+	}
+	d, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+	if err != nil {
+		t.Fatalf("ffprobe duration %q: %v", out, err)
+	}
+	return d
+}
+
+// colourRun samples the video's centre fps times a second and returns the
+// palette index seen in each sample (-1: not a palette colour).
+func colourRun(t *testing.T, path string, fps int) []int {
+	t.Helper()
+	out, err := exec.Command("ffmpeg", "-v", "error", "-i", path, "-vf", fmt.Sprintf("fps=%d,scale=16:10", fps),
+		"-f", "rawvideo", "-pix_fmt", "rgb24", "-").Output()
+	if err != nil {
+		t.Fatalf("ffmpeg frames: %v", err)
+	}
+	const fw, fh = 16, 10
+	var seq []int
+	for off := 0; off+fw*fh*3 <= len(out); off += fw * fh * 3 {
+		p := out[off+(5*fw+8)*3:]
+		best, bestD := -1, 60*60*3
+		for i, c := range palette {
+			d := 0
+			for k := 0; k < 3; k++ {
+				x := int(p[k]) - c[k]
+				d += x * x
+			}
+			if d < bestD {
+				best, bestD = i, d
+			}
+		}
+		seq = append(seq, best)
+	}
+	return seq
+}
+
+// steps dedups a colour run, dropping samples that match no colour, and
+// returns the steps between successive colours (1: the next second).
+func steps(seq []int) (colours []int, steps []int) {
+	for _, c := range seq {
+		if c < 0 || (len(colours) > 0 && colours[len(colours)-1] == c) {
+			continue
+		}
+		if len(colours) > 0 {
+			steps = append(steps, (c-colours[len(colours)-1]+len(palette))%len(palette))
+		}
+		colours = append(colours, c)
+	}
+	return colours, steps
+}
+
+func saveTemp(t *testing.T, b []byte, name string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func sha(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+
+// finalRecording fetches the session's finished recording and checks it
+// against its listing and manifest.
+func (e *testEnv) finalRecording(t *testing.T, key, id string) (path string, manifest map[string]any) {
+	t.Helper()
+	as := e.artifacts(t, key, id)
+	rec := findKind(as, "recording", "video/mp4")
+	man := findKind(as, "recording", "application/json")
+	if rec == nil || man == nil {
+		t.Fatalf("no finished recording and manifest among %+v", as)
+	}
+	if seg := findKind(as, "recording_segment", ""); seg != nil {
+		t.Errorf("segments are left after the recording was finalised: %+v", seg)
+	}
+	video := e.fetchArtifact(t, key, rec.ID)
+	if sha(video) != rec.SHA256 || int64(len(video)) != rec.Size {
+		t.Fatalf("recording bytes do not match the listing")
+	}
+	json.Unmarshal(e.fetchArtifact(t, key, man.ID), &manifest)
+	if manifest["sha256"] != rec.SHA256 || manifest["recording"] != rec.ID {
+		t.Fatalf("manifest does not describe the recording: %v", manifest)
+	}
+	return saveTemp(t, video, "recording.mp4"), manifest
+}
+
+// TestRecording: a session that shows one colour a second for ten seconds
+// is recorded from outside; the recording lasts as long as the session
+// was watched and shows the colours in order; the review page plays it.
+func TestRecording(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, map[string]any{"record": true})
+	created := time.Now()
+	ctx, done := e.cdpPage(t, s.ID)
+	if err := chromedp.Do(ctx, chromedp.Navigate(testPages(t)+"/colors.html")); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	time.Sleep(10 * time.Second)
+	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil)
+	wall := time.Since(created).Seconds()
+
+	path, manifest := e.finalRecording(t, e.keyA, s.ID)
+	d := probeDuration(t, path)
+	t.Logf("recording: %.2f s (session watched for %.2f s), %v segments", d, wall, len(manifest["segments"].([]any)))
+	if d < wall-2 || d > wall+2 {
+		t.Errorf("recording lasts %.2f s; the session was recorded for %.2f s", d, wall)
+	}
+	colours, st := steps(colourRun(t, path, 4))
+	t.Logf("colours in order of appearance: %v", colours)
+	if len(colours) < 9 {
+		t.Fatalf("the recording shows %d of the page's 10 colours: %v", len(colours), colours)
+	}
+	for i, s := range st {
+		if s != 1 {
+			t.Fatalf("colour %d follows %d: not the page's order (%v)", colours[i+1], colours[i], colours)
+		}
+	}
+
+	t.Run("review-page", func(t *testing.T) {
+		st, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+s.ID+"/previews", map[string]any{"scope": "review", "ttl_seconds": 300})
+		if st != 201 {
+			t.Fatalf("review preview of an ended session: %d %s", st, body)
+		}
+		url := jsonField(body, "url")
+		e.mu.Lock()
+		e.tokens = append(e.tokens, url[strings.LastIndex(url, "/")+1:])
+		e.mu.Unlock()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		page, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("review page: %d %s", resp.StatusCode, page)
+		}
+		as := e.artifacts(t, e.keyA, s.ID)
+		rec := findKind(as, "recording", "video/mp4")
+		base := strings.TrimPrefix(url, e.gwURL)
+		if !bytes.Contains(page, []byte(`<video id="recording" controls preload="metadata" src="`+base+`/artifacts/`+rec.ID+`"`)) {
+			t.Fatalf("the review page does not play the recording:\n%s", page)
+		}
+		for _, a := range as {
+			if !bytes.Contains(page, []byte(base+"/artifacts/"+a.ID)) {
+				t.Errorf("the review page does not link %s %s", a.Kind, a.Name)
+			}
+		}
+		st2, _, loc := e.redirect(t, "", base+"/artifacts/"+rec.ID)
+		if st2 != 302 {
+			t.Fatalf("review artifact link: %d", st2)
+		}
+		r2, err := http.Get(loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		video, _ := io.ReadAll(r2.Body)
+		r2.Body.Close()
+		if sha(video) != rec.SHA256 {
+			t.Fatal("the review page's recording is not the recording")
+		}
+		// Other scopes do not open the review page.
+		p := e.preview(t, e.keyA, e.createSession(t, e.keyA, nil).ID, 60)
+		tok := p.URL[strings.LastIndex(p.URL, "/")+1:]
+		if st, _, _ := e.redirect(t, "", "/review/"+tok); st != 401 {
+			t.Errorf("a cdp token opened a review page: %d", st)
+		}
+	})
+}
+
+// TestRecordingSurvivesGatewayKill: SIGKILL the gateway 6 s into a
+// recording and start it again: the first seconds are there at once, and
+// the recording goes on and is finalised.
+func TestRecordingSurvivesGatewayKill(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, map[string]any{"record": true})
+	ctx, done := e.cdpPage(t, s.ID)
+	if err := chromedp.Do(ctx, chromedp.Navigate(testPages(t)+"/colors.html")); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	time.Sleep(6 * time.Second)
+	e.stopGateway(syscall.SIGKILL)
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+	var first *artifact
+	deadline := time.Now().Add(20 * time.Second)
+	for first == nil && time.Now().Before(deadline) {
+		if as := e.artifacts(t, e.keyA, s.ID); findKind(as, "recording_segment", "") != nil {
+			first = findKind(as, "recording_segment", "")
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if first == nil {
+		t.Fatal("after the restart no segment of the first seconds is downloadable")
+	}
+	seg := saveTemp(t, e.fetchArtifact(t, e.keyA, first.ID), "first.ts")
+	if d := probeDuration(t, seg); d < 1 {
+		t.Fatalf("first segment lasts %.2f s", d)
+	}
+	time.Sleep(5 * time.Second)
+	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil)
+	path, manifest := e.finalRecording(t, e.keyA, s.ID)
+	parts := map[string]bool{}
+	for _, sg := range manifest["segments"].([]any) {
+		name := sg.(map[string]any)["name"].(string)
+		parts[name[:strings.IndexByte(name, '-')]] = true
+	}
+	d := probeDuration(t, path)
+	t.Logf("recording across the restart: %.2f s in %d parts", d, len(parts))
+	if len(parts) < 2 || d < 9 {
+		t.Fatalf("the recording did not go on after the restart: %.2f s, parts %v", d, parts)
+	}
+	colours, _ := steps(colourRun(t, path, 4))
+	if len(colours) < 8 {
+		t.Fatalf("the recording shows too few of the page's colours: %v", colours)
+	}
+}
+
+// TestRecordingSurvivesMinIOOutage: MinIO away for 10 s in the middle of a
+// recording costs no part of it.
+func TestRecordingSurvivesMinIOOutage(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, map[string]any{"record": true})
+	created := time.Now()
+	ctx, done := e.cdpPage(t, s.ID)
+	if err := chromedp.Do(ctx, chromedp.Navigate(testPages(t)+"/colors.html")); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	time.Sleep(4 * time.Second)
+	e.minio.Process.Kill()
+	e.minio.Wait()
+	time.Sleep(10 * time.Second)
+	if err := e.restartMinIO(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6 * time.Second)
+	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil)
+	wall := time.Since(created).Seconds()
+	path, _ := e.finalRecording(t, e.keyA, s.ID)
+	d := probeDuration(t, path)
+	colours, st := steps(colourRun(t, path, 4))
+	t.Logf("recording: %.2f s over %.2f s with MinIO away for 10 s; colours %v", d, wall, colours)
+	if d < wall-2 {
+		t.Errorf("the recording lasts %.2f s of %.2f s", d, wall)
+	}
+	for i, s := range st {
+		// A step of 2 skips one colour: a gap of at most 2 s.
+		if s > 2 {
+			t.Errorf("a gap of about %d s after colour %d", s, colours[i])
+		}
+	}
+}
+
+// TestDownloadsAndAuditTrail: a file Chromium downloads is stored with its
+// name, source and digest; the audit trail lists preview, screenshot,
+// download and stop in order, live and as a stored JSONL artifact.
+func TestDownloadsAndAuditTrail(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	ctx, done := e.cdpPage(t, s.ID)
+	pages := testPages(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate(pages+"/download.html")); err != nil {
+		t.Fatal(err)
+	}
+	if st, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+s.ID+"/screenshot", nil); st != 201 && st != 200 {
+		t.Fatalf("screenshot: %d %s", st, body)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#dl"))); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	var dl *artifact
+	deadline := time.Now().Add(30 * time.Second)
+	for dl == nil && time.Now().Before(deadline) {
+		dl = findKind(e.artifacts(t, e.keyA, s.ID), "download", "")
+		time.Sleep(300 * time.Millisecond)
+	}
+	if dl == nil {
+		t.Fatal("the download did not become an artifact")
+	}
+	if dl.Name != "report data.bin" || dl.SHA256 != sha(downloadBody) || dl.Size != int64(len(downloadBody)) || dl.SourceURL != pages+"/file.bin" {
+		t.Fatalf("download artifact %+v; want name %q, %d bytes, sha256 %s, source %s", dl, "report data.bin", len(downloadBody), sha(downloadBody), pages+"/file.bin")
+	}
+	if got := e.fetchArtifact(t, e.keyA, dl.ID); !bytes.Equal(got, downloadBody) {
+		t.Fatal("the stored download is not the served file")
+	}
+	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil)
+
+	order := []string{"created", "started", "preview_issued", "preview_connected", "screenshot", "download", "stopped"}
+	check := func(where string, types []string) {
+		t.Helper()
+		i := 0
+		for _, ty := range types {
+			if i < len(order) && ty == order[i] {
+				i++
+			}
+		}
+		if i < len(order) {
+			t.Errorf("%s: %q is missing or out of order in %v", where, order[i], types)
+		}
+	}
+	var live []string
+	for _, ev := range e.events(t, e.keyA, s.ID) {
+		live = append(live, ev.Type)
+	}
+	check("live trail", live)
+	log := findKind(e.artifacts(t, e.keyA, s.ID), "log", "")
+	if log == nil || log.Name != "audit.jsonl" {
+		t.Fatal("no stored audit trail")
+	}
+	var stored []string
+	dec := json.NewDecoder(bytes.NewReader(e.fetchArtifact(t, e.keyA, log.ID)))
+	for dec.More() {
+		var ev struct{ Type string }
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatalf("audit.jsonl: %v", err)
+		}
+		stored = append(stored, ev.Type)
+	}
+	check("stored trail", stored)
+}
+
+// TestArtifactBadInput: unknown ids, another tenant's artifacts and
+// tampered presigned URLs get 404 or 403, never the bytes.
+func TestArtifactBadInput(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	st, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+s.ID+"/screenshot", nil)
+	if st/100 != 2 {
+		t.Fatalf("screenshot: %d %s", st, body)
+	}
+	a := e.artifacts(t, e.keyA, s.ID)[0]
+	for _, tc := range []struct {
+		name, key, path string
+		want            int
+	}{
+		{"unknown id", e.keyA, "/v1/artifacts/" + s.ID + ".0123456789abcdef", 404},
+		{"malformed id", e.keyA, "/v1/artifacts/..%2f..%2fetc", 404},
+		{"another tenant's artifact", e.keyB, "/v1/artifacts/" + a.ID, 404},
+		{"another tenant's listing", e.keyB, "/v1/sessions/" + s.ID + "/artifacts", 404},
+		{"no key", "", "/v1/artifacts/" + a.ID, 401},
+	} {
+		st, body, loc := e.redirect(t, tc.key, tc.path)
+		if st != tc.want || loc != "" {
+			t.Errorf("%s: %d %s %s, want %d", tc.name, st, body, loc, tc.want)
+		}
+	}
+	st, _, loc := e.redirect(t, e.keyA, "/v1/artifacts/"+a.ID)
+	if st != 302 {
+		t.Fatalf("artifact: %d", st)
+	}
+	otherSession := strings.Replace(loc, s.ID, "s-0000000000000000", 1)
+	flipped := loc[:strings.Index(loc, "X-Amz-Signature=")+len("X-Amz-Signature=")] + strings.Repeat("0", 64)
+	longer := strings.Replace(loc, "X-Amz-Expires=", "X-Amz-Expires=9", 1)
+	for name, u := range map[string]string{"other key": otherSession, "signature": flipped, "expiry": longer} {
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 && resp.StatusCode != 404 || bytes.Contains(b, []byte("PNG")) {
+			t.Errorf("tampered presigned URL (%s): %d", name, resp.StatusCode)
+		}
+	}
+}
+
+// TestArtifactRetention: tenant C keeps artifacts for 3 seconds.
+func TestArtifactRetention(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyC, nil)
+	if st, body := e.api(t, e.keyC, "POST", "/v1/sessions/"+s.ID+"/screenshot", nil); st/100 != 2 {
+		t.Fatalf("screenshot: %d %s", st, body)
+	}
+	id := e.artifacts(t, e.keyC, s.ID)[0].ID
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, _, _ := e.redirect(t, e.keyC, "/v1/artifacts/"+id)
+		if st == 404 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the artifact outlived its tenant's retention: %d", st)
+		}
+		time.Sleep(time.Second)
+	}
+}
