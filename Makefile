@@ -16,12 +16,13 @@ test:
 	deploy/setup.sh
 	cd test/node && npm ci --no-audit --no-fund --loglevel=error
 	go vet ./...
-	go test -count=1 ./browser/... ./cmd/... ./desktop/... ./gateway/... ./images/... ./recordings/... ./session/...
+	go test -count=1 ./browser/... ./cmd/... ./desktop/... ./egress/... ./gateway/... ./images/... ./recordings/... ./session/... ./vault/...
 	# -v: every skip prints its reason (Kata, where it is not installed).
 	SANDGATE_E2E=1 go test -count=1 -v -timeout 40m ./test/
 
 # Benchmarks, each beside its baseline: cold start, CDP round trip, VNC
-# frames, action round trip.
+# frames, action round trip, exec, runtimes, page loads through the egress
+# proxy, what recording costs.
 bench:
 	deploy/setup.sh
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ColdStart -benchtime 10x ./test/
@@ -30,6 +31,8 @@ bench:
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ActionRoundTrip -benchtime 30x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Exec -benchtime 50x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Runtimes -benchtime 5x ./test/
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench EgressPageLoad -benchtime 20x ./test/
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Recording -benchtime 1x ./test/
 
 # Rebuild the viewer's noVNC bundle (committed, embedded in the binary)
 # from the pinned npm packages.
