@@ -74,18 +74,6 @@ func (f *firewall) install() error {
 	return nil
 }
 
-// remove deletes the gateway's table; a missing table is not an error.
-func (f *firewall) remove() error {
-	conn, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: f.table}
-	conn.AddTable(t)
-	conn.DelTable(t)
-	return conn.Flush()
-}
-
 func ifaceIs(key expr.MetaKey, name string) []expr.Any {
 	b := make([]byte, unix.IFNAMSIZ)
 	copy(b, name)
