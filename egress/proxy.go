@@ -200,9 +200,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sandgate egress: bad host", http.StatusBadRequest)
 		return
 	}
-	ap, why := p.vet(r.Context(), pol, host, port)
-	if why != "" {
-		http.Error(w, fmt.Sprintf("sandgate egress: %s:%d is not allowed: %s", host, port, why), http.StatusForbidden)
+	ap, ok := p.vetOrRefuse(w, r, pol, host, port)
+	if !ok {
 		return
 	}
 	p.allow(pol, host, port, ap, "http")
@@ -263,6 +262,17 @@ func (p *Proxy) vet(ctx context.Context, pol Policy, host string, port uint16) (
 	return netip.AddrPort{}, reason
 }
 
+// vetOrRefuse vets a destination and answers 403 with the reason when it
+// is refused.
+func (p *Proxy) vetOrRefuse(w http.ResponseWriter, r *http.Request, pol Policy, host string, port uint16) (netip.AddrPort, bool) {
+	ap, why := p.vet(r.Context(), pol, host, port)
+	if why != "" {
+		http.Error(w, fmt.Sprintf("sandgate egress: %s:%d is not allowed: %s", host, port, why), http.StatusForbidden)
+		return netip.AddrPort{}, false
+	}
+	return ap, true
+}
+
 func (p *Proxy) deny(pol Policy, host string, port uint16, why string) {
 	f := map[string]any{"host": host, "reason": why}
 	if port != 0 {
@@ -281,9 +291,8 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, pol Policy) {
 		http.Error(w, "sandgate egress: CONNECT needs host:port", http.StatusBadRequest)
 		return
 	}
-	ap, why := p.vet(r.Context(), pol, host, port)
-	if why != "" {
-		http.Error(w, fmt.Sprintf("sandgate egress: %s:%d is not allowed: %s", host, port, why), http.StatusForbidden)
+	ap, ok := p.vetOrRefuse(w, r, pol, host, port)
+	if !ok {
 		return
 	}
 	st, err := p.state(pol)

@@ -105,14 +105,8 @@ type Observer interface {
 func (m *Manager) Observe(o Observer) {
 	m.mu.Lock()
 	m.observer = o
-	var live []*sess
-	for _, s := range m.sessions {
-		if s.info.State == StateRunning {
-			live = append(live, s)
-		}
-	}
 	m.mu.Unlock()
-	for _, s := range live {
+	for _, s := range m.running() {
 		m.mu.Lock()
 		info, ep := copyInfo(s.info), s.ep
 		m.mu.Unlock()

@@ -771,16 +771,21 @@ const (
 	probeMisses = 3
 )
 
-func (m *Manager) probe() {
+// running returns the sessions that are running now.
+func (m *Manager) running() []*sess {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	var live []*sess
 	for _, s := range m.sessions {
 		if s.info.State == StateRunning {
 			live = append(live, s)
 		}
 	}
-	m.mu.Unlock()
-	for _, s := range live {
+	return live
+}
+
+func (m *Manager) probe() {
+	for _, s := range m.running() {
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/sandgate/sandgate/recordings"
 )
 
 // palette is what /colors.html shows, one colour a second.
@@ -42,17 +44,7 @@ var downloadBody = func() []byte {
 	return b
 }()
 
-type artifact struct {
-	ID          string    `json:"id"`
-	Session     string    `json:"session"`
-	Kind        string    `json:"kind"`
-	Name        string    `json:"name"`
-	Size        int64     `json:"size"`
-	SHA256      string    `json:"sha256"`
-	ContentType string    `json:"content_type"`
-	CreatedAt   time.Time `json:"created_at"`
-	SourceURL   string    `json:"source_url"`
-}
+type artifact = recordings.Artifact
 
 func (e *testEnv) artifacts(t *testing.T, key, id string) []artifact {
 	t.Helper()
@@ -202,18 +194,26 @@ func (e *testEnv) finalRecording(t *testing.T, key, id string) (path string, man
 	return saveTemp(t, video, "recording.mp4"), manifest
 }
 
+// recordColours creates a recorded session showing /colors.html and
+// returns it with the time it was created.
+func (e *testEnv) recordColours(t *testing.T) (sessionInfo, time.Time) {
+	t.Helper()
+	s := e.createSession(t, e.keyA, map[string]any{"record": true})
+	created := time.Now()
+	ctx, done := e.cdpPage(t, s.ID)
+	defer done()
+	if err := chromedp.Do(ctx, chromedp.Navigate(testPages(t)+"/colors.html")); err != nil {
+		t.Fatal(err)
+	}
+	return s, created
+}
+
 // TestRecording: a session that shows one colour a second for ten seconds
 // is recorded from outside; the recording lasts as long as the session
 // was watched and shows the colours in order; the review page plays it.
 func TestRecording(t *testing.T) {
 	e := needE2E(t)
-	s := e.createSession(t, e.keyA, map[string]any{"record": true})
-	created := time.Now()
-	ctx, done := e.cdpPage(t, s.ID)
-	if err := chromedp.Do(ctx, chromedp.Navigate(testPages(t)+"/colors.html")); err != nil {
-		t.Fatal(err)
-	}
-	done()
+	s, created := e.recordColours(t)
 	time.Sleep(10 * time.Second)
 	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil)
 	wall := time.Since(created).Seconds()
@@ -291,12 +291,7 @@ func TestRecording(t *testing.T) {
 // the recording goes on and is finalised.
 func TestRecordingSurvivesGatewayKill(t *testing.T) {
 	e := needE2E(t)
-	s := e.createSession(t, e.keyA, map[string]any{"record": true})
-	ctx, done := e.cdpPage(t, s.ID)
-	if err := chromedp.Do(ctx, chromedp.Navigate(testPages(t)+"/colors.html")); err != nil {
-		t.Fatal(err)
-	}
-	done()
+	s, _ := e.recordColours(t)
 	time.Sleep(6 * time.Second)
 	e.stopGateway(syscall.SIGKILL)
 	if err := e.startGateway(); err != nil {
@@ -341,13 +336,7 @@ func TestRecordingSurvivesGatewayKill(t *testing.T) {
 // recording costs no part of it.
 func TestRecordingSurvivesMinIOOutage(t *testing.T) {
 	e := needE2E(t)
-	s := e.createSession(t, e.keyA, map[string]any{"record": true})
-	created := time.Now()
-	ctx, done := e.cdpPage(t, s.ID)
-	if err := chromedp.Do(ctx, chromedp.Navigate(testPages(t)+"/colors.html")); err != nil {
-		t.Fatal(err)
-	}
-	done()
+	s, created := e.recordColours(t)
 	time.Sleep(4 * time.Second)
 	e.minio.Process.Kill()
 	e.minio.Wait()
