@@ -21,19 +21,23 @@ import (
 const defaultMaxFileBytes = 1 << 30
 
 // filePath checks the path query parameter: absolute, clean, no NUL.
-func filePath(c *fiber.Ctx) (string, error) {
-	p := c.Query("path")
+// fileTarget reads the session id and the ?path= of a files request.
+func (s *Server) fileTarget(c *fiber.Ctx) (id, p string, err error) {
+	if id, err = s.sessionID(c); err != nil {
+		return "", "", err
+	}
+	p = c.Query("path")
 	switch {
 	case p == "":
-		return "", errInvalid("path is required, e.g. ?path=/home/sandgate/workspace/file.txt")
+		return "", "", errInvalid("path is required, e.g. ?path=/home/sandgate/workspace/file.txt")
 	case !noNUL(p):
-		return "", errInvalid("path must not contain NUL bytes")
+		return "", "", errInvalid("path must not contain NUL bytes")
 	case !strings.HasPrefix(p, "/"):
-		return "", errInvalid("path must be absolute")
+		return "", "", errInvalid("path must be absolute")
 	case len(p) > 4096:
-		return "", errInvalid("path is too long")
+		return "", "", errInvalid("path is too long")
 	}
-	return path.Clean(p), nil
+	return id, path.Clean(p), nil
 }
 
 // Shell snippets run with the path as $1, never spliced into the script.
@@ -58,11 +62,7 @@ func (s *Server) fileKind(ctx context.Context, tenant, id, p string, root bool) 
 // putFile writes the request body to a path in the session, streaming it
 // through the command's standard input.
 func (s *Server) putFile(c *fiber.Ctx) error {
-	id, err := s.sessionID(c)
-	if err != nil {
-		return err
-	}
-	p, err := filePath(c)
+	id, p, err := s.fileTarget(c)
 	if err != nil {
 		return err
 	}
@@ -127,11 +127,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // getFile streams a file, or a directory as a tar archive, out of the
 // session.
 func (s *Server) getFile(c *fiber.Ctx) error {
-	id, err := s.sessionID(c)
-	if err != nil {
-		return err
-	}
-	p, err := filePath(c)
+	id, p, err := s.fileTarget(c)
 	if err != nil {
 		return err
 	}

@@ -197,19 +197,27 @@ func TestVNCThroughGateway(t *testing.T) {
 	}
 }
 
-// TestViewOnlyEnforced: pointer and key events from a view-only viewer
-// never reach the session; from an interactive one they do.
-func TestViewOnlyEnforced(t *testing.T) {
-	e := needE2E(t)
+// clickedInputPage makes a browser session showing /input.html with its
+// text field clicked (focused), and returns it with a CDP context on it.
+func (e *testEnv) clickedInputPage(t *testing.T) (sessionInfo, context.Context) {
+	t.Helper()
 	s := e.createSession(t, e.keyA, nil)
-	pages := testPages(t)
 	ctx, done := e.cdpPage(t, s.ID)
-	defer done()
-	if err := chromedp.Do(ctx, chromedp.Navigate(pages+"/input.html")); err != nil {
+	t.Cleanup(done)
+	if err := chromedp.Do(ctx, chromedp.Navigate(testPages(t)+"/input.html")); err != nil {
 		t.Fatal(err)
 	}
 	fx, fy := pagePoint(t, ctx, "#field")
 	e.mustAction(t, e.keyA, s.ID, map[string]any{"action": "left_click", "coordinate": []int{fx, fy}})
+	return s, ctx
+}
+
+// TestViewOnlyEnforced: pointer and key events from a view-only viewer
+// never reach the session; from an interactive one they do.
+func TestViewOnlyEnforced(t *testing.T) {
+	e := needE2E(t)
+	s, ctx := e.clickedInputPage(t)
+	fx, fy := pagePoint(t, ctx, "#field")
 	e.mustAction(t, e.keyA, s.ID, map[string]any{"action": "mouse_move", "coordinate": []int{5, 5}})
 
 	send := func(p previewInfo) {
@@ -247,15 +255,7 @@ func TestViewOnlyEnforced(t *testing.T) {
 
 func TestActionsInBrowser(t *testing.T) {
 	e := needE2E(t)
-	s := e.createSession(t, e.keyA, nil)
-	pages := testPages(t)
-	ctx, done := e.cdpPage(t, s.ID)
-	defer done()
-	if err := chromedp.Do(ctx, chromedp.Navigate(pages+"/input.html")); err != nil {
-		t.Fatal(err)
-	}
-	fx, fy := pagePoint(t, ctx, "#field")
-	e.mustAction(t, e.keyA, s.ID, map[string]any{"action": "left_click", "coordinate": []int{fx, fy}})
+	s, ctx := e.clickedInputPage(t)
 	e.mustAction(t, e.keyA, s.ID, map[string]any{"action": "type", "text": "Hello, Sandgate!"})
 	if v := evalString(t, ctx, `document.getElementById("field").value`); v != "Hello, Sandgate!" {
 		t.Fatalf("typed %q", v)
