@@ -1,0 +1,329 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/containerd/containerd"
+)
+
+func newID() string {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return "s-" + hex.EncodeToString(b)
+}
+
+// normalize checks a spec against the tenant's limits and fills defaults.
+func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
+	lim, ok := m.cfg.Tenants[spec.Tenant]
+	if !ok {
+		return nil, publicf(ErrNotFound, "unknown tenant", nil)
+	}
+	switch spec.Kind {
+	case "":
+		spec.Kind = KindBrowser
+	case KindBrowser, KindDesktop:
+	default:
+		return nil, publicf(ErrInvalid, fmt.Sprintf("kind %q is not one of browser, desktop", spec.Kind), nil)
+	}
+	if spec.Runtime == "" {
+		spec.Runtime = m.cfg.DefaultRuntime
+		if spec.Runtime == "" {
+			return nil, publicf(ErrUnavailableRuntime, "no isolating runtime is usable on this gateway; name a runtime explicitly", nil)
+		}
+	}
+	rt, ok := m.runtimes[spec.Runtime]
+	if !ok {
+		return nil, publicf(ErrInvalid, fmt.Sprintf("runtime %q is not one of kata, gvisor, runc", spec.Runtime), nil)
+	}
+	if !rt.Usable {
+		return nil, publicf(ErrUnavailableRuntime, fmt.Sprintf("runtime %q is not usable on this gateway: %s", rt.Name, rt.Reason), nil)
+	}
+	if spec.TTL == 0 {
+		spec.TTL = lim.DefaultTTL
+	}
+	if spec.TTL < time.Second || spec.TTL > lim.MaxTTL {
+		return nil, publicf(ErrInvalid, fmt.Sprintf("ttl_seconds must be between 1 and %d", int(lim.MaxTTL.Seconds())), nil)
+	}
+	if spec.IdleTimeout < 0 || (lim.MaxIdle > 0 && spec.IdleTimeout > lim.MaxIdle) {
+		return nil, publicf(ErrInvalid, fmt.Sprintf("idle_timeout_seconds must be between 0 and %d", int(lim.MaxIdle.Seconds())), nil)
+	}
+	r := &spec.Resources
+	if r.CPUs == 0 {
+		r.CPUs = 1
+	}
+	if r.MemoryMB == 0 {
+		r.MemoryMB = 2048
+	}
+	if r.Pids == 0 {
+		r.Pids = 1024
+	}
+	if r.CPUs < 0.25 || r.CPUs > 8 {
+		return nil, publicf(ErrInvalid, "resources.cpus must be between 0.25 and 8", nil)
+	}
+	if r.MemoryMB < 512 || r.MemoryMB > 16384 {
+		return nil, publicf(ErrInvalid, "resources.memory_mb must be between 512 and 16384", nil)
+	}
+	if r.Pids < 128 || r.Pids > 8192 {
+		return nil, publicf(ErrInvalid, "resources.pids must be between 128 and 8192", nil)
+	}
+	sc := &spec.Screen
+	if sc.Width == 0 && sc.Height == 0 {
+		sc.Width, sc.Height = 1280, 800
+	}
+	if sc.Width < 320 || sc.Width > 3840 || sc.Height < 240 || sc.Height > 2160 {
+		return nil, publicf(ErrInvalid, "screen must be between 320x240 and 3840x2160", nil)
+	}
+	if len(spec.Labels) > 32 {
+		return nil, publicf(ErrInvalid, "at most 32 labels", nil)
+	}
+	for k, v := range spec.Labels {
+		if k == "" || len(k) > 63 || len(v) > 256 {
+			return nil, publicf(ErrInvalid, "label keys must be 1-63 bytes and values at most 256 bytes", nil)
+		}
+	}
+	return rt, nil
+}
+
+// Create starts a session. With wait, it returns once the session is
+// running (or has failed, with the error); without, it returns the
+// starting session and the start goes on in the background.
+func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error) {
+	rt, err := m.normalize(&spec)
+	if err != nil {
+		return Info{}, err
+	}
+	now := time.Now().UTC()
+	info := Info{
+		ID: newID(), Tenant: spec.Tenant, Kind: spec.Kind, Runtime: rt.Name, Isolation: rt.Isolation,
+		State: StateStarting, CreatedAt: now, ExpiresAt: now.Add(spec.TTL),
+		IdleTimeout: int(spec.IdleTimeout.Seconds()), Resources: spec.Resources, Screen: spec.Screen,
+		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress,
+	}
+	if info.Labels == nil {
+		info.Labels = map[string]string{}
+	}
+	// The start belongs to the manager; a waiting caller that hangs up
+	// cancels it (the create rolls back).
+	startCtx, cancel := context.WithTimeout(m.base, m.cfg.ReadyTimeout+30*time.Second)
+	s := &sess{info: info, lastActive: now, conns: map[*tracked]struct{}{}, revoked: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
+
+	m.mu.Lock()
+	active := 0
+	for _, o := range m.sessions {
+		if o.info.Tenant == spec.Tenant && (o.info.State == StateStarting || o.info.State == StateRunning) {
+			active++
+		}
+	}
+	if lim := m.cfg.Tenants[spec.Tenant]; lim.MaxSessions > 0 && active >= lim.MaxSessions {
+		m.mu.Unlock()
+		cancel()
+		return Info{}, publicf(ErrQuota, fmt.Sprintf("the tenant already has %d active sessions, its maximum", active), nil)
+	}
+	m.sessions[info.ID] = s
+	s.trail, _ = m.openTrail(info.Tenant, info.ID)
+	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record})
+	m.mu.Unlock()
+
+	log := m.log.With("session", info.ID, "tenant", info.Tenant, "runtime", rt.Name)
+	if !wait {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			defer cancel()
+			if err := m.start(startCtx, s, rt, log); err != nil {
+				log.Error("session start failed", "err", err)
+			}
+		}()
+		return m.snapshot(s), nil
+	}
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	defer cancel()
+	if err := m.start(startCtx, s, rt, log); err != nil {
+		log.Error("session start failed", "err", err)
+		if ctx.Err() != nil {
+			return Info{}, fmt.Errorf("client went away: %w", ctx.Err())
+		}
+		return Info{}, publicf(ErrUnavailable, "the session could not be started: "+m.snapshot(s).Failure, err)
+	}
+	return m.snapshot(s), nil
+}
+
+// start does the work of Create. On any failure everything created so far
+// is removed and the session is marked failed.
+func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Logger) (err error) {
+	id := s.info.ID
+	t0 := time.Now()
+	var undo []func(context.Context) error
+	defer func() {
+		if err == nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		for i := len(undo) - 1; i >= 0; i-- {
+			if uerr := undo[i](cctx); uerr != nil {
+				log.Error("rollback step failed", "err", uerr)
+			}
+		}
+		m.mu.Lock()
+		s.info.State = StateFailed
+		if s.info.Failure == "" {
+			s.info.Failure = failureText(ctx, err)
+		}
+		s.record("failed", map[string]any{"failure": s.info.Failure})
+		closeConns(s, "")
+		m.mu.Unlock()
+		m.ended(s)
+		close(s.done)
+	}()
+
+	var phases []any
+	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Millisecond)) }
+	addr, err := m.net.create(ctx, id)
+	if err != nil {
+		return err
+	}
+	mark("network")
+	m.mu.Lock()
+	s.addr = addr
+	m.mu.Unlock()
+	undo = append(undo, func(c context.Context) error { return m.net.remove(c, id) })
+	undo = append(undo, func(context.Context) error { return m.removeWorkspace(id) })
+	workspace, console, err := m.makeWorkspace(id)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	m.mu.Lock()
+	info := s.info
+	m.mu.Unlock()
+	c, err := m.newContainer(ctx, info, rt, addr.String(), workspace)
+	if err != nil {
+		return fmt.Errorf("create container: %w", err)
+	}
+	undo = append(undo, func(c2 context.Context) error { return removeContainer(c2, c) })
+	mark("container")
+	task, err := newTask(ctx, c, console)
+	if err != nil {
+		return fmt.Errorf("create task: %w", err)
+	}
+	exited, err := task.Wait(m.base)
+	if err != nil {
+		return fmt.Errorf("wait task: %w", err)
+	}
+	if err := task.Start(ctx); err != nil {
+		return fmt.Errorf("start task: %w", err)
+	}
+	mark("started")
+	ep := endpointOf(addr)
+	if err := waitReady(ctx, ep, info.Kind == KindBrowser, exited, m.cfg.ReadyTimeout); err != nil {
+		return err
+	}
+	mark("ready")
+	m.mu.Lock()
+	if s.info.State != StateStarting {
+		m.mu.Unlock()
+		return errors.New("session was stopped while starting")
+	}
+	s.info.State = StateRunning
+	s.record("started", map[string]any{"took_ms": time.Since(t0).Milliseconds()})
+	s.ep = ep
+	s.container = c
+	s.lastActive = time.Now()
+	s.cancel = nil
+	m.mu.Unlock()
+	log.Info("session running", append([]any{"addr", addr.String()}, phases...)...)
+	m.wg.Add(1)
+	go m.watch(s, exited)
+	m.mu.Lock()
+	o, info := m.observer, copyInfo(s.info)
+	m.mu.Unlock()
+	if o != nil {
+		o.SessionRunning(info, ep)
+	}
+	return nil
+}
+
+func failureText(ctx context.Context, err error) string {
+	var pe *PublicError
+	switch {
+	case errors.As(err, &pe):
+		return pe.Msg
+	case ctx.Err() == context.DeadlineExceeded:
+		return "the session did not become ready in time"
+	case ctx.Err() != nil:
+		return "the start was cancelled"
+	default:
+		return "the session's container failed to start"
+	}
+}
+
+func endpointOf(a netip.Addr) Endpoint {
+	return Endpoint{Addr: a, CDP: netip.AddrPortFrom(a, CDPPort), VNC: netip.AddrPortFrom(a, VNCPort)}
+}
+
+// waitReady polls until the VNC server accepts connections and, for
+// browser sessions, Chromium answers CDP discovery.
+func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan containerd.ExitStatus, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	client := &http.Client{Timeout: 2 * time.Second}
+	cdpOK, vncOK := !needCDP, false
+	for {
+		if !vncOK {
+			var d net.Dialer
+			if c, err := d.DialContext(ctx, "tcp", ep.VNC.String()); err == nil {
+				c.Close()
+				vncOK = true
+			}
+		}
+		if !cdpOK {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep.CDP.String()+"/json/version", nil)
+			if resp, err := client.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				cdpOK = resp.StatusCode == http.StatusOK
+			}
+		}
+		if cdpOK && vncOK {
+			return nil
+		}
+		select {
+		case st := <-exited:
+			return publicf(ErrUnavailable, fmt.Sprintf("the session exited while starting (status %d)", st.ExitCode()), nil)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for CDP and VNC: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// watch marks a session failed when its processes exit on their own.
+func (m *Manager) watch(s *sess, exited <-chan containerd.ExitStatus) {
+	defer m.wg.Done()
+	select {
+	case st := <-exited:
+		m.mu.Lock()
+		running := s.info.State == StateRunning
+		m.mu.Unlock()
+		if running {
+			msg := fmt.Sprintf("the session's processes exited (status %d)", st.ExitCode())
+			m.log.Warn("session exited", "session", s.info.ID, "status", st.ExitCode())
+			m.stop(m.base, s, StateFailed, msg)
+		}
+	case <-s.done:
+	case <-m.base.Done():
+	}
+}
