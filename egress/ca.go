@@ -131,10 +131,3 @@ func (c *CA) Certificate(host string) (*tls.Certificate, error) {
 	c.leaves[host] = l
 	return l, nil
 }
-
-// Pool returns a pool holding only the CA, for clients that should trust it.
-func (c *CA) Pool() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(c.cert)
-	return p
-}

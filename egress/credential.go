@@ -3,6 +3,7 @@ package egress
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,6 +15,20 @@ const (
 	KindBearer = "bearer" // Authorization: Bearer secret
 	KindHeader = "header" // <Name>: secret
 	KindCookie = "cookie" // Cookie: <Name>=secret
+	// KindForm is a username and secret for login forms only: the proxy
+	// puts nothing in headers for it, it swaps the session's placeholder
+	// for the secret in request bodies to the bound destinations.
+	KindForm = "form"
+)
+
+// How fill_credential types a bound credential into a page.
+const (
+	// FillPlaceholder types the session's placeholder, which the proxy
+	// swaps for the secret in requests to the bound destinations: the
+	// secret never enters the sandbox. The default.
+	FillPlaceholder = "placeholder"
+	// FillValue types the real secret: an explicit opt-in per binding.
+	FillValue = "value"
 )
 
 // Credential is an opened secret, held by the proxy only while it adds it
@@ -45,27 +60,18 @@ func (c *Credential) apply(r *http.Request) {
 	}
 }
 
-// scrub removes response headers that carry the secret, so a server that
-// echoes it cannot hand it to the session.
-func (c *Credential) scrub(h http.Header) {
-	for name, vals := range h {
-		for _, v := range vals {
-			if c.Secret != "" && strings.Contains(v, c.Secret) {
-				h.Del(name)
-				break
-			}
-		}
-	}
-}
-
 // Binding ties a credential to destinations: scheme, host (or a wildcard
-// below a registrable domain), port and path prefix.
+// below a registrable domain), port and path prefix (matched on the
+// cleaned path at segment boundaries, see CleanPath and PathUnder).
 type Binding struct {
 	Credential string `json:"credential"`
 	Scheme     string `json:"scheme"`
 	Host       string `json:"host"`
 	Port       uint16 `json:"port,omitempty"`
 	PathPrefix string `json:"path_prefix,omitempty"`
+	// Fill is what fill_credential types: FillPlaceholder (the default)
+	// or FillValue.
+	Fill string `json:"fill,omitempty"`
 }
 
 var credentialID = regexp.MustCompile(`^cred_[0-9a-f]{16}$`)
@@ -74,7 +80,7 @@ var credentialID = regexp.MustCompile(`^cred_[0-9a-f]{16}$`)
 func ValidCredentialID(s string) bool { return credentialID.MatchString(s) }
 
 // CheckBinding validates a binding and fills its defaults (port from the
-// scheme, path prefix "/").
+// scheme, path prefix "/", fill "placeholder").
 func CheckBinding(b *Binding) error {
 	if !ValidCredentialID(b.Credential) {
 		return fmt.Errorf("%w: credential %q is not a credential id", ErrInvalid, b.Credential)
@@ -97,10 +103,43 @@ func CheckBinding(b *Binding) error {
 	if b.PathPrefix == "" {
 		b.PathPrefix = "/"
 	}
-	if !strings.HasPrefix(b.PathPrefix, "/") {
-		return fmt.Errorf("%w: path_prefix %q must start with /", ErrInvalid, b.PathPrefix)
+	if !strings.HasPrefix(b.PathPrefix, "/") || len(b.PathPrefix) > 1024 {
+		return fmt.Errorf("%w: path_prefix %q must start with / (at most 1024 bytes)", ErrInvalid, b.PathPrefix)
+	}
+	// The prefix is compared with cleaned request paths, so it must be
+	// one itself: no dot segments, escapes or empty segments.
+	if c, ok := CleanPath(&url.URL{Path: b.PathPrefix}); !ok || strings.TrimSuffix(c, "/") != strings.TrimSuffix(b.PathPrefix, "/") ||
+		strings.ContainsAny(b.PathPrefix, "%?#;") {
+		return fmt.Errorf("%w: path_prefix %q must be a clean path such as /api/", ErrInvalid, b.PathPrefix)
+	}
+	switch b.Fill {
+	case "":
+		b.Fill = FillPlaceholder
+	case FillPlaceholder, FillValue:
+	default:
+		return fmt.Errorf("%w: fill %q is not placeholder or value", ErrInvalid, b.Fill)
 	}
 	return nil
+}
+
+// MatchesURL tells whether u is one of the binding's destinations: same
+// scheme, a host the binding's host covers, the same port (the scheme's
+// default when u names none) and a cleaned path under the path prefix.
+// An ambiguous path (see CleanPath) matches nothing.
+func (b Binding) MatchesURL(u *url.URL) bool {
+	if u == nil || u.Scheme != b.Scheme {
+		return false
+	}
+	def := uint16(80)
+	if u.Scheme == "https" {
+		def = 443
+	}
+	host, port, ok := target(u.Host, def)
+	if !ok || !b.pattern().Matches(host, port) {
+		return false
+	}
+	clean, ok := CleanPath(u)
+	return ok && PathUnder(clean, b.PathPrefix)
 }
 
 func (b Binding) pattern() Pattern {

@@ -33,9 +33,12 @@ type Policies interface {
 	Policy(src netip.Addr) (Policy, bool)
 }
 
-// Secrets opens a tenant's credential; the proxy is its only reader.
+// Secrets opens a tenant's credential; the proxy is its only reader. It
+// also names a session's placeholder for a credential (see
+// MaxPlaceholderBody), or "" when there is none.
 type Secrets interface {
 	Credential(ctx context.Context, tenant, id string) (Credential, error)
+	Placeholder(session, credential string) string
 }
 
 // Config holds the proxy's knobs.
@@ -49,7 +52,11 @@ type Config struct {
 	// CASecret derives each session's CA; without it the proxy tunnels
 	// everything and adds no credentials to HTTPS.
 	CASecret []byte
-	// Audit receives every allowed and denied destination.
+	// Limits bound each session's connections, new connections, bytes
+	// and idle time, and all sessions' connections together.
+	Limits Limits
+	// Audit receives every allowed and denied destination, credential
+	// use and, once per burst, refusals by the limits.
 	Audit func(session, typ string, fields map[string]any)
 	Log   *slog.Logger
 }
@@ -63,6 +70,7 @@ type Proxy struct {
 	policies Policies
 	secrets  Secrets
 	srv      *http.Server
+	lim      *limiter
 
 	mu       sync.Mutex
 	sessions map[string]*sessionState
@@ -88,18 +96,21 @@ func New(cfg Config, policies Policies, secrets Secrets) *Proxy {
 		cfg.Resolver = NewResolver("", nil)
 	}
 	p := &Proxy{cfg: cfg, policies: policies, secrets: secrets, sessions: map[string]*sessionState{}}
+	p.lim = newLimiter(cfg.Limits, cfg.Audit, cfg.Log)
 	p.srv = &http.Server{
 		Handler:           p,
 		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       p.lim.lim.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
 	}
 	return p
 }
 
-// Serve accepts session connections on l until Close.
+// Serve accepts session connections on l, within their limits, until
+// Close.
 func (p *Proxy) Serve(l net.Listener) error {
-	err := p.srv.Serve(l)
+	err := p.srv.Serve(limitListener{Listener: l, p: p})
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -114,16 +125,6 @@ func (p *Proxy) Close() error {
 	}
 	p.mu.Unlock()
 	return p.srv.Close()
-}
-
-// Forget drops what the proxy keeps for a session that ended.
-func (p *Proxy) Forget(session string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if st, ok := p.sessions[session]; ok {
-		st.transport.CloseIdleConnections()
-		delete(p.sessions, session)
-	}
 }
 
 type vettedKey struct{}
@@ -152,13 +153,17 @@ func (p *Proxy) state(pol Policy) (*sessionState, error) {
 			if !ok {
 				return nil, errors.New("no vetted address")
 			}
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", ap.String())
+			return p.dialUpstream(ctx, ap)
 		},
 		TLSClientConfig:     &tls.Config{RootCAs: p.cfg.UpstreamRoots},
 		TLSHandshakeTimeout: 15 * time.Second,
+		MaxIdleConns:        16,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     30 * time.Second,
+		// Bodies come as the server sent them; the proxy never inflates
+		// them (and asks bound hosts for identity, see forward).
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: 256 << 10,
 	}
 	// Keep the table bounded: drop sessions idle for an hour.
 	for id, o := range p.sessions {
@@ -169,6 +174,20 @@ func (p *Proxy) state(pol Policy) (*sessionState, error) {
 	}
 	p.sessions[pol.Session] = st
 	return st, nil
+}
+
+// dialUpstream connects to a vetted address, counted against MaxConns.
+func (p *Proxy) dialUpstream(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+	if !p.lim.takeUpstream() {
+		return nil, errLimited
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", ap.String())
+	if err != nil {
+		p.lim.release(nil)
+		return nil, err
+	}
+	return &upstreamConn{Conn: c, l: p.lim}, nil
 }
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -303,9 +322,8 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, pol Policy) {
 	intercept := st.ca != nil && len(bindingsFor(pol.Bindings, "https", host, port)) > 0
 	var upstream net.Conn
 	if !intercept {
-		var d net.Dialer
 		ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
-		upstream, err = d.DialContext(ctx, "tcp", ap.String())
+		upstream, err = p.dialUpstream(ctx, ap)
 		cancel()
 		if err != nil {
 			p.cfg.Audit(pol.Session, "egress_failed", map[string]any{"host": host, "port": port, "address": ap.Addr().String()})
@@ -381,32 +399,36 @@ func (p *Proxy) intercept(c net.Conn, pol Policy, st *sessionState, host string,
 		r.URL.Scheme, r.URL.Host = "https", authority
 		p.forward(w, r, pol, st, "https", host, port, ap)
 	})
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute,
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: p.lim.lim.IdleTimeout, MaxHeaderBytes: 64 << 10,
 		ErrorLog: slog.NewLogLogger(p.cfg.Log.Handler(), slog.LevelDebug)}
 	srv.Serve(newOneConnListener(tc))
 }
 
-// forward sends one request upstream to the vetted address, with the
-// credentials bound to its scheme, host and path.
+// forward sends one request upstream to the vetted address. Requests to
+// a host with bound credentials are matched on their cleaned path (and
+// sent with it), get the credentials whose bindings cover them, have
+// their placeholders swapped for secrets, and their responses scrubbed of
+// every secret bound to the host.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, pol Policy, st *sessionState, scheme, host string, port uint16, ap netip.AddrPort) {
+	if r.Method == "TRACE" || r.Method == "TRACK" {
+		// They echo the request, credentials and all.
+		p.deny(pol, host, port, "method "+r.Method+" echoes requests")
+		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		http.Error(w, "sandgate egress: "+r.Method+" is not allowed", http.StatusMethodNotAllowed)
+		return
+	}
 	ctx := context.WithValue(r.Context(), vettedKey{}, ap)
-	var cred *Credential
-	for _, b := range bindingsFor(pol.Bindings, scheme, host, port) {
-		if !strings.HasPrefix(r.URL.Path, b.PathPrefix) {
-			continue
-		}
-		c, err := p.secrets.Credential(ctx, pol.Tenant, b.Credential)
-		if err != nil {
-			p.cfg.Audit(pol.Session, "credential_unavailable", map[string]any{"credential": b.Credential, "host": host})
-			http.Error(w, "sandgate egress: a bound credential is unavailable", http.StatusBadGateway)
+	bound := bindingsFor(pol.Bindings, scheme, host, port)
+	var ns [][]byte
+	if len(bound) > 0 {
+		var header *Credential
+		var ok bool
+		if ns, header, ok = p.bind(w, r, ctx, pol, bound, host, port); !ok {
 			return
 		}
-		cred = &c
-		p.cfg.Audit(pol.Session, "credential_used", map[string]any{"credential": b.Credential, "host": host, "port": port})
-		break
-	}
-	if cred != nil {
-		ctx = context.WithValue(ctx, secretKey{}, cred)
+		if header != nil {
+			ctx = context.WithValue(ctx, secretKey{}, header)
+		}
 	}
 	rp := &httputil.ReverseProxy{
 		Transport: st.transport,
@@ -416,23 +438,121 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, pol Policy, st *
 			if c, ok := pr.Out.Context().Value(secretKey{}).(*Credential); ok {
 				c.apply(pr.Out)
 			}
-		},
-		ModifyResponse: func(resp *http.Response) error {
-			if c, ok := resp.Request.Context().Value(secretKey{}).(*Credential); ok {
-				c.scrub(resp.Header)
+			if ns != nil {
+				// Bodies the proxy can read, to scrub them.
+				pr.Out.Header.Set("Accept-Encoding", "identity")
 			}
-			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			status := http.StatusBadGateway
-			if errors.Is(err, context.DeadlineExceeded) {
+			status, msg := http.StatusBadGateway, "upstream failed"
+			switch {
+			case errors.Is(err, context.DeadlineExceeded):
 				status = http.StatusGatewayTimeout
+			case errors.Is(err, errLimited):
+				status, msg = http.StatusServiceUnavailable, err.Error()
+			case errors.Is(err, errUnscrubbable):
+				msg = err.Error()
 			}
-			http.Error(w, "sandgate egress: upstream failed", status)
+			http.Error(w, "sandgate egress: "+msg, status)
 		},
 		ErrorLog: slog.NewLogLogger(p.cfg.Log.Handler(), slog.LevelDebug),
 	}
+	if ns != nil {
+		// 1xx responses (103 Early Hints) would reach the session
+		// unscrubbed; without a trace hook the transport drops them.
+		rp.Transport = roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			return st.transport.RoundTrip(req.WithContext(untraced{req.Context()}))
+		})
+		rp.ModifyResponse = func(resp *http.Response) error {
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				return fmt.Errorf("%w: it switched protocols", errUnscrubbable)
+			}
+			if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+				return fmt.Errorf("%w: it answered %s-encoded", errUnscrubbable, ce)
+			}
+			scrubHeader(resp.Header, ns)
+			resp.Trailer = nil
+			resp.Body = newScrubReader(resp.Body, ns)
+			return nil
+		}
+	}
 	rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// errUnscrubbable refuses a bound host's response the proxy cannot scrub.
+var errUnscrubbable = errors.New("a host with bound credentials sent a response the proxy cannot check for secrets")
+
+// bind prepares a request to a host with bound credentials: it refuses
+// an ambiguous path, sends the cleaned one, opens the bound credentials,
+// picks the first header credential whose binding covers the path, swaps
+// placeholders, and returns what to scrub from the response.
+func (p *Proxy) bind(w http.ResponseWriter, r *http.Request, ctx context.Context, pol Policy, bound []Binding, host string, port uint16) ([][]byte, *Credential, bool) {
+	clean, ok := CleanPath(r.URL)
+	if !ok {
+		p.deny(pol, host, port, "an ambiguous path to a host with bound credentials")
+		http.Error(w, "sandgate egress: the path is ambiguous (encoded slashes, backslashes or dressed dot segments) and the host has bound credentials", http.StatusBadRequest)
+		return nil, nil, false
+	}
+	r.URL.Path, r.URL.RawPath = clean, ""
+	opened := map[string]Credential{}
+	var secrets []string
+	var header *Credential
+	var swaps []swap
+	byPlaceholder := map[string]string{}
+	for _, b := range bound {
+		c, seen := opened[b.Credential]
+		if !seen {
+			var err error
+			c, err = p.secrets.Credential(ctx, pol.Tenant, b.Credential)
+			if err != nil {
+				p.cfg.Audit(pol.Session, "credential_unavailable", map[string]any{"credential": b.Credential, "host": host})
+				http.Error(w, "sandgate egress: a bound credential is unavailable", http.StatusBadGateway)
+				return nil, nil, false
+			}
+			opened[b.Credential] = c
+			secrets = append(secrets, c.Secret)
+		}
+		if !PathUnder(clean, b.PathPrefix) {
+			continue
+		}
+		if header == nil && c.Kind != KindForm {
+			header = &c
+			p.cfg.Audit(pol.Session, "credential_used", map[string]any{"credential": b.Credential, "host": host, "port": port, "via": "header"})
+		}
+		if ph := p.secrets.Placeholder(pol.Session, b.Credential); ph != "" && byPlaceholder[ph] == "" {
+			byPlaceholder[ph] = b.Credential
+			swaps = append(swaps, swap{placeholder: ph, secret: c.Secret})
+		}
+	}
+	res, err := swapPlaceholders(r, swaps)
+	if err != nil {
+		http.Error(w, "sandgate egress: could not read the request body", http.StatusBadRequest)
+		return nil, nil, false
+	}
+	for _, s := range swaps {
+		if res.swapped[s.placeholder] {
+			p.cfg.Audit(pol.Session, "credential_used", map[string]any{"credential": byPlaceholder[s.placeholder], "host": host, "port": port, "via": "placeholder"})
+		}
+	}
+	if res.tooLarge {
+		p.cfg.Audit(pol.Session, "placeholder_not_swapped", map[string]any{"host": host, "port": port, "reason": fmt.Sprintf("the request body is over %d bytes", MaxPlaceholderBody)})
+	}
+	return needles(secrets...), header, true
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// untraced is a request's context without its values (an httptrace hook
+// among them), but for the vetted address.
+type untraced struct{ context.Context }
+
+func (u untraced) Value(key any) any {
+	if _, ok := key.(vettedKey); ok {
+		return u.Context.Value(key)
+	}
+	return nil
 }
 
 // bufferedConn reads what the HTTP server buffered before the hijack first.

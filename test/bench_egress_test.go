@@ -30,6 +30,8 @@ func (benchSecret) Credential(context.Context, string, string) (egress.Credentia
 	return egress.Credential{Kind: egress.KindHeader, Name: "X-Bench-Token", Secret: "bench-token"}, nil
 }
 
+func (benchSecret) Placeholder(string, string) string { return "" }
+
 // BenchmarkEgressPageLoad: page loads in host Chromium through the egress
 // proxy (the same code the gateway runs) and with the proxy bypassed, in
 // one run: plain HTTP, HTTPS tunnelled, HTTPS intercepted with a

@@ -9,7 +9,10 @@ import (
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -36,6 +39,11 @@ const (
 	KindBearer = "bearer"
 	KindHeader = "header"
 	KindCookie = "cookie"
+	// KindForm is a username and secret for login forms only: the proxy
+	// adds nothing to headers for it; fill_credential types the username
+	// and the session's placeholder, which the proxy swaps for the secret
+	// in requests to the bound destinations.
+	KindForm = "form"
 )
 
 // Meta is what the API shows of a credential: everything but the secret.
@@ -86,6 +94,7 @@ type Vault struct {
 	client *minio.Client
 	bucket string
 	aead   cipher.AEAD
+	phKey  []byte // placeholder key, derived from the vault key
 }
 
 // Open connects to MinIO and creates the bucket if it is missing.
@@ -114,7 +123,38 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 			return nil, fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)
 		}
 	}
-	return &Vault{client: c, bucket: cfg.Bucket, aead: aead}, nil
+	phKey, err := placeholderKey(cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	return &Vault{client: c, bucket: cfg.Bucket, aead: aead, phKey: phKey}, nil
+}
+
+// placeholderLabel versions the derivation: changing it changes every
+// placeholder.
+const placeholderLabel = "sandgate placeholder v1"
+
+func placeholderKey(vaultKey []byte) ([]byte, error) {
+	return hkdf.Key(sha256.New, vaultKey, nil, placeholderLabel, 32)
+}
+
+// Placeholder returns what fill_credential types into a page instead of
+// a credential's secret in a session: "sgph_" and 32 lower-case hex
+// digits, an HMAC-SHA256 of the session and credential ids under a key
+// derived from the vault key. The same for the same session and
+// credential (across restarts), different for any other, and not
+// guessable without the vault key. The egress proxy swaps it for the
+// secret in requests to the credential's bound destinations.
+func (v *Vault) Placeholder(sessionID, credentialID string) string {
+	return placeholder(v.phKey, sessionID, credentialID)
+}
+
+func placeholder(key []byte, sessionID, credentialID string) string {
+	m := hmac.New(sha256.New, key)
+	// Ids are fixed-alphabet tokens; the NULs keep the fields apart
+	// whatever they hold.
+	m.Write([]byte(placeholderLabel + "\x00" + sessionID + "\x00" + credentialID))
+	return "sgph_" + hex.EncodeToString(m.Sum(nil)[:16])
 }
 
 var (
@@ -168,6 +208,10 @@ func check(n New) error {
 		if n.Username == "" || strings.ContainsAny(n.Username, ":\r\n\x00") || len(n.Username) > 256 {
 			return bad("a basic credential needs a username of at most 256 bytes without ':' or line breaks")
 		}
+	case KindForm:
+		if n.Username == "" || strings.ContainsAny(n.Username, "\r\n\x00") || len(n.Username) > 256 {
+			return bad("a form credential needs a username of at most 256 bytes without line breaks")
+		}
 	case KindBearer:
 	case KindHeader, KindCookie:
 		if !namePattern.MatchString(n.FieldName) {
@@ -183,7 +227,7 @@ func check(n New) error {
 			return bad("a cookie value must not contain ';' or spaces")
 		}
 	default:
-		return bad(fmt.Sprintf("kind %q is not one of basic, bearer, header, cookie", n.Kind))
+		return bad(fmt.Sprintf("kind %q is not one of basic, bearer, header, cookie, form", n.Kind))
 	}
 	return nil
 }

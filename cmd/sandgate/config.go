@@ -81,6 +81,20 @@ type Config struct {
 		// UpstreamCAFile adds CAs that intercepted hosts are verified
 		// against, besides the system's.
 		UpstreamCAFile string `json:"upstream_ca_file"`
+
+		// Limits per session at the proxy: connections held at once,
+		// new connections per second, bytes per second in each
+		// direction, and the idle time after which a tunnel or a
+		// keep-alive connection closes.
+		SessionMaxConns          int      `json:"session_max_conns"`
+		SessionNewConnsPerSecond float64  `json:"session_new_conns_per_second"`
+		SessionBytesPerSecond    int64    `json:"session_bytes_per_second"`
+		IdleTimeout              Duration `json:"idle_timeout"`
+		// MaxConns bounds the proxy's connections of all sessions, the
+		// sessions' and the upstream ones. Zero: the gateway's open
+		// file limit less FileReserve, which no session can reach.
+		MaxConns    int `json:"max_conns"`
+		FileReserve int `json:"file_reserve"`
 	} `json:"egress"`
 
 	Recording struct {
@@ -173,6 +187,11 @@ func defaultConfig() *Config {
 	c.MinIO.Bucket = "sandgate-artifacts"
 	c.MinIO.PresignTTL = Duration{5 * time.Minute}
 	c.Egress.ProxyPort = 3128
+	c.Egress.SessionMaxConns = egress.DefaultSessionConns
+	c.Egress.SessionNewConnsPerSecond = egress.DefaultSessionConnRate
+	c.Egress.SessionBytesPerSecond = egress.DefaultSessionBytesPerSecond
+	c.Egress.IdleTimeout = Duration{egress.DefaultIdleTimeout}
+	c.Egress.FileReserve = egress.DefaultFileReserve
 	c.Vault.Bucket = "sandgate-vault"
 	return c
 }
@@ -202,6 +221,10 @@ func (c *Config) check() error {
 				errs = append(errs, fmt.Errorf("tenant %s: egress_allow: %w", t.Name, err))
 			}
 		}
+	}
+	if e := c.Egress; e.SessionMaxConns < 1 || e.SessionNewConnsPerSecond <= 0 || e.SessionBytesPerSecond < 64<<10 ||
+		e.IdleTimeout.Duration < time.Second || e.MaxConns < 0 || e.FileReserve < 0 {
+		errs = append(errs, errors.New("egress: session_max_conns and session_new_conns_per_second must be positive, session_bytes_per_second at least 65536, idle_timeout at least 1s, max_conns and file_reserve not negative"))
 	}
 	if _, err := c.vaultKey(); err != nil {
 		errs = append(errs, err)

@@ -55,6 +55,23 @@ func sessionCAEnv(secret []byte) func(session.Info) []string {
 	}
 }
 
+// egressLimits are the proxy's limits from egress.*: per session, and in
+// all, leaving egress.file_reserve of the gateway's open files.
+func (c *Config) egressLimits() egress.Limits {
+	e := c.Egress
+	l := egress.Limits{
+		SessionConns:          e.SessionMaxConns,
+		SessionConnRate:       e.SessionNewConnsPerSecond,
+		SessionBytesPerSecond: e.SessionBytesPerSecond,
+		IdleTimeout:           e.IdleTimeout.Duration,
+		MaxConns:              e.MaxConns,
+	}
+	if l.MaxConns == 0 {
+		l.MaxConns = egress.ConnsForFiles(e.FileReserve)
+	}
+	return l
+}
+
 // policies finds a session's egress policy by its bridge address.
 type policies struct{ m *session.Manager }
 
@@ -86,11 +103,21 @@ func (s secrets) Credential(ctx context.Context, tenant, id string) (egress.Cred
 	return egress.Credential{Kind: c.Kind, Name: c.FieldName, Username: c.Username, Secret: c.Secret}, nil
 }
 
+// Placeholder is what fill_credential types for a credential in a
+// session; the proxy swaps it for the secret at the bound destinations.
+func (s secrets) Placeholder(session, credential string) string {
+	if s.v == nil {
+		return ""
+	}
+	return s.v.Placeholder(session, credential)
+}
+
 // startEgress runs the egress proxy on the bridge's address, the one
 // place the kernel rules let sessions connect to.
 func startEgress(cfg *Config, m *session.Manager, v *vault.Vault, ca []byte, log *slog.Logger) (*egress.Proxy, error) {
 	ec := egress.Config{CASecret: ca, Log: log.With("component", "egress"),
-		Audit: func(id, typ string, f map[string]any) { m.Record(id, typ, f) }}
+		Audit:  func(id, typ string, f map[string]any) { m.Record(id, typ, f) },
+		Limits: cfg.egressLimits()}
 	static := map[string][]netip.Addr{}
 	for name, addrs := range cfg.Egress.Hosts {
 		h, ok := egress.NormalizeHost(name)
@@ -138,6 +165,7 @@ func startEgress(cfg *Config, m *session.Manager, v *vault.Vault, ca []byte, log
 			log.Error("egress proxy stopped", "err", err)
 		}
 	}()
-	log.Info("egress proxy listening", "addr", addr.String())
+	log.Info("egress proxy listening", "addr", addr.String(), "max_conns", ec.Limits.MaxConns,
+		"session_max_conns", ec.Limits.SessionConns, "session_bytes_per_second", ec.Limits.SessionBytesPerSecond, "idle_timeout", ec.Limits.IdleTimeout)
 	return p, nil
 }
