@@ -75,13 +75,10 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	if n := c.Request().Header.ContentLength(); n > 0 && int64(n) > max {
 		return tooLarge(c, fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max))
 	}
-	var body io.Reader = bytes.NewReader(c.Body())
-	if st := c.Context().RequestBodyStream(); st != nil {
-		body = st
-	}
+	body := s.uploadBody(c)
 	sha := sha256.New()
 	counted := &countingReader{r: io.LimitReader(body, max+1), h: sha}
-	ctx, cancel := reqCtx(c, 30*time.Minute)
+	ctx, cancel := reqCtx(c, s.cfg.UploadTimeout)
 	defer cancel()
 	var stderr bytes.Buffer
 	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p}, Stdin: counted, Stderr: &stderr})
@@ -109,6 +106,21 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	sum := hex.EncodeToString(sha.Sum(nil))
 	s.sessions.Record(id, "file_upload", map[string]any{"path": p, "bytes": counted.n, "sha256": sum})
 	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"path": p, "size": counted.n, "sha256": sum})
+}
+
+// uploadBody is the body of an authenticated upload as a stream, never
+// read into memory. The server's read timeout covers the headers and
+// every other route; an upload gets UploadTimeout from now, so a large
+// file on a slow link is not cut at ReadTimeout.
+func (s *Server) uploadBody(c *fiber.Ctx) io.Reader {
+	if conn := c.Context().Conn(); conn != nil {
+		conn.SetReadDeadline(time.Now().Add(s.cfg.UploadTimeout))
+	}
+	if st := c.Context().RequestBodyStream(); st != nil {
+		return st
+	}
+	// Not streamed (an empty body): already read.
+	return bytes.NewReader(c.Body())
 }
 
 type countingReader struct {

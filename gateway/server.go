@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
@@ -36,7 +38,23 @@ type Config struct {
 	MaxPreviewTTL time.Duration
 	// BodyLimit bounds request bodies.
 	BodyLimit int
+	// TrustedProxies are the addresses (IPs or CIDR prefixes) of reverse
+	// proxies whose X-Forwarded-Host and X-Forwarded-Proto the gateway
+	// believes. From anyone else those headers are ignored: the Host check
+	// and the URLs the gateway builds use the request's own Host.
+	TrustedProxies []string
+	// ReadTimeout bounds reading one request, headers and body (default
+	// 60s). File uploads get UploadTimeout instead (default 30 minutes),
+	// once the request is authenticated.
+	ReadTimeout   time.Duration
+	UploadTimeout time.Duration
 }
+
+// Defaults of Config.
+const (
+	DefaultReadTimeout   = 60 * time.Second
+	DefaultUploadTimeout = 30 * time.Minute
+)
 
 // Server is the gateway.
 type Server struct {
@@ -72,6 +90,19 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	if cfg.BodyLimit == 0 {
 		cfg.BodyLimit = 1 << 20
 	}
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.UploadTimeout == 0 {
+		cfg.UploadTimeout = DefaultUploadTimeout
+	}
+	for _, p := range cfg.TrustedProxies {
+		if _, err := netip.ParsePrefix(p); err != nil {
+			if _, err := netip.ParseAddr(p); err != nil {
+				return nil, fmt.Errorf("gateway: trusted proxy %q is not an IP address or CIDR prefix", p)
+			}
+		}
+	}
 	s := &Server{
 		cfg: cfg, sessions: sessions, store: store, tokens: tokens, log: log,
 		hosts:    map[string]bool{strings.ToLower(cfg.PublicURL.Host): true},
@@ -100,9 +131,24 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 		StreamRequestBody:     true,
 		ErrorHandler:          errorHandler(log),
 		DisableStartupMessage: true,
-		ReadTimeout:           60 * time.Second,
-		IdleTimeout:           120 * time.Second,
+		// Forwarding headers count only from the configured proxies
+		// (none by default): anyone else could name the gateway in
+		// X-Forwarded-Host and pass the Host check.
+		EnableTrustedProxyCheck: true,
+		TrustedProxies:          cfg.TrustedProxies,
+		// The upload route extends its own deadline (uploadBody).
+		ReadTimeout: cfg.ReadTimeout,
+		IdleTimeout: 120 * time.Second,
 	})
+	// Upload bodies always reach putFile as a stream, whatever their
+	// size, so that none is read in full under the short read timeout
+	// (or into memory) before the handler extends the deadline.
+	s.app.Server().HeaderReceived = func(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+		if isUpload(string(h.Method()), string(h.RequestURI())) {
+			return fasthttp.RequestConfig{MaxRequestBodySize: 1}
+		}
+		return fasthttp.RequestConfig{}
+	}
 	s.routes()
 	return s, nil
 }
@@ -175,10 +221,16 @@ func (s *Server) routes() {
 	a.All("/cdp*", refuseToken)
 }
 
+// isUpload tells whether a request is a file upload, whose body streams.
+func isUpload(method, uri string) bool {
+	path, _, _ := strings.Cut(uri, "?")
+	return method == fiber.MethodPut && strings.HasSuffix(path, "/files")
+}
+
 // limitBody refuses request bodies over the limit, except file uploads,
 // which stream.
 func (s *Server) limitBody(c *fiber.Ctx) error {
-	if c.Method() == fiber.MethodPut && strings.HasSuffix(c.Path(), "/files") {
+	if isUpload(c.Method(), c.OriginalURL()) {
 		return c.Next()
 	}
 	n := c.Request().Header.ContentLength()
@@ -210,6 +262,7 @@ func refuseToken(c *fiber.Ctx) error {
 
 // checkHost refuses requests whose Host is not the gateway's, which stops
 // DNS rebinding from turning a browser into a client of the gateway.
+// c.Hostname() reads X-Forwarded-Host only from a trusted proxy.
 func (s *Server) checkHost(c *fiber.Ctx) error {
 	if !s.hosts[strings.ToLower(c.Hostname())] {
 		return errDenied("the Host header does not name this gateway")

@@ -75,3 +75,53 @@ func TestHealthzNeedsNoHost(t *testing.T) {
 		t.Fatalf("healthz: %v %v", resp, err)
 	}
 }
+
+// TestForwardedHost: X-Forwarded-Host counts only from a trusted proxy.
+// app.Test's connections come from 0.0.0.0.
+func TestForwardedHost(t *testing.T) {
+	newServer := func(trusted ...string) *Server {
+		u, _ := url.Parse("http://gw.test:8080")
+		s, err := New(Config{
+			PublicURL: u, APIKeys: map[string]string{}, TrustedProxies: trusted,
+			TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1",
+		}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	untrusted, trusted := newServer(), newServer("0.0.0.0/32")
+	cases := []struct {
+		name      string
+		s         *Server
+		host, xfh string
+		status    int
+	}{
+		{"own host", untrusted, "gw.test:8080", "", 200},
+		{"foreign host naming the gateway in X-Forwarded-Host", untrusted, "evil.test", "gw.test:8080", 403},
+		{"own host, foreign X-Forwarded-Host from a client", untrusted, "gw.test:8080", "evil.test", 200},
+		{"trusted proxy forwarding the gateway's host", trusted, "backend.internal", "gw.test:8080", 200},
+		{"trusted proxy forwarding a foreign host", trusted, "gw.test:8080", "evil.test", 403},
+		{"trusted proxy, first of a list", trusted, "backend.internal", "gw.test:8080, evil.test", 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest("GET", "/metrics", nil)
+			req.Host = tc.host
+			if tc.xfh != "" {
+				req.Header.Set("X-Forwarded-Host", tc.xfh)
+			}
+			resp, err := tc.s.App().Test(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.status {
+				t.Fatalf("GET /metrics Host %q X-Forwarded-Host %q: %d, want %d", tc.host, tc.xfh, resp.StatusCode, tc.status)
+			}
+		})
+	}
+	u, _ := url.Parse("http://gw.test:8080")
+	if _, err := New(Config{PublicURL: u, TrustedProxies: []string{"not-an-ip"}, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, nil, nil, slog.Default()); err == nil {
+		t.Fatal("a trusted proxy that is not an address was accepted")
+	}
+}

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"time"
 
 	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/gateway"
 )
 
 // Config is the gateway's whole configuration, read from one JSON file.
@@ -21,6 +23,14 @@ type Config struct {
 	// Hosts are the Host header values the gateway answers to; the host of
 	// PublicURL is always one of them.
 	Hosts []string `json:"hosts"`
+	// TrustedProxies are the reverse proxies (IPs or CIDR prefixes) whose
+	// X-Forwarded-Host and X-Forwarded-Proto the gateway believes; from
+	// any other client those headers are ignored. Empty: none.
+	TrustedProxies []string `json:"trusted_proxies"`
+	// ReadTimeout bounds reading one request (default 60s); file uploads
+	// get UploadTimeout (default 30m) once authenticated.
+	ReadTimeout   Duration `json:"read_timeout"`
+	UploadTimeout Duration `json:"upload_timeout"`
 
 	Containerd struct {
 		Address     string `json:"address"`
@@ -184,6 +194,8 @@ func defaultConfig() *Config {
 	c.Network.Subnet = "10.231.0.0/16"
 	c.Network.PluginDir = "/usr/lib/cni"
 	c.Network.NetNSDir = "/run/netns"
+	c.ReadTimeout = Duration{gateway.DefaultReadTimeout}
+	c.UploadTimeout = Duration{gateway.DefaultUploadTimeout}
 	c.MinIO.Bucket = "sandgate-artifacts"
 	c.MinIO.PresignTTL = Duration{5 * time.Minute}
 	c.Egress.ProxyPort = 3128
@@ -225,6 +237,16 @@ func (c *Config) check() error {
 	if e := c.Egress; e.SessionMaxConns < 1 || e.SessionNewConnsPerSecond <= 0 || e.SessionBytesPerSecond < 64<<10 ||
 		e.IdleTimeout.Duration < time.Second || e.MaxConns < 0 || e.FileReserve < 0 {
 		errs = append(errs, errors.New("egress: session_max_conns and session_new_conns_per_second must be positive, session_bytes_per_second at least 65536, idle_timeout at least 1s, max_conns and file_reserve not negative"))
+	}
+	for _, p := range c.TrustedProxies {
+		if _, err := netip.ParsePrefix(p); err != nil {
+			if _, err := netip.ParseAddr(p); err != nil {
+				errs = append(errs, fmt.Errorf("trusted_proxies: %q is not an IP address or CIDR prefix", p))
+			}
+		}
+	}
+	if c.ReadTimeout.Duration < time.Second || c.UploadTimeout.Duration < c.ReadTimeout.Duration {
+		errs = append(errs, errors.New("read_timeout must be at least 1s and upload_timeout at least read_timeout"))
 	}
 	if _, err := c.vaultKey(); err != nil {
 		errs = append(errs, err)

@@ -140,6 +140,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	srv, err := gateway.New(gateway.Config{
 		PublicURL: pub, Hosts: cfg.Hosts, APIKeys: keys,
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
+		TrustedProxies: cfg.TrustedProxies, ReadTimeout: cfg.ReadTimeout.Duration, UploadTimeout: cfg.UploadTimeout.Duration,
 	}, mgr, store, log, opts...)
 	if err != nil {
 		return err
