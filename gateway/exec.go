@@ -194,8 +194,14 @@ func (s *Server) exec(c *fiber.Ctx) error {
 	return nil
 }
 
+// maxExecFrame bounds one sandgate-exec frame; sandgate-exec writes at
+// most 64 KiB at a time. A larger length is refused before its bytes are
+// held.
+const maxExecFrame = 1 << 20
+
 // frameReader decodes sandgate-exec's frames: stream id, big-endian
-// length, bytes; stream 3 ends with "exit N" or "timeout N".
+// length, bytes; stream 3 ends with "exit N" or "timeout N". The frames
+// come from inside the session: it holds at most one frame.
 type frameReader struct {
 	streams  map[byte]*recordWriter
 	buf      []byte
@@ -208,7 +214,7 @@ func (f *frameReader) Write(p []byte) (int, error) {
 	f.buf = append(f.buf, p...)
 	for len(f.buf) >= 5 {
 		n := int(binary.BigEndian.Uint32(f.buf[1:5]))
-		if n > 1<<20 {
+		if n > maxExecFrame {
 			return 0, fmt.Errorf("exec frame of %d bytes", n)
 		}
 		if len(f.buf) < 5+n {
