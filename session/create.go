@@ -117,7 +117,8 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	// The start belongs to the manager; a waiting caller that hangs up
 	// cancels it (the create rolls back).
 	startCtx, cancel := context.WithTimeout(m.base, m.cfg.ReadyTimeout+30*time.Second)
-	s := &sess{info: info, lastActive: now, conns: map[*tracked]struct{}{}, revoked: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
+	s := newSess(info)
+	s.cancel = cancel
 
 	m.mu.Lock()
 	active := 0
@@ -132,7 +133,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		return Info{}, publicf(ErrQuota, fmt.Sprintf("the tenant already has %d active sessions, its maximum", active), nil)
 	}
 	m.sessions[info.ID] = s
-	s.trail, _ = m.openTrail(info.Tenant, info.ID)
+	s.trail = m.openTrail(info.Tenant, info.ID)
 	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record})
 	m.mu.Unlock()
 
@@ -179,15 +180,13 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 			}
 		}
 		m.mu.Lock()
-		s.info.State = StateFailed
-		if s.info.Failure == "" {
-			s.info.Failure = failureText(ctx, err)
+		failure := s.info.Failure
+		if failure == "" {
+			failure = failureText(ctx, err)
 		}
-		s.record("failed", map[string]any{"failure": s.info.Failure})
 		closeConns(s, "")
 		m.mu.Unlock()
-		m.ended(s)
-		close(s.done)
+		m.settle(s, StateFailed, failure)
 	}()
 
 	var phases []any
@@ -199,6 +198,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	mark("network")
 	m.mu.Lock()
 	s.addr = addr
+	m.byAddr[addr] = s
 	m.mu.Unlock()
 	undo = append(undo, func(c context.Context) error { return m.net.remove(c, id) })
 	undo = append(undo, func(context.Context) error { return m.removeWorkspace(id) })

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Event is one entry of a session's audit trail. Fields never hold
@@ -17,11 +19,44 @@ type Event struct {
 	Fields map[string]any `json:"fields,omitempty"`
 }
 
-// maxEvents bounds a session's in-memory trail; older entries are
-// counted, not kept.
-const maxEvents = 10000
+// Bounds of a session's audit trail. The trail never loses an event
+// silently: past a bound, events of that type are counted, the first
+// drop writes an audit_truncated marker, and the end of the session
+// writes an audit_summary with the counts. Noisy events, those a session
+// makes by itself once per request (egress, preview connections), have a
+// bound per type of their own, so a flood of them never pushes out the
+// rest (exec, downloads, fill_credential...).
+const (
+	maxEvents     = 10000 // other events kept per session
+	maxNoisy      = 1000  // noisy events kept per session and type
+	maxDropTypes  = 64    // types counted apart in audit_summary; others as "other"
+	maxFields     = 32    // fields kept per event (and items per list)
+	maxFieldBytes = 512   // bytes kept per string field
+	maxKeyBytes   = 64
+	maxTrailLine  = 1 << 20 // longest line read back from a trail file
+)
 
-// Record appends an event to the session's audit trail.
+// noisyEvents are the types a session produces at its own pace.
+var noisyEvents = map[string]bool{
+	"egress_allowed": true, "egress_denied": true, "egress_failed": true,
+	"credential_used": true, "credential_unavailable": true,
+	"preview_connected": true, "preview_closed": true,
+}
+
+// trail is a session's audit trail: appended to a host file under the
+// state dir (so a restarted gateway keeps the trail of sessions it
+// adopts), kept in memory only for what that file could not take.
+type trail struct {
+	path    string         // host file; empty if it could not be made
+	kept    int            // other events kept
+	noisy   map[string]int // noisy events kept, by type
+	dropped map[string]int // events counted, not kept, by type
+	mem     []Event        // events the file could not take
+}
+
+// Record appends an event to the audit trail of a session the manager
+// knows; events for unknown or forgotten sessions are ignored, so no one
+// makes a trail for a session that is not there.
 func (m *Manager) Record(id, typ string, fields map[string]any) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -32,69 +67,242 @@ func (m *Manager) Record(id, typ string, fields map[string]any) {
 	s.record(typ, fields)
 }
 
-// record appends an event; the caller holds m.mu. Each event is also
-// appended to the session's trail file on the host, so a restarted
-// gateway keeps the trail of the sessions it adopts.
+// record appends an event within the trail's bounds; the caller holds
+// m.mu.
 func (s *sess) record(typ string, fields map[string]any) {
-	if len(s.events) >= maxEvents {
-		s.dropped++
+	s.trail.record(time.Now().UTC(), typ, fields)
+}
+
+func (t *trail) record(now time.Time, typ string, fields map[string]any) {
+	if t.noisy == nil {
+		t.noisy = map[string]int{}
+	}
+	if noisyEvents[typ] {
+		if t.noisy[typ] >= maxNoisy {
+			t.drop(now, typ, maxNoisy)
+			return
+		}
+		t.noisy[typ]++
+	} else {
+		if t.kept >= maxEvents {
+			t.drop(now, typ, maxEvents)
+			return
+		}
+		t.kept++
+	}
+	t.write(Event{Time: now, Type: cut(typ, maxKeyBytes), Fields: boundFields(fields, 2)})
+}
+
+// drop counts an event that is not kept; the first of its type leaves a
+// marker in the trail.
+func (t *trail) drop(now time.Time, typ string, bound int) {
+	if t.dropped == nil {
+		t.dropped = map[string]int{}
+	}
+	if _, seen := t.dropped[typ]; !seen && len(t.dropped) >= maxDropTypes {
+		typ = "other"
+	}
+	n, seen := t.dropped[typ]
+	t.dropped[typ] = n + 1
+	if !seen {
+		t.write(Event{Time: now, Type: "audit_truncated", Fields: map[string]any{
+			"type": cut(typ, maxKeyBytes), "kept": bound,
+			"note": "further events of this type are counted, not kept; audit_summary has the count",
+		}})
+	}
+}
+
+// summarise writes the counts of what was not kept, if anything was.
+func (t *trail) summarise(now time.Time) {
+	if len(t.dropped) == 0 {
 		return
 	}
-	ev := Event{Time: time.Now().UTC(), Type: typ, Fields: fields}
-	s.events = append(s.events, ev)
-	if s.trail != nil {
-		if line, err := json.Marshal(ev); err == nil {
-			s.trail.Write(append(line, '\n'))
+	total := 0
+	counts := make(map[string]any, len(t.dropped))
+	for typ, n := range t.dropped {
+		counts[typ] = n
+		total += n
+	}
+	t.write(Event{Time: now, Type: "audit_summary", Fields: map[string]any{"dropped": counts, "dropped_total": total}})
+}
+
+func (t *trail) write(ev Event) {
+	if t.path != "" {
+		if line, err := json.Marshal(ev); err == nil && appendLine(t.path, line) == nil {
+			return
 		}
 	}
+	if len(t.mem) < maxEvents {
+		t.mem = append(t.mem, ev)
+		return
+	}
+	// Neither the file nor memory takes it: it is counted all the same.
+	if t.dropped == nil {
+		t.dropped = map[string]int{}
+	}
+	t.dropped["unwritable"]++
+}
+
+func appendLine(path string, line []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(line, '\n'))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// events reads the trail back, oldest first.
+func (t *trail) events() []Event {
+	var out []Event
+	if t.path != "" {
+		out = readTrail(t.path)
+	}
+	return append(out, t.mem...)
+}
+
+// readTrail reads a trail file, as many events as a trail may hold.
+func readTrail(path string) []Event {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	limit := maxEvents + len(noisyEvents)*maxNoisy + maxDropTypes + 16
+	var out []Event
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), maxTrailLine)
+	for sc.Scan() && len(out) < limit {
+		var ev Event
+		if json.Unmarshal(sc.Bytes(), &ev) == nil {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// boundFields copies fields with every string cut to maxFieldBytes, at
+// most maxFields entries per map or list, and nesting to depth.
+func boundFields(f map[string]any, depth int) map[string]any {
+	if len(f) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(f))
+	for k := range f {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make(map[string]any, min(len(keys), maxFields+1))
+	for i, k := range keys {
+		if i == maxFields {
+			out["fields_truncated"] = len(keys) - maxFields
+			break
+		}
+		out[cut(k, maxKeyBytes)] = boundValue(f[k], depth)
+	}
+	return out
+}
+
+func boundValue(v any, depth int) any {
+	switch x := v.(type) {
+	case nil, bool, int, int64, uint64, float64:
+		return x
+	case string:
+		return cut(x, maxFieldBytes)
+	case []string:
+		l := make([]any, 0, min(len(x), maxFields))
+		for _, e := range x[:min(len(x), maxFields)] {
+			l = append(l, cut(e, maxFieldBytes))
+		}
+		return l
+	case []any:
+		l := make([]any, 0, min(len(x), maxFields))
+		for _, e := range x[:min(len(x), maxFields)] {
+			l = append(l, boundValue(e, depth-1))
+		}
+		return l
+	case map[string]any:
+		if depth <= 0 {
+			return "(nested too deep)"
+		}
+		return boundFields(x, depth-1)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "(not encodable)"
+	}
+	if len(b) > maxFieldBytes {
+		return cut(string(b), maxFieldBytes)
+	}
+	return json.RawMessage(b)
+}
+
+// cut shortens s to at most n bytes on a rune boundary, saying so.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…(cut)"
+	i := n - len(mark)
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + mark
 }
 
 func (m *Manager) trailPath(tenant, id string) string {
 	return filepath.Join(m.cfg.StateDir, "audit", tenant, id+".jsonl")
 }
 
-// openTrail opens (appending) the session's trail file and returns the
-// events already in it.
-func (m *Manager) openTrail(tenant, id string) (*os.File, []Event) {
+// endedSuffix marks the trail file of a session that ended and was
+// finalised: kept for GET .../events until the session is forgotten, and
+// not reported again by a restarted gateway.
+const endedSuffix = ".ended"
+
+// openTrail makes the session's trail and takes up the counts of any
+// events already in its file (an adopted session's).
+func (m *Manager) openTrail(tenant, id string) trail {
 	p := m.trailPath(tenant, id)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		m.log.Error("audit trail dir", "err", err)
-		return nil, nil
+		m.log.Error("audit trail dir", "session", id, "err", err)
+		return trail{}
 	}
-	var old []Event
-	if f, err := os.Open(p); err == nil {
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() && len(old) < maxEvents {
-			var ev Event
-			if json.Unmarshal(sc.Bytes(), &ev) == nil {
-				old = append(old, ev)
+	t := trail{path: p, noisy: map[string]int{}}
+	for _, ev := range readTrail(p) {
+		switch {
+		case ev.Type == "audit_truncated":
+			if typ, ok := ev.Fields["type"].(string); ok {
+				if t.dropped == nil {
+					t.dropped = map[string]int{}
+				}
+				t.dropped[typ] += 0
 			}
+		case noisyEvents[ev.Type]:
+			t.noisy[ev.Type]++
+		default:
+			t.kept++
 		}
-		f.Close()
 	}
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		m.log.Error("audit trail file", "session", id, "err", err)
-		return nil, old
-	}
-	return f, old
+	return t
 }
 
-// closeTrail closes and removes the trail file; the observer has stored
-// the trail by then. The caller holds m.mu.
-func (m *Manager) closeTrail(s *sess) {
-	if s.trail != nil {
-		s.trail.Close()
-		s.trail = nil
+// dropEndedTrails removes the trail files of sessions a previous gateway
+// had finalised: it does not know them any more, and the store has them.
+func (m *Manager) dropEndedTrails() {
+	files, _ := filepath.Glob(filepath.Join(m.cfg.StateDir, "audit", "*", "s-*.jsonl"+endedSuffix))
+	for _, f := range files {
+		os.Remove(f)
 	}
-	os.Remove(m.trailPath(s.info.Tenant, s.info.ID))
 }
 
 // Observer hears of sessions that became ready and of sessions that
 // ended, with their whole audit trail. The recorder, the download watcher
-// and the audit log store hang off it. SessionEnded runs before a stop
-// returns, so a DELETE answers once the artifacts are final.
+// and the audit log store hang off it. SessionEnded runs apart from the
+// reaper, a few at a time; a DELETE answers once it has returned (or the
+// request's deadline passed).
 type Observer interface {
 	SessionRunning(info Info, ep Endpoint)
 	SessionEnded(info Info, events []Event)
@@ -128,33 +336,37 @@ func (m *Manager) endOrphanTrails(o Observer) {
 		if live || !sessionIDPattern.MatchString(id) {
 			continue
 		}
-		s := &sess{info: Info{ID: id, Tenant: tenant, State: StateStopped, Labels: map[string]string{},
-			Failure: "the session ended while no gateway was running"}}
-		trail, old := m.openTrail(tenant, id)
-		s.trail, s.events = trail, old
-		m.mu.Lock()
-		s.record("ended_unobserved", map[string]any{"note": "the session ended while no gateway was running"})
-		m.mu.Unlock()
-		o.SessionEnded(copyInfo(s.info), s.events)
-		m.mu.Lock()
-		m.closeTrail(s)
-		m.mu.Unlock()
+		info := Info{ID: id, Tenant: tenant, State: StateStopped, Labels: map[string]string{},
+			Failure: "the session ended while no gateway was running"}
+		t := m.openTrail(tenant, id)
+		now := time.Now().UTC()
+		t.record(now, "ended_unobserved", map[string]any{"note": "the session ended while no gateway was running"})
+		t.summarise(now)
+		o.SessionEnded(info, t.events())
+		os.Remove(f)
 	}
 }
 
-// ended tells the observer a session is over and drops its trail file.
+// ended tells the observer a session is over, with its trail, and keeps
+// the trail file, marked ended, until the session is forgotten.
 func (m *Manager) ended(s *sess) {
 	m.mu.Lock()
+	s.trail.summarise(time.Now().UTC())
 	o := m.observer
 	info := copyInfo(s.info)
-	events := append([]Event(nil), s.events...)
+	events := s.trail.events()
 	m.mu.Unlock()
 	if o != nil {
 		o.SessionEnded(info, events)
 	}
 	m.mu.Lock()
-	m.closeTrail(s)
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	if s.trail.path != "" {
+		if err := os.Rename(s.trail.path, s.trail.path+endedSuffix); err == nil {
+			s.trail.path += endedSuffix
+		}
+	}
+	s.finalised = true
 }
 
 // Events returns the session's audit trail, oldest first.
@@ -165,7 +377,5 @@ func (m *Manager) Events(tenant, id string) ([]Event, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Event, len(s.events))
-	copy(out, s.events)
-	return out, nil
+	return s.trail.events(), nil
 }

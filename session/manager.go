@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -34,7 +33,23 @@ type Config struct {
 	// Env adds environment variables to a new session (the egress CA's
 	// key hashes, say). Nothing secret may go there: it is the sandbox's.
 	Env func(Info) []string
+	// Retention is how long an ended session still answers (GET, events)
+	// before the manager forgets it (default DefaultRetention); its
+	// artifacts stay in the store. MaxEnded caps how many ended sessions
+	// are remembered (default DefaultMaxEnded), the oldest forgotten first.
+	Retention time.Duration
+	MaxEnded  int
+	// Finalisers bounds how many ended sessions are finalised (their
+	// observer told, artifacts stored) at once (default 4). Finalisation
+	// runs apart from the reaper, so a slow store never delays a stop.
+	Finalisers int
 }
+
+// Defaults of the manager's own bookkeeping.
+const (
+	DefaultRetention = time.Hour
+	DefaultMaxEnded  = 1000
+)
 
 // TenantLimits bound what one tenant may ask for.
 type TenantLimits struct {
@@ -62,8 +77,12 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	revocations *revocations
+	finals      chan struct{} // a slot per finalisation running
+
 	mu       sync.Mutex
 	sessions map[string]*sess
+	byAddr   map[netip.Addr]*sess // live sessions by bridge address
 	observer Observer
 }
 
@@ -74,13 +93,18 @@ type sess struct {
 	container  containerd.Container
 	lastActive time.Time
 	conns      map[*tracked]struct{}
-	revoked    map[string]time.Time
 	cancel     context.CancelFunc // cancels a create in progress
 	done       chan struct{}      // closed when the session has stopped or failed
-	events     []Event
-	dropped    int
-	misses     int // health probes in a row that found the display gone
-	trail      *os.File
+	final      chan struct{}      // closed when its finalisation is over
+	endedAt    time.Time
+	finalised  bool // the observer has the trail; the session may be forgotten
+	misses     int  // health probes in a row that found the display gone
+	trail      trail
+}
+
+func newSess(info Info) *sess {
+	return &sess{info: info, lastActive: time.Now(), conns: map[*tracked]struct{}{},
+		done: make(chan struct{}), final: make(chan struct{})}
 }
 
 type tracked struct {
@@ -101,6 +125,19 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	if cfg.ProxyPort == 0 {
 		cfg.ProxyPort = 3128
 	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.MaxEnded <= 0 {
+		cfg.MaxEnded = DefaultMaxEnded
+	}
+	if cfg.Finalisers <= 0 {
+		cfg.Finalisers = 4
+	}
+	revs, err := loadRevocations(filepath.Join(cfg.StateDir, "revocations.jsonl"), time.Now())
+	if err != nil {
+		return nil, err
+	}
 	n, err := newNetwork(cfg.Network, cfg.Namespace+"-")
 	if err != nil {
 		return nil, err
@@ -110,7 +147,9 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		return nil, err
 	}
 	base, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), cfg.Namespace))
-	m := &Manager{client: client, cfg: cfg, log: log, net: n, base: base, cancel: cancel, sessions: map[string]*sess{}}
+	m := &Manager{client: client, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
+		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
+	m.dropEndedTrails()
 	m.runtimes = probeRuntimes(ctx, cfg.Runtimes)
 	if cfg.DefaultRuntime != "" {
 		if rt := m.runtimes[cfg.DefaultRuntime]; rt == nil || !rt.Usable {
@@ -176,12 +215,11 @@ func (m *Manager) ProxyAddr() netip.AddrPort {
 func (m *Manager) BySource(a netip.Addr) (Info, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, s := range m.sessions {
-		if s.addr == a && (s.info.State == StateStarting || s.info.State == StateRunning) {
-			return copyInfo(s.info), true
-		}
+	s, ok := m.byAddr[a]
+	if !ok || (s.info.State != StateStarting && s.info.State != StateRunning) {
+		return Info{}, false
 	}
-	return Info{}, false
+	return copyInfo(s.info), true
 }
 
 // DefaultRuntime is the runtime a session gets when it names none.

@@ -1,10 +1,16 @@
 package session
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"strconv"
+	"os"
+	"path/filepath"
+	"sync"
 	"time"
 )
 
@@ -21,7 +27,7 @@ func (m *Manager) Track(tenant, id, preview string, c io.Closer) (func(), error)
 	if s.info.State != StateRunning {
 		return nil, publicf(ErrConflict, "the session is "+string(s.info.State), nil)
 	}
-	if _, ok := s.revoked[preview]; ok {
+	if m.revocations.has(id, preview, time.Now()) {
 		return nil, publicf(ErrNotFound, "the preview was revoked", nil)
 	}
 	t := &tracked{preview: preview, c: c}
@@ -45,34 +51,135 @@ func closeConns(s *sess, preview string) {
 }
 
 // RevokePreview marks a preview revoked until its expiry and closes its
-// live connections. Revocations are stored on the container, so they
-// survive a gateway restart.
+// live connections. Revocations are kept in a file under the state dir,
+// so they hold after a gateway restart, for ended sessions too.
 func (m *Manager) RevokePreview(ctx context.Context, tenant, id, preview string, until time.Time) error {
 	s, err := m.lookup(tenant, id)
 	if err != nil {
 		return err
 	}
+	err = m.revocations.add(id, preview, until, time.Now())
 	m.mu.Lock()
-	s.revoked[preview] = until
 	closeConns(s, preview)
-	c := s.container
 	m.mu.Unlock()
-	if c != nil {
-		if _, err := c.SetLabels(m.ctx(ctx), map[string]string{labelRevoked + preview: strconv.FormatInt(until.Unix(), 10)}); err != nil {
-			return fmt.Errorf("store revocation: %w", err)
-		}
+	if err != nil {
+		return fmt.Errorf("store revocation: %w", err)
 	}
 	return nil
 }
 
-// Revoked tells whether a preview of the session was revoked.
+// Revoked tells whether a preview of the session was revoked, whether the
+// session is live, ended or forgotten.
 func (m *Manager) Revoked(id, preview string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s, ok := m.sessions[id]
-	if !ok {
-		return false
+	return m.revocations.has(id, preview, time.Now())
+}
+
+// pruneRevocationsAt is the count past which add drops the expired
+// revocations; each lasts only until its preview would have expired.
+const pruneRevocationsAt = 10000
+
+// revocations are the revoked previews, in memory and in an append-only
+// file that is compacted (expired entries dropped) when it is loaded.
+type revocations struct {
+	path string
+	mu   sync.Mutex
+	m    map[revocation]time.Time // until
+}
+
+type revocation struct{ Session, Preview string }
+
+type revocationLine struct {
+	Session string `json:"session"`
+	Preview string `json:"preview"`
+	Until   int64  `json:"until"` // unix seconds
+}
+
+// loadRevocations reads the file, keeps what has not expired by now and
+// writes it back compacted.
+func loadRevocations(path string, now time.Time) (*revocations, error) {
+	r := &revocations{path: path, m: map[revocation]time.Time{}}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("revocations: %w", err)
 	}
-	_, r := s.revoked[preview]
-	return r
+	f, err := os.Open(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("revocations: %w", err)
+	}
+	if f != nil {
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 4096), 4096)
+		for sc.Scan() {
+			var l revocationLine
+			if json.Unmarshal(sc.Bytes(), &l) != nil {
+				continue
+			}
+			if until := time.Unix(l.Until, 0); until.After(now) {
+				r.m[revocation{l.Session, l.Preview}] = until
+			}
+		}
+		f.Close()
+	}
+	var b bytes.Buffer
+	for k, until := range r.m {
+		line, _ := json.Marshal(revocationLine{k.Session, k.Preview, until.Unix()})
+		b.Write(append(line, '\n'))
+	}
+	tmp := path + ".tmp"
+	if err := writeSynced(tmp, b.Bytes()); err != nil {
+		return nil, fmt.Errorf("revocations: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, fmt.Errorf("revocations: %w", err)
+	}
+	return r, nil
+}
+
+func writeSynced(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// add revokes a preview until its expiry. It is in memory at once; the
+// error says it could not be made durable.
+func (r *revocations) add(session, preview string, until, now time.Time) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.m) >= pruneRevocationsAt {
+		for k, u := range r.m {
+			if !u.After(now) {
+				delete(r.m, k)
+			}
+		}
+	}
+	r.m[revocation{session, preview}] = until
+	line, _ := json.Marshal(revocationLine{session, preview, until.Unix()})
+	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(line, '\n'))
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (r *revocations) has(session, preview string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	until, ok := r.m[revocation{session, preview}]
+	return ok && until.After(now)
 }

@@ -41,7 +41,7 @@ func (m *Manager) probe() {
 			m.mu.Unlock()
 			if dead {
 				m.log.Warn("session stopped answering", "session", s.info.ID, "tenant", s.info.Tenant, "err", err)
-				m.stop(m.base, s, StateFailed, "the session stopped answering: its display server is gone (the sandbox may have run out of memory)")
+				m.stopAsync(s, StateFailed, "the session stopped answering: its display server is gone (the sandbox may have run out of memory)")
 			}
 		}()
 	}

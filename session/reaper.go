@@ -1,6 +1,8 @@
 package session
 
 import (
+	"os"
+	"sort"
 	"time"
 )
 
@@ -17,8 +19,9 @@ func (m *Manager) running() []*sess {
 	return live
 }
 
-// reap ends sessions past their TTL or idle timeout, and probes their
-// health.
+// reap ends sessions past their TTL or idle timeout, probes their
+// health and forgets ended sessions past their retention. It never waits
+// for a teardown: each runs apart (stopAsync).
 func (m *Manager) reap() {
 	defer m.wg.Done()
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -49,8 +52,39 @@ func (m *Manager) reap() {
 			m.mu.Unlock()
 			for i, s := range due {
 				m.log.Info("reaping session", "session", s.info.ID, "tenant", s.info.Tenant, "reason", why[i])
-				m.stop(m.base, s, StateStopped, "")
+				m.stopAsync(s, StateStopped, "")
+			}
+			m.forget(now)
+		}
+	}
+}
+
+// forget drops ended, finalised sessions past the retention, and the
+// oldest of them beyond MaxEnded, with their trail files: memory is
+// bounded by the live sessions. Their artifacts stay in the store.
+func (m *Manager) forget(now time.Time) {
+	m.mu.Lock()
+	var ended []*sess
+	for _, s := range m.sessions {
+		if s.finalised {
+			ended = append(ended, s)
+		}
+	}
+	over := len(ended) - m.cfg.MaxEnded
+	if over > 0 {
+		sort.Slice(ended, func(i, j int) bool { return ended[i].endedAt.Before(ended[j].endedAt) })
+	}
+	var files []string
+	for i, s := range ended {
+		if i < over || now.Sub(s.endedAt) > m.cfg.Retention {
+			delete(m.sessions, s.info.ID)
+			if s.trail.path != "" {
+				files = append(files, s.trail.path)
 			}
 		}
+	}
+	m.mu.Unlock()
+	for _, f := range files {
+		os.Remove(f)
 	}
 }

@@ -36,6 +36,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		kept[id] = true
 		m.mu.Lock()
 		m.sessions[id] = s
+		m.byAddr[s.addr] = s
 		m.mu.Unlock()
 		log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
 		m.wg.Add(1)
@@ -119,12 +120,16 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 	if info.Labels == nil {
 		info.Labels = map[string]string{}
 	}
-	s := &sess{
-		info: info, addr: addr, ep: ep, container: c, lastActive: time.Now(),
-		conns: map[*tracked]struct{}{}, revoked: revokedFromLabels(labels), done: make(chan struct{}),
+	s := newSess(info)
+	s.addr, s.ep, s.container = addr, ep, c
+	// Containers of gateways before the revocations file kept their
+	// revocations in labels.
+	for preview, until := range revokedFromLabels(labels) {
+		if until.After(time.Now()) && !m.revocations.has(info.ID, preview, time.Now()) {
+			m.revocations.add(info.ID, preview, until, time.Now())
+		}
 	}
-	trail, old := m.openTrail(info.Tenant, info.ID)
-	s.trail, s.events = trail, old
+	s.trail = m.openTrail(info.Tenant, info.ID)
 	s.record("adopted", map[string]any{"note": "the gateway restarted and took the session over"})
 	return s, exited, ""
 }

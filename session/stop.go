@@ -5,8 +5,9 @@ import (
 	"time"
 )
 
-// Delete stops a session and returns its final state. Deleting a stopped
-// session returns it unchanged.
+// Delete stops a session and returns its final state once its artifacts
+// are final, or once ctx ends while they are still being finalised (the
+// finalisation goes on). Deleting a stopped session returns it unchanged.
 func (m *Manager) Delete(ctx context.Context, tenant, id string) (Info, error) {
 	s, err := m.lookup(tenant, id)
 	if err != nil {
@@ -28,23 +29,55 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) (Info, error) {
 		return m.snapshot(s), nil
 	}
 	m.stop(m.ctx(ctx), s, StateStopped, "")
+	select {
+	case <-s.final:
+	case <-ctx.Done():
+	}
 	return m.snapshot(s), nil
 }
 
-// stop tears a session down: live connections, task, container, snapshot,
-// network namespace and workspace. It is idempotent.
+// stop tears a session down and returns once it has: live connections,
+// task, container, snapshot, network namespace and workspace. Its
+// finalisation runs on by itself. It is idempotent.
 func (m *Manager) stop(ctx context.Context, s *sess, final State, failure string) {
-	m.mu.Lock()
-	if s.info.State != StateRunning {
-		m.mu.Unlock()
+	if !m.beginStop(s) {
 		<-s.done
 		return
 	}
+	m.teardown(ctx, s, final, failure)
+}
+
+// stopAsync is stop for the reaper, the probe and the watcher: the
+// teardown runs in a goroutine of its own, so one slow session never
+// holds up the stop of another.
+func (m *Manager) stopAsync(s *sess, final State, failure string) {
+	if !m.beginStop(s) {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.teardown(m.base, s, final, failure)
+	}()
+}
+
+// beginStop marks a running session stopping and closes its live
+// connections; false if it is not running (another stop has it).
+func (m *Manager) beginStop(s *sess) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s.info.State != StateRunning {
+		return false
+	}
 	s.info.State = StateStopping
 	closeConns(s, "")
+	return true
+}
+
+func (m *Manager) teardown(ctx context.Context, s *sess, final State, failure string) {
+	m.mu.Lock()
 	c := s.container
 	m.mu.Unlock()
-
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	log := m.log.With("session", s.info.ID, "tenant", s.info.Tenant)
@@ -57,12 +90,39 @@ func (m *Manager) stop(ctx context.Context, s *sess, final State, failure string
 	if err := m.removeWorkspace(s.info.ID); err != nil {
 		log.Error("remove workspace", "err", err)
 	}
+	m.settle(s, final, failure)
+	log.Info("session stopped", "state", final, "failure", failure)
+}
+
+// settle records that a session has ended, in state final, and starts
+// its finalisation apart from the caller.
+func (m *Manager) settle(s *sess, final State, failure string) {
 	m.mu.Lock()
 	s.info.State = final
 	s.info.Failure = failure
+	s.endedAt = time.Now()
+	if m.byAddr[s.addr] == s {
+		delete(m.byAddr, s.addr)
+	}
 	s.record(string(final), map[string]any{"failure": failure})
 	m.mu.Unlock()
-	m.ended(s)
 	close(s.done)
-	log.Info("session stopped", "state", final, "failure", failure)
+	m.wg.Add(1)
+	go m.finalise(s)
+}
+
+// finalise tells the observer the session is over, with its trail, once
+// one of the Finalisers slots is free. A store that is away makes this
+// wait; it never holds a stop, the reaper or the probe.
+func (m *Manager) finalise(s *sess) {
+	defer m.wg.Done()
+	defer close(s.final)
+	select {
+	case m.finals <- struct{}{}:
+		defer func() { <-m.finals }()
+	case <-m.base.Done():
+		// The trail file stays: the next gateway reports the session.
+		return
+	}
+	m.ended(s)
 }

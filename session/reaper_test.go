@@ -1,0 +1,151 @@
+package session
+
+import (
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+)
+
+type blockingObserver struct {
+	release chan struct{}
+	ended   chan string
+}
+
+func (o *blockingObserver) SessionRunning(Info, Endpoint) {}
+func (o *blockingObserver) SessionEnded(info Info, _ []Event) {
+	<-o.release
+	o.ended <- info.ID
+}
+
+func addSess(m *Manager, id string, addr netip.Addr) *sess {
+	s := newSess(Info{ID: id, Tenant: "acme", State: StateRunning})
+	s.addr = addr
+	s.trail = m.openTrail("acme", id)
+	s.record("created", nil)
+	m.sessions[id] = s
+	m.byAddr[addr] = s
+	return s
+}
+
+// A finalisation that hangs (the store is away) holds neither the stop
+// that started it nor the stop of another session.
+func TestSettleDoesNotWaitForFinalisation(t *testing.T) {
+	m := testManager(t)
+	m.byAddr = map[netip.Addr]*sess{}
+	m.base, m.cancel = t.Context(), func() {}
+	o := &blockingObserver{release: make(chan struct{}), ended: make(chan string, 8)}
+	m.observer = o
+	ids := []string{"s-0000000000000001", "s-0000000000000002", "s-0000000000000003"}
+	var ss []*sess
+	for i, id := range ids {
+		ss = append(ss, addSess(m, id, netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 2)})))
+	}
+	for _, s := range ss {
+		settled := make(chan struct{})
+		go func() { m.settle(s, StateStopped, ""); close(settled) }()
+		select {
+		case <-settled:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("settle of %s waited for the observer", s.info.ID)
+		}
+		if st := m.snapshot(s).State; st != StateStopped {
+			t.Errorf("%s is %s", s.info.ID, st)
+		}
+		if _, ok := m.BySource(s.addr); ok {
+			t.Errorf("%s still found by address after it ended", s.info.ID)
+		}
+	}
+	select {
+	case id := <-o.ended:
+		t.Fatalf("%s finalised before the observer was released", id)
+	default:
+	}
+	// Only Finalisers (2) run at once; the third waits for a slot.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(m.finals) != cap(m.finals) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(m.finals) != 2 {
+		t.Errorf("%d finalisations running, want 2", len(m.finals))
+	}
+	close(o.release)
+	for range ids {
+		select {
+		case <-o.ended:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a finalisation never ran")
+		}
+	}
+	for _, s := range ss {
+		<-s.final
+		if _, err := os.Stat(s.trail.path); err != nil || s.trail.path[len(s.trail.path)-len(endedSuffix):] != endedSuffix {
+			t.Errorf("ended trail %q: %v", s.trail.path, err)
+		}
+	}
+	m.wg.Wait()
+}
+
+func TestBySourceIndex(t *testing.T) {
+	m := testManager(t)
+	m.byAddr = map[netip.Addr]*sess{}
+	a := netip.MustParseAddr("10.231.0.5")
+	s := addSess(m, "s-0000000000000001", a)
+	if info, ok := m.BySource(a); !ok || info.ID != s.info.ID {
+		t.Errorf("running session not found by its address")
+	}
+	if _, ok := m.BySource(netip.MustParseAddr("10.231.0.6")); ok {
+		t.Errorf("found a session at an address nobody holds")
+	}
+	m.mu.Lock()
+	s.info.State = StateStopping
+	m.mu.Unlock()
+	if _, ok := m.BySource(a); ok {
+		t.Errorf("a stopping session is still the address's")
+	}
+}
+
+// Ended, finalised sessions are forgotten after the retention and beyond
+// the count cap, with their trail files; live ones never.
+func TestForgetEnded(t *testing.T) {
+	m := testManager(t)
+	m.byAddr = map[netip.Addr]*sess{}
+	m.cfg.Retention, m.cfg.MaxEnded = time.Hour, 3
+	now := time.Now()
+	live := addSess(m, "s-00000000000000ff", netip.MustParseAddr("10.231.0.2"))
+	var ended []*sess
+	for i := range 5 {
+		s := addSess(m, "s-000000000000000"+string(rune('a'+i)), netip.MustParseAddr("10.231.1."+string(rune('1'+i))))
+		s.info.State, s.finalised, s.endedAt = StateStopped, true, now.Add(time.Duration(i-10)*time.Minute)
+		ended = append(ended, s)
+	}
+	unfinished := addSess(m, "s-00000000000000ee", netip.MustParseAddr("10.231.0.3"))
+	unfinished.info.State, unfinished.endedAt = StateStopped, now.Add(-2*time.Hour)
+	m.forget(now)
+	for i, s := range ended {
+		_, err := m.Get("acme", s.info.ID)
+		if want := i >= 2; (err == nil) != want {
+			t.Errorf("ended session %d: kept=%v, want %v", i, err == nil, want)
+		}
+		if _, serr := os.Stat(s.trail.path); (serr == nil) != (i >= 2) {
+			t.Errorf("ended session %d: trail file present=%v", i, serr == nil)
+		}
+	}
+	if _, err := m.Get("acme", live.info.ID); err != nil {
+		t.Errorf("live session forgotten")
+	}
+	if _, err := m.Get("acme", unfinished.info.ID); err != nil {
+		t.Errorf("a session still being finalised was forgotten")
+	}
+	m.forget(now.Add(2 * time.Hour))
+	for _, s := range ended[2:] {
+		if _, err := m.Get("acme", s.info.ID); err == nil {
+			t.Errorf("%s kept past its retention", s.info.ID)
+		}
+	}
+	// Record for a forgotten session makes no trail again.
+	m.Record(ended[0].info.ID, "preview_closed", nil)
+	if _, err := os.Stat(m.trailPath("acme", ended[0].info.ID)); err == nil {
+		t.Errorf("Record made a trail for a forgotten session")
+	}
+}
