@@ -95,3 +95,114 @@ func FuzzFilter(f *testing.F) {
 		}
 	})
 }
+
+// TestFilterServerSide: what the session's server sends the viewer is
+// checked up to ServerInit, split anywhere; a screen over the session's
+// or an unbounded length ends the connection.
+func TestFilterServerSide(t *testing.T) {
+	good := serverInit(1280, 800, 4, "good")
+	after := update(rawRect(0, 0, 1, 1, [4]byte{1, 2, 3}))
+	for name, tc := range map[string]struct {
+		server []byte
+		ok     bool
+	}{
+		"well behaved":  {append(append([]byte(nil), good...), after...), true},
+		"vnc auth":      {msgs([]byte("RFB 003.008\n\x01\x02"), make([]byte, 16), []byte{0, 0, 0, 0}, good[18:]), true},
+		"huge screen":   {serverInit(65535, 65535, 0, ""), false},
+		"taller":        {serverInit(1280, 801, 0, ""), false},
+		"huge name":     {serverInit(1280, 800, 1<<30, ""), false},
+		"huge reason":   {[]byte("RFB 003.008\n\x00\x7f\xff\xff\xff"), false},
+		"refused again": {[]byte("RFB 003.008\n\x01\x01\x00\x00\x00\x01\x00\x00\x00\x01xmore"), false},
+		"not rfb":       {[]byte("HTTP/1.1 200 OK\r\n\r\n"), false},
+	} {
+		for _, split := range []int{1, 7, 1 << 20} {
+			f := &Filter{ViewOnly: true, MaxWidth: 1280, MaxHeight: 800}
+			// The viewer answers before the server goes on, as the gateway
+			// forwards it.
+			f.Feed([]byte("RFB 003.008\n"))
+			sec := byte(1)
+			if name == "vnc auth" {
+				sec = 2
+			}
+			f.Feed([]byte{sec})
+			var err error
+			for p := tc.server; len(p) > 0 && err == nil; {
+				n := min(split, len(p))
+				err = f.FromServer(p[:n])
+				p = p[n:]
+			}
+			if tc.ok && err != nil {
+				t.Errorf("%s, split %d: %v", name, split, err)
+			}
+			if !tc.ok && !errors.Is(err, ErrProtocol) {
+				t.Errorf("%s, split %d: err %v, want ErrProtocol", name, split, err)
+			}
+			if tc.ok && (f.srv != srvMessages || f.srvBuf != nil) {
+				t.Errorf("%s: state %d, %d bytes held after ServerInit", name, f.srv, len(f.srvBuf))
+			}
+		}
+	}
+}
+
+// TestFilterServerBeforeChoice: a server that goes on before the viewer
+// chose a security type is cut.
+func TestFilterServerBeforeChoice(t *testing.T) {
+	f := &Filter{MaxWidth: 1280, MaxHeight: 800}
+	if err := f.FromServer(serverInit(1280, 800, 0, "")); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("err %v, want ErrProtocol", err)
+	}
+}
+
+// TestFilterLargeInput: a viewer's message of many megabytes is refused
+// while the filter holds no more than one message's worth.
+func TestFilterLargeInput(t *testing.T) {
+	f := &Filter{}
+	big := msgs(handshake, []byte{6, 0, 0, 0, 0, 0x20, 0, 0}, make([]byte, 64<<20)) // 2 MiB of cut text announced, 64 MiB sent
+	n := allocated(func() {
+		if _, err := f.Feed(big); !errors.Is(err, ErrProtocol) {
+			t.Errorf("err %v, want ErrProtocol", err)
+		}
+	})
+	if n > 8<<20 {
+		t.Errorf("allocated %d bytes for a refused message", n)
+	}
+	// Positive control: many small messages in one large input all pass.
+	f = &Filter{}
+	many := append(append([]byte(nil), handshake...), bytes.Repeat(fbReq, 100000)...)
+	out, err := f.Feed(many)
+	if err != nil || len(out) != len(many) {
+		t.Fatalf("%d of %d bytes passed: %v", len(out), len(many), err)
+	}
+}
+
+// FuzzFilterServer feeds the server's side of the filter what a hostile
+// server might send: it must never panic, never hold more than the longest
+// message before ServerInit, and never pass a screen over the limit.
+func FuzzFilterServer(f *testing.F) {
+	f.Add(byte(1), append(serverInit(16, 12, 4, "good"), update(rawRect(0, 0, 1, 1, [4]byte{1}))...))
+	f.Add(byte(2), msgs([]byte("RFB 003.008\n\x01\x02"), make([]byte, 16), []byte{0, 0, 0, 0}, serverInit(16, 12, 0, "")[18:]))
+	f.Add(byte(1), serverInit(65535, 65535, 0, ""))
+	f.Add(byte(1), []byte("RFB 003.008\n\x00\x00\x00\x00\x03bad"))
+	f.Add(byte(2), []byte("RFB 003.008\n\x01\x02................\x00\x00\x00\x01\x00\x00\x00\x02no"))
+	f.Fuzz(func(t *testing.T, sec byte, data []byte) {
+		flt := &Filter{MaxWidth: 16, MaxHeight: 12}
+		flt.Feed([]byte("RFB 003.008\n"))
+		flt.Feed([]byte{sec})
+		// In two pieces, split where the data says.
+		cut := 0
+		if len(data) > 0 {
+			cut = int(data[0]) % (len(data) + 1)
+		}
+		for _, p := range [][]byte{data[:cut], data[cut:]} {
+			if err := flt.FromServer(p); err != nil {
+				return
+			}
+			if len(flt.srvBuf) > maxServerPrelude {
+				t.Fatalf("holding %d bytes", len(flt.srvBuf))
+			}
+		}
+		if flt.srv == srvMessages && (flt.srvW < 1 || flt.srvW > 16 || flt.srvH < 1 || flt.srvH > 12) {
+			t.Fatalf("passed a %dx%d screen", flt.srvW, flt.srvH)
+		}
+	})
+}

@@ -41,8 +41,23 @@ const (
 	encRaw = 0
 )
 
+// Limits on what an RFB server may send the client, besides the screen
+// size the caller configured.
+const (
+	maxNameLen   = 4096    // desktop name in ServerInit
+	maxReasonLen = 4096    // failure reasons
+	maxCutText   = 1 << 20 // clipboard text either way
+	maxRects     = 1 << 14 // rectangles in one framebuffer update
+)
+
 // Client is a minimal RFB 3.8 client: raw encoding, 32-bit true colour.
 // It reads the screen and can send pointer and key events.
+//
+// Everything the server sends is bounded by what the caller configured:
+// the screen may be at most maxW x maxH (the session's configured
+// screen), every rectangle must lie inside it, and every length field is
+// checked before anything is read or allocated. A violation is an
+// ErrProtocol and the connection is of no further use.
 type Client struct {
 	conn   io.ReadWriteCloser
 	r      *bufio.Reader
@@ -52,8 +67,9 @@ type Client struct {
 	fb     *image.RGBA
 }
 
-// Dial connects to a VNC server at addr and completes the handshake.
-func Dial(ctx context.Context, addr string) (*Client, error) {
+// Dial connects to a VNC server at addr and completes the handshake,
+// refusing a screen larger than maxW x maxH.
+func Dial(ctx context.Context, addr string, maxW, maxH int) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -62,7 +78,11 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
-	c, err := Handshake(conn)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	c, err := Handshake(conn, maxW, maxH)
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -72,9 +92,14 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 }
 
 // Handshake runs the RFB handshake over conn (security type None, shared
-// session) and sets a 32-bit pixel format and the raw encoding.
-func Handshake(conn io.ReadWriteCloser) (*Client, error) {
-	c := &Client{conn: conn, r: bufio.NewReaderSize(conn, 1<<20)}
+// session) and sets a 32-bit pixel format and the raw encoding. A server
+// announcing a screen larger than maxW x maxH is refused before anything
+// is allocated for it.
+func Handshake(conn io.ReadWriteCloser, maxW, maxH int) (*Client, error) {
+	if maxW <= 0 || maxH <= 0 || maxW > 0xffff || maxH > 0xffff {
+		return nil, fmt.Errorf("rfb: screen limit %dx%d is not a valid size", maxW, maxH)
+	}
+	c := &Client{conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
 	var ver [12]byte
 	if _, err := io.ReadFull(c.r, ver[:]); err != nil {
 		return nil, fmt.Errorf("read server version: %w", err)
@@ -92,7 +117,7 @@ func Handshake(conn io.ReadWriteCloser) (*Client, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: server refused: %s", ErrProtocol, c.readReason())
 	}
-	types := make([]byte, n)
+	types := make([]byte, n) // at most 255
 	if _, err := io.ReadFull(c.r, types); err != nil {
 		return nil, err
 	}
@@ -124,14 +149,17 @@ func Handshake(conn io.ReadWriteCloser) (*Client, error) {
 	if err := binary.Read(c.r, binary.BigEndian, &init); err != nil {
 		return nil, fmt.Errorf("read server init: %w", err)
 	}
-	if init.NLen > 1<<16 {
-		return nil, fmt.Errorf("%w: desktop name too long", ErrProtocol)
+	if init.W == 0 || init.H == 0 || int(init.W) > maxW || int(init.H) > maxH {
+		return nil, fmt.Errorf("%w: server announces a %dx%d screen, the session's is at most %dx%d", ErrProtocol, init.W, init.H, maxW, maxH)
+	}
+	if init.NLen > maxNameLen {
+		return nil, fmt.Errorf("%w: desktop name of %d bytes, at most %d", ErrProtocol, init.NLen, maxNameLen)
 	}
 	name := make([]byte, init.NLen)
 	if _, err := io.ReadFull(c.r, name); err != nil {
 		return nil, err
 	}
-	c.Width, c.Height, c.Name = int(init.W), int(init.H), string(name)
+	c.Width, c.Height, c.Name = int(init.W), int(init.H), sanitize(name)
 	c.fb = image.NewRGBA(image.Rect(0, 0, c.Width, c.Height))
 
 	// 32 bpp, depth 24, little endian, true colour, 8 bits each, shifts
@@ -146,12 +174,12 @@ func Handshake(conn io.ReadWriteCloser) (*Client, error) {
 
 func (c *Client) readReason() string {
 	var n uint32
-	if binary.Read(c.r, binary.BigEndian, &n) != nil || n > 4096 {
+	if binary.Read(c.r, binary.BigEndian, &n) != nil || n > maxReasonLen {
 		return "(no reason)"
 	}
 	b := make([]byte, n)
 	io.ReadFull(c.r, b)
-	return string(b)
+	return sanitize(b)
 }
 
 // Close closes the connection.
@@ -187,6 +215,9 @@ func (c *Client) ReadUpdate() (rects []image.Rectangle, n int, err error) {
 			if err := binary.Read(c.r, binary.BigEndian, &h); err != nil {
 				return nil, 0, err
 			}
+			if h.Count > maxRects {
+				return nil, 0, fmt.Errorf("%w: %d rectangles in one update, at most %d", ErrProtocol, h.Count, maxRects)
+			}
 			for i := 0; i < int(h.Count); i++ {
 				var r struct {
 					X, Y, W, H uint16
@@ -198,22 +229,25 @@ func (c *Client) ReadUpdate() (rects []image.Rectangle, n int, err error) {
 				if r.Enc != encRaw {
 					return nil, 0, fmt.Errorf("%w: unexpected encoding %d", ErrProtocol, r.Enc)
 				}
-				rect := image.Rect(int(r.X), int(r.Y), int(r.X)+int(r.W), int(r.Y)+int(r.H))
-				if !rect.In(c.fb.Bounds()) {
-					return nil, 0, fmt.Errorf("%w: rectangle %v outside the screen", ErrProtocol, rect)
+				x, y, w, hh := int(r.X), int(r.Y), int(r.W), int(r.H)
+				if x+w > c.Width || y+hh > c.Height {
+					return nil, 0, fmt.Errorf("%w: rectangle %dx%d at (%d,%d) outside the %dx%d screen", ErrProtocol, w, hh, x, y, c.Width, c.Height)
 				}
-				row := make([]byte, int(r.W)*4)
-				for y := rect.Min.Y; y < rect.Max.Y; y++ {
-					if _, err := io.ReadFull(c.r, row); err != nil {
+				if w == 0 || hh == 0 {
+					continue
+				}
+				rect := image.Rect(x, y, x+w, y+hh)
+				for row := rect.Min.Y; row < rect.Max.Y; row++ {
+					off := c.fb.PixOffset(rect.Min.X, row)
+					line := c.fb.Pix[off : off+w*4]
+					if _, err := io.ReadFull(c.r, line); err != nil {
 						return nil, 0, err
 					}
-					off := c.fb.PixOffset(rect.Min.X, y)
-					copy(c.fb.Pix[off:off+len(row)], row)
-					for x := 0; x < int(r.W); x++ {
-						c.fb.Pix[off+x*4+3] = 255
+					for i := 3; i < len(line); i += 4 {
+						line[i] = 255
 					}
 				}
-				n += len(row) * int(r.H)
+				n += w * 4 * hh
 				rects = append(rects, rect)
 			}
 			return rects, n, nil
@@ -224,6 +258,9 @@ func (c *Client) ReadUpdate() (rects []image.Rectangle, n int, err error) {
 			}
 			if err := binary.Read(c.r, binary.BigEndian, &h); err != nil {
 				return nil, 0, err
+			}
+			if int(h.First)+int(h.Nums) > 256 {
+				return nil, 0, fmt.Errorf("%w: colour map of %d entries from %d, at most 256", ErrProtocol, h.Nums, h.First)
 			}
 			if _, err := c.r.Discard(int(h.Nums) * 6); err != nil {
 				return nil, 0, err
@@ -237,10 +274,14 @@ func (c *Client) ReadUpdate() (rects []image.Rectangle, n int, err error) {
 			if err := binary.Read(c.r, binary.BigEndian, &h); err != nil {
 				return nil, 0, err
 			}
-			if h.Len > 16<<20 {
-				return nil, 0, fmt.Errorf("%w: cut text too long", ErrProtocol)
+			l := int64(int32(h.Len))
+			if l < 0 { // extended clipboard: the length is negated
+				l = -l
 			}
-			if _, err := c.r.Discard(int(h.Len)); err != nil {
+			if l > maxCutText {
+				return nil, 0, fmt.Errorf("%w: clipboard text of %d bytes, at most %d", ErrProtocol, l, maxCutText)
+			}
+			if _, err := c.r.Discard(int(l)); err != nil {
 				return nil, 0, err
 			}
 		default:
@@ -298,9 +339,10 @@ func (c *Client) Key(down bool, keysym uint32) error {
 	return err
 }
 
-// Capture connects to the VNC server at addr and returns the screen.
-func Capture(ctx context.Context, addr string) (*image.RGBA, error) {
-	c, err := Dial(ctx, addr)
+// Capture connects to the VNC server at addr and returns the screen, which
+// may be at most maxW x maxH.
+func Capture(ctx context.Context, addr string, maxW, maxH int) (*image.RGBA, error) {
+	c, err := Dial(ctx, addr, maxW, maxH)
 	if err != nil {
 		return nil, fmt.Errorf("vnc: %w", err)
 	}

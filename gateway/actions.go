@@ -36,9 +36,10 @@ func (e sessionExec) Exec(ctx context.Context, argv []string) ([]byte, error) {
 }
 
 // screenPNG captures the session's whole screen over VNC, from outside
-// the sandbox, and encodes it as PNG.
-func screenPNG(ctx context.Context, ep session.Endpoint) ([]byte, error) {
-	img, err := desktop.Capture(ctx, ep.VNC.String())
+// the sandbox, and encodes it as PNG. The VNC server may announce at most
+// the session's configured screen.
+func screenPNG(ctx context.Context, ep session.Endpoint, screen session.Screen) ([]byte, error) {
+	img, err := desktop.Capture(ctx, ep.VNC.String(), screen.Width, screen.Height)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +116,7 @@ func (s *Server) action(c *fiber.Ctx) error {
 		}
 		resp.Cursor = &cursor{X: x, Y: y}
 	case "screenshot", "wait":
-		png, err := screenPNG(ctx, ep)
+		png, err := screenPNG(ctx, ep, info.Screen)
 		if err != nil {
 			return &apiError{status: 503, code: "unavailable", msg: "the session's display did not deliver a screenshot", err: err}
 		}

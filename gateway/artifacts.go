@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"mime"
 	"path/filepath"
 	"slices"
@@ -43,7 +44,11 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 	s := (*Server)(o)
 	log := s.log.With("session", info.ID, "tenant", info.Tenant)
 	if info.Record && s.recorder != nil {
-		s.recorder.Start(info.Tenant, info.ID, ep.VNC.String())
+		s.recorder.Start(recordings.Target{
+			Tenant: info.Tenant, Session: info.ID, VNC: ep.VNC.String(),
+			Width: info.Screen.Width, Height: info.Screen.Height,
+			Note: func(typ string, f map[string]any) { s.sessions.Record(info.ID, typ, f) },
+		})
 		s.sessions.Record(info.ID, "recording_started", nil)
 		log.Info("recording")
 	}
@@ -109,6 +114,8 @@ func (o *observer) SessionEnded(info session.Info, events []session.Event) {
 	if s.recorder != nil {
 		m, err := s.recorder.Finish(ctx, info.Tenant, info.ID, time.Now())
 		switch {
+		case errors.Is(err, recordings.ErrNothingRecorded):
+			note("recording_failed", map[string]any{"reason": err.Error()})
 		case err != nil:
 			log.Error("recording not finalised; its segments are kept for a retry", "err", err)
 			note("recording_failed", map[string]any{"reason": "the recording could not be finalised yet; it is retried"})

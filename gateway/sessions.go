@@ -309,7 +309,7 @@ func (s *Server) screenshot(c *fiber.Ctx) error {
 	if info.Kind == session.KindBrowser {
 		png, err = browser.Screenshot(ctx, ep.CDP, info.Screen.Width, info.Screen.Height)
 	} else {
-		png, err = screenPNG(ctx, ep)
+		png, err = screenPNG(ctx, ep, info.Screen)
 	}
 	if err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the session did not deliver a screenshot", err: err}

@@ -95,12 +95,25 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 	}()
 
 	done := make(chan struct{})
+	// The filter checks both ways; the server may announce at most the
+	// session's configured screen.
+	info, err := s.sessions.Get(claims.Tenant, claims.Session)
+	if err != nil {
+		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		return
+	}
+	filter := &desktop.Filter{ViewOnly: claims.ViewOnly, MaxWidth: info.Screen.Width, MaxHeight: info.Screen.Height}
 	go func() { // session -> viewer
 		defer close(done)
 		buf := make([]byte, 256<<10)
 		for {
 			n, err := up.Read(buf)
 			if n > 0 {
+				if err := filter.FromServer(buf[:n]); err != nil {
+					log.Warn("the session's vnc server sent a bad RFB stream", "err", err)
+					shut(fws.ClosePolicyViolation, rfbReason(err))
+					return
+				}
 				wmu.Lock()
 				werr := client.WriteMessage(fws.BinaryMessage, buf[:n])
 				wmu.Unlock()
@@ -135,7 +148,6 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 		}
 	}()
 
-	filter := &desktop.Filter{ViewOnly: claims.ViewOnly}
 	var lastTouch time.Time
 	for {
 		mt, data, err := client.ReadMessage()

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/desktop"
@@ -45,7 +44,7 @@ type Recorder struct {
 	store *Store
 
 	mu        sync.Mutex
-	parts     map[string]*part // by session
+	parts     map[string]*recording // by session
 	finishing map[string]chan struct{}
 }
 
@@ -76,37 +75,74 @@ func NewRecorder(cfg RecorderConfig, store *Store) (*Recorder, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	return &Recorder{cfg: cfg, store: store, parts: map[string]*part{}, finishing: map[string]chan struct{}{}}, nil
+	return &Recorder{cfg: cfg, store: store, parts: map[string]*recording{}, finishing: map[string]chan struct{}{}}, nil
 }
 
-// part is one continuous stretch of a recording: one VNC connection and
-// one ffmpeg. A gateway restart ends a part; the next gateway starts
-// another, and the finished recording joins them.
-type part struct {
-	tenant, session string
-	dir, prefix     string
-	cancel          context.CancelFunc
-	done            chan struct{}
-	stats           Stats
+// Target is a session to record.
+type Target struct {
+	Tenant, Session string
+	// VNC is the session's VNC server, host:port.
+	VNC string
+	// Width and Height are the session's configured screen: the most the
+	// recorder accepts from the session's VNC server.
+	Width, Height int
+	// Note writes an event to the session's audit trail (may be nil):
+	// recording_interrupted and recording_resumed when the display goes
+	// away and comes back, recording_failed when the recorder gives up.
+	Note func(event string, fields map[string]any)
 }
 
-// Stats count what a part did; Late counts frames written behind their
-// time, the sign that the machine does not keep up.
-type Stats struct {
-	Frames atomic.Int64
-	Late   atomic.Int64
+// recording is one session being recorded, made of parts: one VNC
+// connection and one ffmpeg each. The display going away (the session's
+// VNC server restarting, a slow sandbox not answering yet) or a gateway
+// restart ends a part; the next one starts when the display answers
+// again, and the finished recording joins them.
+type recording struct {
+	Target
+	dir    string
+	prefix string // of the current part's segment files
+	cancel context.CancelFunc
+	done   chan struct{}
+	// Set by run, read once done is closed.
+	connected bool // a part ran at some time
+	gaveUp    bool // recording_failed was noted
 }
+
+// ErrNothingRecorded is a recording whose session's display never
+// answered while the session ran.
+var ErrNothingRecorded = errors.New("the session's display never answered; nothing was recorded")
+
+// Reconnecting: the first retry comes after retryFirst, doubling up to
+// retryMax, for the life of the session. The recorder gives up only when
+// the session's display keeps violating the protocol or recording cannot
+// run on this host (giveUpAfter times in a row).
+var (
+	connectTimeout = 10 * time.Second
+	retryFirst     = 200 * time.Millisecond
+	retryMax       = 5 * time.Second
+)
+
+// A part that ran stableAfter resets the backoff; giveUpAfter failures
+// in a row that retrying cannot fix end the recording.
+const (
+	stableAfter = 30 * time.Second
+	giveUpAfter = 5
+)
 
 func (r *Recorder) sessionDir(tenant, session string) string {
 	return filepath.Join(r.cfg.Dir, tenant, session)
 }
 
-// Start begins a part of the session's recording; it runs until the
-// session's VNC server goes away or Finish is called.
-func (r *Recorder) Start(tenant, session, vncAddr string) {
+// Start records the session until Finish is called. It connects to the
+// session's display as soon as it answers, however long that takes, and
+// reconnects whenever the connection is lost.
+func (r *Recorder) Start(t Target) {
+	if t.Note == nil {
+		t.Note = func(string, map[string]any) {}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if p, ok := r.parts[session]; ok {
+	if p, ok := r.parts[t.Session]; ok {
 		select {
 		case <-p.done:
 		default:
@@ -114,41 +150,103 @@ func (r *Recorder) Start(tenant, session, vncAddr string) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &part{
-		tenant: tenant, session: session, dir: r.sessionDir(tenant, session),
-		prefix: strconv.FormatInt(time.Now().UnixMilli(), 10), cancel: cancel, done: make(chan struct{}),
-	}
-	r.parts[session] = p
+	p := &recording{Target: t, dir: r.sessionDir(t.Tenant, t.Session), cancel: cancel, done: make(chan struct{})}
+	r.parts[t.Session] = p
 	go func() {
 		defer close(p.done)
-		log := r.cfg.Log.With("session", session, "tenant", tenant)
-		if err := r.record(ctx, p, vncAddr); err != nil && ctx.Err() == nil {
-			log.Warn("recording part ended", "err", err)
-		}
+		r.run(ctx, p)
 	}()
 }
 
-// Stats returns the counters of the session's current part, if any.
-func (r *Recorder) Stats(session string) (frames, late int64, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	p, ok := r.parts[session]
-	if !ok {
-		return 0, 0, false
+// run records parts until ctx ends, reconnecting with backoff.
+func (r *Recorder) run(ctx context.Context, p *recording) {
+	log := r.cfg.Log.With("session", p.Session, "tenant", p.Tenant)
+	wait := retryFirst
+	failed, interruptions := 0, 0
+	var lost time.Time // when the display went away mid-recording
+	for {
+		var began time.Time
+		err := r.record(ctx, p, func() {
+			began, failed, p.connected = time.Now(), 0, true
+			if !lost.IsZero() {
+				p.Note("recording_resumed", map[string]any{"interruptions": interruptions, "gap_ms": time.Since(lost).Milliseconds()})
+				log.Info("recording resumed", "gap", time.Since(lost))
+				lost = time.Time{}
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		var local *localError
+		switch {
+		case !began.IsZero():
+			if time.Since(began) > stableAfter {
+				wait = retryFirst
+			}
+			interruptions++
+			lost = time.Now()
+			p.Note("recording_interrupted", map[string]any{"reason": publicReason(err), "interruptions": interruptions})
+			log.Warn("recording interrupted; reconnecting", "err", err)
+		case errors.Is(err, desktop.ErrProtocol) || errors.As(err, &local):
+			failed++
+			if failed >= giveUpAfter {
+				reason := fmt.Sprintf("%s (%d attempts in a row)", publicReason(err), failed)
+				log.Error("recording failed", "reason", reason, "err", err)
+				p.Note("recording_failed", map[string]any{"reason": reason})
+				p.gaveUp = true
+				return
+			}
+			log.Warn("recording could not start; retrying", "err", err)
+		default:
+			log.Debug("session's display not answering yet", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, retryMax)
 	}
-	return p.stats.Frames.Load(), p.stats.Late.Load(), true
 }
 
-func (r *Recorder) record(ctx context.Context, p *part, vncAddr string) error {
-	if err := os.MkdirAll(p.dir, 0o700); err != nil {
-		return err
+// publicReason says why a part ended or could not start, for the
+// session's audit trail: what the session's display did wrong, never the
+// host's internals.
+func publicReason(err error) string {
+	var local *localError
+	switch {
+	case err == nil || errors.Is(err, io.EOF):
+		return "the session's display closed the connection"
+	case errors.As(err, &local):
+		return "the gateway could not encode the recording"
+	case errors.Is(err, desktop.ErrProtocol):
+		return "the session's display was refused: " + err.Error()
+	default:
+		return "the session's display stopped answering"
 	}
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	vnc, err := desktop.Dial(dctx, vncAddr)
+}
+
+// localError is a failure on this host's side (ffmpeg, the disk):
+// retrying does not help.
+type localError struct{ err error }
+
+func (e *localError) Error() string { return "recording on the gateway's host: " + e.err.Error() }
+func (e *localError) Unwrap() error { return e.err }
+
+// record connects to the session's display and records one part until the
+// connection or ffmpeg ends or ctx is done. It calls connected once the
+// part runs.
+func (r *Recorder) record(ctx context.Context, p *recording, connected func()) error {
+	if err := os.MkdirAll(p.dir, 0o700); err != nil {
+		return &localError{err}
+	}
+	dctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	vnc, err := desktop.Dial(dctx, p.VNC, p.Width, p.Height)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("connect to the session's display: %w", err)
 	}
+	p.prefix = strconv.FormatInt(time.Now().UnixMilli(), 10)
 	defer vnc.Close()
 	stop := context.AfterFunc(ctx, func() { vnc.Close() })
 	defer stop()
@@ -165,11 +263,12 @@ func (r *Recorder) record(ctx context.Context, p *part, vncAddr string) error {
 	cmd.Stderr = &stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
-		return err
+		return &localError{err}
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start ffmpeg: %w", err)
+		return &localError{fmt.Errorf("start ffmpeg: %w", err)}
 	}
+	connected()
 
 	// The reader applies the server's updates and publishes the screen;
 	// the writer sends it to ffmpeg at a fixed rate, repeating frames when
@@ -226,18 +325,14 @@ loop:
 			break loop
 		case <-time.After(time.Until(due)):
 		}
-		if time.Since(due) > 2*interval {
-			p.stats.Late.Add(1)
-		}
 		mu.Lock()
 		copy(out, frame)
 		mu.Unlock()
 		if _, err := in.Write(out); err != nil {
-			ended = fmt.Errorf("ffmpeg: %w", err)
+			ended = &localError{fmt.Errorf("ffmpeg: %w", err)}
 			break
 		}
 		n++
-		p.stats.Frames.Add(1)
 	}
 	in.Close()
 	werr := cmd.Wait()
@@ -245,13 +340,16 @@ loop:
 	<-uploadDone
 	// Everything ffmpeg wrote is complete now.
 	r.uploadLoop(context.Background(), p, true)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if ended != nil && !errors.Is(ended, io.EOF) {
+		return ended
+	}
 	if werr != nil {
-		return fmt.Errorf("ffmpeg: %v: %s", werr, strings.TrimSpace(stderr.String()))
+		return &localError{fmt.Errorf("ffmpeg: %v: %s", werr, strings.TrimSpace(stderr.String()))}
 	}
-	if ended != nil && !errors.Is(ended, io.EOF) && ctx.Err() == nil {
-		return fmt.Errorf("display: %w", ended)
-	}
-	return nil
+	return ended
 }
 
 // segments lists the session's local segment files, oldest first.
@@ -265,7 +363,7 @@ func segments(dir string) []string {
 // but the one of this part that ffmpeg is still writing. Uploaded ones are
 // marked with a ".up" file so they are not sent again; a failed upload
 // (MinIO away) is retried on the next round.
-func (r *Recorder) uploadLoop(ctx context.Context, p *part, final bool) {
+func (r *Recorder) uploadLoop(ctx context.Context, p *recording, final bool) {
 	for {
 		files := segments(p.dir)
 		open := ""
@@ -284,8 +382,8 @@ func (r *Recorder) uploadLoop(ctx context.Context, p *part, final bool) {
 			if _, err := os.Stat(f + ".up"); err == nil {
 				continue
 			}
-			if err := r.uploadSegment(ctx, p.tenant, p.session, f); err != nil {
-				r.cfg.Log.Debug("segment upload failed; will retry", "session", p.session, "err", err)
+			if err := r.uploadSegment(ctx, p.Tenant, p.Session, f); err != nil {
+				r.cfg.Log.Debug("segment upload failed; will retry", "session", p.Session, "err", err)
 				break
 			}
 		}
@@ -335,7 +433,9 @@ type SegmentInfo struct {
 // Finish ends the session's recording and makes it final: one MP4 and its
 // manifest as artifacts, the segments removed. Segments only in MinIO (the
 // host lost them) are fetched. With no segments at all there is nothing to
-// finish, and no error.
+// finish, and no error, unless this recorder recorded the session and its
+// display never answered: then ErrNothingRecorded, which the caller puts
+// in the audit trail as recording_failed (it is not retried).
 func (r *Recorder) Finish(ctx context.Context, tenant, session string, end time.Time) (*Manifest, error) {
 	// One finisher at a time; a second waits, then finds the work done.
 	r.mu.Lock()
@@ -361,14 +461,14 @@ func (r *Recorder) Finish(ctx context.Context, tenant, session string, end time.
 		close(ch)
 	}()
 	m, err := r.finish(ctx, tenant, session, end, p)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrNothingRecorded) {
 		// Leave a mark for the janitor to try again.
 		os.WriteFile(filepath.Join(r.sessionDir(tenant, session), "retry"), nil, 0o600)
 	}
 	return m, err
 }
 
-func (r *Recorder) finish(ctx context.Context, tenant, session string, end time.Time, p *part) (*Manifest, error) {
+func (r *Recorder) finish(ctx context.Context, tenant, session string, end time.Time, p *recording) (*Manifest, error) {
 	if p != nil {
 		p.cancel()
 		<-p.done
@@ -401,6 +501,9 @@ func (r *Recorder) finish(ctx context.Context, tenant, session string, end time.
 	files := segments(dir)
 	if len(files) == 0 {
 		os.RemoveAll(dir)
+		if p != nil && !p.connected && !p.gaveUp {
+			return nil, ErrNothingRecorded
+		}
 		return nil, nil
 	}
 	m := &Manifest{Session: session, End: end.UTC(), FPS: r.cfg.FPS}

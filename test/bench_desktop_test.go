@@ -24,7 +24,7 @@ func BenchmarkVNC(b *testing.B) {
 	direct := labels["sandgate.addr"] + ":5900"
 	p := e.vncPreview(b, e.keyA, s.ID, "vnc", true, 600)
 
-	directC, err := desktop.Dial(b.Context(), direct)
+	directC, err := desktop.Dial(b.Context(), direct, 3840, 2160)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func BenchmarkActionRoundTrip(b *testing.B) {
 		b.Fatal(err)
 	}
 	labels, _ := c.Labels(e.ctx())
-	rc, err := desktop.Dial(b.Context(), labels["sandgate.addr"]+":5900")
+	rc, err := desktop.Dial(b.Context(), labels["sandgate.addr"]+":5900", 3840, 2160)
 	if err != nil {
 		b.Fatal(err)
 	}

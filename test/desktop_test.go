@@ -85,7 +85,7 @@ func rfbThroughGateway(t testing.TB, p previewInfo) (*desktop.Client, *websocket
 		}
 		t.Fatalf("dial vnc: %v (%d)", err, status)
 	}
-	c, err := desktop.Handshake(&wsStream{c: conn})
+	c, err := desktop.Handshake(&wsStream{c: conn}, 3840, 2160)
 	if err != nil {
 		conn.Close()
 		t.Fatalf("rfb handshake through the gateway: %v", err)

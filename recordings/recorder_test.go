@@ -1,0 +1,292 @@
+package recordings
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// fakeS3 is an in-memory stand-in for MinIO that takes every PUT.
+func fakeS3(t *testing.T) *Store {
+	t.Helper()
+	var mu sync.Mutex
+	objects := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Query().Has("location"):
+			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><LocationConstraint xmlns="http://s3.amazonaws.com/doc/2006-03-01/">us-east-1</LocationConstraint>`)
+		case r.Method == http.MethodPut:
+			n, _ := io.Copy(io.Discard, r.Body)
+			mu.Lock()
+			objects[r.URL.Path] = int(n)
+			mu.Unlock()
+			w.Header().Set("ETag", `"0123456789abcdef0123456789abcdef"`)
+		default:
+			http.Error(w, "not here", http.StatusNotImplemented)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, err := minio.New(strings.TrimPrefix(srv.URL, "http://"), &minio.Options{Creds: credentials.NewStaticV4("k", "s", ""), Region: "us-east-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Store{client: c, cfg: Config{Bucket: "test"}}
+}
+
+// vncServer is an in-process fake VNC server on addr serving a w x h
+// screen: it answers every update request with the whole screen in one
+// colour, a little later. It counts connections; drop closes the current
+// one.
+type vncServer struct {
+	ln       net.Listener
+	accepted atomic.Int32
+	requests atomic.Int32
+	mu       sync.Mutex
+	conn     net.Conn
+}
+
+func serveVNC(t *testing.T, addr string, w, h uint16) *vncServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &vncServer{ln: ln}
+	t.Cleanup(func() { ln.Close(); s.drop() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.accepted.Add(1)
+			s.mu.Lock()
+			s.conn = c
+			s.mu.Unlock()
+			go s.serve(c, w, h)
+		}
+	}()
+	return s
+}
+
+func (s *vncServer) drop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn != nil {
+		s.conn.Close()
+	}
+}
+
+func (s *vncServer) serve(c net.Conn, w, h uint16) {
+	defer c.Close()
+	c.Write(serverInit(w, h))
+	if _, err := io.ReadFull(c, make([]byte, 12+2+20+8)); err != nil {
+		return
+	}
+	for {
+		if _, err := io.ReadFull(c, make([]byte, 10)); err != nil {
+			return
+		}
+		s.requests.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		var b bytes.Buffer
+		b.Write([]byte{0, 0, 0, 1})
+		binary.Write(&b, binary.BigEndian, [4]uint16{0, 0, w, h})
+		b.Write([]byte{0, 0, 0, 0})
+		b.Write(bytes.Repeat([]byte{200, 30, 30, 0}, int(w)*int(h)))
+		if _, err := c.Write(b.Bytes()); err != nil {
+			return
+		}
+	}
+}
+
+// serverInit is a server's side of the handshake for security None.
+func serverInit(w, h uint16) []byte {
+	var b bytes.Buffer
+	b.WriteString("RFB 003.008\n\x01\x01\x00\x00\x00\x00")
+	binary.Write(&b, binary.BigEndian, struct {
+		W, H uint16
+		PF   [16]byte
+		NLen uint32
+	}{w, h, [16]byte{32, 24, 0, 1}, 0})
+	return b.Bytes()
+}
+
+// freeAddr is a loopback address nothing listens on (yet).
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// trail collects what the recorder notes for the audit trail.
+type trail struct {
+	mu     sync.Mutex
+	events []string
+	fields []map[string]any
+}
+
+func (tr *trail) note(ev string, f map[string]any) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.events = append(tr.events, ev)
+	tr.fields = append(tr.fields, f)
+}
+
+func (tr *trail) count(ev string) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	n := 0
+	for _, e := range tr.events {
+		if e == ev {
+			n++
+		}
+	}
+	return n
+}
+
+func (tr *trail) String() string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var b strings.Builder
+	for i, e := range tr.events {
+		fmt.Fprintf(&b, "%s %v; ", e, tr.fields[i])
+	}
+	return b.String()
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+const testSession = "s-0123456789abcdef"
+
+func newTestRecorder(t *testing.T) *Recorder {
+	t.Helper()
+	if _, err := exec.LookPath("ffmpeg"); err != nil {
+		t.Skip("ffmpeg is not installed (deploy/setup.sh installs it)")
+	}
+	retryFirst, retryMax = 20*time.Millisecond, 200*time.Millisecond
+	t.Cleanup(func() { retryFirst, retryMax = 200*time.Millisecond, 5*time.Second })
+	r, err := NewRecorder(RecorderConfig{Dir: t.TempDir(), FPS: 5, Segment: time.Second}, fakeS3(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// stop ends the recording without finalising it.
+func stop(r *Recorder, session string) {
+	r.mu.Lock()
+	p := r.parts[session]
+	r.mu.Unlock()
+	p.cancel()
+	<-p.done
+}
+
+// parts lists the distinct parts among the session's local segments.
+func parts(r *Recorder, session string) map[string]bool {
+	out := map[string]bool{}
+	for _, f := range segments(r.sessionDir("t", session)) {
+		out[strings.SplitN(filepath.Base(f), "-", 2)[0]] = true
+	}
+	return out
+}
+
+// TestRecorderWaitsForDisplay: a display that answers only after a while
+// (a slow sandbox start) is recorded from when it answers; a display that
+// answers with more than the session's screen is given up on, with the
+// reason in the trail.
+func TestRecorderWaitsForDisplay(t *testing.T) {
+	r := newTestRecorder(t)
+	addr := freeAddr(t)
+	var tr trail
+	r.Start(Target{Tenant: "t", Session: testSession, VNC: addr, Width: 64, Height: 48, Note: tr.note})
+	defer stop(r, testSession)
+	time.Sleep(time.Second) // nothing answers for a second: several attempts fail
+	srv := serveVNC(t, addr, 64, 48)
+	waitFor(t, 20*time.Second, "the recorder connects and records", func() bool {
+		return srv.requests.Load() >= 5 && len(parts(r, testSession)) == 1
+	})
+	if n := tr.count("recording_failed") + tr.count("recording_interrupted"); n != 0 {
+		t.Fatalf("trail: %s", &tr)
+	}
+
+	// The control beside it: a display announcing more than the session's
+	// screen never records, and the trail says why.
+	hostile := freeAddr(t)
+	ln, err := net.Listen("tcp", hostile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write(serverInit(65535, 65535))
+			go func() { io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	var htr trail
+	const other = "s-fedcba9876543210"
+	r.Start(Target{Tenant: "t", Session: other, VNC: hostile, Width: 64, Height: 48, Note: htr.note})
+	defer stop(r, other)
+	waitFor(t, 20*time.Second, "recording_failed", func() bool { return htr.count("recording_failed") == 1 })
+	if s := htr.String(); !strings.Contains(s, "65535x65535") || htr.count("recording_interrupted") != 0 {
+		t.Fatalf("trail: %s", s)
+	}
+	if len(parts(r, other)) != 0 {
+		t.Fatal("a refused display was recorded")
+	}
+}
+
+// TestRecorderResumes: a display that drops mid-recording is reconnected
+// to, and the trail says so.
+func TestRecorderResumes(t *testing.T) {
+	r := newTestRecorder(t)
+	addr := freeAddr(t)
+	srv := serveVNC(t, addr, 64, 48)
+	var tr trail
+	r.Start(Target{Tenant: "t", Session: testSession, VNC: addr, Width: 64, Height: 48, Note: tr.note})
+	defer stop(r, testSession)
+	waitFor(t, 20*time.Second, "the first part records", func() bool { return srv.requests.Load() >= 5 && len(parts(r, testSession)) == 1 })
+	// Part prefixes are milliseconds: let the next one differ.
+	time.Sleep(10 * time.Millisecond)
+	srv.drop()
+	waitFor(t, 20*time.Second, "the recorder reconnects", func() bool { return srv.accepted.Load() >= 2 && tr.count("recording_resumed") == 1 })
+	before := srv.requests.Load()
+	waitFor(t, 20*time.Second, "the second part records", func() bool {
+		return srv.requests.Load() >= before+5 && len(parts(r, testSession)) == 2
+	})
+	if tr.count("recording_interrupted") != 1 || tr.count("recording_failed") != 0 {
+		t.Fatalf("trail: %s", &tr)
+	}
+}
