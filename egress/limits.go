@@ -103,9 +103,10 @@ var errLimited = errors.New("the proxy's connections are exhausted")
 // session's rate buckets. Entries of sessions without connections are
 // dropped after a minute, so it grows only with live sessions.
 type limiter struct {
-	lim   Limits
-	audit func(session, typ string, fields map[string]any)
-	log   *slog.Logger
+	lim    Limits
+	audit  func(session, typ string, fields map[string]any)
+	log    *slog.Logger
+	window time.Duration // auditWindow; shorter in tests
 
 	mu       sync.Mutex
 	total    int
@@ -127,7 +128,7 @@ type sessionLimit struct {
 }
 
 func newLimiter(lim Limits, audit func(string, string, map[string]any), log *slog.Logger) *limiter {
-	return &limiter{lim: lim.withDefaults(), audit: audit, log: log, sessions: map[string]*sessionLimit{}}
+	return &limiter{lim: lim.withDefaults(), audit: audit, log: log, window: auditWindow, sessions: map[string]*sessionLimit{}}
 }
 
 // session returns a session's entry; l.mu is held.
@@ -162,7 +163,7 @@ func (l *limiter) admit(id string) (*sessionLimit, string) {
 	switch {
 	case l.total >= l.lim.MaxConns:
 		why = "the gateway's egress connections are exhausted"
-		if time.Since(l.lastLog) > auditWindow {
+		if time.Since(l.lastLog) > l.window {
 			l.lastLog = time.Now()
 			l.log.Warn("egress proxy at its connection cap; refusing new connections", "max_conns", l.lim.MaxConns)
 		}
@@ -214,7 +215,7 @@ func (l *limiter) refuseLocked(sl *sessionLimit, why string) {
 	f := map[string]any{"reason": why, "refused": sl.refused}
 	sl.refused = 0
 	go l.audit(sl.id, "egress_limited", f)
-	sl.window = time.AfterFunc(auditWindow, func() { l.closeWindow(sl) })
+	sl.window = time.AfterFunc(l.window, func() { l.closeWindow(sl) })
 }
 
 func (l *limiter) closeWindow(sl *sessionLimit) {
@@ -226,7 +227,7 @@ func (l *limiter) closeWindow(sl *sessionLimit) {
 	}
 	f := map[string]any{"reason": sl.reason, "refused": sl.refused}
 	sl.refused = 0
-	sl.window.Reset(auditWindow)
+	sl.window.Reset(l.window)
 	l.mu.Unlock()
 	l.audit(sl.id, "egress_limited", f)
 }

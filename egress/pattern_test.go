@@ -89,3 +89,37 @@ func TestForbidden(t *testing.T) {
 		t.Error("an exempt network is still forbidden")
 	}
 }
+
+// FuzzParsePattern: a pattern that parses prints to itself, matches its
+// own host (a wildcard: a name below it, not itself), and no other port.
+func FuzzParsePattern(f *testing.F) {
+	for _, s := range []string{"example.com:443", "*.example.co.uk:443", "[2001:db8::1]:80", "203.0.113.7:8080", "*.com:443", "2130706433:80", "Exa_mple.COM.:1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParsePattern(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%q: an error that is not ErrInvalid: %v", s, err)
+			}
+			return
+		}
+		again, err := ParsePattern(p.String())
+		if err != nil || again != p {
+			t.Fatalf("%q parses to %v, printed %q, which parses to %v, %v", s, p, p.String(), again, err)
+		}
+		if h, ok := NormalizeHost(p.Host); !ok || h != p.Host {
+			t.Fatalf("%q: host %q is not normal (%q %v)", s, p.Host, h, ok)
+		}
+		host := p.Host
+		if p.Wildcard {
+			if p.Matches(host, p.Port) {
+				t.Fatalf("%q: a wildcard matches its own domain", s)
+			}
+			host = "a." + host
+		}
+		if !p.Matches(host, p.Port) || p.Matches(host, p.Port+1) {
+			t.Fatalf("%q: Matches(%q) is wrong", s, host)
+		}
+	})
+}
