@@ -237,6 +237,9 @@ func (e *localError) Unwrap() error { return e.err }
 // connection or ffmpeg ends or ctx is done. It calls connected once the
 // part runs.
 func (r *Recorder) record(ctx context.Context, p *recording, connected func()) error {
+	if p.Width <= 0 || p.Height <= 0 {
+		return &localError{fmt.Errorf("no screen size to bound the display by (%dx%d)", p.Width, p.Height)}
+	}
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
 		return &localError{err}
 	}
