@@ -126,3 +126,13 @@ func FuzzScrubber(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkScrubReader: the cost of scrubbing a bound host's response.
+func BenchmarkScrubReader(b *testing.B) {
+	body := bytes.Repeat([]byte("<div class=\"row\">some page text, no secret here</div>\n"), 20000)
+	ns := needles(`p@ss w0rd&"x"+/`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		io.Copy(io.Discard, newScrubReader(io.NopCloser(bytes.NewReader(body)), ns))
+	}
+}
