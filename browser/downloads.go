@@ -4,33 +4,101 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"regexp"
+	"sort"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	cdpbrowser "github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/chromedp"
-	"github.com/chromedp/chromedp/remote"
 )
 
 // Download is a file Chromium finished downloading: saved under its GUID
-// in the session's download directory.
+// in the session's download directory. Refused is set instead when the
+// watcher did not keep one or more downloads; GUID is then empty, so
+// there is nothing to open.
 type Download struct {
-	GUID string
-	URL  string
-	Name string // the name the site suggested
+	GUID    string
+	URL     string // the source, cut to maxURLBytes
+	Name    string // the name the site suggested, cut to maxNameBytes
+	Refused string // why downloads were not kept, with how many
+}
+
+// DownloadLimits bound what the watcher takes from a session; a zero
+// field takes its default.
+type DownloadLimits struct {
+	// Pending bounds the downloads begun and not yet handed over (16);
+	// more at once are cancelled in Chromium.
+	Pending int
+	// PerSession bounds the downloads handed over from one session
+	// (1000); later ones are cancelled.
+	PerSession int
+	// Bytes bounds one download as Chromium counts it (512 MiB); a larger
+	// one is cancelled. The workspace the file lands in is bounded too.
+	Bytes int64
+	// Reassert is how often the watcher sets its download behaviour
+	// again (1 s): Chromium resets a context to its default behaviour when
+	// a client that set it disconnects.
+	Reassert time.Duration
+	// Stale is how long a begun download may go without finishing before
+	// the watcher cancels it and frees its place (1 h).
+	Stale time.Duration
+}
+
+func (l DownloadLimits) withDefaults() DownloadLimits {
+	if l.Pending <= 0 {
+		l.Pending = 16
+	}
+	if l.PerSession <= 0 {
+		l.PerSession = 1000
+	}
+	if l.Bytes <= 0 {
+		l.Bytes = 512 << 20
+	}
+	if l.Reassert <= 0 {
+		l.Reassert = time.Second
+	}
+	if l.Stale <= 0 {
+		l.Stale = time.Hour
+	}
+	return l
+}
+
+const (
+	maxURLBytes  = 2048
+	maxNameBytes = 255
+)
+
+// downloadGUID is what Chromium's download GUIDs look like (a UUID); the
+// GUID becomes a file name, so nothing else is accepted.
+var downloadGUID = regexp.MustCompile(`^[A-Za-z0-9-]{1,64}$`)
+
+// cut shortens s to at most n bytes on a rune boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // WatchDownloads holds a browser-level CDP connection of the gateway's own
 // to the session's Chromium: it sends downloads to dir (a path inside the
 // session), named by their GUID so no name a site suggests can point
-// elsewhere, and calls done for each finished one. It reconnects when
-// Chromium restarts and returns when ctx ends.
+// elsewhere, and calls done for each finished one, and for the ones it
+// refused. It reconnects when Chromium restarts and returns when ctx ends.
 //
-// A client that sets its own download behaviour over CDP (Playwright
-// does, for its downloads) takes the session's downloads away from it.
-func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, done func(Download)) {
+// Clients that set their own download behaviour over the gateway's CDP
+// proxy keep dir (RewriteCommand), and the watcher sets its behaviour
+// again every limits.Reassert, because Chromium resets it to the default
+// when such a client disconnects.
+func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits DownloadLimits, done func(Download)) {
+	w := &watcher{dir: dir, limits: limits.withDefaults(), done: done}
 	for ctx.Err() == nil {
-		watchOnce(ctx, cdp, dir, done)
+		w.watchOnce(ctx, cdp)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
@@ -38,66 +106,178 @@ func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, done fu
 	}
 }
 
-func watchOnce(ctx context.Context, cdp netip.AddrPort, dir string, done func(Download)) error {
-	wsURL, err := browserWSURL(ctx, cdp)
+// watcher is the state of one session's download watcher. kept counts
+// across reconnections.
+type watcher struct {
+	dir    string
+	limits DownloadLimits
+	done   func(Download)
+
+	mu       sync.Mutex
+	kept     int
+	begun    map[string]begun
+	queued   int // finished, handed over or about to be
+	finished []Download
+	refused  map[string]int // reason: how many
+	refURL   string         // a source of a refused download
+	cancels  []string
+}
+
+type begun struct {
+	d     Download
+	since time.Time
+}
+
+// refuse notes a refused download and, when guid is one, that Chromium
+// must cancel it. w.mu is held.
+func (w *watcher) refuse(reason, guid, url string) {
+	if w.refused == nil {
+		w.refused = map[string]int{}
+	}
+	w.refused[reason]++
+	if w.refURL == "" {
+		w.refURL = url
+	}
+	if guid != "" {
+		w.cancels = append(w.cancels, guid)
+	}
+}
+
+// event takes one event of Chromium's. It runs in chromedp's event loop,
+// so it only updates bounded state.
+func (w *watcher) event(ev any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch e := ev.(type) {
+	case *cdpbrowser.EventDownloadWillBegin:
+		url := cut(e.URL, maxURLBytes)
+		switch {
+		case !downloadGUID.MatchString(e.GUID):
+			w.refuse("the browser gave a download id the gateway refuses", "", url)
+		case w.begun[e.GUID].d.GUID != "":
+		case w.kept+len(w.begun)+w.queued >= w.limits.PerSession:
+			w.refuse(fmt.Sprintf("over the limit of %d downloads in a session", w.limits.PerSession), e.GUID, url)
+		case len(w.begun)+w.queued >= w.limits.Pending:
+			w.refuse(fmt.Sprintf("over the limit of %d downloads at a time", w.limits.Pending), e.GUID, url)
+		default:
+			w.begun[e.GUID] = begun{d: Download{GUID: e.GUID, URL: url, Name: cut(e.SuggestedFilename, maxNameBytes)}, since: time.Now()}
+		}
+	case *cdpbrowser.EventDownloadProgress:
+		b, ok := w.begun[e.GUID]
+		if !ok {
+			return
+		}
+		switch {
+		case e.TotalBytes > float64(w.limits.Bytes) || e.ReceivedBytes > float64(w.limits.Bytes):
+			delete(w.begun, e.GUID)
+			w.refuse(fmt.Sprintf("over the limit of %d bytes a download", w.limits.Bytes), e.GUID, b.d.URL)
+		case e.State == cdpbrowser.DownloadProgressStateCompleted && e.FilePath != "" && e.FilePath != w.dir+"/"+e.GUID:
+			// Chromium saved it where the gateway does not look: someone
+			// set the behaviour around the gateway's proxy.
+			delete(w.begun, e.GUID)
+			w.refuse("saved outside the session's download directory", "", b.d.URL)
+		case e.State == cdpbrowser.DownloadProgressStateCompleted:
+			delete(w.begun, e.GUID)
+			w.finished = append(w.finished, b.d)
+			w.queued++
+		case e.State == cdpbrowser.DownloadProgressStateCanceled:
+			delete(w.begun, e.GUID)
+		}
+	}
+}
+
+// take empties what the loop must act on.
+func (w *watcher) take(now time.Time) (finished []Download, refused []Download, cancels []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for guid, b := range w.begun {
+		if now.Sub(b.since) > w.limits.Stale {
+			delete(w.begun, guid)
+			w.refuse(fmt.Sprintf("unfinished after %s", w.limits.Stale), guid, b.d.URL)
+		}
+	}
+	finished, w.finished = w.finished, nil
+	cancels, w.cancels = w.cancels, nil
+	reasons := make([]string, 0, len(w.refused))
+	for r := range w.refused {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	for _, r := range reasons {
+		refused = append(refused, Download{URL: w.refURL, Refused: fmt.Sprintf("%d download(s) not kept: %s", w.refused[r], r)})
+	}
+	w.refused, w.refURL = nil, ""
+	return finished, refused, cancels
+}
+
+func (w *watcher) handed(n int) {
+	w.mu.Lock()
+	w.queued -= n
+	w.kept += n
+	w.mu.Unlock()
+}
+
+func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort) error {
+	actx, cancel, err := allocator(ctx, cdp)
 	if err != nil {
 		return err
 	}
-	actx, cancel := remote.NewAllocator(ctx, wsURL)
 	defer cancel()
 	cctx, cancel2 := chromedp.NewContext(actx)
 	defer cancel2()
-	var mu sync.Mutex
-	begun := map[string]Download{}
-	finished := make(chan Download, 64)
+	w.mu.Lock()
+	// Downloads begun on a lost connection report nothing more here.
+	w.begun = map[string]begun{}
+	w.mu.Unlock()
+	wake := make(chan struct{}, 1)
 	if err := chromedp.ListenBrowser(cctx, func(ev any) {
-		switch e := ev.(type) {
-		case *cdpbrowser.EventDownloadWillBegin:
-			mu.Lock()
-			begun[e.GUID] = Download{GUID: e.GUID, URL: e.URL, Name: e.SuggestedFilename}
-			mu.Unlock()
-		case *cdpbrowser.EventDownloadProgress:
-			if e.State != cdpbrowser.DownloadProgressStateCompleted {
-				return
-			}
-			mu.Lock()
-			d, ok := begun[e.GUID]
-			delete(begun, e.GUID)
-			mu.Unlock()
-			if ok {
-				select {
-				case finished <- d:
-				default:
-				}
-			}
+		w.event(ev)
+		select {
+		case wake <- struct{}{}:
+		default:
 		}
 	}); err != nil {
 		return err
 	}
 	yes := true
-	if _, err := chromedp.CallBrowser(cctx, cdpbrowser.SetDownloadBehavior, cdpbrowser.SetDownloadBehaviorParams{
-		Behavior: cdpbrowser.SetDownloadBehaviorBehaviorAllowAndName, DownloadPath: dir, EventsEnabled: &yes,
-	}); err != nil {
-		return fmt.Errorf("set download behaviour: %w", err)
+	set := func() error {
+		_, err := chromedp.CallBrowser(cctx, cdpbrowser.SetDownloadBehavior, cdpbrowser.SetDownloadBehaviorParams{
+			Behavior: cdpbrowser.SetDownloadBehaviorBehaviorAllowAndName, DownloadPath: w.dir, EventsEnabled: &yes,
+		})
+		if err != nil {
+			return fmt.Errorf("set download behaviour: %w", err)
+		}
+		return nil
 	}
+	if err := set(); err != nil {
+		return err
+	}
+	tick := time.NewTicker(w.limits.Reassert)
+	defer tick.Stop()
 	// The context ends when the connection to Chromium is lost.
 	lost := cctx.Done()
 	for {
 		select {
-		case d := <-finished:
-			done(d)
+		case <-wake:
+		case <-tick.C:
+			if err := set(); err != nil {
+				return err
+			}
 		case <-lost:
 			return nil
 		case <-ctx.Done():
 			return nil
 		}
+		finished, refused, cancels := w.take(time.Now())
+		for _, guid := range cancels {
+			chromedp.CallBrowser(cctx, cdpbrowser.CancelDownload, cdpbrowser.CancelDownloadParams{GUID: guid})
+		}
+		for _, d := range refused {
+			w.done(d)
+		}
+		for _, d := range finished {
+			w.done(d)
+		}
+		w.handed(len(finished))
 	}
-}
-
-func browserWSURL(ctx context.Context, cdp netip.AddrPort) (string, error) {
-	id, err := BrowserID(ctx, cdp)
-	if err != nil {
-		return "", err
-	}
-	return "ws://" + cdp.String() + "/devtools/browser/" + id, nil
 }

@@ -62,7 +62,7 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 	}
 	s.watch.cancel[info.ID] = cancel
 	s.watch.mu.Unlock()
-	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, func(d browser.Download) {
+	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, browser.DownloadLimits{}, func(d browser.Download) {
 		if err := s.storeDownload(ctx, info, d); err != nil {
 			log.Warn("download not stored", "err", err)
 			s.sessions.Record(info.ID, "download_failed", map[string]any{"url": d.URL})

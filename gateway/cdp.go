@@ -3,12 +3,14 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	fws "github.com/fasthttp/websocket"
 	"github.com/gofiber/contrib/websocket"
 	"github.com/gofiber/fiber/v2"
 	"github.com/golang-jwt/jwt/v5"
@@ -129,6 +131,27 @@ type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
 
+// CDPLimits bound one CDP connection through the proxy. Every message is
+// held whole on its way (CDP clients such as rod read each frame as a
+// message, so the proxy writes each as one frame), so these bound the
+// gateway's memory per connection.
+type CDPLimits struct {
+	// ClientMessage bounds one message from a client (32 MiB).
+	ClientMessage int64
+	// BrowserMessage bounds one message from the session's Chromium
+	// (128 MiB; Chromium's own largest are about 100 MiB).
+	BrowserMessage int64
+}
+
+// DefaultCDPLimits are the limits when the configuration sets none.
+var DefaultCDPLimits = CDPLimits{ClientMessage: 32 << 20, BrowserMessage: 128 << 20}
+
+// cdpLimits are this gateway's CDP limits.
+//
+// TODO(config): read them from Config once it carries them; until then
+// they are the defaults.
+func (s *Server) cdpLimits() CDPLimits { return DefaultCDPLimits }
+
 // cdpProxy pumps CDP messages both ways until either side closes, the
 // token expires, the preview is revoked or the session ends.
 func (s *Server) cdpProxy() fiber.Handler {
@@ -147,21 +170,28 @@ func (s *Server) cdpProxy() fiber.Handler {
 			client.Close()
 			return
 		}
-		s.pump(client, up, claims)
+		s.pump(client, up, claims, s.cdpLimits())
 	}, websocket.Config{
 		ReadBufferSize:  64 << 10,
 		WriteBufferSize: 64 << 10,
 	})
 }
 
-func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaims) {
+func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaims, limits CDPLimits) {
 	log := s.log.With("session", claims.Session, "tenant", claims.Tenant, "preview", claims.ID)
+	// A message over the limit fails the read before its payload is read
+	// (the announced length is checked first), and the library answers
+	// it with close code 1009, message too big.
+	client.SetReadLimit(limits.ClientMessage)
+	up.SetReadLimit(limits.BrowserMessage)
 	var once sync.Once
+	var reason string
 	// Closing drops both TCP connections without a close frame, as
 	// Chromium itself does: some CDP clients (rod) read every frame as a
 	// JSON message and crash on a close frame.
 	shut := func(why string) {
 		once.Do(func() {
+			reason = why
 			// The server side of a hijacked fasthttp connection closes
 			// when the handler returns: end its blocked read now.
 			client.SetReadDeadline(time.Unix(1, 0))
@@ -169,6 +199,12 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 			up.Close()
 			log.Info("cdp connection closing", "reason", why)
 		})
+	}
+	readFailed := func(side string, err error, limit int64) string {
+		if errors.Is(err, gws.ErrReadLimit) || errors.Is(err, fws.ErrReadLimit) {
+			return fmt.Sprintf("the %s sent a message over the limit of %d bytes", side, limit)
+		}
+		return side + " closed the connection"
 	}
 	release, err := s.sessions.Track(claims.Tenant, claims.Session, claims.ID, closerFunc(func() error {
 		shut("preview revoked or session ended")
@@ -187,16 +223,24 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 	s.sessions.Record(claims.Session, "preview_connected", map[string]any{"preview": claims.ID, "scope": claims.Scope})
 	start := time.Now()
 
+	// The client connection has two writers: the browser's messages and
+	// the gateway's own answers to commands it refuses.
+	var wmu sync.Mutex
+	toClient := func(mt int, data []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return client.WriteMessage(mt, data)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for {
 			mt, data, err := up.ReadMessage()
 			if err != nil {
-				shut("browser closed the connection")
+				shut(readFailed("browser", err, limits.BrowserMessage))
 				return
 			}
-			if err := client.WriteMessage(mt, data); err != nil {
+			if err := toClient(mt, data); err != nil {
 				shut("client write failed")
 				return
 			}
@@ -206,19 +250,34 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 	for {
 		mt, data, err := client.ReadMessage()
 		if err != nil {
-			shut("client closed the connection")
+			shut(readFailed("client", err, limits.ClientMessage))
 			break
 		}
 		if now := time.Now(); now.Sub(lastTouch) > time.Second {
 			s.sessions.Touch(claims.Session)
 			lastTouch = now
 		}
-		if err := up.WriteMessage(mt, data); err != nil {
+		// Downloads stay where the gateway stores them from, whatever
+		// download behaviour the client sets.
+		fwd, reply, err := browser.RewriteCommand(data, session.DownloadDir)
+		if err != nil {
+			shut("the client sent a message the gateway cannot read")
+			log.Info("cdp message refused", "err", err)
+			break
+		}
+		if reply != nil {
+			if err := toClient(gws.TextMessage, reply); err != nil {
+				shut("client write failed")
+				break
+			}
+			continue
+		}
+		if err := up.WriteMessage(mt, fwd); err != nil {
 			shut("browser closed the connection")
 			break
 		}
 	}
 	<-done
 	log.Info("cdp connection closed", "duration", time.Since(start).Round(time.Millisecond))
-	s.sessions.Record(claims.Session, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(start).Milliseconds()})
+	s.sessions.Record(claims.Session, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(start).Milliseconds(), "reason": reason})
 }

@@ -1,0 +1,308 @@
+package browser
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// chromium starts a headless Chromium of the host's for the test and
+// returns its CDP address. The machine that runs `make test` has one (the
+// setup installs it for the sessions' image).
+func chromium(t *testing.T) netip.AddrPort {
+	t.Helper()
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Skip("no chromium on this machine")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "--headless=new", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
+		"--user-data-dir="+filepath.Join(dir, "profile"), "about:blank")
+	// Its default download directory stays in the test's.
+	cmd.Env = append(os.Environ(), "HOME="+dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		raw, err := os.ReadFile(filepath.Join(dir, "profile", "DevToolsActivePort"))
+		if port, perr := strconv.Atoi(strings.SplitN(string(raw), "\n", 2)[0]); err == nil && perr == nil && port > 0 {
+			return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("chromium did not start")
+	return netip.AddrPort{}
+}
+
+// cdpClient is a bare CDP client on the browser target, as a client of the
+// gateway's proxy is.
+type cdpClient struct {
+	t  *testing.T
+	c  *websocket.Conn
+	id int
+}
+
+func dialBrowser(t *testing.T, cdp netip.AddrPort) *cdpClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id, err := BrowserID(ctx, cdp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := websocket.DefaultDialer.Dial("ws://"+cdp.String()+"/devtools/browser/"+id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &cdpClient{t: t, c: c}
+}
+
+// send writes one raw message (its id replaced) and waits for the answer.
+func (c *cdpClient) send(msg string) string {
+	c.t.Helper()
+	c.id++
+	var m map[string]any
+	if err := json.Unmarshal([]byte(msg), &m); err != nil {
+		c.t.Fatal(err)
+	}
+	m["id"] = c.id
+	raw, _ := json.Marshal(m)
+	if err := c.c.WriteMessage(websocket.TextMessage, raw); err != nil {
+		c.t.Fatal(err)
+	}
+	c.c.SetReadDeadline(time.Now().Add(15 * time.Second))
+	for {
+		_, data, err := c.c.ReadMessage()
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		var r struct{ ID int }
+		json.Unmarshal(data, &r)
+		if r.ID == c.id {
+			return string(data)
+		}
+	}
+}
+
+// proxied sends msg as the gateway's proxy does: through RewriteCommand.
+func (c *cdpClient) proxied(msg, dir string) string {
+	c.t.Helper()
+	fwd, reply, err := RewriteCommand([]byte(msg), dir)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if reply != nil {
+		return string(reply)
+	}
+	return c.send(string(fwd))
+}
+
+// downloads is a watcher of the test's, with what it handed over.
+type downloads struct {
+	t   *testing.T
+	dir string
+	got chan Download
+}
+
+func watch(t *testing.T, cdp netip.AddrPort, limits DownloadLimits) *downloads {
+	dir, err := os.MkdirTemp("", "downloads")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Chromium may still write a late download into it.
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	d := &downloads{t: t, dir: dir, got: make(chan Download, 100)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		WatchDownloads(ctx, cdp, d.dir, limits, func(dl Download) { d.got <- dl })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return d
+}
+
+// of waits for what the watcher hands over about the file name (kept, or
+// refused with its source); what it hands over about others is skipped.
+func (d *downloads) of(name string) Download {
+	d.t.Helper()
+	dl, ok := d.within(name, 20*time.Second)
+	if !ok {
+		d.t.Fatalf("the watcher handed nothing over about %s", name)
+	}
+	return dl
+}
+
+func (d *downloads) within(name string, limit time.Duration) (Download, bool) {
+	src := "/" + strings.TrimSuffix(name, ".bin") + "?"
+	timeout := time.After(limit)
+	for {
+		select {
+		case dl := <-d.got:
+			if dl.Name == name || (dl.Refused != "" && strings.Contains(dl.URL, src)) {
+				return dl, true
+			}
+		case <-timeout:
+			return Download{}, false
+		}
+	}
+}
+
+// files serves numbered files as attachments; start opens one in a new
+// tab, which downloads it.
+type files struct {
+	srv *httptest.Server
+	n   atomic.Int64
+}
+
+func serveFiles(t *testing.T) *files {
+	f := &files{}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		size, _ := strconv.Atoi(r.URL.Query().Get("size"))
+		w.Header().Set("Content-Disposition", `attachment; filename="`+strings.Trim(r.URL.Path, "/")+`.bin"`)
+		fmt.Fprint(w, r.URL.Path, strings.Repeat(".", size))
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *files) start(c *cdpClient, size int) string {
+	c.t.Helper()
+	name := fmt.Sprintf("file%d", f.n.Add(1))
+	if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + f.srv.URL + "/" + name + "?size=" + strconv.Itoa(size) + `"}}`); !strings.Contains(r, "targetId") {
+		c.t.Fatalf("createTarget: %s", r)
+	}
+	return name + ".bin"
+}
+
+// ready waits until the watcher keeps downloads: it has connected and set
+// its behaviour. Downloads before that are not its.
+func (d *downloads) ready(c *cdpClient, f *files) {
+	d.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		// One at a time, each waited for: none is left to count later.
+		name := f.start(c, 0)
+		if dl, ok := d.within(name, 5*time.Second); ok && dl.Refused == "" {
+			d.kept(dl, name)
+			return
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatal("the watcher never kept a download")
+		}
+	}
+}
+
+// kept checks that dl is the named download and its file is in the
+// watcher's directory under its GUID.
+func (d *downloads) kept(dl Download, name string) {
+	d.t.Helper()
+	if dl.Refused != "" || dl.Name != name || !downloadGUID.MatchString(dl.GUID) {
+		d.t.Fatalf("want %s kept, got %+v", name, dl)
+	}
+	if _, err := os.Stat(filepath.Join(d.dir, dl.GUID)); err != nil {
+		d.t.Fatalf("%s: %v", name, err)
+	}
+}
+
+// TestDownloadsKeptWhateverClientsSet, against a real Chromium: a client
+// that sets its own download behaviour through the proxy's rewrite keeps
+// the session's downloads in the watcher's directory; one that goes
+// around it loses them, and the watcher says so (the control). When such
+// a client leaves, Chromium resets the behaviour: a watcher that does not
+// set it again loses the next download (the control), the watcher as
+// configured keeps them.
+func TestDownloadsKeptWhateverClientsSet(t *testing.T) {
+	cdp := chromium(t)
+	f := serveFiles(t)
+
+	t.Run("client sets its own", func(t *testing.T) {
+		d := watch(t, cdp, DownloadLimits{Reassert: time.Hour})
+		c := dialBrowser(t, cdp)
+		defer c.c.Close()
+		d.ready(c, f) // control: the watcher's own behaviour
+		elsewhere := t.TempDir()
+		set := `{"id":1,"method":"Browser.setDownloadBehavior","params":{"behavior":"allowAndName","downloadPath":"` + elsewhere + `","eventsEnabled":true}}`
+		if r := c.proxied(set, d.dir); !strings.Contains(r, `"result":{}`) {
+			t.Fatalf("set through the proxy: %s", r)
+		}
+		name := f.start(c, 0)
+		d.kept(d.of(name), name)
+		// Around the proxy, Playwright's behaviour takes the download
+		// elsewhere, and the watcher says it did not keep it.
+		if r := c.send(set); !strings.Contains(r, `"result":{}`) {
+			t.Fatal(r)
+		}
+		if dl := d.of(f.start(c, 0)); !strings.Contains(dl.Refused, "outside") || dl.GUID != "" {
+			t.Fatalf("a download saved elsewhere: %+v", dl)
+		}
+	})
+
+	t.Run("client leaves", func(t *testing.T) {
+		for _, reassert := range []time.Duration{time.Hour, 100 * time.Millisecond} {
+			d := watch(t, cdp, DownloadLimits{Reassert: reassert})
+			c := dialBrowser(t, cdp)
+			d.ready(c, f)
+			set := `{"id":1,"method":"Browser.setDownloadBehavior","params":{"behavior":"allowAndName","downloadPath":"/tmp/x","eventsEnabled":true}}`
+			c.proxied(set, d.dir)
+			c.c.Close()
+			c2 := dialBrowser(t, cdp)
+			if reassert == time.Hour {
+				// Wait until Chromium reset the behaviour: a download is
+				// lost. Without the reset this fails.
+				deadline := time.Now().Add(15 * time.Second)
+				for {
+					if dl := d.of(f.start(c2, 0)); dl.Refused != "" {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("Chromium did not reset the download behaviour when the client left")
+					}
+				}
+			} else {
+				deadline := time.Now().Add(15 * time.Second)
+				for {
+					name := f.start(c2, 0)
+					if dl := d.of(name); dl.Refused == "" {
+						d.kept(dl, name)
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("after the client left, no download was kept")
+					}
+				}
+			}
+			c2.c.Close()
+		}
+	})
+
+	t.Run("limits", func(t *testing.T) {
+		d := watch(t, cdp, DownloadLimits{PerSession: 2, Bytes: 1000, Reassert: 100 * time.Millisecond})
+		c := dialBrowser(t, cdp)
+		defer c.c.Close()
+		d.ready(c, f) // control: under both limits
+		if dl := d.of(f.start(c, 5000)); !strings.Contains(dl.Refused, "over the limit of 1000 bytes") || dl.GUID != "" {
+			t.Fatalf("a download over the size limit: %+v", dl)
+		}
+		name := f.start(c, 10)
+		d.kept(d.of(name), name)
+		if dl := d.of(f.start(c, 10)); !strings.Contains(dl.Refused, "over the limit of 2 downloads in a session") {
+			t.Fatalf("a download over the session's count: %+v", dl)
+		}
+	})
+}
