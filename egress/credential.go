@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // Credential kinds: how the proxy puts a secret on a request.
@@ -74,10 +75,8 @@ type Binding struct {
 	Fill string `json:"fill,omitempty"`
 }
 
-var credentialID = regexp.MustCompile(`^cred_[0-9a-f]{16}$`)
-
 // ValidCredentialID tells whether s has the form of a vault id.
-func ValidCredentialID(s string) bool { return credentialID.MatchString(s) }
+func ValidCredentialID(s string) bool { return ids.IsCredential(s) }
 
 // CheckBinding validates a binding and fills its defaults (port from the
 // scheme, path prefix "/", fill "placeholder").

@@ -18,7 +18,7 @@ import (
 	"github.com/sandgate/sandgate/session"
 )
 
-const defaultMaxFileBytes = 1 << 30
+const defaultMaxFileBytes = session.DefaultMaxFileBytes
 
 // filePath checks the path query parameter: absolute, clean, no NUL.
 // fileTarget reads the session id and the ?path= of a files request.

@@ -1,13 +1,12 @@
 package gateway
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/sandgate/sandgate/ids"
 )
 
 // Preview scopes.
@@ -48,13 +47,7 @@ func newSigner(active string, keys map[string]string) (*signer, error) {
 	return s, nil
 }
 
-func newPreviewID() string {
-	b := make([]byte, 8)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return "p-" + hex.EncodeToString(b)
-}
+func newPreviewID() string { return ids.NewPreview() }
 
 func (s *signer) issue(c previewClaims) (string, error) {
 	t := jwt.NewWithClaims(jwt.SigningMethodHS256, c)

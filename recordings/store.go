@@ -25,6 +25,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/sandgate/sandgate/ids"
 )
 
 // ErrNotFound: no such artifact for this tenant.
@@ -97,8 +98,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 }
 
 var (
-	idPattern   = regexp.MustCompile(`^(s-[0-9a-f]{16})\.[0-9a-f]{16}$`)
-	sessPattern = regexp.MustCompile(`^s-[0-9a-f]{16}$`)
+	idPattern   = regexp.MustCompile(`^(` + ids.SessionPattern + `)\.[0-9a-f]{16}$`)
 	tenantChars = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 )
 
@@ -175,7 +175,7 @@ func SegmentID(session, name string) string {
 }
 
 func (s *Store) put(ctx context.Context, tenant string, a Artifact, r io.Reader) (Artifact, error) {
-	if !tenantChars.MatchString(tenant) || !sessPattern.MatchString(a.Session) || !validName(a.Name) || !idPattern.MatchString(a.ID) {
+	if !tenantChars.MatchString(tenant) || !ids.IsSession(a.Session) || !validName(a.Name) || !idPattern.MatchString(a.ID) {
 		return Artifact{}, fmt.Errorf("recordings: bad tenant, session, id or name")
 	}
 	if a.CreatedAt.IsZero() {
@@ -254,7 +254,7 @@ func (s *Store) Expire(ctx context.Context, tenant string, cutoff time.Time) (in
 
 // List returns the session's artifacts, oldest first.
 func (s *Store) List(ctx context.Context, tenant, session string) ([]Artifact, error) {
-	if !tenantChars.MatchString(tenant) || !sessPattern.MatchString(session) {
+	if !tenantChars.MatchString(tenant) || !ids.IsSession(session) {
 		return nil, ErrNotFound
 	}
 	out := []Artifact{}

@@ -2,8 +2,6 @@ package session
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,15 +12,8 @@ import (
 	"time"
 
 	"github.com/containerd/containerd"
+	"github.com/sandgate/sandgate/ids"
 )
-
-func newID() string {
-	b := make([]byte, 8)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return "s-" + hex.EncodeToString(b)
-}
 
 // normalize checks a spec against the tenant's limits and fills defaults.
 func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
@@ -61,13 +52,13 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	}
 	r := &spec.Resources
 	if r.CPUs == 0 {
-		r.CPUs = 1
+		r.CPUs = DefaultCPUs
 	}
 	if r.MemoryMB == 0 {
-		r.MemoryMB = 2048
+		r.MemoryMB = DefaultMemoryMB
 	}
 	if r.Pids == 0 {
-		r.Pids = 1024
+		r.Pids = DefaultPids
 	}
 	if r.CPUs < 0.25 || r.CPUs > 8 {
 		return nil, publicf(ErrInvalid, "resources.cpus must be between 0.25 and 8", nil)
@@ -80,7 +71,7 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	}
 	sc := &spec.Screen
 	if sc.Width == 0 && sc.Height == 0 {
-		sc.Width, sc.Height = 1280, 800
+		sc.Width, sc.Height = DefaultScreenWidth, DefaultScreenHeight
 	}
 	if sc.Width < 320 || sc.Width > 3840 || sc.Height < 240 || sc.Height > 2160 {
 		return nil, publicf(ErrInvalid, "screen must be between 320x240 and 3840x2160", nil)
@@ -106,7 +97,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	}
 	now := time.Now().UTC()
 	info := Info{
-		ID: newID(), Tenant: spec.Tenant, Kind: spec.Kind, Runtime: rt.Name, Isolation: rt.Isolation,
+		ID: ids.NewSession(), Tenant: spec.Tenant, Kind: spec.Kind, Runtime: rt.Name, Isolation: rt.Isolation,
 		State: StateStarting, CreatedAt: now, ExpiresAt: now.Add(spec.TTL),
 		IdleTimeout: int(spec.IdleTimeout.Seconds()), Resources: spec.Resources, Screen: spec.Screen,
 		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress,

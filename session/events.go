@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // Event is one entry of a session's audit trail. Fields never hold
@@ -333,7 +335,7 @@ func (m *Manager) endOrphanTrails(o Observer) {
 		m.mu.Lock()
 		_, live := m.sessions[id]
 		m.mu.Unlock()
-		if live || !sessionIDPattern.MatchString(id) {
+		if live || !ids.IsSession(id) {
 			continue
 		}
 		info := Info{ID: id, Tenant: tenant, State: StateStopped, Labels: map[string]string{},

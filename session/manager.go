@@ -51,6 +51,38 @@ const (
 	DefaultMaxEnded  = 1000
 )
 
+// Defaults: what a session, a tenant or the manager gets when the request
+// or the config names nothing. They are defined here, once; the gateway
+// and cmd/sandgate refer to them.
+const (
+	DefaultTTL          = 15 * time.Minute // a session's TTL, at most the tenant's MaxTTL
+	DefaultMaxTTL       = 24 * time.Hour   // a tenant's MaxTTL; its MaxIdle defaults to it
+	DefaultMaxFileBytes = 1 << 30          // one file upload
+	DefaultCPUs         = 1
+	DefaultMemoryMB     = 2048
+	DefaultPids         = 1024
+	DefaultScreenWidth  = 1280
+	DefaultScreenHeight = 800
+	DefaultProxyPort    = 3128 // the egress proxy's port on the bridge
+)
+
+// WithDefaults fills the limits the config left out.
+func (l TenantLimits) WithDefaults() TenantLimits {
+	if l.MaxTTL == 0 {
+		l.MaxTTL = DefaultMaxTTL
+	}
+	if l.DefaultTTL == 0 {
+		l.DefaultTTL = min(DefaultTTL, l.MaxTTL)
+	}
+	if l.MaxIdle == 0 {
+		l.MaxIdle = l.MaxTTL
+	}
+	if l.MaxFileBytes == 0 {
+		l.MaxFileBytes = DefaultMaxFileBytes
+	}
+	return l
+}
+
 // TenantLimits bound what one tenant may ask for.
 type TenantLimits struct {
 	MaxSessions int
@@ -123,8 +155,13 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		cfg.Network.IPAMDir = filepath.Join(cfg.StateDir, "ipam")
 	}
 	if cfg.ProxyPort == 0 {
-		cfg.ProxyPort = 3128
+		cfg.ProxyPort = DefaultProxyPort
 	}
+	tenants := make(map[string]TenantLimits, len(cfg.Tenants))
+	for name, lim := range cfg.Tenants {
+		tenants[name] = lim.WithDefaults()
+	}
+	cfg.Tenants = tenants
 	if cfg.Retention <= 0 {
 		cfg.Retention = DefaultRetention
 	}

@@ -8,11 +8,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strings"
 
 	gocni "github.com/containerd/go-cni"
+	"github.com/sandgate/sandgate/ids"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -37,8 +37,6 @@ type network struct {
 	// gateway is the bridge's own address, where the egress proxy listens.
 	gateway netip.Addr
 }
-
-var sessionIDPattern = regexp.MustCompile(`^s-[0-9a-f]{16}$`)
 
 func newNetwork(cfg NetworkConfig, prefix string) (*network, error) {
 	if cfg.NetNSDir != "/run/netns" && cfg.NetNSDir != "/var/run/netns" {
@@ -211,14 +209,14 @@ func sharedNetNSDir(dir string) error {
 // leftovers lists session ids whose namespaces exist.
 func (n *network) leftovers() []string {
 	entries, _ := os.ReadDir(n.cfg.NetNSDir)
-	var ids []string
+	var out []string
 	for _, e := range entries {
 		id, ok := strings.CutPrefix(e.Name(), n.prefix)
-		if ok && sessionIDPattern.MatchString(id) {
-			ids = append(ids, id)
+		if ok && ids.IsSession(id) {
+			out = append(out, id)
 		}
 	}
-	return ids
+	return out
 }
 
 // newNamedNetNS creates /run/netns/name without moving this process:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/errdefs"
+	"github.com/sandgate/sandgate/ids"
 )
 
 // recover adopts the running, unexpired sessions of known tenants that a
@@ -52,7 +53,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	}
 	entries, _ := os.ReadDir(filepath.Join(m.cfg.StateDir, "sessions"))
 	for _, e := range entries {
-		if !kept[e.Name()] && sessionIDPattern.MatchString(e.Name()) {
+		if !kept[e.Name()] && ids.IsSession(e.Name()) {
 			// A workspace without a container: also release any address
 			// its namespace may still hold.
 			if err := m.net.remove(ctx, e.Name()); err != nil {

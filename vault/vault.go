@@ -25,6 +25,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/sandgate/sandgate/ids"
 )
 
 // Error classes; messages wrapped around them are safe to show.
@@ -158,7 +159,6 @@ func placeholder(key []byte, sessionID, credentialID string) string {
 }
 
 var (
-	idPattern   = regexp.MustCompile(`^cred_[0-9a-f]{16}$`)
 	namePattern = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]{1,64}$`) // an HTTP token
 )
 
@@ -175,9 +175,7 @@ func (v *Vault) Create(ctx context.Context, tenant string, n New) (Meta, error) 
 	if err := check(n); err != nil {
 		return Meta{}, err
 	}
-	b := make([]byte, 8)
-	rand.Read(b)
-	m := Meta{ID: "cred_" + hex.EncodeToString(b), Name: n.Name, Kind: n.Kind, Username: n.Username, FieldName: n.FieldName, CreatedAt: time.Now().UTC()}
+	m := Meta{ID: ids.NewCredential(), Name: n.Name, Kind: n.Kind, Username: n.Username, FieldName: n.FieldName, CreatedAt: time.Now().UTC()}
 	nonce := make([]byte, v.aead.NonceSize())
 	rand.Read(nonce)
 	s := sealed{Meta: m, Nonce: nonce, Ciphertext: v.aead.Seal(nil, nonce, []byte(n.Secret), aad(tenant, m))}
@@ -233,7 +231,7 @@ func check(n New) error {
 }
 
 func (v *Vault) load(ctx context.Context, tenant, id string) (sealed, error) {
-	if !idPattern.MatchString(id) {
+	if !ids.IsCredential(id) {
 		return sealed{}, ErrNotFound
 	}
 	obj, err := v.client.GetObject(ctx, v.bucket, key(tenant, id), minio.GetObjectOptions{})

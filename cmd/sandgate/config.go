@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/session"
 )
 
 // Config is the gateway's whole configuration, read from one JSON file.
@@ -40,6 +41,13 @@ type Config struct {
 
 	// StateDir holds per-session workspaces.
 	StateDir string `json:"state_dir"`
+	// Sessions bounds what the gateway remembers of ended sessions: they
+	// answer GET and events for retention (default 1h), at most max_ended
+	// (default 1000) of them; their artifacts stay in the store.
+	Sessions struct {
+		Retention Duration `json:"retention"`
+		MaxEnded  int      `json:"max_ended"`
+	} `json:"sessions"`
 	// CacheDir holds built session image archives.
 	CacheDir string `json:"cache_dir"`
 
@@ -198,7 +206,7 @@ func defaultConfig() *Config {
 	c.UploadTimeout = Duration{gateway.DefaultUploadTimeout}
 	c.MinIO.Bucket = "sandgate-artifacts"
 	c.MinIO.PresignTTL = Duration{5 * time.Minute}
-	c.Egress.ProxyPort = 3128
+	c.Egress.ProxyPort = session.DefaultProxyPort
 	c.Egress.SessionMaxConns = egress.DefaultSessionConns
 	c.Egress.SessionNewConnsPerSecond = egress.DefaultSessionConnRate
 	c.Egress.SessionBytesPerSecond = egress.DefaultSessionBytesPerSecond

@@ -19,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/gorilla/websocket"
+	"github.com/sandgate/sandgate/ids"
 	"golang.org/x/term"
 )
 
@@ -236,7 +237,7 @@ func cmdCp(ctx context.Context, args []string) error {
 	}
 	remote := func(s string) (string, string, bool) {
 		id, p, ok := strings.Cut(s, ":")
-		return id, p, ok && strings.HasPrefix(id, "s-")
+		return id, p, ok && ids.IsSession(id)
 	}
 	if id, p, ok := remote(args[0]); ok { // session -> host
 		resp, err := c.raw(ctx, "GET", "/v1/sessions/"+id+"/files?path="+url.QueryEscape(p), nil, "")

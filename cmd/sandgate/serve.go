@@ -85,16 +85,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
 			EgressAllow: t.EgressAllow,
 		}
-		if lim.MaxTTL == 0 {
-			lim.MaxTTL = 24 * time.Hour
-		}
-		if lim.DefaultTTL == 0 {
-			lim.DefaultTTL = min(15*time.Minute, lim.MaxTTL)
-		}
-		if lim.MaxIdle == 0 {
-			lim.MaxIdle = lim.MaxTTL
-		}
-		tenants[t.Name] = lim
+		tenants[t.Name] = lim.WithDefaults()
 		for _, h := range t.APIKeySHA256 {
 			keys[h] = t.Name
 		}
@@ -110,6 +101,8 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		DefaultRuntime: cfg.DefaultRuntime,
 		Tenants:        tenants,
 		ProxyPort:      cfg.Egress.ProxyPort,
+		Retention:      cfg.Sessions.Retention.Duration,
+		MaxEnded:       cfg.Sessions.MaxEnded,
 		Env:            sessionCAEnv(ca),
 	}, log)
 	if err != nil {
