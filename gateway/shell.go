@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"strconv"
 	"sync"
@@ -98,7 +99,13 @@ func (s *Server) shell() fiber.Handler {
 
 		go func() {
 			for {
-				mt, data, err := ws.ReadMessage()
+				mt, data, err := readMessage(ws, maxShellMessage)
+				if errors.Is(err, errMessageTooBig) {
+					log.Warn("shell client sent a message over the limit", "limit", maxShellMessage)
+					s.sessions.Record(id, "message_too_big", map[string]any{"scope": "shell", "limit": maxShellMessage})
+					shut(fws.CloseMessageTooBig, tooBigReason(maxShellMessage))
+					return
+				}
 				if err != nil {
 					stdinW.Close()
 					return

@@ -53,12 +53,6 @@ func (s *Server) vncProxy() fiber.Handler {
 	})
 }
 
-func closeWS(c *websocket.Conn, code int, reason string) {
-	c.WriteControl(fws.CloseMessage, fws.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
-	c.SetReadDeadline(time.Unix(1, 0))
-	c.Close()
-}
-
 func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewClaims, log interface {
 	Info(string, ...any)
 	Warn(string, ...any)
@@ -150,7 +144,13 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 
 	var lastTouch time.Time
 	for {
-		mt, data, err := client.ReadMessage()
+		mt, data, err := readMessage(client, maxVNCMessage)
+		if errors.Is(err, errMessageTooBig) {
+			log.Warn("vnc viewer sent a message over the limit", "limit", maxVNCMessage)
+			s.sessions.Record(claims.Session, "message_too_big", map[string]any{"preview": claims.ID, "scope": claims.Scope, "limit": maxVNCMessage})
+			shut(fws.CloseMessageTooBig, tooBigReason(maxVNCMessage))
+			break
+		}
 		if err != nil {
 			shut(fws.CloseNormalClosure, "viewer closed the connection")
 			break
