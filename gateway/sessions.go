@@ -282,8 +282,15 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	}
 	ctx, cancel := reqCtx(c, 10*time.Second)
 	defer cancel()
-	s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid})
-	if err := s.sessions.RevokePreview(ctx, tenantOf(c), id, pid, time.Now().Add(s.cfg.MaxPreviewTTL)); err != nil {
+	// RevokePreview answers 404 for another tenant's session: the trail
+	// is written only once the caller is known to own it. A revocation
+	// that holds in memory but could not be stored is still recorded.
+	err = s.sessions.RevokePreview(ctx, tenantOf(c), id, pid, time.Now().Add(s.cfg.MaxPreviewTTL))
+	if _, err := s.sessions.Get(tenantOf(c), id); err != nil {
+		return err
+	}
+	s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "stored": err == nil})
+	if err != nil {
 		return err
 	}
 	return c.SendStatus(fiber.StatusNoContent)
