@@ -173,6 +173,10 @@ func readTrail(path string) []Event {
 		return nil
 	}
 	defer f.Close()
+	return readEvents(f)
+}
+
+func readEvents(f *os.File) []Event {
 	limit := maxEvents + len(noisyEvents)*maxNoisy + maxDropTypes + 16
 	var out []Event
 	sc := bufio.NewScanner(f)
@@ -377,7 +381,27 @@ func (m *Manager) Events(tenant, id string) ([]Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return s.trail.events(), nil
+	// The file is read outside the lock; if it was renamed (the session
+	// was finalised) meanwhile, read it again under its new name.
+	for {
+		m.mu.Lock()
+		path, mem := s.trail.path, append([]Event(nil), s.trail.mem...)
+		m.mu.Unlock()
+		var out []Event
+		if path != "" {
+			f, err := os.Open(path)
+			if err != nil {
+				m.mu.Lock()
+				moved := s.trail.path != path
+				m.mu.Unlock()
+				if moved {
+					continue
+				}
+			} else {
+				out = readEvents(f)
+				f.Close()
+			}
+		}
+		return append(out, mem...), nil
+	}
 }
