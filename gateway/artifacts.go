@@ -1,187 +1,88 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"mime"
-	"path/filepath"
-	"slices"
-	"strings"
-	"sync"
 	"time"
-	"unicode/utf8"
+
+	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 )
 
-// WithRecorder enables "record": true sessions.
-func WithRecorder(r *recordings.Recorder) Option { return func(s *Server) { s.recorder = r } }
-
-// WithRetention sets how long each tenant's artifacts are kept (zero:
-// forever) and how often the janitor looks.
-func WithRetention(perTenant map[string]time.Duration, every time.Duration) Option {
-	return func(s *Server) { s.retention, s.janitorEvery = perTenant, every }
-}
-
-// watchers is what runs beside a live session on the gateway's side.
-type watchers struct {
-	mu     sync.Mutex
-	cancel map[string]context.CancelFunc
-}
-
-// Observer returns the gateway's session observer: it starts the recorder
-// and the download watcher of a session that became ready, and when a
-// session ends it finalises its recording and stores its audit trail.
-func (s *Server) Observer() session.Observer { return (*observer)(s) }
-
-type observer Server
-
-func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
-	s := (*Server)(o)
-	log := s.log.With("session", info.ID, "tenant", info.Tenant)
-	if info.Record && s.recorder != nil {
-		s.recorder.Start(recordings.Target{
-			Tenant: info.Tenant, Session: info.ID, VNC: ep.VNC.String(),
-			Width: info.Screen.Width, Height: info.Screen.Height,
-			Note: func(typ string, f map[string]any) { s.sessions.Record(info.ID, typ, f) },
-		})
-		s.sessions.Record(info.ID, "recording_started", nil)
-		log.Info("recording")
-	}
-	if info.Kind != session.KindBrowser {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.watch.mu.Lock()
-	if old := s.watch.cancel[info.ID]; old != nil {
-		old()
-	}
-	s.watch.cancel[info.ID] = cancel
-	s.watch.mu.Unlock()
-	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, browser.DownloadLimits{}, func(d browser.Download) {
-		if err := s.storeDownload(ctx, info, d); err != nil {
-			log.Warn("download not stored", "err", err)
-			s.sessions.Record(info.ID, "download_failed", map[string]any{"url": d.URL})
-		}
-	})
-}
-
-func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser.Download) error {
-	f, err := s.sessions.OpenDownload(info.Tenant, info.ID, d.GUID)
+func (s *Server) screenshot(c *fiber.Ctx) error {
+	id, err := s.sessionID(c)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	name := d.Name
-	if !utf8.ValidString(name) || name == "" || len(name) > 255 || strings.ContainsAny(name, "/\\\x00") {
-		name = "download"
-	}
-	ct := mime.TypeByExtension(filepath.Ext(name))
-	if ct == "" {
-		ct = "application/octet-stream"
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	a, err := s.store.PutFrom(ctx, info.Tenant, recordings.Artifact{
-		Session: info.ID, Kind: recordings.KindDownload, Name: name, ContentType: ct, SourceURL: d.URL,
-	}, f)
+	tenant := tenantOf(c)
+	info, err := s.sessions.Get(tenant, id)
 	if err != nil {
 		return err
 	}
-	s.sessions.Record(info.ID, "download", map[string]any{"artifact": a.ID, "name": a.Name, "url": d.URL, "size": a.Size, "sha256": a.SHA256})
-	return nil
-}
-
-func (o *observer) SessionEnded(info session.Info, events []session.Event) {
-	s := (*Server)(o)
-	log := s.log.With("session", info.ID, "tenant", info.Tenant)
-	s.watch.mu.Lock()
-	if cancel := s.watch.cancel[info.ID]; cancel != nil {
-		cancel()
-		delete(s.watch.cancel, info.ID)
+	ep, err := s.sessions.Endpoint(tenant, id)
+	if err != nil {
+		return err
 	}
-	s.watch.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	note := func(typ string, f map[string]any) {
-		s.sessions.Record(info.ID, typ, f)
-		events = append(events, session.Event{Time: time.Now().UTC(), Type: typ, Fields: f})
+	var png []byte
+	if info.Kind == session.KindBrowser {
+		png, err = browser.Screenshot(ctx, ep.CDP, info.Screen.Width, info.Screen.Height)
+	} else {
+		png, err = screenPNG(ctx, ep, info.Screen)
 	}
-	if s.recorder != nil {
-		m, err := s.recorder.Finish(ctx, info.Tenant, info.ID, time.Now())
-		switch {
-		case errors.Is(err, recordings.ErrNothingRecorded):
-			note("recording_failed", map[string]any{"reason": err.Error()})
-		case err != nil:
-			log.Error("recording not finalised; its segments are kept for a retry", "err", err)
-			note("recording_failed", map[string]any{"reason": "the recording could not be finalised yet; it is retried"})
-		case m != nil:
-			note("recording_finalised", map[string]any{"artifact": m.Recording, "duration_seconds": m.Duration, "segments": len(m.Segments), "size": m.Size, "sha256": m.SHA256})
-		}
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the session did not deliver a screenshot", err: err}
 	}
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	for _, ev := range events {
-		enc.Encode(ev)
+	a, err := s.storeScreenshot(ctx, tenant, id, png)
+	if err != nil {
+		return err
 	}
-	// The trail is all a reviewer has of what happened: retry while the
-	// store is away, within the stop's bounds.
-	for {
-		_, err := s.store.Put(ctx, info.Tenant, info.ID, recordings.KindLog, "audit.jsonl", "application/x-ndjson", b.Bytes())
-		if err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			log.Error("audit trail not stored", "err", err)
-			return
-		case <-time.After(2 * time.Second):
-		}
-	}
+	return c.Status(fiber.StatusCreated).JSON(a)
 }
 
-// janitor removes artifacts past their tenant's retention and finalises
-// recordings whose session ended while they could not be finalised.
-func (s *Server) janitor(ctx context.Context) {
-	every := s.janitorEvery
-	if every <= 0 {
-		every = time.Minute
+func (s *Server) storeScreenshot(ctx context.Context, tenant, id string, png []byte) (recordings.Artifact, error) {
+	name := "screenshot-" + time.Now().UTC().Format("20060102T150405.000Z") + ".png"
+	a, err := s.store.Put(ctx, tenant, id, recordings.KindScreenshot, name, "image/png", png)
+	if err != nil {
+		return a, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for tenant, keep := range s.retention {
-			if keep <= 0 {
-				continue
-			}
-			n, err := s.store.Expire(ctx, tenant, time.Now().Add(-keep))
-			if err != nil {
-				s.log.Warn("retention", "tenant", tenant, "err", err)
-			} else if n > 0 {
-				s.log.Info("retention removed artifacts", "tenant", tenant, "count", n)
-			}
-		}
-		if s.recorder == nil {
-			continue
-		}
-		// Recordings whose finish failed, and those of sessions this
-		// gateway does not know (they ended while no gateway ran).
-		for _, p := range s.recorder.Pending(false) {
-			if _, err := s.sessions.Get(p[0], p[1]); err == nil && !slices.Contains(s.recorder.Pending(true), p) {
-				continue
-			}
-			if _, err := s.recorder.Finish(ctx, p[0], p[1], time.Now()); err != nil {
-				s.log.Warn("finalise leftover recording", "session", p[1], "err", err)
-			}
-		}
+	s.sessions.Record(id, "screenshot", map[string]any{"artifact": a.ID, "size": a.Size, "sha256": a.SHA256})
+	return a, nil
+}
+
+func (s *Server) listArtifacts(c *fiber.Ctx) error {
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
 	}
+	tenant := tenantOf(c)
+	_, known := s.sessions.Get(tenant, id)
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	as, err := s.store.List(ctx, tenant, id)
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+	}
+	if known != nil && len(as) == 0 {
+		return errNotFound("no such session")
+	}
+	return c.JSON(fiber.Map{"artifacts": as})
+}
+
+func (s *Server) getArtifact(c *fiber.Ctx) error {
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	u, err := s.store.PresignedURL(ctx, tenantOf(c), c.Params("id"))
+	if errors.Is(err, recordings.ErrNotFound) {
+		return errNotFound("no such artifact")
+	}
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+	}
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.Redirect(u.String(), fiber.StatusFound)
 }

@@ -350,3 +350,6 @@ func (s *Server) tenants() []string {
 	}
 	return out
 }
+
+// Option configures a Server.
+type Option func(*Server)

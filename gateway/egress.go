@@ -1,0 +1,67 @@
+package gateway
+
+import (
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
+)
+
+const (
+	maxAllow    = 64
+	maxBindings = 16
+)
+
+// egressSpec checks a create request's egress and credentials against the
+// egress rules and the tenant's vault, adding the tenant's default allow
+// list. Every mistake is a 4xx that says which entry is wrong.
+func (s *Server) egressSpec(c *fiber.Ctx, allow []string, bindings []egress.Binding) (session.Egress, error) {
+	tenant := tenantOf(c)
+	lim, _ := s.sessions.Limits(tenant)
+	out := session.Egress{Allow: []string{}}
+	seen := map[string]bool{}
+	for _, a := range append(append([]string{}, lim.EgressAllow...), allow...) {
+		p, err := egress.ParsePattern(a)
+		if err != nil {
+			return session.Egress{}, errInvalid("egress.allow: " + strings.TrimPrefix(err.Error(), egress.ErrInvalid.Error()+": "))
+		}
+		if !seen[p.String()] {
+			seen[p.String()] = true
+			out.Allow = append(out.Allow, p.String())
+		}
+	}
+	if len(out.Allow) > maxAllow {
+		return session.Egress{}, errInvalid("egress.allow: at most 64 entries")
+	}
+	if len(bindings) == 0 {
+		return out, nil
+	}
+	if len(bindings) > maxBindings {
+		return session.Egress{}, errInvalid("credentials: at most 16 bindings")
+	}
+	if err := s.needVault(); err != nil {
+		return session.Egress{}, err
+	}
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	for i := range bindings {
+		b := &bindings[i]
+		if err := egress.CheckBinding(b); err != nil {
+			return session.Egress{}, errInvalid("credentials: " + strings.TrimPrefix(err.Error(), egress.ErrInvalid.Error()+": "))
+		}
+		// Another tenant's credential answers exactly like a missing one.
+		if _, err := s.vault.Get(ctx, tenant, b.Credential); err != nil {
+			if errors.Is(err, vault.ErrNotFound) {
+				return session.Egress{}, errNotFound("credentials: no credential " + b.Credential)
+			}
+			return session.Egress{}, vaultError(err)
+		}
+	}
+	out.Credentials = bindings
+	return out, nil
+}
