@@ -113,17 +113,27 @@ func (s *Server) fillCredential(c *fiber.Ctx, tenant, id string) error {
 		s.log.Warn("fill_credential failed", "session", id, "tenant", tenant, "credential", req.Credential, "err", err)
 		return &apiError{status: 409, code: "conflict", msg: "no visible field matched the selector on the session's page in time", err: err}
 	}
-	// The page may have changed while the gateway typed: say so loudly
-	// (the placeholder is worthless elsewhere; a value is not).
-	if after, err := firstPage(ctx, ep); err != nil || after.ID != page.ID {
-		fields["reason"] = "the page could not be checked again after filling"
-		s.sessions.Record(id, "fill_credential_unverified", fields)
-	} else if _, ok := fillMode(bound, after.URL); !ok {
-		fields["reason"] = "the page left the bound destination while the gateway filled it"
-		fields["page_after"] = pageForAudit(after.URL)
+	// The page may have changed while the gateway typed (browser.Fill
+	// looks the first page up again): say so loudly. A placeholder is
+	// worthless elsewhere; a value is not.
+	after, err := firstPage(ctx, ep)
+	raced := ""
+	switch {
+	case err != nil:
+		raced = "the page could not be checked again after filling"
+	case after.ID != page.ID:
+		raced = "another page became the first while the gateway filled"
+	default:
+		if _, ok := fillMode(bound, after.URL); !ok {
+			raced = "the page left the bound destination while the gateway filled it"
+			fields["page_after"] = pageForAudit(after.URL)
+		}
+	}
+	if raced != "" {
+		fields["reason"] = raced
 		s.sessions.Record(id, "fill_credential_raced", fields)
 		s.log.Warn("fill_credential raced a navigation", "session", id, "tenant", tenant, "credential", req.Credential, "mode", mode)
-		return &apiError{status: 409, code: "conflict", msg: "the page navigated away from the bound destination while it was being filled"}
+		return &apiError{status: 409, code: "conflict", msg: "the page changed while it was being filled; the fill is not confirmed"}
 	}
 	s.sessions.Touch(id)
 	s.sessions.Record(id, "fill_credential", fields)
