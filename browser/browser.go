@@ -25,7 +25,6 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
-	"github.com/chromedp/chromedp/remote"
 )
 
 // DiscoveryPaths are the CDP HTTP endpoints the gateway serves.
@@ -318,17 +317,6 @@ func browserWSURL(ctx context.Context, cdp netip.AddrPort) (string, error) {
 		return "", err
 	}
 	return "ws://" + cdp.String() + "/devtools/browser/" + id, nil
-}
-
-// allocator is a chromedp allocator on the session's browser, for the
-// gateway's own connections.
-func allocator(ctx context.Context, cdp netip.AddrPort) (context.Context, context.CancelFunc, error) {
-	ws, err := browserWSURL(ctx, cdp)
-	if err != nil {
-		return nil, nil, err
-	}
-	actx, cancel := remote.NewAllocator(ctx, ws, remote.NoModifyURL)
-	return actx, cancel, nil
 }
 
 // Screenshot captures the session's first page as a PNG of width x height

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,15 +29,24 @@ func chromium(t *testing.T) netip.AddrPort {
 	if err != nil {
 		t.Skip("no chromium on this machine")
 	}
-	dir := t.TempDir()
+	dir, err := os.MkdirTemp("", "chromium")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(bin, "--headless=new", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
 		"--user-data-dir="+filepath.Join(dir, "profile"), "about:blank")
 	// Its default download directory stays in the test's.
 	cmd.Env = append(os.Environ(), "HOME="+dir)
+	// Its own process group, so that its helpers end with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+		os.RemoveAll(dir)
+	})
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		raw, err := os.ReadFile(filepath.Join(dir, "profile", "DevToolsActivePort"))
@@ -305,4 +315,59 @@ func TestDownloadsKeptWhateverClientsSet(t *testing.T) {
 			t.Fatalf("a download over the session's count: %+v", dl)
 		}
 	})
+}
+
+// TestOwnConnectionsBounded: the gateway's own CDP connections take a
+// screenshot from a real Chromium (the control), and give up on a browser
+// that answers with a message over maxOwnMessage instead of reading it.
+func TestOwnConnectionsBounded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	png, err := Screenshot(ctx, chromium(t), 320, 200)
+	if err != nil || !strings.HasPrefix(string(png), "\x89PNG") {
+		t.Fatalf("screenshot from a real Chromium: %d bytes, %v", len(png), err)
+	}
+
+	var sent atomic.Int64
+	up := websocket.Upgrader{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/json/version", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"webSocketDebuggerUrl": "ws://localhost:9222/devtools/browser/B"}`)
+	})
+	mux.HandleFunc("/json/list", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `[{"id": "P", "type": "page", "url": "about:blank", "webSocketDebuggerUrl": "ws://localhost:9222/devtools/page/P"}]`)
+	})
+	mux.HandleFunc("/devtools/browser/B", func(w http.ResponseWriter, r *http.Request) {
+		c, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if _, _, err := c.ReadMessage(); err != nil {
+			return
+		}
+		// One message of 4 x maxOwnMessage, in 1 MiB pieces.
+		mw, err := c.NextWriter(websocket.TextMessage)
+		if err != nil {
+			return
+		}
+		chunk := []byte(strings.Repeat(" ", 1<<20))
+		for i := 0; i < 4*maxOwnMessage>>20; i++ {
+			n, err := mw.Write(chunk)
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+		mw.Close()
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	hostile := netip.MustParseAddrPort(strings.TrimPrefix(srv.URL, "http://"))
+	if _, err := Screenshot(ctx, hostile, 320, 200); err == nil {
+		t.Fatal("a screenshot from a browser that sent an oversized message")
+	}
+	if n := sent.Load(); n >= 4*maxOwnMessage {
+		t.Fatalf("the connection read all %d bytes", n)
+	}
 }

@@ -1,0 +1,99 @@
+package browser
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/chromedp/cdproto"
+	jsonv2 "github.com/chromedp/cdproto/cdp/jsonv2"
+	"github.com/chromedp/chromedp"
+	"github.com/gorilla/websocket"
+)
+
+// maxOwnMessage bounds one message on the gateway's own CDP connections to
+// a session's Chromium (screenshots, credential fill, the download
+// watcher). The largest is a screenshot: a PNG of the session's screen,
+// base64-encoded, far below this for any screen the gateway allows.
+const maxOwnMessage = 64 << 20
+
+// allocator is a chromedp allocator on the session's browser for the
+// gateway's own connections: to the browser address built from a checked
+// id, over a WebSocket whose messages are bounded by maxOwnMessage.
+func allocator(ctx context.Context, cdp netip.AddrPort) (context.Context, context.CancelFunc, error) {
+	ws, err := browserWSURL(ctx, cdp)
+	if err != nil {
+		return nil, nil, err
+	}
+	actx, cancel := chromedp.NewAllocatorContext(ctx, &ownAllocator{wsURL: ws})
+	return actx, cancel, nil
+}
+
+// ownAllocator attaches to a running browser, as chromedp's remote
+// allocator does, with a bounded transport.
+type ownAllocator struct {
+	wsURL string
+	wg    sync.WaitGroup
+}
+
+var (
+	_ chromedp.Allocator = (*ownAllocator)(nil)
+	_ chromedp.Transport = (*transport)(nil)
+)
+
+// Allocate dials the browser. The connection outlives ctx's pages: it
+// closes after chromedp has closed them.
+func (a *ownAllocator) Allocate(ctx context.Context, opts ...chromedp.BrowserOption) (*chromedp.Browser, error) {
+	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second, ReadBufferSize: 64 << 10, WriteBufferSize: 64 << 10}
+	dctx, cancelDial := context.WithTimeout(ctx, 10*time.Second)
+	ws, resp, err := d.DialContext(dctx, a.wsURL, nil)
+	cancelDial()
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+	if err != nil {
+		return nil, err
+	}
+	ws.SetReadLimit(maxOwnMessage)
+	wctx, cancel := context.WithCancel(context.Background())
+	a.wg.Go(func() {
+		<-ctx.Done()
+		chromedp.Cancel(ctx)
+		cancel()
+	})
+	return chromedp.NewBrowserTransport(wctx, &transport{ws: ws}, opts...)
+}
+
+// Wait waits until the connections are closed.
+func (a *ownAllocator) Wait() { a.wg.Wait() }
+
+// Attaches tells chromedp that the browser runs already: cancelling
+// closes the connection, never the browser.
+func (a *ownAllocator) Attaches() bool { return true }
+
+// transport is a chromedp.Transport over a WebSocket with a read limit.
+type transport struct {
+	ws *websocket.Conn
+	mu sync.Mutex // one writer at a time
+}
+
+func (t *transport) Read(_ context.Context, msg *cdproto.Message) error {
+	_, data, err := t.ws.ReadMessage()
+	if err != nil {
+		return err
+	}
+	return jsonv2.Unmarshal(data, msg, chromedp.DefaultUnmarshalOptions)
+}
+
+func (t *transport) Write(_ context.Context, msg *cdproto.Message) error {
+	data, err := jsonv2.Marshal(msg, chromedp.DefaultMarshalOptions)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ws.WriteMessage(websocket.TextMessage, data)
+}
+
+func (t *transport) Close() error { return t.ws.Close() }
