@@ -2,6 +2,7 @@ package session
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -314,6 +315,21 @@ type Observer interface {
 	SessionEnded(info Info, events []Event)
 }
 
+// SessionFinaliser is an Observer whose end-of-session work can fail
+// (the artifact store is away, say). The manager then calls
+// FinaliseSession instead of SessionEnded, again with backoff until it
+// succeeds or the manager closes, apart from the reaper; until then the
+// session is not forgotten and its trail file stays on the host.
+type SessionFinaliser interface {
+	FinaliseSession(ctx context.Context, info Info, events []Event) error
+}
+
+// Backoff between attempts to finalise a session.
+const (
+	finaliseBackoff    = time.Second
+	maxFinaliseBackoff = time.Minute
+)
+
 // Observe sets the observer and tells it of the sessions already running
 // (those adopted after a restart).
 func (m *Manager) Observe(o Observer) {
@@ -360,9 +376,30 @@ func (m *Manager) ended(s *sess) {
 	s.trail.summarise(time.Now().UTC())
 	o := m.observer
 	info := copyInfo(s.info)
-	events := s.trail.events()
 	m.mu.Unlock()
-	if o != nil {
+	f, retry := o.(SessionFinaliser)
+	switch {
+	case retry:
+		for wait := finaliseBackoff; ; wait = min(2*wait, maxFinaliseBackoff) {
+			m.mu.Lock()
+			events := s.trail.events()
+			m.mu.Unlock()
+			err := f.FinaliseSession(m.base, info, events)
+			if err == nil {
+				break
+			}
+			m.log.Warn("session not finalised yet; retrying", "session", info.ID, "tenant", info.Tenant, "in", wait, "err", err)
+			select {
+			case <-m.base.Done():
+				// The trail file stays: the next gateway reports it.
+				return
+			case <-time.After(wait):
+			}
+		}
+	case o != nil:
+		m.mu.Lock()
+		events := s.trail.events()
+		m.mu.Unlock()
 		o.SessionEnded(info, events)
 	}
 	m.mu.Lock()

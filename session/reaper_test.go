@@ -1,6 +1,8 @@
 package session
 
 import (
+	"context"
+	"errors"
 	"net/netip"
 	"os"
 	"testing"
@@ -147,5 +149,75 @@ func TestForgetEnded(t *testing.T) {
 	m.Record(ended[0].info.ID, "preview_closed", nil)
 	if _, err := os.Stat(m.trailPath("acme", ended[0].info.ID)); err == nil {
 		t.Errorf("Record made a trail for a forgotten session")
+	}
+}
+
+type flakyFinaliser struct {
+	fails int // attempts that fail before one succeeds
+	calls chan []Event
+}
+
+func (o *flakyFinaliser) SessionRunning(Info, Endpoint) {}
+func (o *flakyFinaliser) SessionEnded(Info, []Event) {
+	panic("SessionEnded called on a SessionFinaliser")
+}
+func (o *flakyFinaliser) FinaliseSession(_ context.Context, _ Info, evs []Event) error {
+	o.calls <- evs
+	if len(o.calls) <= o.fails {
+		return errors.New("store away")
+	}
+	return nil
+}
+
+// A finalisation that fails is retried with backoff; the session is not
+// forgotten until it succeeds.
+func TestFinaliseRetries(t *testing.T) {
+	m := testManager(t)
+	m.byAddr = map[netip.Addr]*sess{}
+	m.base, m.cancel = t.Context(), func() {}
+	o := &flakyFinaliser{fails: 2, calls: make(chan []Event, 8)}
+	m.observer = o
+	s := addSess(m, "s-0000000000000001", netip.MustParseAddr("10.231.0.2"))
+	m.settle(s, StateStopped, "")
+	select {
+	case <-s.final:
+	case <-time.After(30 * time.Second):
+		t.Fatal("never finalised")
+	}
+	if n := len(o.calls); n != 3 {
+		t.Errorf("%d attempts, want 3", n)
+	}
+	m.mu.Lock()
+	finalised := s.finalised
+	m.mu.Unlock()
+	if !finalised {
+		t.Error("not marked finalised after the attempt that succeeded")
+	}
+	evs := <-o.calls
+	if count(evs, "stopped") != 1 {
+		t.Errorf("the observer did not get the trail with its stop: %v", evs)
+	}
+	m.wg.Wait()
+
+	// Positive control for the forget guard: while attempts fail, the
+	// ended session is not forgotten.
+	m2 := testManager(t)
+	m2.byAddr = map[netip.Addr]*sess{}
+	ctx, cancel := context.WithCancel(t.Context())
+	m2.base, m2.cancel = ctx, cancel
+	never := &flakyFinaliser{fails: 1000, calls: make(chan []Event, 1000)}
+	m2.observer = never
+	s2 := addSess(m2, "s-0000000000000002", netip.MustParseAddr("10.231.0.3"))
+	m2.settle(s2, StateStopped, "")
+	<-never.calls
+	m2.forget(time.Now().Add(48 * time.Hour))
+	if _, err := m2.Get("acme", s2.info.ID); err != nil {
+		t.Error("a session whose finalisation keeps failing was forgotten")
+	}
+	cancel()
+	<-s2.final
+	m2.wg.Wait()
+	if _, err := os.Stat(m2.trailPath("acme", s2.info.ID)); err != nil {
+		t.Errorf("the unfinalised trail file is gone: %v", err)
 	}
 }
