@@ -164,6 +164,8 @@ func setup() (*testEnv, error) {
 			{"name": "tenant-c", "api_key_sha256": []string{hash(e.keyC)}, "max_sessions": 1, "default_ttl": "10m", "max_ttl": "1h", "artifact_retention": "3s"},
 		},
 		"retention_check": "1s",
+		// Short, so that TestSlowUpload shows uploads outlive it.
+		"read_timeout": gatewayReadTimeout.String(),
 	}
 	// With gVisor built (deploy/setup.sh), the suite runs under it: the
 	// default is the strongest usable runtime. Without, under runc.
