@@ -315,6 +315,9 @@ func (f *Filter) nextServer() (int, error) {
 		f.srv = srvChallenge
 		return n, nil
 	case srvChallenge:
+		if len(b) == 0 {
+			return 0, nil // the server waits for the viewer's choice
+		}
 		switch f.security.Load() {
 		case 0:
 			return 0, fmt.Errorf("%w: the server went on before the viewer chose a security type", ErrProtocol)

@@ -144,6 +144,33 @@ func TestFilterServerSide(t *testing.T) {
 	}
 }
 
+// TestFilterServerInTurn: the two sides take turns, as over a real
+// connection: the server's security types come before the viewer's
+// choice, and what follows after it.
+func TestFilterServerInTurn(t *testing.T) {
+	init := serverInit(1280, 800, 4, "good")
+	f := &Filter{MaxWidth: 1280, MaxHeight: 800}
+	steps := []struct {
+		viewer, server []byte
+	}{
+		{nil, init[:12]},                       // version
+		{[]byte("RFB 003.008\n"), init[12:14]}, // security types
+		{[]byte{1}, init[14:18]},               // result
+		{[]byte{1}, init[18:]},                 // ServerInit
+	}
+	for i, st := range steps {
+		if _, err := f.Feed(st.viewer); err != nil {
+			t.Fatalf("step %d: viewer: %v", i, err)
+		}
+		if err := f.FromServer(st.server); err != nil {
+			t.Fatalf("step %d: server: %v", i, err)
+		}
+	}
+	if f.srv != srvMessages {
+		t.Fatalf("state %d after ServerInit", f.srv)
+	}
+}
+
 // TestFilterServerBeforeChoice: a server that goes on before the viewer
 // chose a security type is cut.
 func TestFilterServerBeforeChoice(t *testing.T) {
