@@ -37,9 +37,12 @@ const (
 	hostsVeth    = "sgth0"
 	hostsGW      = "10.233.0.1"
 	hostsPrivate = "10.233.0.2" // private: the proxy must refuse it
-	sitesIP      = "203.0.113.10"
-	otherIP      = "203.0.113.11"
-	dnsIP        = "203.0.113.53"
+	// TEST-NET-2 addresses, each routed alone (/32) into the namespace:
+	// the machine's package registries live in TEST-NET-3 here, so a
+	// wider route would take them away from the image build.
+	sitesIP      = "198.51.100.10"
+	otherIP      = "198.51.100.11"
+	dnsIP        = "198.51.100.53"
 	metadataIP   = "169.254.169.254"
 	hostsIPv6    = "2001:db8:5a::10"
 	hostsTable   = "2323"
@@ -79,7 +82,9 @@ func run(args ...string) error {
 func removeTestHosts() {
 	exec.Command("ip", "rule", "del", "iif", testBridge, "lookup", hostsTable).Run()
 	exec.Command("ip", "route", "flush", "table", hostsTable).Run()
-	exec.Command("ip", "route", "del", "203.0.113.0/24").Run()
+	for _, a := range []string{sitesIP, otherIP, dnsIP} {
+		exec.Command("ip", "route", "del", a+"/32").Run()
+	}
 	exec.Command("ip", "netns", "del", hostsNS).Run()
 }
 
@@ -96,7 +101,9 @@ func newTestHosts(dir string) (*testHosts, error) {
 		{"ip", "netns", "exec", hostsNS, "ip", "-6", "addr", "add", hostsIPv6 + "/64", "dev", "eth0", "nodad"},
 		{"ip", "netns", "exec", hostsNS, "ip", "link", "set", "eth0", "up"},
 		{"ip", "netns", "exec", hostsNS, "ip", "route", "add", "default", "via", hostsGW},
-		{"ip", "route", "add", "203.0.113.0/24", "via", hostsPrivate},
+		{"ip", "route", "add", sitesIP + "/32", "via", hostsPrivate},
+		{"ip", "route", "add", otherIP + "/32", "via", hostsPrivate},
+		{"ip", "route", "add", dnsIP + "/32", "via", hostsPrivate},
 		{"ip", "route", "add", "default", "via", hostsPrivate, "dev", hostsVeth, "onlink", "table", hostsTable},
 		{"ip", "rule", "add", "iif", testBridge, "lookup", hostsTable},
 	}
