@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/sandgate/sandgate/ids"
 )
 
 type previewResponse struct {
@@ -90,7 +91,7 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 		return err
 	}
 	pid := c.Params("preview")
-	if !previewIDPattern.MatchString(pid) {
+	if !ids.IsPreview(pid) {
 		return errNotFound("no such preview")
 	}
 	ctx, cancel := reqCtx(c, 10*time.Second)

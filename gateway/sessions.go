@@ -1,18 +1,13 @@
 package gateway
 
 import (
-	"regexp"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/session"
-)
-
-var (
-	sessionIDPattern = regexp.MustCompile(`^s-[0-9a-f]{16}$`)
-	previewIDPattern = regexp.MustCompile(`^p-[0-9a-f]{16}$`)
 )
 
 type createRequest struct {
@@ -76,7 +71,7 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 
 func (s *Server) sessionID(c *fiber.Ctx) (string, error) {
 	id := c.Params("id")
-	if !sessionIDPattern.MatchString(id) {
+	if !ids.IsSession(id) {
 		return "", errNotFound("no such session")
 	}
 	return id, nil
