@@ -68,12 +68,17 @@ if [ ! -x "$runsc_dir/runsc" ]; then
 fi
 # containerd's runc shim runs this wrapper in place of runc for the gvisor
 # handler (runc option BinaryName): gVisor's own shim cannot set
-# oom_score_adj here, and systrap needs no KVM or ptrace.
-cat >"$runsc_dir/runsc-sandgate" <<WRAP
+# oom_score_adj here, and systrap needs no KVM or ptrace. --oci-seccomp
+# installs the container's seccomp profile in gVisor's kernel, so a
+# session is refused the same calls (user namespaces, keyrings, ptrace,
+# bpf) as under runc; without it runsc ignores the profile. Rewritten on
+# every run, so an older wrapper gains the flag.
+cat >"$runsc_dir/runsc-sandgate.tmp" <<WRAP
 #!/bin/sh
-exec "$runsc_dir/runsc" --platform=systrap "\$@"
+exec "$runsc_dir/runsc" --platform=systrap --oci-seccomp "\$@"
 WRAP
-chmod +x "$runsc_dir/runsc-sandgate"
+chmod +x "$runsc_dir/runsc-sandgate.tmp"
+mv -f "$runsc_dir/runsc-sandgate.tmp" "$runsc_dir/runsc-sandgate"
 ln -sfn "$runsc_dir/runsc-sandgate" "$CACHE/runsc"
 
 # containerd: this host may have no init system running services.

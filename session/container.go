@@ -166,6 +166,7 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 		oci.WithAmbientCapabilities(nil),
 		oci.WithNoNewPrivileges,
 		seccomp.WithDefaultProfile(),
+		withSessionSeccomp(rt.Name),
 		oci.WithMemoryLimit(uint64(res.MemoryMB) << 20),
 		oci.WithCPUCFS(quota, period),
 		oci.WithPidsLimit(int64(res.Pids)),
