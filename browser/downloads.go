@@ -46,6 +46,9 @@ type DownloadLimits struct {
 	Stale time.Duration
 }
 
+// DefaultDownloadBytes bounds one download when DownloadLimits sets none.
+const DefaultDownloadBytes = 512 << 20
+
 func (l DownloadLimits) withDefaults() DownloadLimits {
 	if l.Pending <= 0 {
 		l.Pending = 16
@@ -54,7 +57,7 @@ func (l DownloadLimits) withDefaults() DownloadLimits {
 		l.PerSession = 1000
 	}
 	if l.Bytes <= 0 {
-		l.Bytes = 512 << 20
+		l.Bytes = DefaultDownloadBytes
 	}
 	if l.Reassert <= 0 {
 		l.Reassert = time.Second

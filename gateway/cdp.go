@@ -150,7 +150,16 @@ var DefaultCDPLimits = CDPLimits{ClientMessage: 32 << 20, BrowserMessage: 128 <<
 //
 // TODO(config): read them from Config once it carries them; until then
 // they are the defaults.
-func (s *Server) cdpLimits() CDPLimits { return DefaultCDPLimits }
+func (s *Server) cdpLimits() CDPLimits {
+	l := s.cfg.CDP
+	if l.ClientMessage <= 0 {
+		l.ClientMessage = DefaultCDPLimits.ClientMessage
+	}
+	if l.BrowserMessage <= 0 {
+		l.BrowserMessage = DefaultCDPLimits.BrowserMessage
+	}
+	return l
+}
 
 // cdpProxy pumps CDP messages both ways until either side closes, the
 // token expires, the preview is revoked or the session ends.

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"mime"
 	"path/filepath"
 	"strings"
@@ -22,8 +24,9 @@ func WithRecorder(r *recordings.Recorder) Option { return func(s *Server) { s.re
 
 // watchers is what runs beside a live session on the gateway's side.
 type watchers struct {
-	mu     sync.Mutex
-	cancel map[string]context.CancelFunc
+	mu       sync.Mutex
+	cancel   map[string]context.CancelFunc
+	recorded map[string]bool // sessions whose recording step is done
 }
 
 // Observer returns the gateway's session observer: it starts the recorder
@@ -55,7 +58,7 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 	}
 	s.watch.cancel[info.ID] = cancel
 	s.watch.mu.Unlock()
-	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, browser.DownloadLimits{}, func(d browser.Download) {
+	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, func(d browser.Download) {
 		if err := s.storeDownload(ctx, info, d); err != nil {
 			log.Warn("download not stored", "err", err)
 			s.sessions.Record(info.ID, "download_failed", map[string]any{"url": d.URL})
@@ -64,11 +67,22 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 }
 
 func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser.Download) error {
+	if d.Refused != "" {
+		s.sessions.Record(info.ID, "download_refused", map[string]any{"reason": d.Refused, "url": d.URL})
+		return nil
+	}
 	f, err := s.sessions.OpenDownload(info.Tenant, info.ID, d.GUID)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	// Chromium's count of the size is the session's word: the copy is
+	// bounded by the gateway's own limit all the same.
+	limit := s.cfg.Downloads.Bytes
+	if limit <= 0 {
+		limit = browser.DefaultDownloadBytes
+	}
+	body := &limitedReader{r: f, limit: limit, left: limit}
 	name := d.Name
 	if !utf8.ValidString(name) || name == "" || len(name) > 255 || strings.ContainsAny(name, "/\\\x00") {
 		name = "download"
@@ -81,7 +95,7 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 	defer cancel()
 	a, err := s.store.PutFrom(ctx, info.Tenant, recordings.Artifact{
 		Session: info.ID, Kind: recordings.KindDownload, Name: name, ContentType: ct, SourceURL: d.URL,
-	}, f)
+	}, body)
 	if err != nil {
 		return err
 	}
@@ -89,7 +103,23 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 	return nil
 }
 
+// SessionEnded is FinaliseSession for a manager that does not retry.
 func (o *observer) SessionEnded(info session.Info, events []session.Event) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := o.FinaliseSession(ctx, info, events); err != nil {
+		o.log.Error("audit trail not stored", "session", info.ID, "tenant", info.Tenant, "err", err)
+	}
+}
+
+var _ session.SessionFinaliser = (*observer)(nil)
+
+// FinaliseSession stops what watched the session, finalises its recording
+// (once: a recording that cannot be finalised is left to the janitor's
+// retries) and stores its audit trail. An error means the trail is not
+// stored yet: the manager calls again with backoff, apart from the
+// reaper, and keeps the session's trail on the host until then.
+func (o *observer) FinaliseSession(ctx context.Context, info session.Info, events []session.Event) error {
 	s := (*Server)(o)
 	log := s.log.With("session", info.ID, "tenant", info.Tenant)
 	s.watch.mu.Lock()
@@ -97,14 +127,14 @@ func (o *observer) SessionEnded(info session.Info, events []session.Event) {
 		cancel()
 		delete(s.watch.cancel, info.ID)
 	}
+	recorded := s.watch.recorded[info.ID]
+	s.watch.recorded[info.ID] = true
 	s.watch.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	note := func(typ string, f map[string]any) {
 		s.sessions.Record(info.ID, typ, f)
 		events = append(events, session.Event{Time: time.Now().UTC(), Type: typ, Fields: f})
 	}
-	if s.recorder != nil {
+	if s.recorder != nil && !recorded {
 		m, err := s.recorder.Finish(ctx, info.Tenant, info.ID, time.Now())
 		switch {
 		case errors.Is(err, recordings.ErrNothingRecorded):
@@ -121,18 +151,57 @@ func (o *observer) SessionEnded(info session.Info, events []session.Event) {
 	for _, ev := range events {
 		enc.Encode(ev)
 	}
-	// The trail is all a reviewer has of what happened: retry while the
-	// store is away, within the stop's bounds.
+	// The trail is all a reviewer has of what happened: a few quick tries
+	// here, then the manager's backoff takes over.
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	for {
 		_, err := s.store.Put(ctx, info.Tenant, info.ID, recordings.KindLog, "audit.jsonl", "application/x-ndjson", b.Bytes())
 		if err == nil {
-			return
+			s.watch.mu.Lock()
+			delete(s.watch.recorded, info.ID)
+			s.watch.mu.Unlock()
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			log.Error("audit trail not stored", "err", err)
-			return
+			return fmt.Errorf("store the audit trail: %w", err)
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// errDownloadTooLarge ends a download's copy past the configured bound.
+var errDownloadTooLarge = errors.New("the download is larger than the configured limit")
+
+// limitedReader reads at most limit bytes and fails, rather than ending
+// quietly, when there is more: a cut file is never stored as whole. It
+// seeks (the store reads twice: to hash, then to upload).
+type limitedReader struct {
+	r           io.ReadSeeker
+	limit, left int64
+}
+
+func (l *limitedReader) Seek(off int64, whence int) (int64, error) {
+	pos, err := l.r.Seek(off, whence)
+	if err == nil {
+		l.left = l.limit - pos
+	}
+	return pos, err
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		var one [1]byte
+		if n, _ := l.r.Read(one[:]); n > 0 {
+			return 0, errDownloadTooLarge
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/vault"
@@ -48,6 +49,12 @@ type Config struct {
 	// once the request is authenticated.
 	ReadTimeout   time.Duration
 	UploadTimeout time.Duration
+	// CDP bounds messages through the CDP proxy (DefaultCDPLimits where
+	// zero).
+	CDP CDPLimits
+	// Downloads bounds what the download watcher takes from a session;
+	// Downloads.Bytes also bounds the copy out of the session.
+	Downloads browser.DownloadLimits
 }
 
 // Defaults of Config.
@@ -116,6 +123,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 		s.hosts[strings.ToLower(h)] = true
 	}
 	s.watch.cancel = map[string]context.CancelFunc{}
+	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {
 		o(s)
 	}

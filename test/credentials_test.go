@@ -36,6 +36,9 @@ func TestCredentials(t *testing.T) {
 		"egress": map[string]any{"allow": []string{"login.sandgate.test:80"}},
 		"credentials": []map[string]any{
 			{"credential": basic, "scheme": "https", "host": "basic.sandgate.test"},
+			// fill_credential types only on a page of a binding; the page
+			// gets a placeholder that the proxy swaps on the way out.
+			{"credential": basic, "scheme": "http", "host": "login.sandgate.test"},
 			{"credential": bearer, "scheme": "https", "host": "bearer.sandgate.test", "path_prefix": "/"},
 		},
 	})
@@ -100,8 +103,8 @@ func TestCredentials(t *testing.T) {
 		}{
 			{"missing field on the page", e.keyA, map[string]any{"action": "fill_credential", "credential": basic, "selector": "#nothing-here"}, 409},
 			{"another tenant's session", e.keyB, map[string]any{"action": "fill_credential", "credential": basic, "selector": "#pass"}, 404},
-			{"unknown credential", e.keyA, map[string]any{"action": "fill_credential", "credential": "cred_0000000000000000", "selector": "#pass"}, 404},
-			{"bearer has no username", e.keyA, map[string]any{"action": "fill_credential", "credential": bearer, "field": "username", "selector": "#user"}, 400},
+			{"unknown credential", e.keyA, map[string]any{"action": "fill_credential", "credential": "cred_0000000000000000", "selector": "#pass"}, 403},
+			{"bearer has no username", e.keyA, map[string]any{"action": "fill_credential", "credential": bearer, "field": "username", "selector": "#user"}, 403},
 		} {
 			st, body := e.api(t, tc.key, "POST", "/v1/sessions/"+s.ID+"/actions", tc.req)
 			if st != tc.status || strings.Contains(string(body), e.canary) {

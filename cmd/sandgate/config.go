@@ -32,6 +32,14 @@ type Config struct {
 	// get UploadTimeout (default 30m) once authenticated.
 	ReadTimeout   Duration `json:"read_timeout"`
 	UploadTimeout Duration `json:"upload_timeout"`
+	// Limits bound what the gateway takes from a session or a client
+	// over CDP and through downloads; zero takes the default.
+	Limits struct {
+		CDPClientMessageBytes  int64 `json:"cdp_client_message_bytes"`  // 32 MiB
+		CDPBrowserMessageBytes int64 `json:"cdp_browser_message_bytes"` // 128 MiB
+		DownloadBytes          int64 `json:"download_bytes"`            // 512 MiB
+		DownloadsPerSession    int   `json:"downloads_per_session"`     // 1000
+	} `json:"limits"`
 
 	Containerd struct {
 		Address     string `json:"address"`
@@ -252,6 +260,9 @@ func (c *Config) check() error {
 				errs = append(errs, fmt.Errorf("trusted_proxies: %q is not an IP address or CIDR prefix", p))
 			}
 		}
+	}
+	if l := c.Limits; l.CDPClientMessageBytes < 0 || l.CDPBrowserMessageBytes < 0 || l.DownloadBytes < 0 || l.DownloadsPerSession < 0 {
+		errs = append(errs, errors.New("limits: sizes and counts must not be negative (0 takes the default)"))
 	}
 	if c.ReadTimeout.Duration < time.Second || c.UploadTimeout.Duration < c.ReadTimeout.Duration {
 		errs = append(errs, errors.New("read_timeout must be at least 1s and upload_timeout at least read_timeout"))

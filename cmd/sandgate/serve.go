@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/namespaces"
 
+	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/recordings"
@@ -134,6 +135,8 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		PublicURL: pub, Hosts: cfg.Hosts, APIKeys: keys,
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
 		TrustedProxies: cfg.TrustedProxies, ReadTimeout: cfg.ReadTimeout.Duration, UploadTimeout: cfg.UploadTimeout.Duration,
+		CDP: gateway.CDPLimits{ClientMessage: cfg.Limits.CDPClientMessageBytes, BrowserMessage: cfg.Limits.CDPBrowserMessageBytes},
+		Downloads: browser.DownloadLimits{Bytes: cfg.Limits.DownloadBytes, PerSession: cfg.Limits.DownloadsPerSession},
 	}, mgr, store, log, opts...)
 	if err != nil {
 		return err
