@@ -3,7 +3,9 @@
 # as root. Idempotent: a second run only checks. Slow parts are cached
 # under /var/cache/sandgate, keyed by their inputs (the MinIO version, the
 # session image definition).
-set -euo pipefail
+set -Eeuo pipefail
+# Every failure says what failed, where: set -e alone exits silently.
+trap 'status=$?; echo "deploy/setup.sh: line $LINENO: \`$BASH_COMMAND\` failed with exit status $status" >&2' ERR
 
 MINIO_VERSION=${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}
 # gVisor from the Go module proxy's go branch. It must be built static
