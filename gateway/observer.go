@@ -36,17 +36,33 @@ func (s *Server) Observer() session.Observer { return (*observer)(s) }
 
 type observer Server
 
+// recordingStartWait bounds how long a recorded session's creation waits
+// for the recording's first frame.
+const recordingStartWait = 30 * time.Second
+
 func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 	s := (*Server)(o)
 	log := s.log.With("session", info.ID, "tenant", info.Tenant)
 	if info.Record && s.recorder != nil {
-		s.recorder.Start(recordings.Target{
+		ready := s.recorder.Start(recordings.Target{
 			Tenant: info.Tenant, Session: info.ID, VNC: ep.VNC.String(),
 			Width: info.Screen.Width, Height: info.Screen.Height,
 			Note: func(typ string, f map[string]any) { s.sessions.Record(info.ID, typ, f) },
+			Running: func() bool {
+				i, err := s.sessions.Get(info.Tenant, info.ID)
+				return err == nil && i.State == session.StateRunning
+			},
 		})
 		s.sessions.Record(info.ID, "recording_started", nil)
-		log.Info("recording")
+		// The session is handed out once its display is being recorded,
+		// so a slow display loses nothing; the recorder keeps trying after
+		// this wait, and says so in the trail if it gives up.
+		select {
+		case <-ready:
+			log.Info("recording")
+		case <-time.After(recordingStartWait):
+			log.Warn("recording has not started yet; the session is handed out all the same", "waited", recordingStartWait)
+		}
 	}
 	if info.Kind != session.KindBrowser {
 		return

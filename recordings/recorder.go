@@ -90,6 +90,9 @@ type Target struct {
 	// recording_interrupted and recording_resumed when the display goes
 	// away and comes back, recording_failed when the recorder gives up.
 	Note func(event string, fields map[string]any)
+	// Running says whether the session still runs (may be nil): a
+	// display lost when the session is ending is no interruption.
+	Running func() bool
 }
 
 // recording is one session being recorded, made of parts: one VNC
@@ -103,6 +106,8 @@ type recording struct {
 	prefix string // of the current part's segment files
 	cancel context.CancelFunc
 	done   chan struct{}
+	ready  chan struct{} // closed at the first frame, or when run ends
+	once   sync.Once
 	// Set by run, read once done is closed.
 	connected bool // a part ran at some time
 	gaveUp    bool // recording_failed was noted
@@ -135,10 +140,16 @@ func (r *Recorder) sessionDir(tenant, session string) string {
 
 // Start records the session until Finish is called. It connects to the
 // session's display as soon as it answers, however long that takes, and
-// reconnects whenever the connection is lost.
-func (r *Recorder) Start(t Target) {
+// reconnects whenever the connection is lost. The channel it returns is
+// closed once the first frame of the display is in the recording (or the
+// recording ended without one): a caller that waits on it before handing
+// the session out has every moment of the session recorded.
+func (r *Recorder) Start(t Target) <-chan struct{} {
 	if t.Note == nil {
 		t.Note = func(string, map[string]any) {}
+	}
+	if t.Running == nil {
+		t.Running = func() bool { return true }
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -146,17 +157,21 @@ func (r *Recorder) Start(t Target) {
 		select {
 		case <-p.done:
 		default:
-			return // already recording
+			return p.ready // already recording
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &recording{Target: t, dir: r.sessionDir(t.Tenant, t.Session), cancel: cancel, done: make(chan struct{})}
+	p := &recording{Target: t, dir: r.sessionDir(t.Tenant, t.Session), cancel: cancel, done: make(chan struct{}), ready: make(chan struct{})}
 	r.parts[t.Session] = p
 	go func() {
 		defer close(p.done)
+		defer p.isReady()
 		r.run(ctx, p)
 	}()
+	return p.ready
 }
+
+func (p *recording) isReady() { p.once.Do(func() { close(p.ready) }) }
 
 // run records parts until ctx ends, reconnecting with backoff.
 func (r *Recorder) run(ctx context.Context, p *recording) {
@@ -164,9 +179,13 @@ func (r *Recorder) run(ctx context.Context, p *recording) {
 	wait := retryFirst
 	failed, interruptions := 0, 0
 	var lost time.Time // when the display went away mid-recording
+	started := time.Now()
 	for {
 		var began time.Time
 		err := r.record(ctx, p, func() {
+			if !p.connected {
+				log.Info("recording the display", "after", time.Since(started).Round(time.Millisecond))
+			}
 			began, failed, p.connected = time.Now(), 0, true
 			if !lost.IsZero() {
 				p.Note("recording_resumed", map[string]any{"interruptions": interruptions, "gap_ms": time.Since(lost).Milliseconds()})
@@ -175,6 +194,11 @@ func (r *Recorder) run(ctx context.Context, p *recording) {
 			}
 		})
 		if ctx.Err() != nil {
+			return
+		}
+		if !p.Running() {
+			// The session is ending; Finish makes the recording final.
+			log.Debug("display gone with the session", "err", err)
 			return
 		}
 		var local *localError
@@ -300,6 +324,7 @@ func (r *Recorder) record(ctx context.Context, p *recording, connected func()) e
 				}
 			}
 			mu.Unlock()
+			p.isReady() // the writer sends the display from now on
 			if err := vnc.RequestUpdate(true); err != nil {
 				readErr <- err
 				return

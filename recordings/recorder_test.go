@@ -226,10 +226,23 @@ func TestRecorderWaitsForDisplay(t *testing.T) {
 	r := newTestRecorder(t)
 	addr := freeAddr(t)
 	var tr trail
-	r.Start(Target{Tenant: "t", Session: testSession, VNC: addr, Width: 64, Height: 48, Note: tr.note})
+	ready := r.Start(Target{Tenant: "t", Session: testSession, VNC: addr, Width: 64, Height: 48, Note: tr.note})
 	defer stop(r, testSession)
 	time.Sleep(time.Second) // nothing answers for a second: several attempts fail
+	select {
+	case <-ready:
+		t.Fatal("ready before the display answered")
+	default:
+	}
 	srv := serveVNC(t, addr, 64, 48)
+	select {
+	case <-ready:
+	case <-time.After(20 * time.Second):
+		t.Fatal("not ready 20 s after the display answered")
+	}
+	if srv.requests.Load() < 1 {
+		t.Fatal("ready before the display sent a frame")
+	}
 	waitFor(t, 20*time.Second, "the recorder connects and records", func() bool {
 		return srv.requests.Load() >= 5 && len(parts(r, testSession)) == 1
 	})
@@ -257,9 +270,14 @@ func TestRecorderWaitsForDisplay(t *testing.T) {
 	}()
 	var htr trail
 	const other = "s-fedcba9876543210"
-	r.Start(Target{Tenant: "t", Session: other, VNC: hostile, Width: 64, Height: 48, Note: htr.note})
+	hready := r.Start(Target{Tenant: "t", Session: other, VNC: hostile, Width: 64, Height: 48, Note: htr.note})
 	defer stop(r, other)
 	waitFor(t, 20*time.Second, "recording_failed", func() bool { return htr.count("recording_failed") == 1 })
+	select {
+	case <-hready: // a recording that gave up does not hold its session back
+	case <-time.After(5 * time.Second):
+		t.Fatal("not ready after giving up")
+	}
 	if s := htr.String(); !strings.Contains(s, "65535x65535") || htr.count("recording_interrupted") != 0 {
 		t.Fatalf("trail: %s", s)
 	}
@@ -288,5 +306,32 @@ func TestRecorderResumes(t *testing.T) {
 	})
 	if tr.count("recording_interrupted") != 1 || tr.count("recording_failed") != 0 {
 		t.Fatalf("trail: %s", &tr)
+	}
+}
+
+// TestRecorderSessionEnding: a display lost because the session is ending
+// is no interruption: nothing is noted and no reconnect is tried.
+func TestRecorderSessionEnding(t *testing.T) {
+	r := newTestRecorder(t)
+	addr := freeAddr(t)
+	srv := serveVNC(t, addr, 64, 48)
+	var tr trail
+	var running atomic.Bool
+	running.Store(true)
+	ready := r.Start(Target{Tenant: "t", Session: testSession, VNC: addr, Width: 64, Height: 48, Note: tr.note, Running: running.Load})
+	defer stop(r, testSession)
+	<-ready
+	running.Store(false)
+	srv.drop()
+	r.mu.Lock()
+	done := r.parts[testSession].done
+	r.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the recorder went on after the session ended")
+	}
+	if srv.accepted.Load() != 1 || tr.count("recording_interrupted") != 0 {
+		t.Fatalf("%d connections; trail: %s", srv.accepted.Load(), &tr)
 	}
 }
