@@ -40,12 +40,12 @@ const (
 	// TEST-NET-2 addresses, each routed alone (/32) into the namespace:
 	// the machine's package registries live in TEST-NET-3 here, so a
 	// wider route would take them away from the image build.
-	sitesIP      = "198.51.100.10"
-	otherIP      = "198.51.100.11"
-	dnsIP        = "198.51.100.53"
-	metadataIP   = "169.254.169.254"
-	hostsIPv6    = "2001:db8:5a::10"
-	hostsTable   = "2323"
+	sitesIP    = "198.51.100.10"
+	otherIP    = "198.51.100.11"
+	dnsIP      = "198.51.100.53"
+	metadataIP = "169.254.169.254"
+	hostsIPv6  = "2001:db8:5a::10"
+	hostsTable = "2323"
 )
 
 // Names the proxy resolves (config egress.hosts) to the test's hosts.
