@@ -25,6 +25,10 @@ import (
 // and the secret goes nowhere), and the trail gets placeholder_not_swapped.
 const MaxPlaceholderBody = 1 << 20
 
+// MaxPlaceholderSwaps bounds the placeholders swapped in one request (a
+// login form holds one or two); a request with more is passed unchanged.
+const MaxPlaceholderSwaps = 8
+
 // swap is one placeholder and the secret it stands for.
 type swap struct {
 	placeholder string
@@ -42,6 +46,16 @@ type swapResult struct {
 func swapPlaceholders(r *http.Request, swaps []swap) (swapResult, error) {
 	res := swapResult{swapped: map[string]bool{}}
 	if len(swaps) == 0 {
+		return res, nil
+	}
+	// Each swap grows the request by the secret's encoded length: a
+	// body full of placeholders must not become hundreds of MB.
+	count := 0
+	for _, s := range swaps {
+		count += strings.Count(r.URL.RawQuery, s.placeholder)
+	}
+	if count > MaxPlaceholderSwaps {
+		res.tooLarge = true
 		return res, nil
 	}
 	if q := r.URL.RawQuery; q != "" {
@@ -64,6 +78,14 @@ func swapPlaceholders(r *http.Request, swaps []swap) (swapResult, error) {
 		for _, s := range swaps {
 			res.tooLarge = res.tooLarge || bytes.Contains(head, []byte(s.placeholder))
 		}
+		r.Body = readCloser{io.MultiReader(bytes.NewReader(head), r.Body), r.Body}
+		return res, nil
+	}
+	for _, s := range swaps {
+		count += bytes.Count(head, []byte(s.placeholder))
+	}
+	if count > MaxPlaceholderSwaps {
+		res.tooLarge = true
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(head), r.Body), r.Body}
 		return res, nil
 	}

@@ -211,3 +211,26 @@ func TestProxyPlaceholders(t *testing.T) {
 		t.Errorf("a form credential was used as a header:\n%s", joined)
 	}
 }
+
+// A body full of placeholders is not expanded (each would grow it by the
+// secret); a login form's one or two are (the control).
+func TestSwapBounded(t *testing.T) {
+	const ph, secret = "sgph_00112233445566778899aabbccddeeff", "a-long-secret-value"
+	sw := []swap{{placeholder: ph, secret: secret}}
+	for _, tc := range []struct {
+		n       int
+		swapped bool
+	}{{1, true}, {MaxPlaceholderSwaps, true}, {MaxPlaceholderSwaps + 1, false}, {20000, false}} {
+		body := strings.Repeat("p="+ph+"&", tc.n)
+		r, _ := http.NewRequest("POST", "http://login.example/", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		res, err := swapPlaceholders(r, sw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(r.Body)
+		if tc.swapped != strings.Contains(string(got), secret) || tc.swapped == res.tooLarge || len(got) > len(body)+MaxPlaceholderSwaps*len(secret) {
+			t.Errorf("%d placeholders: swapped %v, tooLarge %v, %d bytes from %d", tc.n, strings.Contains(string(got), secret), res.tooLarge, len(got), len(body))
+		}
+	}
+}

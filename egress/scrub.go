@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -58,8 +60,15 @@ func needles(secrets ...string) [][]byte {
 		plain := strings.TrimSuffix(strings.TrimSpace(b.String()), `"`)[1:]
 		add(plain)
 		add(strings.ReplaceAll(plain, "/", `\/`))
-		html, _ := json.Marshal(s)
-		add(string(html[1 : len(html)-1]))
+		jsonHTML, _ := json.Marshal(s)
+		add(string(jsonHTML[1 : len(jsonHTML)-1]))
+		// Written back into a page: HTML entities as Go's html and
+		// html/template, and other servers, write them.
+		h := html.EscapeString(s)
+		add(h)
+		add(strings.ReplaceAll(h, "+", "&#43;"))
+		add(strings.NewReplacer("&#34;", "&quot;", "&#39;", "&#x27;").Replace(h))
+		add(numericEntities(s))
 	}
 	// Longest first, so a longer form is masked whole before a shorter
 	// one inside it.
@@ -84,6 +93,20 @@ func base64Core(enc *base64.Encoding, s string, a int) string {
 		return ""
 	}
 	return e[lead:]
+}
+
+// numericEntities writes every byte of s but letters and digits as a
+// decimal character reference.
+func numericEntities(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r < 128 && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			b.WriteRune(r)
+			continue
+		}
+		b.WriteString("&#" + strconv.Itoa(int(r)) + ";")
+	}
+	return b.String()
 }
 
 // lowerHexEscapes writes the hex digits of %XX escapes in lower case.

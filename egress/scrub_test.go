@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"html"
+	"html/template"
 	"io"
 	"net/http"
 	"net/url"
@@ -134,5 +136,27 @@ func BenchmarkScrubReader(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
 		io.Copy(io.Discard, newScrubReader(io.NopCloser(bytes.NewReader(body)), ns))
+	}
+}
+
+// A page that writes a secret back into its HTML escapes it: each way of
+// escaping is masked; the control shows the same body passes unmasked
+// when scrubbed for another secret.
+func TestScrubHTMLEchoes(t *testing.T) {
+	const secret = `p@ss w0rd&"x'+/<>`
+	for _, e := range []string{
+		html.EscapeString(secret),
+		template.HTMLEscapeString(secret),
+		strings.ReplaceAll(html.EscapeString(secret), "+", "&#43;"),
+		strings.NewReplacer("&#34;", "&quot;", "&#39;", "&#x27;").Replace(html.EscapeString(secret)),
+		numericEntities(secret),
+	} {
+		body := []byte(`<input value="` + e + `">`)
+		if out := scrubAll(t, body, 5, secret); bytes.Contains(out, []byte(e)) {
+			t.Errorf("the echo %q is left in %q", e, out)
+		}
+		if out := scrubAll(t, body, 5, "another-secret"); !bytes.Equal(out, body) {
+			t.Errorf("control: scrubbing for another secret changed %q into %q", body, out)
+		}
 	}
 }

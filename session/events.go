@@ -369,6 +369,19 @@ func (m *Manager) endOrphanTrails(o Observer) {
 	}
 }
 
+// trailEvents reads a session's trail without holding the manager's lock
+// during the file read.
+func (m *Manager) trailEvents(s *sess) []Event {
+	m.mu.Lock()
+	path, mem := s.trail.path, append([]Event(nil), s.trail.mem...)
+	m.mu.Unlock()
+	var out []Event
+	if path != "" {
+		out = readTrail(path)
+	}
+	return append(out, mem...)
+}
+
 // ended tells the observer a session is over, with its trail, and keeps
 // the trail file, marked ended, until the session is forgotten.
 func (m *Manager) ended(s *sess) {
@@ -381,9 +394,7 @@ func (m *Manager) ended(s *sess) {
 	switch {
 	case retry:
 		for wait := finaliseBackoff; ; wait = min(2*wait, maxFinaliseBackoff) {
-			m.mu.Lock()
-			events := s.trail.events()
-			m.mu.Unlock()
+			events := m.trailEvents(s)
 			err := f.FinaliseSession(m.base, info, events)
 			if err == nil {
 				break
@@ -397,10 +408,7 @@ func (m *Manager) ended(s *sess) {
 			}
 		}
 	case o != nil:
-		m.mu.Lock()
-		events := s.trail.events()
-		m.mu.Unlock()
-		o.SessionEnded(info, events)
+		o.SessionEnded(info, m.trailEvents(s))
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -14,6 +14,12 @@ import (
 	"time"
 )
 
+// Bounds on a session's live preview connections (CDP, VNC, shell).
+const (
+	MaxSessionConns = 32
+	MaxPreviewConns = 16
+)
+
 // Track registers a live connection of a preview on its session, so that
 // the session's end or the preview's revocation closes it. The returned
 // func unregisters it.
@@ -29,6 +35,18 @@ func (m *Manager) Track(tenant, id, preview string, c io.Closer) (func(), error)
 	}
 	if m.revocations.has(id, preview, time.Now()) {
 		return nil, publicf(ErrNotFound, "the preview was revoked", nil)
+	}
+	// A shared link is held by strangers: each connection costs the
+	// gateway buffers, descriptors and goroutines, so a session has a
+	// bounded number of them, and one preview a smaller share.
+	per := 0
+	for t := range s.conns {
+		if t.preview == preview {
+			per++
+		}
+	}
+	if len(s.conns) >= MaxSessionConns || per >= MaxPreviewConns {
+		return nil, publicf(ErrQuota, fmt.Sprintf("too many live connections (at most %d per session, %d per preview)", MaxSessionConns, MaxPreviewConns), nil)
 	}
 	t := &tracked{preview: preview, c: c}
 	s.conns[t] = struct{}{}
@@ -82,7 +100,8 @@ const pruneRevocationsAt = 10000
 // file that is compacted (expired entries dropped) when it is loaded.
 type revocations struct {
 	path string
-	mu   sync.Mutex
+	mu   sync.Mutex               // guards m; never held during file I/O
+	fmu  sync.Mutex               // serialises appends to the file
 	m    map[revocation]time.Time // until
 }
 
@@ -153,7 +172,6 @@ func writeSynced(path string, b []byte) error {
 // error says it could not be made durable.
 func (r *revocations) add(session, preview string, until, now time.Time) error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if len(r.m) >= pruneRevocationsAt {
 		for k, u := range r.m {
 			if !u.After(now) {
@@ -162,6 +180,10 @@ func (r *revocations) add(session, preview string, until, now time.Time) error {
 		}
 	}
 	r.m[revocation{session, preview}] = until
+	r.mu.Unlock()
+	// has (under the manager's lock) never waits on the disk.
+	r.fmu.Lock()
+	defer r.fmu.Unlock()
 	line, _ := json.Marshal(revocationLine{session, preview, until.Unix()})
 	f, err := os.OpenFile(r.path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {

@@ -333,11 +333,13 @@ func TestRevokedTokenClosesWebSocket(t *testing.T) {
 func TestExpiredTokenClosesWebSocket(t *testing.T) {
 	e := needE2E(t)
 	s := e.createSession(t, e.keyA, nil)
-	p := e.preview(t, e.keyA, s.ID, 3)
+	// Long enough for discovery, dial and one round trip on a slow
+	// machine under gVisor (3 s was not, once).
+	p := e.preview(t, e.keyA, s.ID, 8)
 	c := wsDial(t, browserWS(t, p.URL))
 	defer c.Close()
 	cdpPing(t, c, 1)
-	at, ok := closedAt(c, 10*time.Second)
+	at, ok := closedAt(c, 15*time.Second)
 	if !ok {
 		t.Fatal("the WebSocket stayed open past the token's expiry")
 	}
