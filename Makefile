@@ -18,7 +18,7 @@ test:
 	go vet ./...
 	go test -count=1 ./browser/... ./cmd/... ./desktop/... ./egress/... ./gateway/... ./images/... ./recordings/... ./session/... ./vault/...
 	# -v: every skip prints its reason (Kata, where it is not installed).
-	SANDGATE_E2E=1 go test -count=1 -v -timeout 40m ./test/
+	SANDGATE_E2E=1 go test -count=1 -v -timeout 75m ./test/
 
 # Benchmarks, each beside its baseline: cold start, CDP round trip, VNC
 # frames, action round trip, exec, runtimes, page loads through the egress
