@@ -1,6 +1,8 @@
 package session
 
 import (
+	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -56,4 +58,45 @@ func splitLines(b []byte) []string {
 		}
 	}
 	return out
+}
+
+type nopCloser struct{}
+
+func (nopCloser) Close() error { return nil }
+
+// A shared link's holders cannot open connections without bound: a
+// preview gets MaxPreviewConns, a session MaxSessionConns; a released one
+// frees its place (the control).
+func TestTrackBounded(t *testing.T) {
+	m := testManager(t)
+	m.byAddr = map[netip.Addr]*sess{}
+	rv, err := loadRevocations(filepath.Join(t.TempDir(), "revocations.jsonl"), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.revocations = rv
+	s := addSess(m, "s-0000000000000001", netip.MustParseAddr("10.231.0.5"))
+	var release []func()
+	for i := 0; i < MaxPreviewConns; i++ {
+		r, err := m.Track("acme", s.info.ID, "p1", nopCloser{})
+		if err != nil {
+			t.Fatalf("connection %d of a preview refused: %v", i, err)
+		}
+		release = append(release, r)
+	}
+	if _, err := m.Track("acme", s.info.ID, "p1", nopCloser{}); !errors.Is(err, ErrQuota) {
+		t.Fatalf("preview connection %d: %v, want %v", MaxPreviewConns+1, err, ErrQuota)
+	}
+	release[0]()
+	if _, err := m.Track("acme", s.info.ID, "p1", nopCloser{}); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	for i := MaxPreviewConns; i < MaxSessionConns; i++ {
+		if _, err := m.Track("acme", s.info.ID, "p2-"+string(rune('a'+i%8)), nopCloser{}); err != nil {
+			t.Fatalf("session connection %d refused: %v", i, err)
+		}
+	}
+	if _, err := m.Track("acme", s.info.ID, "p3", nopCloser{}); !errors.Is(err, ErrQuota) {
+		t.Fatalf("session connection %d: %v, want %v", MaxSessionConns+1, err, ErrQuota)
+	}
 }
