@@ -88,9 +88,11 @@ func TestIsolation(t *testing.T) {
 					t.Errorf("unshare -r succeeded under %s", rt)
 				}
 				if rt == "gvisor" {
-					out := sh("uname -r; dmesg | head -1", 30)
-					if !strings.Contains(string(out.Stdout), "gvisor") || !strings.Contains(string(out.Stdout), "gVisor") {
-						t.Errorf("under gVisor, uname -r and dmesg should show gVisor's kernel: %q", out.Stdout)
+					// dmesg (syslog(2)) is refused by the seccomp profile
+					// now, as under runc; uname is enough to tell.
+					out := sh("uname -r", 30)
+					if !strings.Contains(string(out.Stdout), "gvisor") {
+						t.Errorf("under gVisor, uname -r should show gVisor's kernel: %q", out.Stdout)
 					}
 				}
 			})
@@ -153,6 +155,11 @@ func TestIsolation(t *testing.T) {
 						}
 						t.Logf("after the memory hog (exit %d) the session failed: %s", out.ExitCode, jsonField(body, "failure"))
 						break
+					}
+					if state == "stopping" && time.Now().Before(deadline) {
+						// On its way to failed: teardown runs apart.
+						time.Sleep(time.Second)
+						continue
 					}
 					if state != "running" {
 						t.Fatalf("after the memory hog the session is %s", state)
