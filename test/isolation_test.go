@@ -145,7 +145,7 @@ func TestIsolation(t *testing.T) {
 				// Either the hog alone died and the session works, or the
 				// session died and says so (within the health probe's
 				// reach); never a dead session that claims to run.
-				deadline := time.Now().Add(30 * time.Second)
+				deadline := time.Now().Add(60 * time.Second)
 				for {
 					_, body := e.api(t, e.keyA, "GET", "/v1/sessions/"+hog.ID, nil)
 					state := jsonField(body, "state")
