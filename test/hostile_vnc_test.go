@@ -147,7 +147,7 @@ func (e *testEnv) runInBackground(t *testing.T, id, script string) {
 // it stops the session's entry point, x11vnc's parent (which would end
 // the session when the VNC server exits), kills x11vnc, then runs what
 // follows.
-const takeOverDisplay = `v=$(pgrep -x x11vnc) && kill -STOP $(ps -o ppid= -p $v) && kill $v && `
+const takeOverDisplay = `v=$(pgrep -x x11vnc) && kill -STOP $(ps -o ppid= -p $v) && kill -KILL $v && `
 
 // waitEvent polls the session's trail until an event of the type is in
 // it, and returns its fields.
