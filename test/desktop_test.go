@@ -183,7 +183,7 @@ func TestVNCThroughGateway(t *testing.T) {
 	}
 	// The desktop's windows appear within a moment of the session start.
 	var img *image.RGBA
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		var err error
 		if img, err = c.Capture(); err != nil {
 			t.Fatalf("framebuffer update: %v", err)
