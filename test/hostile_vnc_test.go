@@ -1,7 +1,6 @@
 package test
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -105,26 +104,6 @@ func buildStatic(t *testing.T, src string) []byte {
 	return b
 }
 
-// gwRSS reads the gateway's resident set and its peak, in bytes.
-func (e *testEnv) gwRSS(t *testing.T) (rss, peak int64) {
-	t.Helper()
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", e.gw.Process.Pid))
-	if err != nil {
-		t.Fatalf("the gateway is gone: %v", err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	for sc.Scan() {
-		var kb int64
-		if n, _ := fmt.Sscanf(sc.Text(), "VmRSS: %d kB", &kb); n == 1 {
-			rss = kb << 10
-		}
-		if n, _ := fmt.Sscanf(sc.Text(), "VmHWM: %d kB", &kb); n == 1 {
-			peak = kb << 10
-		}
-	}
-	return rss, peak
-}
-
 // runInBackground starts a command in the session through the exec API
 // and returns at once; the command ends with the session.
 func (e *testEnv) runInBackground(t *testing.T, id, script string) {
@@ -203,7 +182,7 @@ func TestHostileVNCServer(t *testing.T) {
 			if st, body := e.api(t, e.keyA, "PUT", base+"/files?path=/home/sandgate/workspace/fakevnc", prog); st/100 != 2 {
 				t.Fatalf("upload: %d %s", st, body)
 			}
-			rss0, _ := e.gwRSS(t)
+			rss0, _ := e.gatewayMemory(t)
 			e.runInBackground(t, s.ID, "chmod +x ~/workspace/fakevnc && "+takeOverDisplay+"exec ~/workspace/fakevnc")
 			deadline := time.Now().Add(30 * time.Second)
 			for {
@@ -269,7 +248,7 @@ func TestHostileVNCServer(t *testing.T) {
 			if st, _ := e.api(t, "", "GET", "/healthz", nil); st != 200 {
 				t.Fatalf("gateway /healthz: %d", st)
 			}
-			rss1, peak := e.gwRSS(t)
+			rss1, peak := e.gatewayMemory(t)
 			t.Logf("gateway RSS %d MiB before, %d MiB after, peak %d MiB", rss0>>20, rss1>>20, peak>>20)
 			if rss1-rss0 > 64<<20 {
 				t.Errorf("the gateway grew by %d MiB", (rss1-rss0)>>20)
