@@ -90,8 +90,9 @@ func TestExecStreamsInOrder(t *testing.T) {
 	if r := out.Records; len(r) != 3 || r[0].Stream != "stdout" || r[1].Stream != "stderr" {
 		t.Fatalf("records out of order: %+v", r)
 	}
-	// It streams: the first line arrives long before the command ends.
-	raw, _ := json.Marshal(map[string]any{"cmd": []string{"sh", "-c", "echo first; sleep 2; echo second"}})
+	// It streams: the first line arrives long before the command ends (a
+	// slow machine took 1.8 s to deliver it, so the command sleeps 30 s).
+	raw, _ := json.Marshal(map[string]any{"cmd": []string{"sh", "-c", "echo first; sleep 30; echo second"}})
 	req, _ := http.NewRequest("POST", e.gwURL+"/v1/sessions/"+s.ID+"/exec", bytes.NewReader(raw))
 	req.Header.Set("Authorization", "Bearer "+e.keyA)
 	t0 := time.Now()
@@ -101,7 +102,7 @@ func TestExecStreamsInOrder(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	if err != nil || !strings.Contains(line, `"stdout"`) || time.Since(t0) > 1500*time.Millisecond {
+	if err != nil || !strings.Contains(line, `"stdout"`) || time.Since(t0) > 20*time.Second {
 		t.Fatalf("first record %q after %v (%v): output is not streamed", line, time.Since(t0), err)
 	}
 }
