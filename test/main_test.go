@@ -67,6 +67,16 @@ func TestMain(m *testing.M) {
 		fmt.Println("end-to-end tests skipped: run them with `make test` (root, containerd, MinIO)")
 		os.Exit(m.Run())
 	}
+	// One end-to-end run at a time on a host: they share the test
+	// namespace, bridge and subnet.
+	lock, err := os.OpenFile("/tmp/sandgate-e2e.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e lock:", err)
+		os.Exit(1)
+	}
 	e, err := setup()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e setup:", err)
