@@ -187,6 +187,7 @@ func (s *Server) routes() {
 
 	v1 := a.Group("/v1", s.authenticate)
 	v1.Get("/runtimes", s.listRuntimes)
+	v1.Get("/pools", s.listPools)
 	v1.Post("/sessions", s.createSession)
 	v1.Get("/sessions", s.listSessions)
 	v1.Get("/sessions/:id", s.getSession)
@@ -342,6 +343,29 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 	b.WriteString("# HELP sandgate_sessions Sessions known to the gateway, by state.\n# TYPE sandgate_sessions gauge\n")
 	for _, st := range []session.State{session.StateStarting, session.StateRunning, session.StateStopping, session.StateStopped, session.StateFailed} {
 		fmt.Fprintf(&b, "sandgate_sessions{state=%q} %d\n", st, counts[st])
+	}
+	pools := s.sessions.Pools()
+	gauge := func(name, help string, v func(session.PoolStats) any) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
+		for _, p := range pools {
+			fmt.Fprintf(&b, "%s{pool=%q} %v\n", name, p.Key, v(p))
+		}
+	}
+	counter := func(name, help string, v func(session.PoolStats) int64) {
+		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n", name, help, name)
+		for _, p := range pools {
+			fmt.Fprintf(&b, "%s{pool=%q} %d\n", name, p.Key, v(p))
+		}
+	}
+	if len(pools) > 0 {
+		gauge("sandgate_pool_size", "Sessions a warm pool keeps started.", func(p session.PoolStats) any { return p.Size })
+		gauge("sandgate_pool_available", "Started, unclaimed sessions of a warm pool.", func(p session.PoolStats) any { return p.Available })
+		gauge("sandgate_pool_starting", "Sessions of a warm pool on their way.", func(p session.PoolStats) any { return p.Starting })
+		counter("sandgate_pool_claims_total", "Creates served from a warm pool.", func(p session.PoolStats) int64 { return p.Claims })
+		counter("sandgate_pool_misses_total", "Creates that fit a warm pool and found it empty.", func(p session.PoolStats) int64 { return p.Misses })
+		counter("sandgate_pool_refills_total", "Sessions started for a warm pool.", func(p session.PoolStats) int64 { return p.Refills })
+		counter("sandgate_pool_refill_errors_total", "Warm pool starts that failed.", func(p session.PoolStats) int64 { return p.RefillErrors })
+		gauge("sandgate_pool_refill_seconds", "Mean time of a warm pool refill.", func(p session.PoolStats) any { return float64(p.RefillAvgMs) / 1000 })
 	}
 	c.Set(fiber.HeaderContentType, "text/plain; version=0.0.4")
 	return c.SendString(b.String())

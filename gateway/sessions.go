@@ -85,6 +85,12 @@ func (s *Server) listRuntimes(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"default": s.sessions.DefaultRuntime(), "runtimes": s.sessions.Runtimes()})
 }
 
+// listPools shows the warm pools. They belong to nobody, so every tenant
+// sees the same figures (shapes and counts, never a session id).
+func (s *Server) listPools(c *fiber.Ctx) error {
+	return c.JSON(fiber.Map{"pools": s.sessions.Pools()})
+}
+
 func (s *Server) getSession(c *fiber.Ctx) error {
 	id, err := s.sessionID(c)
 	if err != nil {

@@ -46,12 +46,13 @@ type storedInfo struct {
 	Record      bool              `json:"record"`
 	Labels      map[string]string `json:"labels"`
 	Egress      Egress            `json:"egress"`
+	Start       string            `json:"start,omitempty"`
 }
 
 func containerLabels(info Info, addr string) (map[string]string, error) {
 	raw, err := json.Marshal(storedInfo{
 		Kind: info.Kind, Runtime: info.Runtime, IdleTimeout: info.IdleTimeout,
-		Resources: info.Resources, Screen: info.Screen, Record: info.Record, Labels: info.Labels, Egress: info.Egress,
+		Resources: info.Resources, Screen: info.Screen, Record: info.Record, Labels: info.Labels, Egress: info.Egress, Start: info.Start,
 	})
 	if err != nil {
 		return nil, err
@@ -82,7 +83,7 @@ func infoFromLabels(l map[string]string) (Info, error) {
 	return Info{
 		ID: l[labelSession], Tenant: l[labelTenant], Kind: si.Kind, Runtime: si.Runtime,
 		CreatedAt: created, ExpiresAt: exp, IdleTimeout: si.IdleTimeout, Resources: si.Resources,
-		Screen: si.Screen, Record: si.Record, Labels: si.Labels, Egress: si.Egress,
+		Screen: si.Screen, Record: si.Record, Labels: si.Labels, Egress: si.Egress, Start: si.Start,
 	}, nil
 }
 
@@ -144,7 +145,7 @@ func (m *Manager) sessionEnv(info Info) []string {
 }
 
 // newContainer creates the session's container (not its task).
-func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr string, workspace string) (containerd.Container, error) {
+func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr string, workspace string, extraLabels map[string]string) (containerd.Container, error) {
 	image, err := m.client.GetImage(ctx, m.cfg.Image)
 	if err != nil {
 		return nil, fmt.Errorf("session image %s: %w", m.cfg.Image, err)
@@ -152,6 +153,9 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 	labels, err := containerLabels(info, addr)
 	if err != nil {
 		return nil, err
+	}
+	for k, v := range extraLabels {
+		labels[k] = v
 	}
 	res := info.Resources
 	period := uint64(100000)

@@ -21,6 +21,33 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	if !ok {
 		return nil, publicf(ErrNotFound, "unknown tenant", nil)
 	}
+	rt, err := m.normalizeShape(spec)
+	if err != nil {
+		return nil, err
+	}
+	if spec.TTL == 0 {
+		spec.TTL = lim.DefaultTTL
+	}
+	if spec.TTL < time.Second || spec.TTL > lim.MaxTTL {
+		return nil, publicf(ErrInvalid, fmt.Sprintf("ttl_seconds must be between 1 and %d", int(lim.MaxTTL.Seconds())), nil)
+	}
+	if spec.IdleTimeout < 0 || (lim.MaxIdle > 0 && spec.IdleTimeout > lim.MaxIdle) {
+		return nil, publicf(ErrInvalid, fmt.Sprintf("idle_timeout_seconds must be between 0 and %d", int(lim.MaxIdle.Seconds())), nil)
+	}
+	if len(spec.Labels) > 32 {
+		return nil, publicf(ErrInvalid, "at most 32 labels", nil)
+	}
+	for k, v := range spec.Labels {
+		if k == "" || len(k) > 63 || len(v) > 256 {
+			return nil, publicf(ErrInvalid, "label keys must be 1-63 bytes and values at most 256 bytes", nil)
+		}
+	}
+	return rt, nil
+}
+
+// normalizeShape checks and fills what a session is started with: kind,
+// runtime, resources and screen (a warm pool's shape).
+func (m *Manager) normalizeShape(spec *Spec) (*Runtime, error) {
 	switch spec.Kind {
 	case "":
 		spec.Kind = KindBrowser
@@ -40,15 +67,6 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	}
 	if !rt.Usable {
 		return nil, publicf(ErrUnavailableRuntime, fmt.Sprintf("runtime %q is not usable on this gateway: %s", rt.Name, rt.Reason), nil)
-	}
-	if spec.TTL == 0 {
-		spec.TTL = lim.DefaultTTL
-	}
-	if spec.TTL < time.Second || spec.TTL > lim.MaxTTL {
-		return nil, publicf(ErrInvalid, fmt.Sprintf("ttl_seconds must be between 1 and %d", int(lim.MaxTTL.Seconds())), nil)
-	}
-	if spec.IdleTimeout < 0 || (lim.MaxIdle > 0 && spec.IdleTimeout > lim.MaxIdle) {
-		return nil, publicf(ErrInvalid, fmt.Sprintf("idle_timeout_seconds must be between 0 and %d", int(lim.MaxIdle.Seconds())), nil)
 	}
 	r := &spec.Resources
 	if r.CPUs == 0 {
@@ -76,14 +94,6 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	if sc.Width < 320 || sc.Width > 3840 || sc.Height < 240 || sc.Height > 2160 {
 		return nil, publicf(ErrInvalid, "screen must be between 320x240 and 3840x2160", nil)
 	}
-	if len(spec.Labels) > 32 {
-		return nil, publicf(ErrInvalid, "at most 32 labels", nil)
-	}
-	for k, v := range spec.Labels {
-		if k == "" || len(k) > 63 || len(v) > 256 {
-			return nil, publicf(ErrInvalid, "label keys must be 1-63 bytes and values at most 256 bytes", nil)
-		}
-	}
 	return rt, nil
 }
 
@@ -91,16 +101,20 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 // running (or has failed, with the error); without, it returns the
 // starting session and the start goes on in the background.
 func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error) {
+	t0 := time.Now()
 	rt, err := m.normalize(&spec)
 	if err != nil {
 		return Info{}, err
+	}
+	if info, ok, err := m.createWarm(ctx, spec, t0); ok || err != nil {
+		return info, err
 	}
 	now := time.Now().UTC()
 	info := Info{
 		ID: ids.NewSession(), Tenant: spec.Tenant, Kind: spec.Kind, Runtime: rt.Name, Isolation: rt.Isolation,
 		State: StateStarting, CreatedAt: now, ExpiresAt: now.Add(spec.TTL),
 		IdleTimeout: int(spec.IdleTimeout.Seconds()), Resources: spec.Resources, Screen: spec.Screen,
-		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress,
+		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress, Start: StartCold,
 	}
 	if info.Labels == nil {
 		info.Labels = map[string]string{}
@@ -112,16 +126,10 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	s.cancel = cancel
 
 	m.mu.Lock()
-	active := 0
-	for _, o := range m.sessions {
-		if o.info.Tenant == spec.Tenant && (o.info.State == StateStarting || o.info.State == StateRunning) {
-			active++
-		}
-	}
-	if lim := m.cfg.Tenants[spec.Tenant]; lim.MaxSessions > 0 && active >= lim.MaxSessions {
+	if err := m.quota(spec.Tenant); err != nil {
 		m.mu.Unlock()
 		cancel()
-		return Info{}, publicf(ErrQuota, fmt.Sprintf("the tenant already has %d active sessions, its maximum", active), nil)
+		return Info{}, err
 	}
 	m.sessions[info.ID] = s
 	s.trail = m.openTrail(info.Tenant, info.ID)
@@ -200,7 +208,11 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	m.mu.Lock()
 	info := s.info
 	m.mu.Unlock()
-	c, err := m.newContainer(ctx, info, rt, addr.String(), workspace)
+	var extra map[string]string
+	if s.pool != nil {
+		extra = map[string]string{labelPool: s.pool.key()}
+	}
+	c, err := m.newContainer(ctx, info, rt, addr.String(), workspace, extra)
 	if err != nil {
 		return fmt.Errorf("create container: %w", err)
 	}
@@ -240,11 +252,54 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	go m.watch(s, exited)
 	m.mu.Lock()
 	o, info := m.observer, copyInfo(s.info)
+	pooled := s.pool != nil
 	m.mu.Unlock()
-	if o != nil {
+	if o != nil && !pooled {
 		o.SessionRunning(info, ep)
 	}
 	return nil
+}
+
+// quota refuses a session over the tenant's maximum; the caller holds
+// m.mu. Claims in progress count.
+func (m *Manager) quota(tenant string) error {
+	active := 0
+	for _, o := range m.sessions {
+		live := o.pool == nil && (o.info.State == StateStarting || o.info.State == StateRunning)
+		if (live && o.info.Tenant == tenant) || o.claimFor == tenant {
+			active++
+		}
+	}
+	if lim := m.cfg.Tenants[tenant]; lim.MaxSessions > 0 && active >= lim.MaxSessions {
+		return publicf(ErrQuota, fmt.Sprintf("the tenant already has %d active sessions, its maximum", active), nil)
+	}
+	return nil
+}
+
+// createWarm hands out a pooled session when spec fits a pool that has
+// one; ok false sends the caller down the cold path.
+func (m *Manager) createWarm(ctx context.Context, spec Spec, t0 time.Time) (Info, bool, error) {
+	m.mu.Lock()
+	p := m.fitting(spec)
+	if p == nil {
+		m.mu.Unlock()
+		return Info{}, false, nil
+	}
+	if err := m.quota(spec.Tenant); err != nil {
+		m.mu.Unlock()
+		return Info{}, false, err
+	}
+	s := m.takePooled(p, spec.Tenant)
+	if s == nil {
+		p.misses++
+	}
+	m.mu.Unlock()
+	if s == nil {
+		m.kickRefill()
+		return Info{}, false, nil
+	}
+	info, ok := m.claim(ctx, s, spec, t0)
+	return info, ok, nil
 }
 
 func failureText(ctx context.Context, err error) string {

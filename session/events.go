@@ -386,6 +386,15 @@ func (m *Manager) trailEvents(s *sess) []Event {
 // the trail file, marked ended, until the session is forgotten.
 func (m *Manager) ended(s *sess) {
 	m.mu.Lock()
+	if s.pool != nil {
+		// A pooled session nobody claimed has no tenant, no trail and
+		// no artifacts: it is forgotten at once.
+		delete(m.sessions, s.info.ID)
+		s.finalised = true
+		m.mu.Unlock()
+		m.kickRefill()
+		return
+	}
 	s.trail.summarise(time.Now().UTC())
 	o := m.observer
 	info := copyInfo(s.info)

@@ -39,6 +39,9 @@ type Config struct {
 	// are remembered (default DefaultMaxEnded), the oldest forgotten first.
 	Retention time.Duration
 	MaxEnded  int
+	// Pools are the warm pools, bounded together by PoolLimits.
+	Pools      []PoolConfig
+	PoolLimits PoolLimits
 	// Finalisers bounds how many ended sessions are finalised (their
 	// observer told, artifacts stored) at once (default 4). Finalisation
 	// runs apart from the reaper, so a slow store never delays a stop.
@@ -112,6 +115,10 @@ type Manager struct {
 	revocations *revocations
 	finals      chan struct{} // a slot per finalisation running
 
+	pools      []*pool
+	poolLimits PoolLimits
+	refillNow  chan struct{}
+
 	mu       sync.Mutex
 	sessions map[string]*sess
 	byAddr   map[netip.Addr]*sess // live sessions by bridge address
@@ -132,6 +139,10 @@ type sess struct {
 	finalised  bool // the observer has the trail; the session may be forgotten
 	misses     int  // health probes in a row that found the display gone
 	trail      trail
+	// pool is the warm pool of a session nobody has claimed yet; claimFor
+	// names the tenant of a claim in progress.
+	pool     *pool
+	claimFor string
 }
 
 func newSess(info Info) *sess {
@@ -215,12 +226,21 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	if m.cfg.DefaultRuntime == "" {
 		log.Warn("no isolating runtime (kata, gvisor) is usable and none is configured as default; create requests must name a runtime")
 	}
+	if m.pools, err = m.newPools(cfg.Pools); err != nil {
+		cancel()
+		return nil, err
+	}
+	m.poolLimits, m.refillNow = cfg.PoolLimits.withDefaults(m.pools), make(chan struct{}, 1)
 	if err := m.recover(m.base); err != nil {
 		cancel()
 		return nil, fmt.Errorf("recover sessions: %w", err)
 	}
 	m.wg.Add(1)
 	go m.reap()
+	if len(m.pools) > 0 {
+		m.wg.Add(1)
+		go m.refill()
+	}
 	return m, nil
 }
 
@@ -299,7 +319,7 @@ func (m *Manager) lookup(tenant, id string) (*sess, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.sessions[id]
-	if !ok || s.info.Tenant != tenant {
+	if !ok || s.pool != nil || s.info.Tenant != tenant {
 		return nil, publicf(ErrNotFound, "no such session", nil)
 	}
 	return s, nil
@@ -319,7 +339,7 @@ func (m *Manager) List(tenant string) []Info {
 	m.mu.Lock()
 	out := []Info{}
 	for _, s := range m.sessions {
-		if s.info.Tenant == tenant {
+		if s.pool == nil && s.info.Tenant == tenant {
 			out = append(out, copyInfo(s.info))
 		}
 	}

@@ -73,6 +73,11 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 	if err != nil {
 		return nil, nil, "labels unreadable"
 	}
+	if labels[labelPool] != "" {
+		// Nobody claimed it: a pooled session is never adopted, so that
+		// nothing an earlier gateway started is handed out unseen.
+		return nil, nil, "a warm pool session of an earlier gateway"
+	}
 	info, err := infoFromLabels(labels)
 	if err != nil {
 		return nil, nil, err.Error()

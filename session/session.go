@@ -120,7 +120,10 @@ type Info struct {
 	Record      bool              `json:"record"`
 	Labels      map[string]string `json:"labels"`
 	Egress      Egress            `json:"egress"`
-	Failure     string            `json:"failure,omitempty"`
+	// Start is how the session was started: "warm" (claimed from a warm
+	// pool) or "cold".
+	Start   string `json:"start"`
+	Failure string `json:"failure,omitempty"`
 }
 
 // Endpoint is where a running session's services answer, reachable from

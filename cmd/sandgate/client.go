@@ -82,6 +82,7 @@ func printJSON(v any) error {
 const sessionUsage = `usage: sandgate session SUBCOMMAND
   create [-kind browser] [-runtime NAME] [-ttl SECONDS] [-idle SECONDS] [-width W -height H] [-label k=v]...
   list
+  pools
   get ID
   extend ID -ttl SECONDS
   delete ID
@@ -157,7 +158,8 @@ func cmdSession(ctx context.Context, args []string) error {
 			return err
 		}
 		id, _ := out["id"].(string)
-		fmt.Fprintf(os.Stderr, "session %s: %s (runtime %v)\n", id, out["state"], out["runtime"])
+		// A warm start comes out of a pool already running.
+		fmt.Fprintf(os.Stderr, "session %s: %s (runtime %v, %v start) after %s\n", id, out["state"], out["runtime"], out["start"], time.Since(start).Round(time.Millisecond))
 		last := out["state"]
 		for out["state"] == "starting" {
 			select {
@@ -181,6 +183,10 @@ func cmdSession(ctx context.Context, args []string) error {
 		}
 	case "list":
 		if _, err := c.do(ctx, "GET", "/v1/sessions", nil, &out); err != nil {
+			return err
+		}
+	case "pools":
+		if _, err := c.do(ctx, "GET", "/v1/pools", nil, &out); err != nil {
 			return err
 		}
 	case "get", "delete", "artifacts", "events":

@@ -56,6 +56,27 @@ type Config struct {
 		Retention Duration `json:"retention"`
 		MaxEnded  int      `json:"max_ended"`
 	} `json:"sessions"`
+	// Pools are warm pools: sessions of one shape started ahead, each
+	// handed to the first create request of that shape (and never to a
+	// second). A request of another shape starts cold.
+	Pools []struct {
+		Kind    string `json:"kind"`    // default browser
+		Runtime string `json:"runtime"` // default: default_runtime
+		Screen  struct {
+			Width  int `json:"width"`
+			Height int `json:"height"`
+		} `json:"screen"` // default 1280x800
+		Size int `json:"size"`
+	} `json:"pools"`
+	// PoolLimits bound all pools together: pooled sessions at once
+	// (default: the sum of the sizes), the host memory a refill leaves
+	// available besides the new session's limit (default 1024 MB), and
+	// the age at which an unclaimed pooled session is replaced (30m).
+	PoolLimits struct {
+		MaxSessions          int      `json:"max_sessions"`
+		MinAvailableMemoryMB int      `json:"min_available_memory_mb"`
+		MaxAge               Duration `json:"max_age"`
+	} `json:"pool_limits"`
 	// CacheDir holds built session image archives.
 	CacheDir string `json:"cache_dir"`
 
@@ -274,6 +295,14 @@ func (c *Config) check() error {
 	case "", "runc", "gvisor", "kata":
 	default:
 		errs = append(errs, fmt.Errorf("default_runtime %q is not one of kata, gvisor, runc", c.DefaultRuntime))
+	}
+	for i, p := range c.Pools {
+		if p.Size < 0 || p.Size > 64 {
+			errs = append(errs, fmt.Errorf("pools[%d].size must be between 0 and 64", i))
+		}
+	}
+	if l := c.PoolLimits; l.MaxSessions < 0 || l.MinAvailableMemoryMB < 0 || (l.MaxAge.Duration != 0 && l.MaxAge.Duration < time.Minute) {
+		errs = append(errs, errors.New("pool_limits: max_sessions and min_available_memory_mb must not be negative, max_age at least 1m"))
 	}
 	return errors.Join(errs...)
 }

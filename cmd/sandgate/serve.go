@@ -105,6 +105,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,
 		Env:            sessionCAEnv(ca),
+		Pools:          poolConfigs(cfg),
+		PoolLimits: session.PoolLimits{
+			MaxSessions: cfg.PoolLimits.MaxSessions, MinAvailableMemoryMB: cfg.PoolLimits.MinAvailableMemoryMB,
+			MaxAge: cfg.PoolLimits.MaxAge.Duration,
+		},
 	}, log)
 	if err != nil {
 		return err
@@ -165,4 +170,15 @@ func cmdHashKey(args []string) error {
 	sum := sha256.Sum256([]byte(key))
 	fmt.Println(hex.EncodeToString(sum[:]))
 	return nil
+}
+
+func poolConfigs(cfg *Config) []session.PoolConfig {
+	var out []session.PoolConfig
+	for _, p := range cfg.Pools {
+		out = append(out, session.PoolConfig{
+			Kind: session.Kind(p.Kind), Runtime: p.Runtime,
+			Screen: session.Screen{Width: p.Screen.Width, Height: p.Screen.Height}, Size: p.Size,
+		})
+	}
+	return out
 }

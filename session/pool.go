@@ -1,0 +1,386 @@
+package session
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/ids"
+)
+
+// A warm pool keeps sessions of one shape fully started (display, VNC,
+// Chromium answering CDP) and belonging to nobody, so that a create
+// request of that shape gets one at once. A pooled session is used once:
+// the first request that fits claims it and it becomes that request's
+// session for good; it is never returned to the pool, so no two requests
+// or tenants ever share a browser profile. Pooled sessions count against
+// no tenant's quota, reach nothing through the egress proxy (their allow
+// list is empty) and are removed, never adopted, by a restarted gateway.
+
+// PoolConfig is one warm pool.
+type PoolConfig struct {
+	Kind    Kind   // default browser
+	Runtime string // default: the manager's default runtime
+	Screen  Screen // default DefaultScreenWidth x DefaultScreenHeight
+	Size    int    // sessions kept started
+}
+
+// PoolLimits bound what all pools together take from the host.
+type PoolLimits struct {
+	// MaxSessions bounds the pooled sessions of all pools, started or
+	// starting (default: the sum of the pools' sizes).
+	MaxSessions int
+	// MinAvailableMemoryMB: a refill waits while the host's available
+	// memory is below this plus the new session's memory limit
+	// (default 1024).
+	MinAvailableMemoryMB int
+	// MaxAge replaces a pooled session nobody claimed in this long
+	// (default DefaultPoolMaxAge), so that a claim never gets a browser
+	// that sat for hours.
+	MaxAge time.Duration
+}
+
+// Pool defaults.
+const (
+	DefaultPoolMaxAge        = 30 * time.Minute
+	DefaultPoolMinFreeMemory = 1024
+	poolRefillCheck          = time.Second
+	maxRefillBackoff         = time.Minute
+)
+
+// labelPool marks a pooled container with its pool's key; a claim clears
+// it before the session is handed out.
+const labelPool = "sandgate.pool"
+
+// How a session was started, in Info.Start.
+const (
+	StartCold = "cold"
+	StartWarm = "warm"
+)
+
+// shape is what a pooled session is started with; a request fits a pool
+// when its normalised spec has the same shape.
+type shape struct {
+	kind      Kind
+	runtime   string
+	screen    Screen
+	resources Resources
+}
+
+func (s shape) key() string {
+	return fmt.Sprintf("%s/%s/%dx%d", s.kind, s.runtime, s.screen.Width, s.screen.Height)
+}
+
+// pool is one warm pool's state; its fields are guarded by Manager.mu.
+type pool struct {
+	shape
+	size int
+
+	claims, misses        int64
+	refills, refillErrors int64
+	refillTotal           time.Duration // of the successful refills
+	lastRefill            time.Duration
+	failStreak            int
+	nextTry               time.Time
+}
+
+// PoolStats is one pool as GET /v1/pools and /metrics show it.
+type PoolStats struct {
+	Key       string    `json:"key"`
+	Kind      Kind      `json:"kind"`
+	Runtime   string    `json:"runtime"`
+	Screen    Screen    `json:"screen"`
+	Resources Resources `json:"resources"`
+	// Size is the target; Available are started and unclaimed; Starting
+	// are on their way.
+	Size      int `json:"size"`
+	Available int `json:"available"`
+	Starting  int `json:"starting"`
+	// Claims are creates served from the pool, Misses creates that fit
+	// it but found it empty (they took the cold path).
+	Claims int64 `json:"claims"`
+	Misses int64 `json:"misses"`
+	// Refills are pooled sessions started, RefillErrors starts that
+	// failed; RefillAvgMs is the mean time of a successful refill and
+	// RefillsPerMinute the most this pool refills at that pace.
+	Refills          int64   `json:"refills"`
+	RefillErrors     int64   `json:"refill_errors"`
+	RefillAvgMs      int64   `json:"refill_avg_ms"`
+	LastRefillMs     int64   `json:"last_refill_ms"`
+	RefillsPerMinute float64 `json:"refills_per_minute"`
+}
+
+// newPools checks the pools' config against the usable runtimes.
+func (m *Manager) newPools(cfgs []PoolConfig) ([]*pool, error) {
+	var out []*pool
+	seen := map[string]bool{}
+	for i, c := range cfgs {
+		spec := Spec{Kind: c.Kind, Runtime: c.Runtime, Screen: c.Screen}
+		rt, err := m.normalizeShape(&spec)
+		if err != nil {
+			return nil, fmt.Errorf("pool %d: %w", i, err)
+		}
+		if c.Size < 0 || c.Size > 64 {
+			return nil, fmt.Errorf("pool %d: size must be between 0 and 64", i)
+		}
+		p := &pool{shape: shape{kind: spec.Kind, runtime: rt.Name, screen: spec.Screen, resources: spec.Resources}, size: c.Size}
+		if seen[p.key()] {
+			return nil, fmt.Errorf("pool %d: a second pool of %s", i, p.key())
+		}
+		seen[p.key()] = true
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// fitting returns the pool a normalised spec fits, or nil.
+func (m *Manager) fitting(spec Spec) *pool {
+	want := shape{kind: spec.Kind, runtime: spec.Runtime, screen: spec.Screen, resources: spec.Resources}
+	for _, p := range m.pools {
+		if p.shape == want {
+			return p
+		}
+	}
+	return nil
+}
+
+// takePooled reserves a started, unclaimed session of p; the caller holds
+// m.mu. The session stays out of everyone's reach until the claim is
+// finished or abandoned.
+func (m *Manager) takePooled(p *pool, tenant string) *sess {
+	var best *sess
+	for _, s := range m.sessions {
+		if s.pool == p && s.claimFor == "" && s.info.State == StateRunning {
+			// The oldest first: it has the least time left.
+			if best == nil || s.info.CreatedAt.Before(best.info.CreatedAt) {
+				best = s
+			}
+		}
+	}
+	if best != nil {
+		best.claimFor = tenant
+	}
+	return best
+}
+
+// claim makes a reserved pooled session the session of spec: its labels
+// in containerd first (so that a gateway that dies now adopts it as the
+// tenant's, or removes it as pooled, never half of each), then its record.
+// On failure the pooled session is removed and the caller takes the cold
+// path.
+func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (Info, bool) {
+	now := time.Now().UTC()
+	m.mu.Lock()
+	info := s.info
+	pooledAt, p, c, addr := info.CreatedAt, s.pool, s.container, s.addr
+	m.mu.Unlock()
+	info.Tenant, info.CreatedAt, info.ExpiresAt = spec.Tenant, now, now.Add(spec.TTL)
+	info.IdleTimeout, info.Record, info.Labels, info.Egress = int(spec.IdleTimeout.Seconds()), spec.Record, spec.Labels, spec.Egress
+	info.Start = StartWarm
+	if info.Labels == nil {
+		info.Labels = map[string]string{}
+	}
+	labels, err := containerLabels(info, addr.String())
+	if err == nil {
+		labels[labelPool] = ""
+		_, err = c.SetLabels(m.ctx(ctx), labels)
+	}
+	m.mu.Lock()
+	if err != nil || s.info.State != StateRunning {
+		m.mu.Unlock()
+		m.log.Warn("warm session could not be claimed; taking the cold path", "session", info.ID, "pool", p.key(), "err", err)
+		m.stopAsync(s, StateFailed, "the claim failed")
+		return Info{}, false
+	}
+	s.pool, s.claimFor = nil, ""
+	s.info = info
+	s.lastActive = time.Now()
+	p.claims++
+	s.trail = m.openTrail(info.Tenant, info.ID)
+	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record, "start": StartWarm})
+	s.record("started", map[string]any{"took_ms": time.Since(t0).Milliseconds(), "start": StartWarm,
+		"pooled_ms": now.Sub(pooledAt).Milliseconds(), "pool": p.key()})
+	o, out, ep := m.observer, copyInfo(s.info), s.ep
+	m.mu.Unlock()
+	m.log.Info("session claimed from the warm pool", "session", info.ID, "tenant", info.Tenant, "pool", p.key(), "took", time.Since(t0))
+	m.kickRefill()
+	if o != nil {
+		o.SessionRunning(out, ep)
+	}
+	return out, true
+}
+
+// kickRefill wakes the refiller without waiting for it.
+func (m *Manager) kickRefill() {
+	select {
+	case m.refillNow <- struct{}{}:
+	default:
+	}
+}
+
+// refill keeps the pools full, one session start at a time, so that
+// refilling never takes more than one start's worth of the host.
+func (m *Manager) refill() {
+	defer m.wg.Done()
+	tick := time.NewTicker(poolRefillCheck)
+	defer tick.Stop()
+	for {
+		for {
+			p := m.nextRefill(time.Now(), availableMemoryMB())
+			if p == nil {
+				break
+			}
+			m.fill(p)
+			if m.base.Err() != nil {
+				return
+			}
+		}
+		select {
+		case <-m.base.Done():
+			return
+		case <-m.refillNow:
+		case <-tick.C:
+		}
+	}
+}
+
+// nextRefill picks the pool to start a session for, or nil: the one
+// furthest below its size, within the pools' limits and past its backoff.
+func (m *Manager) nextRefill(now time.Time, memMB int) *pool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	live := map[*pool]int{}
+	total := 0
+	for _, s := range m.sessions {
+		if s.pool != nil && (s.info.State == StateStarting || s.info.State == StateRunning) {
+			live[s.pool]++
+			total++
+		}
+	}
+	if total >= m.poolLimits.MaxSessions {
+		return nil
+	}
+	var best *pool
+	for _, p := range m.pools {
+		missing := p.size - live[p]
+		if missing <= 0 || now.Before(p.nextTry) {
+			continue
+		}
+		if memMB >= 0 && memMB < m.poolLimits.MinAvailableMemoryMB+p.resources.MemoryMB {
+			continue
+		}
+		if best == nil || missing > best.size-live[best] {
+			best = p
+		}
+	}
+	return best
+}
+
+// fill starts one pooled session of p and waits for it.
+func (m *Manager) fill(p *pool) {
+	rt := m.runtimes[p.runtime]
+	now := time.Now().UTC()
+	info := Info{
+		ID: ids.NewSession(), Kind: p.kind, Runtime: rt.Name, Isolation: rt.Isolation,
+		State: StateStarting, CreatedAt: now, ExpiresAt: now.Add(m.poolLimits.MaxAge),
+		Resources: p.resources, Screen: p.screen, Labels: map[string]string{}, Start: StartWarm,
+	}
+	ctx, cancel := context.WithTimeout(m.base, m.cfg.ReadyTimeout+30*time.Second)
+	defer cancel()
+	s := newSess(info)
+	s.pool, s.cancel = p, cancel
+	m.mu.Lock()
+	m.sessions[info.ID] = s
+	m.mu.Unlock()
+	log := m.log.With("session", info.ID, "pool", p.key())
+	t0 := time.Now()
+	err := m.start(ctx, s, rt, log)
+	took := time.Since(t0)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		p.refillErrors++
+		p.failStreak++
+		wait := min(time.Duration(1<<min(p.failStreak, 6))*time.Second, maxRefillBackoff)
+		p.nextTry = time.Now().Add(wait)
+		if m.base.Err() == nil {
+			log.Warn("warm pool refill failed", "err", err, "retry_in", wait)
+		}
+		return
+	}
+	p.refills++
+	p.failStreak, p.nextTry = 0, time.Time{}
+	p.refillTotal += took
+	p.lastRefill = took
+	log.Info("warm pool refilled", "took", took.Round(time.Millisecond))
+}
+
+// Pools reports the warm pools.
+func (m *Manager) Pools() []PoolStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	avail, starting := map[*pool]int{}, map[*pool]int{}
+	for _, s := range m.sessions {
+		switch {
+		case s.pool == nil:
+		case s.info.State == StateRunning && s.claimFor == "":
+			avail[s.pool]++
+		case s.info.State == StateStarting:
+			starting[s.pool]++
+		}
+	}
+	out := make([]PoolStats, 0, len(m.pools))
+	for _, p := range m.pools {
+		st := PoolStats{Key: p.key(), Kind: p.kind, Runtime: p.runtime, Screen: p.screen, Resources: p.resources,
+			Size: p.size, Available: avail[p], Starting: starting[p], Claims: p.claims, Misses: p.misses,
+			Refills: p.refills, RefillErrors: p.refillErrors, LastRefillMs: p.lastRefill.Milliseconds()}
+		if p.refills > 0 {
+			avg := p.refillTotal / time.Duration(p.refills)
+			st.RefillAvgMs = avg.Milliseconds()
+			if avg > 0 {
+				st.RefillsPerMinute = float64(time.Minute) / float64(avg)
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// availableMemoryMB reads MemAvailable from /proc/meminfo, or -1.
+func availableMemoryMB() int {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+			if err != nil {
+				return -1
+			}
+			return kb / 1024
+		}
+	}
+	return -1
+}
+
+func (l PoolLimits) withDefaults(pools []*pool) PoolLimits {
+	if l.MaxSessions <= 0 {
+		for _, p := range pools {
+			l.MaxSessions += p.size
+		}
+	}
+	if l.MinAvailableMemoryMB <= 0 {
+		l.MinAvailableMemoryMB = DefaultPoolMinFreeMemory
+	}
+	if l.MaxAge <= 0 {
+		l.MaxAge = DefaultPoolMaxAge
+	}
+	return l
+}

@@ -1,0 +1,148 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+)
+
+func testPools(t *testing.T, limits PoolLimits, sizes ...int) (*Manager, []*pool) {
+	t.Helper()
+	m := &Manager{log: slog.New(slog.NewTextHandler(io.Discard, nil)), sessions: map[string]*sess{},
+		cfg: Config{Tenants: map[string]TenantLimits{"a": {MaxSessions: 2}, "b": {}}}}
+	var ps []*pool
+	for i, n := range sizes {
+		w := 1000 + i
+		ps = append(ps, &pool{shape: shape{kind: KindBrowser, runtime: "runc", screen: Screen{w, 800},
+			resources: Resources{CPUs: 1, MemoryMB: 2048, Pids: 1024}}, size: n})
+	}
+	m.pools, m.poolLimits, m.refillNow = ps, limits.withDefaults(ps), make(chan struct{}, 1)
+	return m, ps
+}
+
+var pooledN int
+
+func addPooled(m *Manager, p *pool, state State) *sess {
+	pooledN++
+	s := newSess(Info{ID: fmt.Sprintf("pooled-%d", pooledN), State: state, CreatedAt: time.Now()})
+	s.pool = p
+	m.sessions[s.info.ID] = s
+	return s
+}
+
+func TestNextRefillKeepsLimits(t *testing.T) {
+	now := time.Now()
+	m, ps := testPools(t, PoolLimits{MinAvailableMemoryMB: 1024}, 2, 1)
+	// Control: an empty pool with memory to spare is refilled, the one
+	// furthest below its size first.
+	if p := m.nextRefill(now, 8192); p != ps[0] {
+		t.Fatalf("empty pools: refill %v, want the first", p)
+	}
+	addPooled(m, ps[0], StateRunning)
+	addPooled(m, ps[0], StateStarting)
+	if p := m.nextRefill(now, 8192); p != ps[1] {
+		t.Fatalf("first pool full: refill %v, want the second", p)
+	}
+	// Too little memory: a session's limit (2048) plus the reserve.
+	if p := m.nextRefill(now, 3071); p != nil {
+		t.Fatalf("refill with 3071 MB available: %v", p.key())
+	}
+	if p := m.nextRefill(now, 3072); p != ps[1] {
+		t.Fatalf("refill with 3072 MB available: %v", p)
+	}
+	// A pool in backoff waits.
+	ps[1].nextTry = now.Add(time.Second)
+	if p := m.nextRefill(now, 8192); p != nil {
+		t.Fatalf("refill in backoff: %v", p.key())
+	}
+	ps[1].nextTry = time.Time{}
+	// Full pools are left alone; a claimed session no longer counts.
+	last := addPooled(m, ps[1], StateRunning)
+	if p := m.nextRefill(now, 8192); p != nil {
+		t.Fatalf("full pools refilled: %v", p.key())
+	}
+	last.pool = nil
+	if p := m.nextRefill(now, 8192); p != ps[1] {
+		t.Fatalf("after a claim: refill %v, want the second", p)
+	}
+	// Ended pooled sessions do not count either.
+	last.pool = ps[1]
+	last.info.State = StateFailed
+	if p := m.nextRefill(now, 8192); p != ps[1] {
+		t.Fatalf("after a failure: refill %v, want the second", p)
+	}
+}
+
+func TestNextRefillMaxSessions(t *testing.T) {
+	m, ps := testPools(t, PoolLimits{MaxSessions: 2}, 2, 2)
+	addPooled(m, ps[0], StateRunning)
+	if p := m.nextRefill(time.Now(), -1); p == nil {
+		t.Fatal("one pooled session of at most 2: no refill")
+	}
+	addPooled(m, ps[1], StateStarting)
+	if p := m.nextRefill(time.Now(), -1); p != nil {
+		t.Fatalf("two pooled sessions of at most 2: refill %v", p.key())
+	}
+}
+
+func TestTakePooledOnceAndQuota(t *testing.T) {
+	m, ps := testPools(t, PoolLimits{}, 2)
+	old := addPooled(m, ps[0], StateRunning)
+	old.info.CreatedAt = time.Now().Add(-time.Minute)
+	young := addPooled(m, ps[0], StateRunning)
+	addPooled(m, ps[0], StateStarting)
+	if s := m.takePooled(ps[0], "a"); s != old {
+		t.Fatal("the oldest started session is not taken first")
+	}
+	if s := m.takePooled(ps[0], "b"); s != young {
+		t.Fatal("the second claim does not get the other session")
+	}
+	if s := m.takePooled(ps[0], "b"); s != nil {
+		t.Fatal("a session reserved for a claim (or still starting) is taken again")
+	}
+	// The reserved claim counts against tenant a's quota of 2; pooled
+	// sessions count against nobody.
+	if err := m.quota("a"); err != nil {
+		t.Fatalf("one claim of 2: %v", err)
+	}
+	s := newSess(Info{ID: "x", Tenant: "a", State: StateRunning})
+	m.sessions["x"] = s
+	if err := m.quota("a"); !errors.Is(err, ErrQuota) {
+		t.Fatalf("a running session and a claim of 2: %v", err)
+	}
+	// Pooled sessions are nobody's: hidden from lookups and lists.
+	if _, err := m.lookup("", young.info.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("lookup of a pooled session: %v", err)
+	}
+	if got := m.List(""); len(got) != 0 {
+		t.Fatalf("pooled sessions listed: %v", got)
+	}
+	st := m.Pools()
+	if len(st) != 1 || st[0].Available != 0 || st[0].Starting != 1 || st[0].Size != 2 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
+
+func TestFitting(t *testing.T) {
+	m, ps := testPools(t, PoolLimits{}, 1)
+	spec := Spec{Kind: KindBrowser, Runtime: "runc", Screen: Screen{1000, 800}, Resources: Resources{CPUs: 1, MemoryMB: 2048, Pids: 1024}}
+	if m.fitting(spec) != ps[0] {
+		t.Fatal("a request of the pool's shape does not fit it")
+	}
+	for name, change := range map[string]func(*Spec){
+		"kind":    func(s *Spec) { s.Kind = KindDesktop },
+		"runtime": func(s *Spec) { s.Runtime = "gvisor" },
+		"screen":  func(s *Spec) { s.Screen.Height = 801 },
+		"cpus":    func(s *Spec) { s.Resources.CPUs = 2 },
+		"memory":  func(s *Spec) { s.Resources.MemoryMB = 4096 },
+	} {
+		s := spec
+		change(&s)
+		if m.fitting(s) != nil {
+			t.Errorf("another %s fits the pool", name)
+		}
+	}
+}
