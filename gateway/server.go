@@ -344,7 +344,10 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 	for _, st := range []session.State{session.StateStarting, session.StateRunning, session.StateStopping, session.StateStopped, session.StateFailed} {
 		fmt.Fprintf(&b, "sandgate_sessions{state=%q} %d\n", st, counts[st])
 	}
-	pools := s.sessions.Pools()
+	var pools []session.PoolStats
+	if s.sessions != nil { // unit tests run the server without one
+		pools = s.sessions.Pools()
+	}
 	gauge := func(name, help string, v func(session.PoolStats) any) {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
 		for _, p := range pools {
