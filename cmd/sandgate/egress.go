@@ -40,11 +40,14 @@ func caSecret(vaultKey []byte) ([]byte, error) {
 	return hkdf.Key(sha256.New, vaultKey, nil, "sandgate egress session ca", 32)
 }
 
-// sessionCAEnv gives a session with HTTPS credential bindings the key
-// hashes of its CA, which its Chromium trusts; the key stays here.
+// sessionCAEnv gives a session the key hashes of its own CA, which its
+// Chromium trusts; the key stays here. Every session gets them, not only
+// those with credential bindings: a warm pool starts Chromium before it
+// knows the bindings its claimant brings. Trusting the CA alone opens
+// nothing: the proxy intercepts only bound hosts.
 func sessionCAEnv(secret []byte) func(session.Info) []string {
 	return func(info session.Info) []string {
-		if secret == nil || len(info.Egress.Credentials) == 0 {
+		if secret == nil {
 			return nil
 		}
 		ca, err := egress.NewCA(secret, info.ID)
