@@ -256,7 +256,9 @@ func (m *Manager) nextRefill(now time.Time, memMB int) *pool {
 	live := map[*pool]int{}
 	total := 0
 	for _, s := range m.sessions {
-		if s.pool != nil && (s.info.State == StateStarting || s.info.State == StateRunning) {
+		// One on its way out still holds its container: it counts
+		// until it is gone, so that the pool never holds more.
+		if s.pool != nil && (s.info.State == StateStarting || s.info.State == StateRunning || s.info.State == StateStopping) {
 			live[s.pool]++
 			total++
 		}

@@ -199,10 +199,17 @@ func hasEvent(evs []struct {
 	return false
 }
 
-// cdpContext connects chromedp to a session through the gateway.
+// cdpContext connects chromedp to a session of tenant A through the
+// gateway.
 func (e *testEnv) cdpContext(t *testing.T, id string) context.Context {
 	t.Helper()
-	p := e.preview(t, e.keyA, id, 300)
+	return e.cdpContextKey(t, e.keyA, id)
+}
+
+// cdpContextKey connects chromedp to a session of the key's tenant.
+func (e *testEnv) cdpContextKey(t *testing.T, key, id string) context.Context {
+	t.Helper()
+	p := e.preview(t, key, id, 300)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	actx, cancelA := remote.NewAllocator(ctx, browserWS(t, p.URL))

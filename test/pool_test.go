@@ -1,0 +1,310 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// The warm pool's shape in the tests: one no other test asks for, under
+// runc (the quickest to refill), so that the rest of the suite starts cold.
+var poolShape = map[string]any{"runtime": "runc", "screen": map[string]int{"width": 1024, "height": 768}}
+
+const poolSize = 2
+
+type poolStats struct {
+	Key       string `json:"key"`
+	Size      int    `json:"size"`
+	Available int    `json:"available"`
+	Starting  int    `json:"starting"`
+	Claims    int64  `json:"claims"`
+	Misses    int64  `json:"misses"`
+	Refills   int64  `json:"refills"`
+}
+
+func (e *testEnv) pools(t testing.TB) []poolStats {
+	t.Helper()
+	st, body := e.api(t, e.keyA, "GET", "/v1/pools", nil)
+	var out struct{ Pools []poolStats }
+	if st != 200 || json.Unmarshal(body, &out) != nil {
+		t.Fatalf("GET /v1/pools: %d %s", st, body)
+	}
+	return out.Pools
+}
+
+// waitPool waits until the (only) pool has at least n sessions available.
+func (e *testEnv) waitPool(t testing.TB, n int) poolStats {
+	t.Helper()
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		ps := e.pools(t)
+		if len(ps) != 1 {
+			t.Fatalf("pools: %+v, want one", ps)
+		}
+		if ps[0].Available >= n {
+			return ps[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not reach %d available: %+v", n, ps[0])
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// pooledContainers are the ids of the containers marked as pooled.
+func (e *testEnv) pooledContainers(t testing.TB) map[string]bool {
+	t.Helper()
+	cs, err := e.client.Containers(e.ctx(), `labels."sandgate.pool"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, c := range cs {
+		if l, err := c.Labels(e.ctx()); err == nil && l["sandgate.pool"] != "" {
+			out[c.ID()] = true
+		}
+	}
+	return out
+}
+
+// claim creates a session of the pool's shape with more fields and
+// reports whether it came warm.
+func (e *testEnv) claim(t *testing.T, key string, extra map[string]any) (sessionInfo, string, time.Duration) {
+	t.Helper()
+	req := map[string]any{}
+	for k, v := range poolShape {
+		req[k] = v
+	}
+	for k, v := range extra {
+		req[k] = v
+	}
+	t0 := time.Now()
+	st, body := e.api(t, key, "POST", "/v1/sessions", req)
+	took := time.Since(t0)
+	if st != 201 {
+		t.Fatalf("create: %d %s", st, body)
+	}
+	var s sessionInfo
+	json.Unmarshal(body, &s)
+	t.Cleanup(func() { e.api(t, key, "DELETE", "/v1/sessions/"+s.ID, nil) })
+	return s, jsonField(body, "start"), took
+}
+
+// TestWarmPool: a pool keeps sessions of its shape started; a create of
+// that shape gets one at once, with everything that is per session
+// applied at the claim as on the cold path and a fresh profile; the pool
+// never holds more than its limit; a gateway killed with a full pool
+// leaves nothing behind after its restart.
+func TestWarmPool(t *testing.T) {
+	e := needE2E(t)
+	e.withGatewayConfig(t, func(cfg map[string]any) {
+		cfg["pools"] = []map[string]any{{"runtime": "runc", "screen": poolShape["screen"], "size": poolSize}}
+		cfg["pool_limits"] = map[string]any{"max_sessions": poolSize}
+	})
+	// The limit is watched all along: pooled containers in containerd and
+	// the pool's own count.
+	var mu sync.Mutex
+	maxPooled, maxLive, samples := 0, 0, 0
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			n := len(e.pooledContainers(t))
+			live := 0
+			if st, body := e.api(t, e.keyA, "GET", "/v1/pools", nil); st == 200 {
+				var out struct{ Pools []poolStats }
+				json.Unmarshal(body, &out)
+				for _, p := range out.Pools {
+					live += p.Available + p.Starting
+				}
+			}
+			mu.Lock()
+			maxPooled, maxLive, samples = max(maxPooled, n), max(maxLive, live), samples+1
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		close(stop)
+		wg.Wait()
+		t.Logf("pool limit %d: at most %d pooled containers and %d pooled sessions in %d samples", poolSize, maxPooled, maxLive, samples)
+		// Control: the sampler saw the pool at all.
+		if maxPooled == 0 || samples < 10 {
+			t.Errorf("the sampler saw no pooled container (%d samples)", samples)
+		}
+		if maxPooled > poolSize || maxLive > poolSize {
+			t.Errorf("the pool went over its limit of %d: %d containers, %d sessions", poolSize, maxPooled, maxLive)
+		}
+	}()
+	full := e.waitPool(t, poolSize)
+	t.Logf("pool %s full: %+v", full.Key, full)
+
+	t.Run("claim-applies-the-request", func(t *testing.T) {
+		e.waitPool(t, 1)
+		before := time.Now().UTC()
+		s, start, took := e.claim(t, e.keyA, map[string]any{
+			"ttl_seconds": 120, "record": true, "labels": map[string]string{"claim": "applied"},
+			"egress": map[string]any{"allow": []string{"site.sandgate.test:443"}},
+		})
+		if start != "warm" || s.State != "running" {
+			t.Fatalf("a request of the pool's shape: start %q, state %s", start, s.State)
+		}
+		t.Logf("claimed %s in %v", s.ID, took.Round(time.Millisecond))
+		if s.ExpiresAt.Before(before.Add(119*time.Second)) || s.ExpiresAt.After(time.Now().Add(121*time.Second)) {
+			t.Errorf("expires_at %v: the TTL does not count from the claim (%v)", s.ExpiresAt, before)
+		}
+		if s.Labels["claim"] != "applied" || s.Screen.Width != 1024 {
+			t.Errorf("labels %v, screen %+v", s.Labels, s.Screen)
+		}
+		// Its audit trail is the claimant's, from the claim on.
+		created := e.waitEvent(t, s.ID, "created", 5*time.Second)
+		if created["start"] != "warm" {
+			t.Errorf("created event: %v", created)
+		}
+		e.waitEvent(t, s.ID, "recording_started", 60*time.Second)
+		// The allow list of the request holds: the named site answers,
+		// another name does not.
+		sh := func(script string) execOut {
+			return e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"bash", "-c", script}, "timeout_seconds": 30})
+		}
+		if out := sh("curl -sS -k --max-time 10 https://site.sandgate.test/"); !strings.Contains(string(out.Stdout), "allowed site") {
+			t.Errorf("an allowed site from a warm session: exit %d %q %q", out.ExitCode, out.Stdout, out.Stderr)
+		}
+		if out := sh("curl -sS -k --max-time 10 https://other.sandgate.test/"); out.ExitCode == 0 {
+			t.Errorf("a site off the allow list answered a warm session: %q", out.Stdout)
+		}
+		// Another tenant does not see it.
+		if st, _ := e.api(t, e.keyB, "GET", "/v1/sessions/"+s.ID, nil); st != 404 {
+			t.Errorf("another tenant's GET: %d", st)
+		}
+		// Control: a request of another shape starts cold.
+		other, start2, _ := e.claim(t, e.keyA, map[string]any{"screen": map[string]int{"width": 1280, "height": 800}})
+		if start2 != "cold" {
+			t.Errorf("a request of another shape: start %q", start2)
+		}
+		e.api(t, e.keyA, "DELETE", "/v1/sessions/"+other.ID, nil)
+	})
+
+	t.Run("credential-binding", func(t *testing.T) {
+		st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "pool basic", "kind": "basic", "username": basicUser, "secret": e.canary})
+		if st != 201 {
+			t.Fatalf("credential: %d %s", st, body)
+		}
+		cred := jsonField(body, "id")
+		e.waitPool(t, 1)
+		s, start, _ := e.claim(t, e.keyA, map[string]any{"credentials": []map[string]any{
+			{"credential": cred, "scheme": "https", "host": "basic.sandgate.test"},
+		}})
+		if start != "warm" {
+			t.Fatalf("start %q", start)
+		}
+		ctx := e.cdpContextKey(t, e.keyA, s.ID)
+		if title, err := navigateTitle(ctx, "https://basic.sandgate.test/"); err != nil || title != "basic ok" {
+			t.Errorf("the bound site from a warm session: %q, %v", title, err)
+		}
+		// Control: an unbound site behind a credential stays out of reach.
+		if title, err := navigateTitle(ctx, "https://bearer.sandgate.test/"); err == nil && title == "bearer ok" {
+			t.Errorf("an unbound site answered: %q", title)
+		}
+	})
+
+	t.Run("fresh-profile", func(t *testing.T) {
+		const page = "http://pages.sandgate.test/hello.html"
+		state := func(ctx context.Context) (cookie, stored string) {
+			t.Helper()
+			if _, err := navigateTitle(ctx, page); err != nil {
+				t.Fatal(err)
+			}
+			cookie, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.cookie`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored, err = chromedp.Run(ctx, chromedp.Evaluate[string](`String(localStorage.getItem("pooltest"))`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return cookie, stored
+		}
+		e.waitPool(t, 1)
+		first, start, _ := e.claim(t, e.keyA, nil)
+		if start != "warm" {
+			t.Fatalf("first claim: start %q", start)
+		}
+		ctx := e.cdpContextKey(t, e.keyA, first.ID)
+		if _, err := navigateTitle(ctx, page); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.cookie = "pooltest=1; max-age=3600"; localStorage.setItem("pooltest", "1"); "set"`)); err != nil {
+			t.Fatal(err)
+		}
+		// Control: the first claimant reads back what it set.
+		if c, s := state(ctx); !strings.Contains(c, "pooltest=1") || s != "1" {
+			t.Fatalf("the first claimant's own cookie %q and storage %q", c, s)
+		}
+		e.api(t, e.keyA, "DELETE", "/v1/sessions/"+first.ID, nil)
+		// The next claimant, another tenant, starts with nothing.
+		e.waitPool(t, 1)
+		second, start, _ := e.claim(t, e.keyB, nil)
+		if start != "warm" || second.ID == first.ID {
+			t.Fatalf("second claim: start %q, id %s (first %s)", start, second.ID, first.ID)
+		}
+		if c, s := state(e.cdpContextKey(t, e.keyB, second.ID)); strings.Contains(c, "pooltest") || s != "null" {
+			t.Errorf("the next claimant sees cookie %q and storage %q", c, s)
+		}
+	})
+
+	// Every claim above waited for an available session: all warm.
+	ps := e.pools(t)[0]
+	t.Logf("pool after the claims: %+v", ps)
+	if ps.Claims != 4 || ps.Misses != 0 {
+		t.Errorf("claims %d, misses %d, want 4 and 0", ps.Claims, ps.Misses)
+	}
+
+	t.Run("restart-leaves-no-orphan", func(t *testing.T) {
+		e.waitPool(t, poolSize)
+		survivor, start, _ := e.claim(t, e.keyA, nil)
+		if start != "warm" {
+			t.Fatalf("start %q", start)
+		}
+		e.waitPool(t, poolSize)
+		old := e.pooledContainers(t)
+		if len(old) != poolSize || old[survivor.ID] {
+			t.Fatalf("pooled containers before the kill: %v (claimed %s)", old, survivor.ID)
+		}
+		e.stopGateway(syscall.SIGKILL)
+		if err := e.startGateway(); err != nil {
+			t.Fatal(err)
+		}
+		// The claimed session is adopted, the pooled ones are removed...
+		if st, body := e.api(t, e.keyA, "GET", "/v1/sessions/"+survivor.ID, nil); st != 200 || jsonField(body, "state") != "running" {
+			t.Errorf("the claimed session after the restart: %d %s", st, body)
+		}
+		for id := range old {
+			if _, err := e.client.LoadContainer(e.ctx(), id); err == nil {
+				t.Errorf("pooled container %s survived the restart", id)
+			}
+			if res := e.residue(t, id); len(res) > 0 {
+				t.Errorf("pooled session %s left %v", id, res)
+			}
+		}
+		// ...and the new gateway fills the pool again with its own.
+		e.waitPool(t, poolSize)
+		for id := range e.pooledContainers(t) {
+			if old[id] {
+				t.Errorf("pooled container %s of the killed gateway is handed out again", id)
+			}
+		}
+	})
+}
