@@ -224,7 +224,7 @@ func TestRevokedReviewDurable(t *testing.T) {
 
 // withGatewayConfig restarts the gateway with a change to its config for
 // the rest of the test, and with the original config after it.
-func (e *testEnv) withGatewayConfig(t *testing.T, change func(map[string]any)) {
+func (e *testEnv) withGatewayConfig(t testing.TB, change func(map[string]any)) {
 	t.Helper()
 	orig, err := os.ReadFile(e.cfgPath)
 	if err != nil {

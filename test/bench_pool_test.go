@@ -1,0 +1,128 @@
+package test
+
+import (
+	"context"
+	"encoding/json"
+
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// BenchmarkWarmStart: POST /v1/sessions until a CDP client is connected
+// through the gateway and has its first answer (Browser.getVersion), for a
+// session claimed from a warm pool, beside the cold path of the same
+// runtime (a shape no pool has) in the same run. Between iterations the
+// pool is let refill, untimed, so that a claim never races a refill.
+func BenchmarkWarmStart(b *testing.B) {
+	e := needE2E(b)
+	runtimes := []string{"runc"}
+	if e.runtimeUsable(b, "gvisor") {
+		runtimes = append(runtimes, "gvisor")
+	}
+	var pools []map[string]any
+	for _, rt := range runtimes {
+		pools = append(pools, map[string]any{"runtime": rt, "size": 1})
+	}
+	e.withGatewayConfig(b, func(cfg map[string]any) { cfg["pools"] = pools })
+	connect := func(key string, req map[string]any) (time.Duration, string) {
+		t0 := time.Now()
+		st, body := e.api(b, key, "POST", "/v1/sessions", req)
+		if st != 201 {
+			b.Fatalf("create: %d %s", st, body)
+		}
+		id := jsonField(body, "id")
+		defer e.api(b, key, "DELETE", "/v1/sessions/"+id, nil)
+		p := e.preview(b, key, id, 60)
+		c, _, err := websocket.DefaultDialer.DialContext(context.Background(), browserWS(b, p.URL), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.WriteJSON(map[string]any{"id": 1, "method": "Browser.getVersion"}); err != nil {
+			b.Fatal(err)
+		}
+		var m struct {
+			ID     int `json:"id"`
+			Result struct {
+				Product string `json:"product"`
+			} `json:"result"`
+		}
+		if err := c.ReadJSON(&m); err != nil || m.ID != 1 || m.Result.Product == "" {
+			b.Fatalf("first answer: %+v %v", m, err)
+		}
+		return time.Since(t0), jsonField(body, "start")
+	}
+	warm := map[string][]time.Duration{}
+	cold := map[string][]time.Duration{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, rt := range runtimes {
+			b.StopTimer()
+			e.waitPools(b, len(runtimes))
+			b.StartTimer()
+			d, start := connect(e.keyA, map[string]any{"runtime": rt})
+			if start != "warm" {
+				b.Fatalf("%s: a request of the pool's shape started %q", rt, start)
+			}
+			warm[rt] = append(warm[rt], d)
+		}
+	}
+	b.StopTimer()
+	// The cold path of each runtime, three times, beside.
+	for _, rt := range runtimes {
+		for i := 0; i < 3; i++ {
+			e.waitPools(b, len(runtimes))
+			d, start := connect(e.keyA, map[string]any{"runtime": rt, "screen": map[string]int{"width": 1280, "height": 720}})
+			if start != "cold" {
+				b.Fatalf("%s: another shape started %q", rt, start)
+			}
+			cold[rt] = append(cold[rt], d)
+		}
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for _, rt := range runtimes {
+		b.ReportMetric(ms(percentile(warm[rt], 0.5)), rt+"-warm-p50-ms")
+		b.ReportMetric(ms(percentile(warm[rt], 0.99)), rt+"-warm-p99-ms")
+		b.ReportMetric(ms(percentile(cold[rt], 0.5)), rt+"-cold-p50-ms")
+		b.ReportMetric(float64(percentile(cold[rt], 0.5))/float64(percentile(warm[rt], 0.5)), rt+"-cold/warm")
+	}
+}
+
+// waitPools waits until every pool is full.
+func (e *testEnv) waitPools(t testing.TB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		ps := e.pools(t)
+		full := len(ps) == n
+		for _, p := range ps {
+			full = full && p.Available >= p.Size
+		}
+		if full {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pools did not fill: %+v", ps)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (e *testEnv) runtimeUsable(t testing.TB, name string) bool {
+	_, body := e.api(t, e.keyA, "GET", "/v1/runtimes", nil)
+	var rts struct {
+		Runtimes []struct {
+			Name   string
+			Usable bool
+		}
+	}
+	json.Unmarshal(body, &rts)
+	for _, r := range rts.Runtimes {
+		if r.Name == name {
+			return r.Usable
+		}
+	}
+	return false
+}
