@@ -363,6 +363,7 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 	if len(pools) > 0 {
 		gauge("sandgate_pool_size", "Sessions a warm pool keeps started.", func(p session.PoolStats) any { return p.Size })
 		gauge("sandgate_pool_available", "Started, unclaimed sessions of a warm pool.", func(p session.PoolStats) any { return p.Available })
+		gauge("sandgate_pool_frozen", "Available sessions of a warm pool whose processes are frozen.", func(p session.PoolStats) any { return p.Frozen })
 		gauge("sandgate_pool_starting", "Sessions of a warm pool on their way.", func(p session.PoolStats) any { return p.Starting })
 		counter("sandgate_pool_claims_total", "Creates served from a warm pool.", func(p session.PoolStats) int64 { return p.Claims })
 		counter("sandgate_pool_misses_total", "Creates that fit a warm pool and found it empty.", func(p session.PoolStats) int64 { return p.Misses })

@@ -199,6 +199,10 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 // snapshot; anything already gone counts as done.
 func removeContainer(ctx context.Context, c containerd.Container) error {
 	if t, err := c.Task(ctx, nil); err == nil {
+		// A frozen task (a warm pool's) takes no signal until thawed.
+		if st, err := t.Status(ctx); err == nil && (st.Status == containerd.Paused || st.Status == containerd.Pausing) {
+			t.Resume(ctx)
+		}
 		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
 			// A gVisor sandbox whose control server died (after an OOM
 			// kill, say) cannot be signalled through runsc any more: kill

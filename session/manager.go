@@ -143,6 +143,8 @@ type sess struct {
 	// names the tenant of a claim in progress.
 	pool     *pool
 	claimFor string
+	frozen   bool       // its processes are frozen (a pooled session waiting)
+	freezeMu sync.Mutex // orders a freeze and the thaw of a claim
 }
 
 func newSess(info Info) *sess {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containerd/containerd"
 	"github.com/sandgate/sandgate/ids"
 )
 
@@ -49,6 +50,7 @@ const (
 	DefaultPoolMaxAge        = 30 * time.Minute
 	DefaultPoolMinFreeMemory = 1024
 	poolRefillCheck          = time.Second
+	thawCheck                = 5 * time.Second // a thawed session answers within
 	maxRefillBackoff         = time.Minute
 )
 
@@ -100,6 +102,9 @@ type PoolStats struct {
 	Size      int `json:"size"`
 	Available int `json:"available"`
 	Starting  int `json:"starting"`
+	// Frozen are the available ones whose processes are stopped while
+	// they wait (they use no CPU).
+	Frozen int `json:"frozen"`
 	// Claims are creates served from the pool, Misses creates that fit
 	// it but found it empty (they took the cold path).
 	Claims int64 `json:"claims"`
@@ -184,10 +189,17 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (
 	if info.Labels == nil {
 		info.Labels = map[string]string{}
 	}
+	// Thawing (a runtime command) and relabelling (a containerd write)
+	// take milliseconds each: at once.
+	thawed := make(chan error, 1)
+	go func() { thawed <- m.thaw(ctx, s) }()
 	labels, err := containerLabels(info, addr.String())
 	if err == nil {
 		labels[labelPool] = ""
 		_, err = c.SetLabels(m.ctx(ctx), labels)
+	}
+	if terr := <-thawed; err == nil {
+		err = terr
 	}
 	m.mu.Lock()
 	if err != nil || s.info.State != StateRunning {
@@ -319,18 +331,89 @@ func (m *Manager) fill(p *pool) {
 	p.refillTotal += took
 	p.lastRefill = took
 	log.Info("warm pool refilled", "took", took.Round(time.Millisecond))
+	m.wg.Add(1)
+	go m.freeze(s)
+}
+
+// freeze stops a pooled session's processes while it waits, so that a
+// full pool costs no CPU. Nobody can reach it meanwhile: it has no tenant,
+// no preview and an empty allow list.
+func (m *Manager) freeze(s *sess) {
+	defer m.wg.Done()
+	m.mu.Lock()
+	c, ok := s.container, s.pool != nil && s.claimFor == "" && s.info.State == StateRunning
+	if ok {
+		// Marked first: a claim from now on thaws it, whether or not the
+		// pause below has finished.
+		s.frozen = true
+	}
+	m.mu.Unlock()
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
+	defer cancel()
+	s.freezeMu.Lock()
+	defer s.freezeMu.Unlock()
+	t, err := c.Task(ctx, nil)
+	if err == nil {
+		err = t.Pause(ctx)
+	}
+	if err != nil {
+		m.log.Warn("pooled session not frozen; it waits running", "session", s.info.ID, "err", err)
+		m.mu.Lock()
+		s.frozen = false
+		m.mu.Unlock()
+	}
+}
+
+// thaw resumes a frozen pooled session and checks that it answers: its
+// display, and for a browser its CDP endpoint.
+func (m *Manager) thaw(ctx context.Context, s *sess) error {
+	m.mu.Lock()
+	frozen, c, ep, kind := s.frozen, s.container, s.ep, s.info.Kind
+	m.mu.Unlock()
+	if !frozen {
+		return nil
+	}
+	ctx = m.ctx(ctx)
+	s.freezeMu.Lock()
+	defer s.freezeMu.Unlock()
+	t, err := c.Task(ctx, nil)
+	if err == nil {
+		if st, serr := t.Status(ctx); serr == nil && st.Status == containerd.Running {
+			// The pause failed or never ran.
+		} else {
+			err = t.Resume(ctx)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("thaw: %w", err)
+	}
+	m.mu.Lock()
+	s.frozen = false
+	m.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, thawCheck)
+	defer cancel()
+	if err := waitReady(cctx, ep, kind == KindBrowser, nil, thawCheck); err != nil {
+		return fmt.Errorf("after the thaw: %w", err)
+	}
+	return nil
 }
 
 // Pools reports the warm pools.
 func (m *Manager) Pools() []PoolStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	avail, starting := map[*pool]int{}, map[*pool]int{}
+	avail, starting, frozen := map[*pool]int{}, map[*pool]int{}, map[*pool]int{}
 	for _, s := range m.sessions {
 		switch {
 		case s.pool == nil:
 		case s.info.State == StateRunning && s.claimFor == "":
 			avail[s.pool]++
+			if s.frozen {
+				frozen[s.pool]++
+			}
 		case s.info.State == StateStarting:
 			starting[s.pool]++
 		}
@@ -338,7 +421,7 @@ func (m *Manager) Pools() []PoolStats {
 	out := make([]PoolStats, 0, len(m.pools))
 	for _, p := range m.pools {
 		st := PoolStats{Key: p.key(), Kind: p.kind, Runtime: p.runtime, Screen: p.screen, Resources: p.resources,
-			Size: p.size, Available: avail[p], Starting: starting[p], Claims: p.claims, Misses: p.misses,
+			Size: p.size, Available: avail[p], Starting: starting[p], Frozen: frozen[p], Claims: p.claims, Misses: p.misses,
 			Refills: p.refills, RefillErrors: p.refillErrors, LastRefillMs: p.lastRefill.Milliseconds()}
 		if p.refills > 0 {
 			avg := p.refillTotal / time.Duration(p.refills)

@@ -17,6 +17,14 @@ const (
 
 func (m *Manager) probe() {
 	for _, s := range m.running() {
+		m.mu.Lock()
+		frozen := s.frozen
+		m.mu.Unlock()
+		if frozen {
+			// A frozen pooled session cannot answer; its claim checks
+			// that it does once thawed.
+			continue
+		}
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()

@@ -3,6 +3,8 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 
 	"testing"
 	"time"
@@ -26,20 +28,31 @@ func BenchmarkWarmStart(b *testing.B) {
 		pools = append(pools, map[string]any{"runtime": rt, "size": 1})
 	}
 	e.withGatewayConfig(b, func(cfg map[string]any) { cfg["pools"] = pools })
-	connect := func(key string, req map[string]any) (time.Duration, string) {
+	// steps holds, per runtime and path, the time of each step of a
+	// connect: create, preview, discovery, upgrade, first answer.
+	steps := map[string]map[string][]time.Duration{}
+	connect := func(key string, req map[string]any, path string) (time.Duration, string) {
+		var marks []time.Duration
 		t0 := time.Now()
+		last := t0
+		mark := func() { marks = append(marks, time.Since(last)); last = time.Now() }
 		st, body := e.api(b, key, "POST", "/v1/sessions", req)
 		if st != 201 {
 			b.Fatalf("create: %d %s", st, body)
 		}
+		mark()
 		id := jsonField(body, "id")
 		defer e.api(b, key, "DELETE", "/v1/sessions/"+id, nil)
 		p := e.preview(b, key, id, 60)
-		c, _, err := websocket.DefaultDialer.DialContext(context.Background(), browserWS(b, p.URL), nil)
+		mark()
+		ws := browserWS(b, p.URL)
+		mark()
+		c, _, err := websocket.DefaultDialer.DialContext(context.Background(), ws, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer c.Close()
+		mark()
 		if err := c.WriteJSON(map[string]any{"id": 1, "method": "Browser.getVersion"}); err != nil {
 			b.Fatal(err)
 		}
@@ -52,6 +65,14 @@ func BenchmarkWarmStart(b *testing.B) {
 		if err := c.ReadJSON(&m); err != nil || m.ID != 1 || m.Result.Product == "" {
 			b.Fatalf("first answer: %+v %v", m, err)
 		}
+		mark()
+		k := fmt.Sprint(req["runtime"], "-", path)
+		if steps[k] == nil {
+			steps[k] = map[string][]time.Duration{}
+		}
+		for i, name := range []string{"create", "preview", "discovery", "upgrade", "answer"} {
+			steps[k][name] = append(steps[k][name], marks[i])
+		}
 		return time.Since(t0), jsonField(body, "start")
 	}
 	warm := map[string][]time.Duration{}
@@ -62,7 +83,7 @@ func BenchmarkWarmStart(b *testing.B) {
 			b.StopTimer()
 			e.waitPools(b, len(runtimes))
 			b.StartTimer()
-			d, start := connect(e.keyA, map[string]any{"runtime": rt})
+			d, start := connect(e.keyA, map[string]any{"runtime": rt}, "warm")
 			if start != "warm" {
 				b.Fatalf("%s: a request of the pool's shape started %q", rt, start)
 			}
@@ -74,7 +95,7 @@ func BenchmarkWarmStart(b *testing.B) {
 	for _, rt := range runtimes {
 		for i := 0; i < 3; i++ {
 			e.waitPools(b, len(runtimes))
-			d, start := connect(e.keyA, map[string]any{"runtime": rt, "screen": map[string]int{"width": 1280, "height": 720}})
+			d, start := connect(e.keyA, map[string]any{"runtime": rt, "screen": map[string]int{"width": 1280, "height": 720}}, "cold")
 			if start != "cold" {
 				b.Fatalf("%s: another shape started %q", rt, start)
 			}
@@ -82,6 +103,13 @@ func BenchmarkWarmStart(b *testing.B) {
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for k, st := range steps {
+		var parts []string
+		for _, name := range []string{"create", "preview", "discovery", "upgrade", "answer"} {
+			parts = append(parts, fmt.Sprintf("%s %.1f ms", name, ms(percentile(st[name], 0.5))))
+		}
+		b.Logf("%s, p50 of each step: %s", k, strings.Join(parts, ", "))
+	}
 	for _, rt := range runtimes {
 		b.ReportMetric(ms(percentile(warm[rt], 0.5)), rt+"-warm-p50-ms")
 		b.ReportMetric(ms(percentile(warm[rt], 0.99)), rt+"-warm-p99-ms")

@@ -3,6 +3,11 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +79,60 @@ func (e *testEnv) pooledContainers(t testing.TB) map[string]bool {
 	return out
 }
 
+// taskCPU is the CPU time the cgroup of a session's task has used.
+func (e *testEnv) taskCPU(t testing.TB, id string) (time.Duration, string) {
+	t.Helper()
+	c, err := e.client.LoadContainer(e.ctx(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Task(e.ctx(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := task.Status(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cgroupCPU(t, int(task.Pid())), string(st.Status)
+}
+
+// cgroupCPU reads the CPU time of the cgroup a process is in (cgroup v1
+// cpuacct or v2 cpu.stat).
+func cgroupCPU(t testing.TB, pid int) time.Duration {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if strings.Contains(","+parts[1]+",", ",cpuacct,") {
+			for _, dir := range []string{"cpuacct", "cpu,cpuacct"} {
+				if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", dir, parts[2], "cpuacct.usage")); err == nil {
+					n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+					return time.Duration(n)
+				}
+			}
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", parts[2], "cpu.stat")); err == nil {
+				for _, l := range strings.Split(string(b), "\n") {
+					if v, ok := strings.CutPrefix(l, "usage_usec "); ok {
+						n, _ := strconv.ParseInt(v, 10, 64)
+						return time.Duration(n) * time.Microsecond
+					}
+				}
+			}
+		}
+	}
+	t.Fatalf("no CPU accounting for process %d: %s", pid, raw)
+	return 0
+}
+
 // claim creates a session of the pool's shape with more fields and
 // reports whether it came warm.
 func (e *testEnv) claim(t *testing.T, key string, extra map[string]any) (sessionInfo, string, time.Duration) {
@@ -136,11 +195,23 @@ func TestWarmPool(t *testing.T) {
 				return
 			case <-time.After(300 * time.Millisecond):
 			}
-			n := len(e.pooledContainers(t))
+			// Errors are skipped, not fatal: the gateway is down for a
+			// while when the test restarts it.
+			n := 0
+			if cs, err := e.client.Containers(e.ctx(), `labels."sandgate.pool"`); err == nil {
+				for _, c := range cs {
+					if l, err := c.Labels(e.ctx()); err == nil && l["sandgate.pool"] != "" {
+						n++
+					}
+				}
+			}
 			live := 0
-			if st, body := e.api(t, e.keyA, "GET", "/v1/pools", nil); st == 200 {
+			req, _ := http.NewRequest("GET", e.gwURL+"/v1/pools", nil)
+			req.Header.Set("Authorization", "Bearer "+e.keyA)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
 				var out struct{ Pools []poolStats }
-				json.Unmarshal(body, &out)
+				json.NewDecoder(resp.Body).Decode(&out)
+				resp.Body.Close()
 				for _, p := range out.Pools {
 					live += p.Available + p.Starting
 				}
@@ -164,6 +235,59 @@ func TestWarmPool(t *testing.T) {
 	}()
 	full := e.waitPool(t, poolSize)
 	t.Logf("pool %s full: %+v", full.Key, full)
+
+	t.Run("frozen-while-waiting", func(t *testing.T) {
+		e.waitPool(t, poolSize)
+		pooled := e.pooledContainers(t)
+		deadline := time.Now().Add(60 * time.Second)
+		for id := range pooled {
+			for {
+				if _, st := e.taskCPU(t, id); st == "paused" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("pooled session %s was not frozen", id)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		// Control: a claimed session, thawed and idle, uses some CPU in
+		// the same window; the frozen ones use none.
+		s, start, _ := e.claim(t, e.keyA, nil)
+		if start != "warm" {
+			t.Fatalf("start %q", start)
+		}
+		if _, st := e.taskCPU(t, s.ID); st != "running" {
+			t.Fatalf("the claimed session is %s", st)
+		}
+		var ids []string
+		before := map[string]time.Duration{}
+		for id := range e.pooledContainers(t) {
+			if _, st := e.taskCPU(t, id); st == "paused" {
+				ids = append(ids, id)
+			}
+		}
+		ids = append(ids, s.ID)
+		for _, id := range ids {
+			before[id], _ = e.taskCPU(t, id)
+		}
+		const window = 5 * time.Second
+		time.Sleep(window)
+		for _, id := range ids {
+			after, st := e.taskCPU(t, id)
+			used := after - before[id]
+			t.Logf("%s (%s): %v of CPU in %v, %.4f cores", id, st, used, window, used.Seconds()/window.Seconds())
+			if id == s.ID && used <= 0 {
+				t.Errorf("the claimed session used no CPU: the measure cannot tell")
+			}
+			if id != s.ID && used > 0 {
+				t.Errorf("frozen pooled session %s used %v", id, used)
+			}
+		}
+		if len(ids) < 2 {
+			t.Errorf("no frozen pooled session was measured: %v", ids)
+		}
+	})
 
 	t.Run("claim-applies-the-request", func(t *testing.T) {
 		e.waitPool(t, 1)
