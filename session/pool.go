@@ -50,7 +50,8 @@ const (
 	DefaultPoolMaxAge        = 30 * time.Minute
 	DefaultPoolMinFreeMemory = 1024
 	poolRefillCheck          = time.Second
-	thawCheck                = 5 * time.Second // a thawed session answers within
+	thawCheck                = 5 * time.Second  // a thawed session answers within
+	claimTimeout             = 15 * time.Second // a claim's containerd and runtime calls
 	maxRefillBackoff         = time.Minute
 )
 
@@ -178,6 +179,10 @@ func (m *Manager) takePooled(p *pool, tenant string) *sess {
 // On failure the pooled session is removed and the caller takes the cold
 // path.
 func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (Info, bool) {
+	// A claim, once begun, finishes even if its caller hangs up: the
+	// session is the tenant's then, as a cold one would be.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	defer cancel()
 	now := time.Now().UTC()
 	m.mu.Lock()
 	info := s.info
@@ -203,6 +208,7 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (
 	}
 	m.mu.Lock()
 	if err != nil || s.info.State != StateRunning {
+		s.claimFor = "" // no longer counts against the tenant
 		m.mu.Unlock()
 		m.log.Warn("warm session could not be claimed; taking the cold path", "session", info.ID, "pool", p.key(), "err", err)
 		m.stopAsync(s, StateFailed, "the claim failed")
