@@ -39,6 +39,10 @@ type PoolLimits struct {
 	// memory is below this plus the new session's memory limit
 	// (default 1024).
 	MinAvailableMemoryMB int
+	// KeepRunning leaves pooled sessions running while they wait
+	// instead of freezing them: claims skip the thaw, a full pool costs
+	// its sessions' idle CPU.
+	KeepRunning bool
 	// MaxAge replaces a pooled session nobody claimed in this long
 	// (default DefaultPoolMaxAge), so that a claim never gets a browser
 	// that sat for hours.
@@ -337,8 +341,10 @@ func (m *Manager) fill(p *pool) {
 	p.refillTotal += took
 	p.lastRefill = took
 	log.Info("warm pool refilled", "took", took.Round(time.Millisecond))
-	m.wg.Add(1)
-	go m.freeze(s)
+	if !m.poolLimits.KeepRunning {
+		m.wg.Add(1)
+		go m.freeze(s)
+	}
 }
 
 // freeze stops a pooled session's processes while it waits, so that a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 
 	"testing"
@@ -27,7 +28,13 @@ func BenchmarkWarmStart(b *testing.B) {
 	for _, rt := range runtimes {
 		pools = append(pools, map[string]any{"runtime": rt, "size": 1})
 	}
-	e.withGatewayConfig(b, func(cfg map[string]any) { cfg["pools"] = pools })
+	// SANDGATE_POOL_KEEP_RUNNING=1 measures pools that are not frozen.
+	keep := os.Getenv("SANDGATE_POOL_KEEP_RUNNING") == "1"
+	e.withGatewayConfig(b, func(cfg map[string]any) {
+		cfg["pools"] = pools
+		cfg["pool_limits"] = map[string]any{"keep_running": keep}
+	})
+	b.Logf("pooled sessions frozen while they wait: %v", !keep)
 	// steps holds, per runtime and path, the time of each step of a
 	// connect: create, preview, discovery, upgrade, first answer.
 	steps := map[string]map[string][]time.Duration{}

@@ -72,7 +72,9 @@ type Config struct {
 	// (default: the sum of the sizes), the host memory a refill leaves
 	// available besides the new session's limit (default 1024 MB), and
 	// the age at which an unclaimed pooled session is replaced (30m).
+	// Pooled sessions are frozen while they wait unless keep_running.
 	PoolLimits struct {
+		KeepRunning          bool     `json:"keep_running"`
 		MaxSessions          int      `json:"max_sessions"`
 		MinAvailableMemoryMB int      `json:"min_available_memory_mb"`
 		MaxAge               Duration `json:"max_age"`
