@@ -178,11 +178,12 @@ func (s *Server) cdpProxy() fiber.Handler {
 		s.pump(client, up, upr, claims, s.cdpLimits())
 	}, websocket.Config{
 		// The library only upgrades: after it, the proxy reads and writes
-		// the frames itself. No compression is negotiated (the default),
-		// so the browser's frames go to the client as they are, and a
-		// frame with RSV1 set is refused.
-		ReadBufferSize:  64 << 10,
-		WriteBufferSize: 64 << 10,
+		// the frames itself, so the library's buffers are the smallest it
+		// takes. No compression is negotiated (the default), so the
+		// browser's frames go to the client as they are, and a frame with
+		// RSV1 set is refused.
+		ReadBufferSize:  maxControl,
+		WriteBufferSize: maxControl,
 	})
 }
 
