@@ -234,10 +234,10 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 			return fmt.Sprintf("the %s sent a message over the limit of %d bytes", side, limit)
 		case errors.Is(err, errProtocol):
 			return fmt.Sprintf("the %s sent %v", side, err)
-		case errors.Is(err, errWriteFailed) && side == "browser":
-			return "client write failed"
 		case errors.Is(err, errWriteFailed):
-			return "browser closed the connection"
+			// Only writes to the client report this; a failed write to
+			// the browser ends as the browser closing.
+			return "client write failed"
 		case errors.Is(err, errRelayBroken):
 			return "a browser frame was cut short on its way"
 		}
@@ -266,7 +266,9 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 		err := fromBrowser.relayTo(toClient, func(op byte, p []byte) error {
 			switch op {
 			case opPing:
-				return toBrowser.writeFrame(opPong, p)
+				if err := toBrowser.writeFrame(opPong, p); err != nil {
+					return fmt.Errorf("pong: %v", err)
+				}
 			case opClose:
 				return errPeerClosed
 			}
@@ -294,11 +296,7 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 			case errors.Is(err, errProtocol):
 				toClient.closeFrame(1002, "invalid frame")
 			}
-			if errors.Is(err, errWriteFailed) {
-				shut("client write failed")
-			} else {
-				shut(failed("client", err, limits.ClientMessage))
-			}
+			shut(failed("client", err, limits.ClientMessage))
 			break
 		}
 		// The buffer serves the next message, unless a large one grew it.

@@ -40,7 +40,7 @@ const maxControl = 125
 
 var (
 	// errProtocol is a frame the proxy refuses: the connection ends.
-	errProtocol = errors.New("invalid websocket frame")
+	errProtocol = errors.New("an invalid websocket frame")
 	// errPeerClosed is a close frame from the other side.
 	errPeerClosed = errors.New("websocket closed by the peer")
 	// errWriteFailed is a write to a connection that failed.
