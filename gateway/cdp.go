@@ -131,15 +131,17 @@ type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
 
-// CDPLimits bound one CDP connection through the proxy. Every message is
-// held whole on its way (CDP clients such as rod read each frame as a
-// message, so the proxy writes each as one frame), so these bound the
-// gateway's memory per connection.
+// CDPLimits bound one CDP connection through the proxy. A client's
+// message is held whole on its way (the gateway reads every command), so
+// ClientMessage bounds the gateway's memory per connection. The browser's
+// frames are relayed as Chromium framed them (one frame a message, which
+// clients such as rod rely on), through buffers of a fixed size.
 type CDPLimits struct {
 	// ClientMessage bounds one message from a client (32 MiB).
 	ClientMessage int64
-	// BrowserMessage bounds one message from the session's Chromium
-	// (128 MiB; Chromium's own largest are about 100 MiB).
+	// BrowserMessage bounds one message from the session's Chromium, the
+	// sum of its frames (128 MiB; Chromium's own largest are about
+	// 100 MiB).
 	BrowserMessage int64
 }
 
