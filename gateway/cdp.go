@@ -1,20 +1,20 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	fws "github.com/fasthttp/websocket"
 	"github.com/gofiber/contrib/websocket"
 	"github.com/gofiber/fiber/v2"
 	"github.com/golang-jwt/jwt/v5"
-	gws "github.com/gorilla/websocket"
 
 	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/session"
@@ -131,15 +131,17 @@ type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }
 
-// CDPLimits bound one CDP connection through the proxy. Every message is
-// held whole on its way (CDP clients such as rod read each frame as a
-// message, so the proxy writes each as one frame), so these bound the
-// gateway's memory per connection.
+// CDPLimits bound one CDP connection through the proxy. A client's
+// message is held whole on its way (the gateway reads every command), so
+// ClientMessage bounds the gateway's memory per connection. The browser's
+// frames are relayed as Chromium framed them (one frame a message, which
+// clients such as rod rely on), through buffers of a fixed size.
 type CDPLimits struct {
 	// ClientMessage bounds one message from a client (32 MiB).
 	ClientMessage int64
-	// BrowserMessage bounds one message from the session's Chromium
-	// (128 MiB; Chromium's own largest are about 100 MiB).
+	// BrowserMessage bounds one message from the session's Chromium, the
+	// sum of its frames (128 MiB; Chromium's own largest are about
+	// 100 MiB).
 	BrowserMessage int64
 }
 
@@ -168,31 +170,50 @@ func (s *Server) cdpProxy() fiber.Handler {
 		target := client.Locals(localUpstream).(string)
 		claims := client.Locals(localClaims).(*previewClaims)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		d := gws.Dialer{HandshakeTimeout: 10 * time.Second, ReadBufferSize: 64 << 10, WriteBufferSize: 64 << 10}
-		up, resp, err := d.DialContext(ctx, target, nil)
+		up, upr, err := dialBrowser(ctx, target)
 		cancel()
-		if resp != nil && resp.Body != nil {
-			resp.Body.Close()
-		}
 		if err != nil {
 			s.log.Warn("cdp upstream unreachable", "session", claims.Session, "err", err)
 			client.Close()
 			return
 		}
-		s.pump(client, up, claims, s.cdpLimits())
+		s.pump(client, up, upr, claims, s.cdpLimits())
 	}, websocket.Config{
-		ReadBufferSize:  64 << 10,
-		WriteBufferSize: 64 << 10,
+		// The library only upgrades: after it, the proxy reads and writes
+		// the frames itself, so the library's buffers are the smallest it
+		// takes. No compression is negotiated (the default), so the
+		// browser's frames go to the client as they are, and a frame with
+		// RSV1 set is refused.
+		ReadBufferSize:  maxControl,
+		WriteBufferSize: maxControl,
 	})
 }
 
-func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaims, limits CDPLimits) {
+// pump moves CDP both ways. From the client it reads whole messages,
+// because each goes through browser.RewriteCommand; from the browser,
+// which carries screenshots and events, it relays frames as they come,
+// checked but neither held nor re-encoded.
+func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, claims *previewClaims, limits CDPLimits) {
 	log := s.log.With("session", claims.Session, "tenant", claims.Tenant, "preview", claims.ID)
-	// A message over the limit fails the read before its payload is read
-	// (the announced length is checked first), and the library answers
-	// it with close code 1009, message too big.
-	client.SetReadLimit(limits.ClientMessage)
-	up.SetReadLimit(limits.BrowserMessage)
+	// The library's connection is left alone after the upgrade, so it
+	// never writes (no pong, no close echo) between the proxy's frames.
+	// Reads go through fasthttp's wrapper, which may hold bytes read past
+	// the upgrade request; writes and closing go to the connection under
+	// it (whose Close is real, and which can splice).
+	cc := client.NetConn()
+	raw := cc
+	if u, ok := cc.(interface{ UnsafeConn() net.Conn }); ok {
+		raw = u.UnsafeConn()
+	}
+	// A message over a limit fails on the frame header that announces it,
+	// before its payload is read.
+	fromClient := &wsReader{r: bufio.NewReaderSize(cc, 64<<10), masked: true, limit: limits.ClientMessage}
+	fromBrowser := &wsReader{r: upr, raw: up, limit: limits.BrowserMessage}
+	// The client connection has two writers: the browser's frames and the
+	// gateway's own frames (answers to refused commands, pongs, close).
+	toClient := &wsWriter{conn: raw}
+	// So has the browser's: the client's messages and pongs.
+	toBrowser := newMaskedWriter(up)
 	var once sync.Once
 	var reason string
 	// Closing drops both TCP connections without a close frame, as
@@ -201,17 +222,26 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 	shut := func(why string) {
 		once.Do(func() {
 			reason = why
-			// The server side of a hijacked fasthttp connection closes
-			// when the handler returns: end its blocked read now.
-			client.SetReadDeadline(time.Unix(1, 0))
-			client.Close()
+			// End blocked reads and writes now, whichever connection the
+			// client side is.
+			raw.SetDeadline(time.Unix(1, 0))
+			raw.Close()
 			up.Close()
 			log.Info("cdp connection closing", "reason", why)
 		})
 	}
-	readFailed := func(side string, err error, limit int64) string {
-		if errors.Is(err, gws.ErrReadLimit) || errors.Is(err, fws.ErrReadLimit) {
+	failed := func(side string, err error, limit int64) string {
+		switch {
+		case errors.Is(err, errMessageTooBig):
 			return fmt.Sprintf("the %s sent a message over the limit of %d bytes", side, limit)
+		case errors.Is(err, errProtocol):
+			return fmt.Sprintf("the %s sent %v", side, err)
+		case errors.Is(err, errWriteFailed):
+			// Only writes to the client report this; a failed write to
+			// the browser ends as the browser closing.
+			return "client write failed"
+		case errors.Is(err, errRelayBroken):
+			return "a browser frame was cut short on its way"
 		}
 		return side + " closed the connection"
 	}
@@ -232,35 +262,49 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 	s.sessions.Record(claims.Session, "preview_connected", map[string]any{"preview": claims.ID, "scope": claims.Scope})
 	start := time.Now()
 
-	// The client connection has two writers: the browser's messages and
-	// the gateway's own answers to commands it refuses.
-	var wmu sync.Mutex
-	toClient := func(mt int, data []byte) error {
-		wmu.Lock()
-		defer wmu.Unlock()
-		return client.WriteMessage(mt, data)
-	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			mt, data, err := up.ReadMessage()
-			if err != nil {
-				shut(readFailed("browser", err, limits.BrowserMessage))
-				return
+		err := fromBrowser.relayTo(toClient, func(op byte, p []byte) error {
+			switch op {
+			case opPing:
+				if err := toBrowser.writeFrame(opPong, p); err != nil {
+					return fmt.Errorf("pong: %v", err)
+				}
+			case opClose:
+				return errPeerClosed
 			}
-			if err := toClient(mt, data); err != nil {
-				shut("client write failed")
-				return
-			}
-		}
+			return nil
+		})
+		shut(failed("browser", err, limits.BrowserMessage))
 	}()
+	var buf []byte
 	var lastTouch time.Time
 	for {
-		mt, data, err := client.ReadMessage()
+		op, msg, err := fromClient.readMessage(buf[:0], func(op byte, p []byte) error {
+			switch op {
+			case opPing:
+				return toClient.writeFrame(opPong, p)
+			case opClose:
+				return errPeerClosed
+			}
+			return nil
+		})
 		if err != nil {
-			shut(readFailed("client", err, limits.ClientMessage))
+			raw.SetWriteDeadline(time.Now().Add(time.Second))
+			switch {
+			case errors.Is(err, errMessageTooBig):
+				toClient.closeFrame(1009, tooBigReason(limits.ClientMessage))
+			case errors.Is(err, errProtocol):
+				toClient.closeFrame(1002, "invalid frame")
+			}
+			shut(failed("client", err, limits.ClientMessage))
 			break
+		}
+		// The buffer serves the next message, unless a large one grew it.
+		buf = msg
+		if cap(buf) > 1<<20 {
+			buf = nil
 		}
 		if now := time.Now(); now.Sub(lastTouch) > time.Second {
 			s.sessions.Touch(claims.Session)
@@ -268,20 +312,20 @@ func (s *Server) pump(client *websocket.Conn, up *gws.Conn, claims *previewClaim
 		}
 		// Downloads stay where the gateway stores them from, whatever
 		// download behaviour the client sets.
-		fwd, reply, err := browser.RewriteCommand(data, session.DownloadDir)
+		fwd, reply, err := browser.RewriteCommand(msg, session.DownloadDir)
 		if err != nil {
 			shut("the client sent a message the gateway cannot read")
 			log.Info("cdp message refused", "err", err)
 			break
 		}
 		if reply != nil {
-			if err := toClient(gws.TextMessage, reply); err != nil {
+			if err := toClient.writeFrame(opText, reply); err != nil {
 				shut("client write failed")
 				break
 			}
 			continue
 		}
-		if err := up.WriteMessage(mt, fwd); err != nil {
+		if err := toBrowser.writeFrame(op, fwd); err != nil {
 			shut("browser closed the connection")
 			break
 		}

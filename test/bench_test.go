@@ -123,10 +123,18 @@ func BenchmarkColdStart(b *testing.B) {
 }
 
 // BenchmarkCDPRoundTrip: Runtime.evaluate of 1+1 through the gateway and
-// directly against the same session's Chromium.
+// directly against the same session's Chromium, on a session of each
+// runtime (runc has no sandbox between the two paths and Chromium, so it
+// shows the gateway's own cost).
 func BenchmarkCDPRoundTrip(b *testing.B) {
+	for _, rt := range []string{"runc", "gvisor"} {
+		b.Run(rt, func(b *testing.B) { benchCDPRoundTrip(b, rt) })
+	}
+}
+
+func benchCDPRoundTrip(b *testing.B, runtime string) {
 	e := needE2E(b)
-	s := e.createSession(b, e.keyA, nil)
+	s := e.createSession(b, e.keyA, map[string]any{"runtime": runtime})
 	p := e.preview(b, e.keyA, s.ID, 600)
 	c, err := e.client.LoadContainer(e.ctx(), s.ID)
 	if err != nil {
