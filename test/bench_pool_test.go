@@ -28,13 +28,13 @@ func BenchmarkWarmStart(b *testing.B) {
 	for _, rt := range runtimes {
 		pools = append(pools, map[string]any{"runtime": rt, "size": 1})
 	}
-	// SANDGATE_POOL_KEEP_RUNNING=1 measures pools that are not frozen.
-	keep := os.Getenv("SANDGATE_POOL_KEEP_RUNNING") == "1"
+	// SANDGATE_POOL_FREEZE=1 measures pools whose sessions are frozen.
+	freeze := os.Getenv("SANDGATE_POOL_FREEZE") == "1"
 	e.withGatewayConfig(b, func(cfg map[string]any) {
 		cfg["pools"] = pools
-		cfg["pool_limits"] = map[string]any{"keep_running": keep}
+		cfg["pool_limits"] = map[string]any{"freeze": freeze}
 	})
-	b.Logf("pooled sessions frozen while they wait: %v", !keep)
+	b.Logf("pooled sessions frozen while they wait: %v", freeze)
 	// steps holds, per runtime and path, the time of each step of a
 	// connect: create, preview, discovery, upgrade, first answer.
 	steps := map[string]map[string][]time.Duration{}

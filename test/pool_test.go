@@ -178,7 +178,8 @@ func TestWarmPool(t *testing.T) {
 	e := needE2E(t)
 	e.withGatewayConfig(t, func(cfg map[string]any) {
 		cfg["pools"] = []map[string]any{{"runtime": "runc", "screen": poolShape["screen"], "size": poolSize}}
-		cfg["pool_limits"] = map[string]any{"max_sessions": poolSize}
+		// Frozen: every claim below goes through the thaw.
+		cfg["pool_limits"] = map[string]any{"max_sessions": poolSize, "freeze": true}
 	})
 	// The limit is watched all along: pooled containers in containerd and
 	// the pool's own count.

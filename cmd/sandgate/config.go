@@ -72,9 +72,10 @@ type Config struct {
 	// (default: the sum of the sizes), the host memory a refill leaves
 	// available besides the new session's limit (default 1024 MB), and
 	// the age at which an unclaimed pooled session is replaced (30m).
-	// Pooled sessions are frozen while they wait unless keep_running.
+	// With freeze, pooled sessions are frozen while they wait (no CPU;
+	// a thawed Chromium is slow for seconds after the claim).
 	PoolLimits struct {
-		KeepRunning          bool     `json:"keep_running"`
+		Freeze               bool     `json:"freeze"`
 		MaxSessions          int      `json:"max_sessions"`
 		MinAvailableMemoryMB int      `json:"min_available_memory_mb"`
 		MaxAge               Duration `json:"max_age"`

@@ -108,7 +108,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		Pools:          poolConfigs(cfg),
 		PoolLimits: session.PoolLimits{
 			MaxSessions: cfg.PoolLimits.MaxSessions, MinAvailableMemoryMB: cfg.PoolLimits.MinAvailableMemoryMB,
-			MaxAge: cfg.PoolLimits.MaxAge.Duration, KeepRunning: cfg.PoolLimits.KeepRunning,
+			MaxAge: cfg.PoolLimits.MaxAge.Duration, Freeze: cfg.PoolLimits.Freeze,
 		},
 	}, log)
 	if err != nil {
