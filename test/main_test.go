@@ -62,6 +62,10 @@ type testEnv struct {
 
 var env *testEnv
 
+// e2eLock holds the host's end-to-end lock for the whole run (a package
+// variable: a local one is closed by its finaliser, and the lock with it).
+var e2eLock *os.File
+
 func TestMain(m *testing.M) {
 	if os.Getenv("SANDGATE_E2E") == "" {
 		fmt.Println("end-to-end tests skipped: run them with `make test` (root, containerd, MinIO)")
@@ -69,9 +73,10 @@ func TestMain(m *testing.M) {
 	}
 	// One end-to-end run at a time on a host: they share the test
 	// namespace, bridge and subnet.
-	lock, err := os.OpenFile("/tmp/sandgate-e2e.lock", os.O_CREATE|os.O_RDWR, 0o600)
+	var err error
+	e2eLock, err = os.OpenFile("/tmp/sandgate-e2e.lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err == nil {
-		err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX)
+		err = syscall.Flock(int(e2eLock.Fd()), syscall.LOCK_EX)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e lock:", err)
