@@ -17,12 +17,21 @@ import (
 )
 
 // chromiumFlags are the flags the session image starts Chromium with
-// (images/session/rootfs/usr/local/bin/sandgate-session), for baselines.
-var chromiumFlags = []string{
-	"--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
-	"--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
-	"--disable-sync", "--disable-features=Translate", "--password-store=basic",
-	"--window-position=0,0", "--window-size=1280,800", "--start-maximized",
+// (images/session/rootfs/etc/sandgate/chromium.flags, and what its
+// launcher adds), for baselines.
+func chromiumFlags(tb testing.TB) []string {
+	tb.Helper()
+	raw, err := os.ReadFile("../images/session/rootfs/etc/sandgate/chromium.flags")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var flags []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			flags = append(flags, line)
+		}
+	}
+	return append(flags, "--window-position=0,0", "--window-size=1280,800")
 }
 
 func percentile(ds []time.Duration, p float64) time.Duration {
@@ -67,8 +76,9 @@ func hostChromium(b *testing.B, display, port int, extra ...string) (stop func()
 		time.Sleep(5 * time.Millisecond)
 	}
 	profile := b.TempDir()
-	args := append(append(append([]string{}, chromiumFlags...), extra...), fmt.Sprintf("--remote-debugging-port=%d", port), "--user-data-dir="+profile, "about:blank")
-	chrome := exec.Command("chromium", args...)
+	args := append(append(chromiumFlags(b), extra...), fmt.Sprintf("--remote-debugging-port=%d", port), "--user-data-dir="+profile, "about:blank")
+	// Chromium itself, as the session starts it, not Debian's launcher script.
+	chrome := exec.Command("/usr/lib/chromium/chromium", args...)
 	chrome.Env = append(os.Environ(), fmt.Sprintf("DISPLAY=:%d", display))
 	if err := chrome.Start(); err != nil {
 		xvfb.Process.Kill()
