@@ -188,13 +188,21 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		m.settle(s, StateFailed, failure)
 	}()
 
-	var phases []any
-	mark := func(name string) { phases = append(phases, name, time.Since(t0).Round(time.Millisecond)) }
+	// Where the seconds of a start go, as the gateway sees them: network,
+	// container and task follow each other; vnc and cdp are waited for
+	// together and count from the task's start.
+	steps := map[string]any{}
+	last := t0
+	step := func(name string) {
+		now := time.Now()
+		steps[name] = now.Sub(last).Milliseconds()
+		last = now
+	}
 	addr, err := m.net.create(ctx, id)
 	if err != nil {
 		return err
 	}
-	mark("network")
+	step("network")
 	m.mu.Lock()
 	s.addr = addr
 	m.byAddr[addr] = s
@@ -217,7 +225,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		return fmt.Errorf("create container: %w", err)
 	}
 	undo = append(undo, func(c2 context.Context) error { return removeContainer(c2, c) })
-	mark("container")
+	step("container")
 	task, err := newTask(ctx, c, console)
 	if err != nil {
 		return fmt.Errorf("create task: %w", err)
@@ -229,25 +237,29 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	if err := task.Start(ctx); err != nil {
 		return fmt.Errorf("start task: %w", err)
 	}
-	mark("started")
+	step("task")
 	ep := endpointOf(addr)
-	if err := waitReady(ctx, ep, info.Kind == KindBrowser, exited, m.cfg.ReadyTimeout); err != nil {
+	ready, err := waitReady(ctx, ep, info.Kind == KindBrowser, exited, m.cfg.ReadyTimeout)
+	if err != nil {
 		return err
 	}
-	mark("ready")
+	for name, d := range ready {
+		steps[name] = d.Milliseconds()
+	}
 	m.mu.Lock()
 	if s.info.State != StateStarting {
 		m.mu.Unlock()
 		return errors.New("session was stopped while starting")
 	}
 	s.info.State = StateRunning
-	s.record("started", map[string]any{"took_ms": time.Since(t0).Milliseconds()})
+	took := time.Since(t0)
+	s.record("started", map[string]any{"took_ms": took.Milliseconds(), "steps_ms": steps})
 	s.ep = ep
 	s.container = c
 	s.lastActive = time.Now()
 	s.cancel = nil
 	m.mu.Unlock()
-	log.Info("session running", append([]any{"addr", addr.String()}, phases...)...)
+	log.Info("session running", "addr", addr.String(), "took", took.Round(time.Millisecond), "steps_ms", steps)
 	m.wg.Add(1)
 	go m.watch(s, exited)
 	m.mu.Lock()
@@ -321,37 +333,43 @@ func endpointOf(a netip.Addr) Endpoint {
 }
 
 // waitReady polls until the VNC server accepts connections and, for
-// browser sessions, Chromium answers CDP discovery.
-func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan containerd.ExitStatus, limit time.Duration) error {
+// browser sessions, Chromium answers CDP discovery. It returns how long
+// each took to become true ("vnc", "cdp"), counted from its call.
+func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan containerd.ExitStatus, limit time.Duration) (map[string]time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	t0 := time.Now()
+	ready := map[string]time.Duration{}
 	client := &http.Client{Timeout: 2 * time.Second}
-	cdpOK, vncOK := !needCDP, false
 	for {
-		if !vncOK {
+		if _, ok := ready["vnc"]; !ok {
 			var d net.Dialer
 			if c, err := d.DialContext(ctx, "tcp", ep.VNC.String()); err == nil {
 				c.Close()
-				vncOK = true
+				ready["vnc"] = time.Since(t0)
 			}
 		}
-		if !cdpOK {
+		if _, ok := ready["cdp"]; needCDP && !ok {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep.CDP.String()+"/json/version", nil)
 			if resp, err := client.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body)
+				io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 				resp.Body.Close()
-				cdpOK = resp.StatusCode == http.StatusOK
+				if resp.StatusCode == http.StatusOK {
+					ready["cdp"] = time.Since(t0)
+				}
 			}
 		}
-		if cdpOK && vncOK {
-			return nil
+		if _, ok := ready["vnc"]; ok {
+			if _, ok := ready["cdp"]; ok || !needCDP {
+				return ready, nil
+			}
 		}
 		select {
 		case st := <-exited:
-			return publicf(ErrUnavailable, fmt.Sprintf("the session exited while starting (status %d)", st.ExitCode()), nil)
+			return nil, publicf(ErrUnavailable, fmt.Sprintf("the session exited while starting (status %d)", st.ExitCode()), nil)
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for CDP and VNC: %w", ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+			return nil, fmt.Errorf("waiting for CDP and VNC: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

@@ -114,7 +114,7 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 	ep := endpointOf(addr)
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := waitReady(rctx, ep, info.Kind == KindBrowser, exited, 10*time.Second); err != nil {
+	if _, err := waitReady(rctx, ep, info.Kind == KindBrowser, exited, 10*time.Second); err != nil {
 		var pe *PublicError
 		if errors.As(err, &pe) {
 			return nil, nil, pe.Msg

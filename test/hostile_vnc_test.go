@@ -122,11 +122,15 @@ func (e *testEnv) runInBackground(t *testing.T, id, script string) {
 	}()
 }
 
-// takeOverDisplay is what a session runs to replace its own VNC server:
-// it stops the session's entry point, x11vnc's parent (which would end
-// the session when the VNC server exits), kills x11vnc, then runs what
-// follows.
-const takeOverDisplay = `v=$(pgrep -x x11vnc) && kill -STOP $(ps -o ppid= -p $v) && kill -KILL $v && `
+// takeOverDisplay is what a session runs to replace its own VNC server,
+// TigerVNC's Xvnc, which is its display too: it stops the session's entry
+// point, Xvnc's parent (which would end the session when the display
+// exits), kills Xvnc, then runs what follows.
+const takeOverDisplay = `v=$(pgrep -x Xtigervnc) && kill -STOP $(ps -o ppid= -p $v) && kill -KILL $v && `
+
+// restartDisplay starts the session's display and VNC server again the
+// way its entry point does.
+const restartDisplay = `exec Xtigervnc :0 -geometry "${SANDGATE_SCREEN_WIDTH:-1280}x${SANDGATE_SCREEN_HEIGHT:-800}" -depth 24 -nolisten tcp -ac -rfbport 5900 -SecurityTypes None -AlwaysShared -UseBlacklist=0 -AcceptSetDesktopSize=0`
 
 // waitEvent polls the session's trail until an event of the type is in
 // it, and returns its fields.

@@ -41,7 +41,7 @@ func TestRecordingResumes(t *testing.T) {
 	waitUntil(30*time.Second, "a first segment is uploaded", func() bool { return len(e.segmentParts(t, s.ID)) == 1 })
 
 	// As the session's user: restart the VNC server, a few seconds away.
-	e.runInBackground(t, s.ID, takeOverDisplay+"sleep 2 && exec x11vnc -display :0 -rfbport 5900 -shared -forever -nopw -quiet -noxdamage -nossl")
+	e.runInBackground(t, s.ID, takeOverDisplay+"sleep 2 && "+restartDisplay)
 	intr := e.waitEvent(t, s.ID, "recording_interrupted", 30*time.Second)
 	res := e.waitEvent(t, s.ID, "recording_resumed", 60*time.Second)
 	t.Logf("interrupted: %v; resumed: %v", intr, res)
