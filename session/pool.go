@@ -408,7 +408,7 @@ func (m *Manager) thaw(ctx context.Context, s *sess) error {
 	m.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, thawCheck)
 	defer cancel()
-	if err := waitReady(cctx, ep, kind == KindBrowser, nil, thawCheck); err != nil {
+	if _, err := waitReady(cctx, ep, kind == KindBrowser, nil, thawCheck); err != nil {
 		return fmt.Errorf("after the thaw: %w", err)
 	}
 	return nil

@@ -2,7 +2,6 @@ package test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -143,21 +142,4 @@ func (e *testEnv) waitPools(t testing.TB, n int) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func (e *testEnv) runtimeUsable(t testing.TB, name string) bool {
-	_, body := e.api(t, e.keyA, "GET", "/v1/runtimes", nil)
-	var rts struct {
-		Runtimes []struct {
-			Name   string
-			Usable bool
-		}
-	}
-	json.Unmarshal(body, &rts)
-	for _, r := range rts.Runtimes {
-		if r.Name == name {
-			return r.Usable
-		}
-	}
-	return false
 }
