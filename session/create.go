@@ -42,8 +42,25 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 			return nil, publicf(ErrInvalid, "label keys must be 1-63 bytes and values at most 256 bytes", nil)
 		}
 	}
+	// The session is kept in containerd labels, which hold at most
+	// maxLabelBytes each: a request too large for them is refused here,
+	// not when the container (or a warm session's claim) is written.
+	labels, err := containerLabels(Info{Kind: spec.Kind, Runtime: rt.Name, Resources: spec.Resources, Screen: spec.Screen,
+		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress, Start: StartCold, IdleTimeout: int(spec.IdleTimeout.Seconds())}, "255.255.255.255")
+	if err != nil {
+		return nil, publicf(ErrInvalid, "the request cannot be stored", err)
+	}
+	for k, v := range labels {
+		if len(k)+len(v) > maxLabelBytes {
+			return nil, publicf(ErrInvalid, fmt.Sprintf("labels, allow list and credential bindings together are too large to store (%d bytes, at most %d)", len(k)+len(v), maxLabelBytes), nil)
+		}
+	}
 	return rt, nil
 }
+
+// maxLabelBytes is containerd's bound on one label, key and value (4096),
+// less room for the fields a claim or an extension changes.
+const maxLabelBytes = 4000
 
 // normalizeShape checks and fills what a session is started with: kind,
 // runtime, resources and screen (a warm pool's shape).

@@ -338,9 +338,11 @@ func (m *Manager) Observe(o Observer) {
 	m.mu.Unlock()
 	for _, s := range m.running() {
 		m.mu.Lock()
-		info, ep := copyInfo(s.info), s.ep
+		info, ep, pooled := copyInfo(s.info), s.ep, s.pool != nil
 		m.mu.Unlock()
-		o.SessionRunning(info, ep)
+		if !pooled { // a pooled session is observed from its claim
+			o.SessionRunning(info, ep)
+		}
 	}
 	m.endOrphanTrails(o)
 }

@@ -228,15 +228,17 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	if m.cfg.DefaultRuntime == "" {
 		log.Warn("no isolating runtime (kata, gvisor) is usable and none is configured as default; create requests must name a runtime")
 	}
+	// Recovery first: an earlier gateway's pooled sessions are removed
+	// even when this one's pool config is refused.
+	if err := m.recover(m.base); err != nil {
+		cancel()
+		return nil, fmt.Errorf("recover sessions: %w", err)
+	}
 	if m.pools, err = m.newPools(cfg.Pools); err != nil {
 		cancel()
 		return nil, err
 	}
 	m.poolLimits, m.refillNow = cfg.PoolLimits.withDefaults(m.pools), make(chan struct{}, 1)
-	if err := m.recover(m.base); err != nil {
-		cancel()
-		return nil, fmt.Errorf("recover sessions: %w", err)
-	}
 	m.wg.Add(1)
 	go m.reap()
 	if len(m.pools) > 0 {

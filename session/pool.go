@@ -64,6 +64,9 @@ const (
 // it before the session is handed out.
 const labelPool = "sandgate.pool"
 
+// claimFailed marks a pooled session whose claim failed, on its way out.
+const claimFailed = "(claim failed)"
+
 // How a session was started, in Info.Start.
 const (
 	StartCold = "cold"
@@ -213,7 +216,8 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (
 	}
 	m.mu.Lock()
 	if err != nil || s.info.State != StateRunning {
-		s.claimFor = "" // no longer counts against the tenant
+		// No longer counts against the tenant, and never taken again.
+		s.claimFor = claimFailed
 		m.mu.Unlock()
 		m.log.Warn("warm session could not be claimed; taking the cold path", "session", info.ID, "pool", p.key(), "err", err)
 		m.stopAsync(s, StateFailed, "the claim failed")
@@ -353,11 +357,13 @@ func (m *Manager) fill(p *pool) {
 // no preview and an empty allow list.
 func (m *Manager) freeze(s *sess) {
 	defer m.wg.Done()
+	// freezeMu is held from the check to the end of the pause: a claim
+	// (thaw) or a teardown waits for it, then sees frozen.
+	s.freezeMu.Lock()
+	defer s.freezeMu.Unlock()
 	m.mu.Lock()
 	c, ok := s.container, s.pool != nil && s.claimFor == "" && s.info.State == StateRunning
 	if ok {
-		// Marked first: a claim from now on thaws it, whether or not the
-		// pause below has finished.
 		s.frozen = true
 	}
 	m.mu.Unlock()
@@ -366,8 +372,6 @@ func (m *Manager) freeze(s *sess) {
 	}
 	ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
 	defer cancel()
-	s.freezeMu.Lock()
-	defer s.freezeMu.Unlock()
 	t, err := c.Task(ctx, nil)
 	if err == nil {
 		err = t.Pause(ctx)
@@ -383,6 +387,8 @@ func (m *Manager) freeze(s *sess) {
 // thaw resumes a frozen pooled session and checks that it answers: its
 // display, and for a browser its CDP endpoint.
 func (m *Manager) thaw(ctx context.Context, s *sess) error {
+	s.freezeMu.Lock()
+	defer s.freezeMu.Unlock()
 	m.mu.Lock()
 	frozen, c, ep, kind := s.frozen, s.container, s.ep, s.info.Kind
 	m.mu.Unlock()
@@ -390,8 +396,6 @@ func (m *Manager) thaw(ctx context.Context, s *sess) error {
 		return nil
 	}
 	ctx = m.ctx(ctx)
-	s.freezeMu.Lock()
-	defer s.freezeMu.Unlock()
 	t, err := c.Task(ctx, nil)
 	if err == nil {
 		if st, serr := t.Status(ctx); serr == nil && st.Status == containerd.Running {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 )
@@ -144,5 +145,29 @@ func TestFitting(t *testing.T) {
 		if m.fitting(s) != nil {
 			t.Errorf("another %s fits the pool", name)
 		}
+	}
+}
+
+func TestNormalizeRefusesWhatLabelsCannotHold(t *testing.T) {
+	m, _ := testPools(t, PoolLimits{}, 1)
+	m.runtimes = map[string]*Runtime{"runc": {Name: "runc", Usable: true}}
+	m.cfg.Tenants["a"] = TenantLimits{MaxTTL: time.Hour, DefaultTTL: time.Minute}
+	spec := func(labels int) Spec {
+		l := map[string]string{}
+		for i := 0; i < labels; i++ {
+			l[fmt.Sprintf("label-%02d-%s", i, strings.Repeat("k", 50))] = strings.Repeat("<", 250)
+		}
+		return Spec{Tenant: "a", Runtime: "runc", Labels: l}
+	}
+	// Control: a few large labels fit.
+	s := spec(2)
+	if _, err := m.normalize(&s); err != nil {
+		t.Fatalf("two labels: %v", err)
+	}
+	// 32 labels within the per-label bounds do not fit containerd's
+	// 4096-byte label: a 400 now, not a 503 when the container is made.
+	s = spec(32)
+	if _, err := m.normalize(&s); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "too large") {
+		t.Fatalf("32 large labels: %v", err)
 	}
 }

@@ -39,8 +39,8 @@ func (m *Manager) reap() {
 			var why []string
 			m.mu.Lock()
 			for _, s := range m.sessions {
-				if s.info.State != StateRunning {
-					continue
+				if s.info.State != StateRunning || s.claimFor != "" {
+					continue // a claim in progress settles it
 				}
 				switch {
 				case now.After(s.info.ExpiresAt):

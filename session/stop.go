@@ -81,6 +81,10 @@ func (m *Manager) teardown(ctx context.Context, s *sess, final State, failure st
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	log := m.log.With("session", s.info.ID, "tenant", s.info.Tenant)
+	// Not while a pooled session's pause is under way: it is finished
+	// first, and removeContainer thaws what it froze.
+	s.freezeMu.Lock()
+	defer s.freezeMu.Unlock()
 	if err := removeContainer(ctx, c); err != nil {
 		log.Error("remove container", "err", err)
 	}
