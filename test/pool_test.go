@@ -328,6 +328,24 @@ func TestWarmPool(t *testing.T) {
 		if st, _ := e.api(t, e.keyB, "GET", "/v1/sessions/"+s.ID, nil); st != 404 {
 			t.Errorf("another tenant's GET: %d", st)
 		}
+		// A request too large to store is a 400 and costs the pool
+		// nothing (it was a 503 after a warm session was thrown away).
+		e.waitPool(t, 1)
+		poolBefore := e.pools(t)[0]
+		big := map[string]string{}
+		for i := 0; i < 32; i++ {
+			big[fmt.Sprintf("label-%02d-%s", i, strings.Repeat("k", 50))] = strings.Repeat("v", 250)
+		}
+		req := map[string]any{"labels": big}
+		for k, v := range poolShape {
+			req[k] = v
+		}
+		if st, body := e.api(t, e.keyA, "POST", "/v1/sessions", req); st != 400 || !strings.Contains(string(body), "too large") {
+			t.Errorf("a request too large to store: %d %s", st, body)
+		}
+		if after := e.pools(t)[0]; after.Claims != poolBefore.Claims || after.Refills != poolBefore.Refills {
+			t.Errorf("the refused request touched the pool: %+v, then %+v", poolBefore, after)
+		}
 		// Control: a request of another shape starts cold.
 		other, start2, _ := e.claim(t, e.keyA, map[string]any{"screen": map[string]int{"width": 1280, "height": 800}})
 		if start2 != "cold" {
