@@ -343,7 +343,7 @@ func TestWarmPool(t *testing.T) {
 		if st, body := e.api(t, e.keyA, "POST", "/v1/sessions", req); st != 400 || !strings.Contains(string(body), "too large") {
 			t.Errorf("a request too large to store: %d %s", st, body)
 		}
-		if after := e.pools(t)[0]; after.Claims != poolBefore.Claims || after.Refills != poolBefore.Refills {
+		if after := e.pools(t)[0]; after.Claims != poolBefore.Claims || after.Misses != poolBefore.Misses || after.Available < 1 {
 			t.Errorf("the refused request touched the pool: %+v, then %+v", poolBefore, after)
 		}
 		// Control: a request of another shape starts cold.
