@@ -293,10 +293,12 @@ func (m *Manager) Limits(tenant string) (TenantLimits, bool) {
 }
 
 // Close stops the reaper and background work; sessions keep running in
-// containerd, for the next gateway to adopt.
+// containerd, for the next gateway to adopt. Pooled sessions nobody
+// claimed are removed (the next gateway would remove them anyway).
 func (m *Manager) Close() {
 	m.cancel()
 	m.wg.Wait()
+	m.removePooled()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, s := range m.sessions {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd"
@@ -485,4 +486,40 @@ func (l PoolLimits) withDefaults(pools []*pool) PoolLimits {
 		l.MaxAge = DefaultPoolMaxAge
 	}
 	return l
+}
+
+// removePooled removes the pooled sessions nobody claimed, at shutdown,
+// once the refiller has stopped.
+func (m *Manager) removePooled() {
+	m.mu.Lock()
+	var pooled []*sess
+	for _, s := range m.sessions {
+		if s.pool != nil && s.claimFor == "" && s.info.State == StateRunning {
+			s.info.State = StateStopping
+			pooled = append(pooled, s)
+		}
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range pooled {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(m.ctx(context.Background()), 20*time.Second)
+			defer cancel()
+			s.freezeMu.Lock()
+			err := removeContainer(ctx, s.container)
+			s.freezeMu.Unlock()
+			if err == nil {
+				err = m.net.remove(ctx, s.info.ID)
+			}
+			if err == nil {
+				err = m.removeWorkspace(s.info.ID)
+			}
+			if err != nil {
+				m.log.Warn("pooled session not removed at shutdown; the next gateway removes it", "session", s.info.ID, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -464,5 +464,17 @@ func TestWarmPool(t *testing.T) {
 				t.Errorf("pooled container %s of the killed gateway is handed out again", id)
 			}
 		}
+		// A gateway that stops cleanly removes its pooled sessions
+		// itself; the claimed one stays for the next to adopt.
+		e.stopGateway(syscall.SIGTERM)
+		if left := e.pooledContainers(t); len(left) != 0 {
+			t.Errorf("pooled containers left after a clean stop: %v", left)
+		}
+		if _, err := e.client.LoadContainer(e.ctx(), survivor.ID); err != nil {
+			t.Errorf("the claimed session's container went with the clean stop: %v", err)
+		}
+		if err := e.startGateway(); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
