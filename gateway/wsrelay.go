@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -217,7 +216,7 @@ func (f *wsReader) readMessage(buf []byte, control func(op byte, payload []byte)
 		for rest := h.length; rest > 0; {
 			chunk := int(min(rest, 1<<20))
 			start := len(buf)
-			buf = slices.Grow(buf, chunk)[:start+chunk]
+			buf = growDoubling(buf, chunk, f.limit)[:start+chunk]
 			if _, err := io.ReadFull(f.r, buf[start:]); err != nil {
 				return 0, buf, unexpected(err)
 			}
@@ -230,6 +229,23 @@ func (f *wsReader) readMessage(buf []byte, control func(op byte, payload []byte)
 			return op, buf, nil
 		}
 	}
+}
+
+// growDoubling makes room for n more bytes, doubling the capacity (at
+// most to limit) rather than append's quarter steps: a message grown to
+// the limit leaves at most about its own size behind as garbage, not
+// four times it (measured: +140 MiB of RSS for a refused 32 MiB message).
+func growDoubling(buf []byte, n int, limit int64) []byte {
+	if cap(buf)-len(buf) >= n {
+		return buf
+	}
+	want := max(2*cap(buf), len(buf)+n, 64<<10)
+	if limit > 0 && int64(want) > limit {
+		want = max(int(limit), len(buf)+n)
+	}
+	grown := make([]byte, len(buf), want)
+	copy(grown, buf)
+	return grown
 }
 
 // relayTo copies data frames to w as they come, header and payload,
