@@ -49,12 +49,20 @@ type PoolLimits struct {
 	// (default DefaultPoolMaxAge), so that a claim never gets a browser
 	// that sat for hours.
 	MaxAge time.Duration
+	// RefillDelay is how long a pool waits after a claim before it starts
+	// the session that replaces the claimed one (default
+	// DefaultPoolRefillDelay). A start takes the host's CPU for seconds
+	// (both cores of a small machine, for a gVisor sandbox); the claimed
+	// session's first CDP exchanges come first. Claims in the meantime
+	// do not push it further, so a busy pool is refilled all the same.
+	RefillDelay time.Duration
 }
 
 // Pool defaults.
 const (
 	DefaultPoolMaxAge        = 30 * time.Minute
 	DefaultPoolMinFreeMemory = 1024
+	DefaultPoolRefillDelay   = time.Second
 	poolRefillCheck          = time.Second
 	thawCheck                = 5 * time.Second  // a thawed session answers within
 	claimTimeout             = 15 * time.Second // a claim's containerd and runtime calls
@@ -228,6 +236,9 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (
 	s.info = info
 	s.lastActive = time.Now()
 	p.claims++
+	if now := time.Now(); !now.Before(p.nextTry) {
+		p.nextTry = now.Add(m.poolLimits.RefillDelay)
+	}
 	s.trail = m.openTrail(info.Tenant, info.ID)
 	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record, "start": StartWarm})
 	s.record("started", map[string]any{"took_ms": time.Since(t0).Milliseconds(), "start": StartWarm,
@@ -235,7 +246,7 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (
 	o, out, ep := m.observer, copyInfo(s.info), s.ep
 	m.mu.Unlock()
 	m.log.Info("session claimed from the warm pool", "session", info.ID, "tenant", info.Tenant, "pool", p.key(), "took", time.Since(t0))
-	m.kickRefill()
+	time.AfterFunc(max(m.poolLimits.RefillDelay, 0), m.kickRefill)
 	if o != nil {
 		o.SessionRunning(out, ep)
 	}
@@ -413,7 +424,7 @@ func (m *Manager) thaw(ctx context.Context, s *sess) error {
 	m.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, thawCheck)
 	defer cancel()
-	if _, err := waitReady(cctx, ep, kind == KindBrowser, nil, thawCheck); err != nil {
+	if _, _, err := waitReady(cctx, ep, kind == KindBrowser, nil, thawCheck); err != nil {
 		return fmt.Errorf("after the thaw: %w", err)
 	}
 	return nil
@@ -484,6 +495,9 @@ func (l PoolLimits) withDefaults(pools []*pool) PoolLimits {
 	}
 	if l.MaxAge <= 0 {
 		l.MaxAge = DefaultPoolMaxAge
+	}
+	if l.RefillDelay == 0 {
+		l.RefillDelay = DefaultPoolRefillDelay
 	}
 	return l
 }

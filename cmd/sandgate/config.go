@@ -73,12 +73,16 @@ type Config struct {
 	// available besides the new session's limit (default 1024 MB), and
 	// the age at which an unclaimed pooled session is replaced (30m).
 	// With freeze, pooled sessions are frozen while they wait (no CPU;
-	// a thawed Chromium is slow for seconds after the claim).
+	// a thawed Chromium is slow for seconds after the claim). A refill
+	// starts refill_delay after the claim it replaces (default 1s), so
+	// the claimed session's first exchanges do not share the CPU with a
+	// session start.
 	PoolLimits struct {
 		Freeze               bool     `json:"freeze"`
 		MaxSessions          int      `json:"max_sessions"`
 		MinAvailableMemoryMB int      `json:"min_available_memory_mb"`
 		MaxAge               Duration `json:"max_age"`
+		RefillDelay          Duration `json:"refill_delay"`
 	} `json:"pool_limits"`
 	// CacheDir holds built session image archives.
 	CacheDir string `json:"cache_dir"`
@@ -304,8 +308,8 @@ func (c *Config) check() error {
 			errs = append(errs, fmt.Errorf("pools[%d].size must be between 0 and 64", i))
 		}
 	}
-	if l := c.PoolLimits; l.MaxSessions < 0 || l.MinAvailableMemoryMB < 0 || (l.MaxAge.Duration != 0 && l.MaxAge.Duration < time.Minute) {
-		errs = append(errs, errors.New("pool_limits: max_sessions and min_available_memory_mb must not be negative, max_age at least 1m"))
+	if l := c.PoolLimits; l.MaxSessions < 0 || l.MinAvailableMemoryMB < 0 || (l.MaxAge.Duration != 0 && l.MaxAge.Duration < time.Minute) || l.RefillDelay.Duration < 0 || l.RefillDelay.Duration > time.Minute {
+		errs = append(errs, errors.New("pool_limits: max_sessions and min_available_memory_mb must not be negative, max_age at least 1m, refill_delay between 0 and 1m"))
 	}
 	return errors.Join(errs...)
 }

@@ -109,6 +109,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		PoolLimits: session.PoolLimits{
 			MaxSessions: cfg.PoolLimits.MaxSessions, MinAvailableMemoryMB: cfg.PoolLimits.MinAvailableMemoryMB,
 			MaxAge: cfg.PoolLimits.MaxAge.Duration, Freeze: cfg.PoolLimits.Freeze,
+			RefillDelay: cfg.PoolLimits.RefillDelay.Duration,
 		},
 	}, log)
 	if err != nil {
