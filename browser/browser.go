@@ -300,12 +300,30 @@ func Targets(ctx context.Context, cdp netip.AddrPort) ([]Target, error) {
 
 // BrowserID returns the id of the session's browser target.
 func BrowserID(ctx context.Context, cdp netip.AddrPort) (string, error) {
-	body, err := get(ctx, cdp, "json/version", maxDiscoveryBytes)
+	body, err := Version(ctx, cdp)
 	if err != nil {
 		return "", err
 	}
+	return VersionID(body)
+}
+
+// Version fetches the session's /json/version as Chromium sent it
+// (bounded, unchecked): for VersionID and RewriteVersion, which check it.
+func Version(ctx context.Context, cdp netip.AddrPort) ([]byte, error) {
+	return get(ctx, cdp, "json/version", maxDiscoveryBytes)
+}
+
+// VersionID checks a /json/version document and returns the browser
+// target's id in it.
+func VersionID(body []byte) (string, error) {
 	_, id, err := parseVersion(body)
 	return id, err
+}
+
+// RewriteVersion checks a /json/version document and points its
+// WebSocket URL at prefix, as Discover does.
+func RewriteVersion(body []byte, prefix string) ([]byte, error) {
+	return rewriteVersion(body, prefix)
 }
 
 // browserWSURL is the session's browser-level WebSocket address, for the

@@ -38,8 +38,10 @@ type DownloadLimits struct {
 	// one is cancelled. The workspace the file lands in is bounded too.
 	Bytes int64
 	// Reassert is how often the watcher sets its download behaviour
-	// again (1 s): Chromium resets a context to its default behaviour when
-	// a client that set it disconnects.
+	// again (30 s) besides when it is told to: Chromium resets a context
+	// to its default behaviour when a client that set it disconnects.
+	// The gateway tells the watcher whenever a client of its CDP proxy
+	// leaves; the timer is for clients inside the session.
 	Reassert time.Duration
 	// Stale is how long a begun download may go without finishing before
 	// the watcher cancels it and frees its place (1 h).
@@ -48,6 +50,14 @@ type DownloadLimits struct {
 
 // DefaultDownloadBytes bounds one download when DownloadLimits sets none.
 const DefaultDownloadBytes = 512 << 20
+
+// DefaultReassert is DownloadLimits.Reassert when it is not set: long
+// enough that an idle session's watcher costs nothing.
+const DefaultReassert = 30 * time.Second
+
+// reassertAgain is when the watcher sets its behaviour a second time
+// after it was told a client left.
+const reassertAgain = time.Second
 
 func (l DownloadLimits) withDefaults() DownloadLimits {
 	if l.Pending <= 0 {
@@ -60,7 +70,7 @@ func (l DownloadLimits) withDefaults() DownloadLimits {
 		l.Bytes = DefaultDownloadBytes
 	}
 	if l.Reassert <= 0 {
-		l.Reassert = time.Second
+		l.Reassert = DefaultReassert
 	}
 	if l.Stale <= 0 {
 		l.Stale = time.Hour
@@ -96,12 +106,12 @@ func cut(s string, n int) string {
 //
 // Clients that set their own download behaviour over the gateway's CDP
 // proxy keep dir (RewriteCommand), and the watcher sets its behaviour
-// again every limits.Reassert, because Chromium resets it to the default
-// when such a client disconnects.
-func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits DownloadLimits, done func(Download)) {
+// again whenever reassert receives and every limits.Reassert, because
+// Chromium resets it to the default when such a client disconnects.
+func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits DownloadLimits, reassert <-chan struct{}, done func(Download)) {
 	w := &watcher{dir: dir, limits: limits.withDefaults(), done: done}
 	for ctx.Err() == nil {
-		w.watchOnce(ctx, cdp)
+		w.watchOnce(ctx, cdp, reassert)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
@@ -220,7 +230,7 @@ func (w *watcher) handed(n int) {
 	w.mu.Unlock()
 }
 
-func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort) error {
+func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-chan struct{}) error {
 	actx, cancel, err := allocator(ctx, cdp)
 	if err != nil {
 		return err
@@ -257,12 +267,27 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort) error {
 	}
 	tick := time.NewTicker(w.limits.Reassert)
 	defer tick.Stop()
+	again := time.NewTimer(time.Hour)
+	again.Stop()
+	defer again.Stop()
 	// The context ends when the connection to Chromium is lost.
 	lost := cctx.Done()
 	for {
 		select {
 		case <-wake:
 		case <-tick.C:
+			if err := set(); err != nil {
+				return err
+			}
+		case <-reassert:
+			// Chromium resets the behaviour when it has handled the
+			// client's leaving, which may be after this: again a little
+			// later.
+			if err := set(); err != nil {
+				return err
+			}
+			again.Reset(reassertAgain)
+		case <-again.C:
 			if err := set(); err != nil {
 				return err
 			}

@@ -130,6 +130,12 @@ type downloads struct {
 }
 
 func watch(t *testing.T, cdp netip.AddrPort, limits DownloadLimits) *downloads {
+	return watchKicked(t, cdp, limits, nil)
+}
+
+// watchKicked is watch with a channel that tells the watcher to set its
+// behaviour again.
+func watchKicked(t *testing.T, cdp netip.AddrPort, limits DownloadLimits, reassert <-chan struct{}) *downloads {
 	dir, err := os.MkdirTemp("", "downloads")
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +147,12 @@ func watch(t *testing.T, cdp netip.AddrPort, limits DownloadLimits) *downloads {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		WatchDownloads(ctx, cdp, d.dir, limits, func(dl Download) { d.got <- dl })
+		WatchDownloads(ctx, cdp, d.dir, limits, reassert, func(dl Download) {
+			select {
+			case d.got <- dl:
+			case <-ctx.Done(): // a test that failed reads no more
+			}
+		})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return d
@@ -264,40 +275,13 @@ func TestDownloadsKeptWhateverClientsSet(t *testing.T) {
 	})
 
 	t.Run("client leaves", func(t *testing.T) {
-		for _, reassert := range []time.Duration{time.Hour, 100 * time.Millisecond} {
-			d := watch(t, cdp, DownloadLimits{Reassert: reassert})
-			c := dialBrowser(t, cdp)
-			d.ready(c, f)
-			set := `{"id":1,"method":"Browser.setDownloadBehavior","params":{"behavior":"allowAndName","downloadPath":"/tmp/x","eventsEnabled":true}}`
-			c.proxied(set, d.dir)
-			c.c.Close()
-			c2 := dialBrowser(t, cdp)
-			if reassert == time.Hour {
-				// Wait until Chromium reset the behaviour: a download is
-				// lost. Without the reset this fails.
-				deadline := time.Now().Add(15 * time.Second)
-				for {
-					if dl := d.of(f.start(c2, 0)); dl.Refused != "" {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("Chromium did not reset the download behaviour when the client left")
-					}
-				}
-			} else {
-				deadline := time.Now().Add(15 * time.Second)
-				for {
-					name := f.start(c2, 0)
-					if dl := d.of(name); dl.Refused == "" {
-						d.kept(dl, name)
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("after the client left, no download was kept")
-					}
-				}
-			}
-			c2.c.Close()
+		// Told nothing and on a long timer (the control), on a short
+		// timer, and on a long timer but told when the client left (as
+		// the gateway tells it).
+		for _, mode := range []string{"none", "timer", "told"} {
+			// Each its own subtest, so that its watcher is gone before the
+			// next sets its own behaviour.
+			t.Run(mode, func(t *testing.T) { clientLeaves(t, cdp, f, mode) })
 		}
 	})
 
@@ -370,4 +354,50 @@ func TestOwnConnectionsBounded(t *testing.T) {
 	if n := sent.Load(); n >= 4*maxOwnMessage {
 		t.Fatalf("the connection read all %d bytes", n)
 	}
+}
+
+// clientLeaves: a client sets its own download behaviour and leaves, and
+// the watcher is told nothing ("none", the control: a download is lost),
+// sets its behaviour on a short timer ("timer") or is told ("told").
+func clientLeaves(t *testing.T, cdp netip.AddrPort, f *files, mode string) {
+	reassert, kick := time.Hour, make(chan struct{}, 1)
+	if mode == "timer" {
+		reassert = 100 * time.Millisecond
+	}
+	d := watchKicked(t, cdp, DownloadLimits{Reassert: reassert}, kick)
+	c := dialBrowser(t, cdp)
+	d.ready(c, f)
+	set := `{"id":1,"method":"Browser.setDownloadBehavior","params":{"behavior":"allowAndName","downloadPath":"/tmp/x","eventsEnabled":true}}`
+	c.proxied(set, d.dir)
+	c.c.Close()
+	c2 := dialBrowser(t, cdp)
+	if mode == "told" {
+		kick <- struct{}{}
+	}
+	if mode == "none" {
+		// Wait until Chromium reset the behaviour: a download is
+		// lost. Without the reset this fails.
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			if dl := d.of(f.start(c2, 0)); dl.Refused != "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("Chromium did not reset the download behaviour when the client left")
+			}
+		}
+	} else {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			name := f.start(c2, 0)
+			if dl := d.of(name); dl.Refused == "" {
+				d.kept(dl, name)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("after the client left, no download was kept")
+			}
+		}
+	}
+	c2.c.Close()
 }

@@ -59,8 +59,18 @@ func (s *Server) cdpDiscovery(c *fiber.Ctx) error {
 	prefix := s.wsScheme + "://" + c.Hostname() + "/cdp/" + c.Params("token")
 	ctx, cancel := reqCtx(c, 15*time.Second)
 	defer cancel()
-	body, err := browser.Discover(ctx, ep.CDP, path, prefix)
+	var body []byte
+	var err error
+	if path == "json/version" {
+		body, err = s.browserVersion(ctx, claims.Tenant, claims.Session, ep)
+		if err == nil {
+			body, err = browser.RewriteVersion(body, prefix)
+		}
+	} else {
+		body, err = browser.Discover(ctx, ep.CDP, path, prefix)
+	}
 	if err != nil {
+		s.staleVersion(claims.Tenant, claims.Session)
 		return proxyError(ctx, err)
 	}
 	s.sessions.Touch(claims.Session)
@@ -87,12 +97,29 @@ func (s *Server) cdpUpgrade(c *fiber.Ctx) error {
 		return errInvalid("this endpoint needs a WebSocket upgrade")
 	}
 	ep := c.Locals(localEndpoint).(session.Endpoint)
+	claims := c.Locals(localClaims).(*previewClaims)
 	ctx, cancel := reqCtx(c, 15*time.Second)
 	defer cancel()
+	// browserID is the session's browser target, from its kept
+	// /json/version unless fresh is set.
+	browserID := func(fresh bool) (string, error) {
+		var body []byte
+		var err error
+		if fresh {
+			body, err = s.fetchVersion(ctx, claims.Tenant, claims.Session, ep)
+		} else {
+			body, err = s.browserVersion(ctx, claims.Tenant, claims.Session, ep)
+		}
+		if err != nil {
+			return "", err
+		}
+		return browser.VersionID(body)
+	}
 	m := devtoolsPath.FindStringSubmatch(c.Params("*"))
 	if strings.Trim(c.Params("*"), "/") == "" && !strings.Contains(c.Path(), "/devtools") {
-		id, err := browser.BrowserID(ctx, ep.CDP)
+		id, err := browserID(false)
 		if err != nil {
+			s.staleVersion(claims.Tenant, claims.Session)
 			return proxyError(ctx, err)
 		}
 		m = []string{"", "browser", id}
@@ -103,8 +130,13 @@ func (s *Server) cdpUpgrade(c *fiber.Ctx) error {
 	// A target id of another session (or of nothing) is refused like a
 	// bad token: this token does not grant it.
 	if m[1] == "browser" {
-		id, err := browser.BrowserID(ctx, ep.CDP)
+		id, err := browserID(false)
+		if err == nil && id != m[2] {
+			// Chromium may have restarted since the answer was kept.
+			id, err = browserID(true)
+		}
 		if err != nil {
+			s.staleVersion(claims.Tenant, claims.Session)
 			return proxyError(ctx, err)
 		}
 		if id != m[2] {
@@ -173,6 +205,8 @@ func (s *Server) cdpProxy() fiber.Handler {
 		up, upr, err := dialBrowser(ctx, target)
 		cancel()
 		if err != nil {
+			// A kept browser id may be stale: the next client fetches.
+			s.staleVersion(claims.Tenant, claims.Session)
 			s.log.Warn("cdp upstream unreachable", "session", claims.Session, "err", err)
 			client.Close()
 			return
@@ -331,6 +365,7 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 		}
 	}
 	<-done
+	s.clientLeft(claims.Session)
 	log.Info("cdp connection closed", "duration", time.Since(start).Round(time.Millisecond))
 	s.sessions.Record(claims.Session, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(start).Milliseconds(), "reason": reason})
 }

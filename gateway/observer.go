@@ -26,6 +26,7 @@ func WithRecorder(r *recordings.Recorder) Option { return func(s *Server) { s.re
 type watchers struct {
 	mu       sync.Mutex
 	cancel   map[string]context.CancelFunc
+	reassert map[string]chan struct{} // tells a download watcher a client left
 	recorded map[string]bool // sessions whose recording step is done
 }
 
@@ -73,13 +74,27 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 		old()
 	}
 	s.watch.cancel[info.ID] = cancel
+	reassert := make(chan struct{}, 1)
+	s.watch.reassert[info.ID] = reassert
 	s.watch.mu.Unlock()
-	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, func(d browser.Download) {
+	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, reassert, func(d browser.Download) {
 		if err := s.storeDownload(ctx, info, d); err != nil {
 			log.Warn("download not stored", "err", err)
 			s.sessions.Record(info.ID, "download_failed", map[string]any{"url": d.URL})
 		}
 	})
+}
+
+// clientLeft tells the session's download watcher that a CDP client
+// left, so that it sets its download behaviour again (Chromium reset it
+// if that client had set its own).
+func (s *Server) clientLeft(id string) {
+	s.watch.mu.Lock()
+	defer s.watch.mu.Unlock()
+	select {
+	case s.watch.reassert[id] <- struct{}{}:
+	default:
+	}
 }
 
 func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser.Download) error {
@@ -138,11 +153,13 @@ var _ session.SessionFinaliser = (*observer)(nil)
 func (o *observer) FinaliseSession(ctx context.Context, info session.Info, events []session.Event) error {
 	s := (*Server)(o)
 	log := s.log.With("session", info.ID, "tenant", info.Tenant)
+	s.forgetVersion(info.ID)
 	s.watch.mu.Lock()
 	if cancel := s.watch.cancel[info.ID]; cancel != nil {
 		cancel()
 		delete(s.watch.cancel, info.ID)
 	}
+	delete(s.watch.reassert, info.ID)
 	recorded := s.watch.recorded[info.ID]
 	s.watch.recorded[info.ID] = true
 	s.watch.mu.Unlock()

@@ -76,6 +76,7 @@ type Server struct {
 	retention    map[string]time.Duration
 	janitorEvery time.Duration
 	watch        watchers
+	versions     versions
 	log          *slog.Logger
 	hosts        map[string]bool
 	origin       string // scheme://host of PublicURL
@@ -123,6 +124,8 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 		s.hosts[strings.ToLower(h)] = true
 	}
 	s.watch.cancel = map[string]context.CancelFunc{}
+	s.watch.reassert = map[string]chan struct{}{}
+	s.versions.m = map[string][]byte{}
 	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {
 		o(s)

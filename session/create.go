@@ -256,7 +256,8 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	}
 	step("task")
 	ep := endpointOf(addr)
-	ready, err := waitReady(ctx, ep, info.Kind == KindBrowser, exited, m.cfg.ReadyTimeout)
+	ready, version, err := waitReady(ctx, ep, info.Kind == KindBrowser, exited, m.cfg.ReadyTimeout)
+	ep.Version = version
 	if err != nil {
 		return err
 	}
@@ -345,18 +346,24 @@ func failureText(ctx context.Context, err error) string {
 	}
 }
 
+// maxVersionBytes bounds the /json/version answer kept at readiness
+// (Chromium's is under 1 KiB).
+const maxVersionBytes = 16 << 10
+
 func endpointOf(a netip.Addr) Endpoint {
 	return Endpoint{Addr: a, CDP: netip.AddrPortFrom(a, CDPPort), VNC: netip.AddrPortFrom(a, VNCPort)}
 }
 
 // waitReady polls until the VNC server accepts connections and, for
 // browser sessions, Chromium answers CDP discovery. It returns how long
-// each took to become true ("vnc", "cdp"), counted from its call.
-func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan containerd.ExitStatus, limit time.Duration) (map[string]time.Duration, error) {
+// each took to become true ("vnc", "cdp"), counted from its call, and
+// Chromium's answer (nil if it was over maxVersionBytes).
+func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan containerd.ExitStatus, limit time.Duration) (map[string]time.Duration, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	t0 := time.Now()
 	ready := map[string]time.Duration{}
+	var version []byte
 	client := &http.Client{Timeout: 2 * time.Second}
 	for {
 		if _, ok := ready["vnc"]; !ok {
@@ -369,23 +376,26 @@ func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan con
 		if _, ok := ready["cdp"]; needCDP && !ok {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep.CDP.String()+"/json/version", nil)
 			if resp, err := client.Do(req); err == nil {
-				io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				body, err := io.ReadAll(io.LimitReader(resp.Body, maxVersionBytes+1))
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
 					ready["cdp"] = time.Since(t0)
+					if err == nil && len(body) <= maxVersionBytes {
+						version = body
+					}
 				}
 			}
 		}
 		if _, ok := ready["vnc"]; ok {
 			if _, ok := ready["cdp"]; ok || !needCDP {
-				return ready, nil
+				return ready, version, nil
 			}
 		}
 		select {
 		case st := <-exited:
-			return nil, publicf(ErrUnavailable, fmt.Sprintf("the session exited while starting (status %d)", st.ExitCode()), nil)
+			return nil, nil, publicf(ErrUnavailable, fmt.Sprintf("the session exited while starting (status %d)", st.ExitCode()), nil)
 		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for CDP and VNC: %w", ctx.Err())
+			return nil, nil, fmt.Errorf("waiting for CDP and VNC: %w", ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

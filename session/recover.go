@@ -114,7 +114,9 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 	ep := endpointOf(addr)
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := waitReady(rctx, ep, info.Kind == KindBrowser, exited, 10*time.Second); err != nil {
+	_, version, err := waitReady(rctx, ep, info.Kind == KindBrowser, exited, 10*time.Second)
+	ep.Version = version
+	if err != nil {
 		var pe *PublicError
 		if errors.As(err, &pe) {
 			return nil, nil, pe.Msg

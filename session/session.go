@@ -132,6 +132,12 @@ type Endpoint struct {
 	Addr netip.Addr
 	CDP  netip.AddrPort
 	VNC  netip.AddrPort
+	// Version is Chromium's /json/version as the session answered it
+	// when it became ready (nil when unknown): the session's word,
+	// unchecked, which the gateway checks as it would a fresh answer.
+	// It spares a claimed session's first client a round trip into the
+	// sandbox.
+	Version []byte
 }
 
 // Ports inside every session.
