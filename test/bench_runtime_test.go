@@ -4,28 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
 )
-
-// sessionMemory reads the memory a session's cgroup holds (v1 or v2).
-func sessionMemory(id string) (int64, bool) {
-	for _, p := range []string{
-		"/sys/fs/cgroup/memory/" + testNamespace + "/" + id + "/memory.usage_in_bytes",
-		"/sys/fs/cgroup/" + testNamespace + "/" + id + "/memory.current",
-	} {
-		if raw, err := os.ReadFile(p); err == nil {
-			n, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
-			return n, err == nil
-		}
-	}
-	return 0, false
-}
 
 // BenchmarkRuntimes: cold start (create until CDP answers through the
 // gateway), idle memory, and the CDP round trip through the gateway, for
