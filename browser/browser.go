@@ -30,10 +30,10 @@ import (
 // DiscoveryPaths are the CDP HTTP endpoints the gateway serves.
 var DiscoveryPaths = map[string]bool{"json/version": true, "json": true, "json/list": true, "json/protocol": true}
 
-// upstreamHost is the Host header the gateway sends to Chromium. Chromium
+// UpstreamHost is the Host header the gateway sends to Chromium. Chromium
 // only answers Host headers that are IPs or localhost, and it writes this
 // authority into every webSocketDebuggerUrl, which makes them easy to find.
-const upstreamHost = "localhost:9222"
+const UpstreamHost = "localhost:9222"
 
 // Bounds on what the gateway reads from a session's discovery endpoints.
 // Chromium's own documents are far smaller: /json/version is under 1 KiB,
@@ -61,7 +61,7 @@ func get(ctx context.Context, cdp netip.AddrPort, path string, limit int64) ([]b
 	if err != nil {
 		return nil, err
 	}
-	req.Host = upstreamHost
+	req.Host = UpstreamHost
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cdp discovery: %w", err)
@@ -160,7 +160,7 @@ func (d doc) keep() {
 // ownWS checks that a WebSocket URL from Chromium is its own address for
 // kind ("browser" or "page") and returns the id in it.
 func ownWS(ws, kind string) (string, error) {
-	id, ok := strings.CutPrefix(ws, "ws://"+upstreamHost+"/devtools/"+kind+"/")
+	id, ok := strings.CutPrefix(ws, "ws://"+UpstreamHost+"/devtools/"+kind+"/")
 	if !ok || !targetID.MatchString(id) {
 		return "", fmt.Errorf("%w: webSocketDebuggerUrl %.100q is not the session's own %s address", ErrDiscovery, ws, kind)
 	}
@@ -255,7 +255,7 @@ func frontendURL(u, id, hostPath string) string {
 		return ""
 	}
 	p, err := url.Parse(u)
-	if err != nil || p.Query().Get("ws") != upstreamHost+"/devtools/page/"+id || len(p.Query()) != 1 || p.Fragment != "" {
+	if err != nil || p.Query().Get("ws") != UpstreamHost+"/devtools/page/"+id || len(p.Query()) != 1 || p.Fragment != "" {
 		return ""
 	}
 	p.RawQuery = "ws=" + hostPath + "/devtools/page/" + id

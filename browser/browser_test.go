@@ -107,7 +107,7 @@ func TestDiscoveryBounded(t *testing.T) {
 	big := `{"webSocketDebuggerUrl":"ws://localhost:9222/devtools/browser/B","Browser":"` + strings.Repeat("x", maxDiscoveryBytes) + `"}`
 	var body string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Host != upstreamHost {
+		if r.Host != UpstreamHost {
 			http.Error(w, "host", 500)
 			return
 		}
@@ -192,7 +192,7 @@ func FuzzDiscovery(f *testing.F) {
 			var v any
 			json.Unmarshal(flat, &v)
 			flat, _ = json.Marshal(v)
-			if bytes.Contains(flat, []byte(upstreamHost+"/devtools")) {
+			if bytes.Contains(flat, []byte(UpstreamHost+"/devtools")) {
 				t.Fatalf("the session's address is left in %s", out)
 			}
 		}
