@@ -31,9 +31,17 @@ func jwtTime(t time.Time) *jwt.NumericDate { return jwt.NewNumericDate(t) }
 // previewAuth checks the token in the path: signature, expiry, scope, that
 // its session is running and that it was not revoked. Every failure is the
 // same 401, so a client learns nothing about other sessions.
+//
+// Where a route has no token in its path (CDP tools that take an
+// endpoint and headers, such as Playwright MCP's --cdp-header), the token
+// comes as "Authorization: Bearer <token>".
 func (s *Server) previewAuth(scopes ...string) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		claims, err := s.tokens.verify(c.Params("token"), time.Now())
+		token := c.Params("token")
+		if token == "" {
+			token, _ = strings.CutPrefix(c.Get(fiber.HeaderAuthorization), "Bearer ")
+		}
+		claims, err := s.tokens.verify(token, time.Now())
 		if err != nil || !slices.Contains(scopes, claims.Scope) {
 			return errUnauthenticated("the preview token is missing, invalid or expired")
 		}
@@ -56,7 +64,13 @@ func (s *Server) cdpDiscovery(c *fiber.Ctx) error {
 	}
 	ep := c.Locals(localEndpoint).(session.Endpoint)
 	claims := c.Locals(localClaims).(*previewClaims)
+	// The WebSocket URLs keep the form the client used: the token in the
+	// path, or none (the client sends its header again).
 	prefix := s.wsScheme + "://" + c.Hostname() + "/cdp/" + c.Params("token")
+	if c.Params("token") == "" {
+		prefix = s.wsScheme + "://" + c.Hostname() + strings.TrimSuffix(c.Route().Path, "/json/*")
+		prefix = strings.TrimSuffix(prefix, "/json")
+	}
 	ctx, cancel := reqCtx(c, 15*time.Second)
 	defer cancel()
 	var body []byte

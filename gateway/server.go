@@ -221,6 +221,13 @@ func (s *Server) routes() {
 	a.All("/vnc*", refuseToken)
 	a.All("/view*", refuseToken)
 
+	// The token in an Authorization header instead of the path, under
+	// /cdp and at the root (Puppeteer's browserURL drops any path).
+	for _, base := range []string{"/cdp", ""} {
+		a.Get(base+"/json", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpDiscovery)
+		a.Get(base+"/json/*", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpDiscovery)
+		a.Get(base+"/devtools/*", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpUpgrade, s.cdpProxy())
+	}
 	cdp := a.Group("/cdp/:token", s.checkOrigin, s.previewAuth(ScopeCDP))
 	cdp.Get("/json", s.cdpDiscovery)
 	cdp.Get("/json/*", s.cdpDiscovery)

@@ -3,10 +3,15 @@ package test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
 )
 
 // TestNodeClients: Playwright's connectOverCDP and Puppeteer's connect
@@ -16,7 +21,7 @@ func TestNodeClients(t *testing.T) {
 	if _, err := os.Stat("node/node_modules/playwright-core"); err != nil {
 		t.Fatal("test/node has no node_modules: `make test` runs npm ci there")
 	}
-	for _, client := range []string{"playwright", "puppeteer"} {
+	for _, client := range []string{"playwright", "puppeteer", "playwright-header", "puppeteer-header"} {
 		t.Run(client, func(t *testing.T) {
 			s := e.createSession(t, e.keyA, nil)
 			pages := testPages(t)
@@ -49,5 +54,65 @@ func TestNodeClients(t *testing.T) {
 				t.Fatalf("after %s disconnected, CDP discovery fails: %v", client, err)
 			}
 		})
+	}
+}
+
+// TestCDPTokenInHeader: CDP tools that take an endpoint and headers
+// (Playwright MCP's --cdp-endpoint and --cdp-header) send the preview
+// token as "Authorization: Bearer <token>": discovery under /cdp and at
+// the root, and the WebSocket it points at, answer with it (the control)
+// and refuse without it, with a bad one, with the tenant's API key or
+// with a token of another scope.
+func TestCDPTokenInHeader(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	p := e.preview(t, e.keyA, s.ID, 300)
+	token := p.URL[strings.LastIndex(p.URL, "/")+1:]
+	get := func(path, auth string) (int, string) {
+		req, _ := http.NewRequest("GET", e.gwURL+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, base := range []string{"/cdp", ""} {
+		st, body := get(base+"/json/version", "Bearer "+token)
+		want := strings.Replace(e.gwURL, "http", "ws", 1) + base + "/devtools/browser/"
+		ws := jsonField([]byte(body), "webSocketDebuggerUrl")
+		if st != 200 || !strings.HasPrefix(ws, want) || strings.Contains(ws, token) {
+			t.Fatalf("%s/json/version with the token in a header: %d %s", base, st, body)
+		}
+		hdr := http.Header{"Authorization": {"Bearer " + token}}
+		c, _, err := websocket.DefaultDialer.Dial(ws, hdr)
+		if err != nil {
+			t.Fatalf("%s: %v", ws, err)
+		}
+		c.WriteJSON(map[string]any{"id": 1, "method": "Browser.getVersion"})
+		var m struct {
+			ID     int
+			Result struct{ Product string }
+		}
+		if err := c.ReadJSON(&m); err != nil || m.ID != 1 || m.Result.Product == "" {
+			t.Fatalf("through %s: %+v %v", ws, m, err)
+		}
+		c.Close()
+		if _, resp, err := websocket.DefaultDialer.Dial(ws, nil); err == nil || resp == nil || resp.StatusCode != 401 {
+			t.Fatalf("%s without the header: %v %v", ws, resp, err)
+		}
+		vnc := e.vncPreview(t, e.keyA, s.ID, "vnc", false, 60).URL
+		for name, auth := range map[string]string{
+			"none": "", "bad": "Bearer x" + token, "api key": "Bearer " + e.keyA,
+			"vnc scope": "Bearer " + vnc[strings.LastIndex(vnc, "/")+1:], "no scheme": token,
+		} {
+			if st, body := get(base+"/json/version", auth); st != 401 || !strings.Contains(body, `"unauthenticated"`) {
+				t.Fatalf("%s/json/version, %s: %d %s", base, name, st, body)
+			}
+		}
 	}
 }

@@ -1,11 +1,33 @@
 // Unmodified Playwright and Puppeteer against a Sandgate preview URL.
-// usage: node compat.mjs playwright|puppeteer PREVIEW_URL PAGE_URL
+// usage: node compat.mjs playwright|puppeteer[-header] PREVIEW_URL PAGE_URL
 import { chromium } from "playwright-core";
 import puppeteer from "puppeteer-core";
 
 const [client, previewURL, pageURL] = process.argv.slice(2);
 const out = {};
-if (client === "playwright") {
+// The "-header" clients send the token in an Authorization header, as
+// Playwright MCP's --cdp-header does, to an endpoint without it.
+const u = new URL(previewURL);
+const token = u.pathname.split("/").pop();
+const headers = { Authorization: "Bearer " + token };
+if (client === "playwright-header") {
+  const browser = await chromium.connectOverCDP(u.origin + "/cdp", { headers });
+  const page = await (browser.contexts()[0] ?? (await browser.newContext())).newPage();
+  await page.goto(pageURL);
+  out.title = await page.title();
+  out.answer = await page.evaluate(() => window.answer);
+  await page.close();
+  await browser.close();
+} else if (client === "puppeteer-header") {
+  // browserURL keeps no path: the gateway answers discovery at its root.
+  const browser = await puppeteer.connect({ browserURL: u.origin, headers });
+  const page = await browser.newPage();
+  await page.goto(pageURL);
+  out.title = await page.title();
+  out.answer = await page.evaluate(() => window.answer);
+  await page.close();
+  await browser.disconnect();
+} else if (client === "playwright") {
   const browser = await chromium.connectOverCDP(previewURL);
   const context = browser.contexts()[0] ?? (await browser.newContext());
   const page = await context.newPage();
