@@ -38,8 +38,8 @@ func jwtTime(t time.Time) *jwt.NumericDate { return jwt.NewNumericDate(t) }
 func (s *Server) previewAuth(scopes ...string) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		token := c.Params("token")
-		if token == "" {
-			token, _ = strings.CutPrefix(c.Get(fiber.HeaderAuthorization), "Bearer ")
+		if t, ok := strings.CutPrefix(c.Get(fiber.HeaderAuthorization), "Bearer "); ok && token == "" {
+			token = t
 		}
 		claims, err := s.tokens.verify(token, time.Now())
 		if err != nil || !slices.Contains(scopes, claims.Scope) {
@@ -68,8 +68,7 @@ func (s *Server) cdpDiscovery(c *fiber.Ctx) error {
 	// path, or none (the client sends its header again).
 	prefix := s.wsScheme + "://" + c.Hostname() + "/cdp/" + c.Params("token")
 	if c.Params("token") == "" {
-		prefix = s.wsScheme + "://" + c.Hostname() + strings.TrimSuffix(c.Route().Path, "/json/*")
-		prefix = strings.TrimSuffix(prefix, "/json")
+		prefix = s.wsScheme + "://" + c.Hostname() + "/cdp"
 	}
 	ctx, cancel := reqCtx(c, 15*time.Second)
 	defer cancel()

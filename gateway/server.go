@@ -221,13 +221,15 @@ func (s *Server) routes() {
 	a.All("/vnc*", refuseToken)
 	a.All("/view*", refuseToken)
 
-	// The token in an Authorization header instead of the path, under
-	// /cdp and at the root (Puppeteer's browserURL drops any path).
-	for _, base := range []string{"/cdp", ""} {
-		a.Get(base+"/json", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpDiscovery)
-		a.Get(base+"/json/*", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpDiscovery)
-		a.Get(base+"/devtools/*", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpUpgrade, s.cdpProxy())
-	}
+	// The same with the token in an Authorization header instead of the
+	// path, for tools that take an endpoint and headers (Playwright MCP's
+	// --cdp-header, Puppeteer's browserWSEndpoint with headers).
+	// (Routes, not a group: a group's handlers run for everything under
+	// its prefix, the tokens in paths included.)
+	a.Get("/cdp/json", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpDiscovery)
+	a.Get("/cdp/json/*", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpDiscovery)
+	a.Get("/cdp/devtools/*", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpUpgrade, s.cdpProxy())
+	a.Get("/cdp", s.checkOrigin, s.previewAuth(ScopeCDP), s.cdpUpgrade, s.cdpProxy())
 	cdp := a.Group("/cdp/:token", s.checkOrigin, s.previewAuth(ScopeCDP))
 	cdp.Get("/json", s.cdpDiscovery)
 	cdp.Get("/json/*", s.cdpDiscovery)

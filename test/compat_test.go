@@ -59,8 +59,8 @@ func TestNodeClients(t *testing.T) {
 
 // TestCDPTokenInHeader: CDP tools that take an endpoint and headers
 // (Playwright MCP's --cdp-endpoint and --cdp-header) send the preview
-// token as "Authorization: Bearer <token>": discovery under /cdp and at
-// the root, and the WebSocket it points at, answer with it (the control)
+// token as "Authorization: Bearer <token>": discovery under /cdp and the
+// WebSocket it points at answer with it (the control)
 // and refuse without it, with a bad one, with the tenant's API key or
 // with a token of another scope.
 func TestCDPTokenInHeader(t *testing.T) {
@@ -81,7 +81,7 @@ func TestCDPTokenInHeader(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	for _, base := range []string{"/cdp", ""} {
+	for _, base := range []string{"/cdp"} {
 		st, body := get(base+"/json/version", "Bearer "+token)
 		want := strings.Replace(e.gwURL, "http", "ws", 1) + base + "/devtools/browser/"
 		ws := jsonField([]byte(body), "webSocketDebuggerUrl")

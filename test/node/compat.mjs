@@ -19,8 +19,9 @@ if (client === "playwright-header") {
   await page.close();
   await browser.close();
 } else if (client === "puppeteer-header") {
-  // browserURL keeps no path: the gateway answers discovery at its root.
-  const browser = await puppeteer.connect({ browserURL: u.origin, headers });
+  // Puppeteer sends no headers with browserURL's discovery: the
+  // WebSocket endpoint /cdp is the browser's.
+  const browser = await puppeteer.connect({ browserWSEndpoint: u.origin.replace(/^http/, "ws") + "/cdp", headers });
   const page = await browser.newPage();
   await page.goto(pageURL);
   out.title = await page.title();
