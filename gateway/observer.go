@@ -27,7 +27,7 @@ type watchers struct {
 	mu       sync.Mutex
 	cancel   map[string]context.CancelFunc
 	reassert map[string]chan struct{} // tells a download watcher a client left
-	recorded map[string]bool // sessions whose recording step is done
+	recorded map[string]bool          // sessions whose recording step is done
 }
 
 // Observer returns the gateway's session observer: it starts the recorder

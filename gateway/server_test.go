@@ -8,6 +8,9 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/session"
 )
 
 // newTestServer builds the gateway without sessions or a store: enough for
@@ -123,5 +126,14 @@ func TestForwardedHost(t *testing.T) {
 	u, _ := url.Parse("http://gw.test:8080")
 	if _, err := New(Config{PublicURL: u, TrustedProxies: []string{"not-an-ip"}, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, nil, nil, slog.Default()); err == nil {
 		t.Fatal("a trusted proxy that is not an address was accepted")
+	}
+}
+
+// TestCDPHostsAgree: the readiness check keeps a /json/version asked with
+// the Host the gateway's CDP code sends; with another, Chromium writes
+// that authority into its URLs and the gateway refuses the kept answer.
+func TestCDPHostsAgree(t *testing.T) {
+	if session.CDPHost != browser.UpstreamHost {
+		t.Fatalf("session.CDPHost %q, browser.UpstreamHost %q", session.CDPHost, browser.UpstreamHost)
 	}
 }

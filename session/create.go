@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd"
-	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/ids"
 )
 
@@ -377,7 +376,7 @@ func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan con
 		if _, ok := ready["cdp"]; needCDP && !ok {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep.CDP.String()+"/json/version", nil)
 			// As the gateway asks, so that the answer kept is one it reads.
-			req.Host = browser.UpstreamHost
+			req.Host = CDPHost
 			if resp, err := client.Do(req); err == nil {
 				body, err := io.ReadAll(io.LimitReader(resp.Body, maxVersionBytes+1))
 				resp.Body.Close()

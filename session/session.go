@@ -140,6 +140,12 @@ type Endpoint struct {
 	Version []byte
 }
 
+// CDPHost is the Host header of the readiness check's /json/version
+// request: the one the gateway's CDP code sends (browser.UpstreamHost,
+// which a gateway test holds equal), so that the answer kept in
+// Endpoint.Version names Chromium's own address.
+const CDPHost = "localhost:9222"
+
 // Ports inside every session.
 const (
 	CDPPort = 9222
