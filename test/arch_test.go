@@ -45,12 +45,14 @@ func TestArchitecture(t *testing.T) {
 		"github.com/sandgate/sandgate/egress":     {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/"},
 		"github.com/sandgate/sandgate/vault":      {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/"},
 		"github.com/sandgate/sandgate/ids":        {"github.com/sandgate/sandgate/"},
+		// The Go SDK is what users import: nothing of the server.
+		"github.com/sandgate/sandgate/sdk/go": {"github.com/sandgate/sandgate/", "github.com/gofiber/", "github.com/containerd/"},
 	}
-	// Every room may import these.
+	// Every room of the server may import these; the SDK not even them.
 	allowed := map[string]bool{"github.com/sandgate/sandgate/ids": true}
 	for _, p := range listPackages(t) {
 		for _, dep := range p.Imports {
-			if allowed[dep] {
+			if allowed[dep] && !strings.HasPrefix(p.ImportPath, "github.com/sandgate/sandgate/sdk/") {
 				continue
 			}
 			for _, bad := range forbidden[p.ImportPath] {

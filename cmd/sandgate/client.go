@@ -1,76 +1,21 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"time"
+
+	sandgate "github.com/sandgate/sandgate/sdk/go"
 )
 
-// apiClient talks to a gateway's management API.
-type apiClient struct {
-	base string
-	key  string
-	http *http.Client
-}
-
-func newAPIClient() (*apiClient, error) {
-	base := strings.TrimRight(os.Getenv("SANDGATE_URL"), "/")
-	if base == "" {
-		base = "http://127.0.0.1:8080"
-	}
-	key := os.Getenv("SANDGATE_API_KEY")
-	if key == "" {
-		return nil, errors.New("SANDGATE_API_KEY is not set")
-	}
-	// Redirects (artifact downloads) are followed only where asked.
-	// No client timeout: exec and downloads stream for as long as they
-	// run; ctx (SIGINT) ends them.
-	return &apiClient{base: base, key: key, http: &http.Client{
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}, nil
-}
-
-// apiErr is the contract's error body.
-type apiErr struct {
-	Status int
-	Code   string `json:"code"`
-	Msg    string `json:"message"`
-}
-
-func (e *apiErr) Error() string { return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Msg) }
-
-func (c *apiClient) do(ctx context.Context, method, path string, body any, out any) (*http.Response, error) {
-	var r io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		r = bytes.NewReader(b)
-	}
-	resp, err := c.raw(ctx, method, path, r, "application/json")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if out != nil && len(raw) > 0 {
-		if err := json.Unmarshal(raw, out); err != nil {
-			return nil, fmt.Errorf("%s %s: bad response: %w", method, path, err)
-		}
-	}
-	return resp, nil
+func newAPIClient() (*sandgate.Client, error) {
+	return sandgate.FromEnv()
 }
 
 func printJSON(v any) error {
@@ -114,7 +59,7 @@ func cmdSession(ctx context.Context, args []string) error {
 	}
 	sub, args := args[0], flagsFirst(args[1:])
 	fs := flag.NewFlagSet("session "+sub, flag.ContinueOnError)
-	var out map[string]any
+	var out any
 	idArg := func() (string, error) {
 		if fs.NArg() != 1 {
 			return "", usageError(sessionUsage)
@@ -137,58 +82,54 @@ func cmdSession(ctx context.Context, args []string) error {
 		if err := fs.Parse(args); err != nil {
 			return usageError(err.Error())
 		}
-		req := map[string]any{"kind": *kind, "labels": labels, "record": *record}
+		req := sandgate.SessionRequest{Kind: *kind, Runtime: *rt, TTLSeconds: *ttl, IdleSeconds: *idle, Labels: labels, Record: *record, NoWait: true}
 		if len(allow) > 0 {
-			req["egress"] = map[string]any{"allow": []string(allow)}
-		}
-		if *rt != "" {
-			req["runtime"] = *rt
-		}
-		if *ttl != 0 {
-			req["ttl_seconds"] = *ttl
-		}
-		if *idle != 0 {
-			req["idle_timeout_seconds"] = *idle
+			req.Egress = &sandgate.EgressRequest{Allow: allow}
 		}
 		if *w != 0 || *h != 0 {
-			req["screen"] = map[string]int{"width": *w, "height": *h}
+			req.Screen = &sandgate.Screen{Width: *w, Height: *h}
 		}
 		start := time.Now()
-		if _, err := c.do(ctx, "POST", "/v1/sessions?wait=false", req, &out); err != nil {
+		s, err := c.CreateSession(ctx, req)
+		if err != nil {
 			return err
 		}
-		id, _ := out["id"].(string)
 		// A warm start comes out of a pool already running.
-		fmt.Fprintf(os.Stderr, "session %s: %s (runtime %v, %v start) after %s\n", id, out["state"], out["runtime"], out["start"], time.Since(start).Round(time.Millisecond))
-		last := out["state"]
-		for out["state"] == "starting" {
+		fmt.Fprintf(os.Stderr, "session %s: %s (runtime %s, %s start) after %s\n", s.ID, s.State, s.Runtime, s.Start, time.Since(start).Round(time.Millisecond))
+		last := s.State
+		for s.State == "starting" {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(200 * time.Millisecond):
 			}
-			if _, err := c.do(ctx, "GET", "/v1/sessions/"+id, nil, &out); err != nil {
+			if s, err = c.GetSession(ctx, s.ID); err != nil {
 				return err
 			}
-			if out["state"] != last {
-				fmt.Fprintf(os.Stderr, "session %s: %s after %s\n", id, out["state"], time.Since(start).Round(10*time.Millisecond))
-				last = out["state"]
+			if s.State != last {
+				fmt.Fprintf(os.Stderr, "session %s: %s after %s\n", s.ID, s.State, time.Since(start).Round(10*time.Millisecond))
+				last = s.State
 			} else if time.Since(start)/time.Second != (time.Since(start)-200*time.Millisecond)/time.Second {
-				fmt.Fprintf(os.Stderr, "session %s: waiting for Chromium and VNC (%s)\n", id, time.Since(start).Round(time.Second))
+				fmt.Fprintf(os.Stderr, "session %s: waiting for Chromium and VNC (%s)\n", s.ID, time.Since(start).Round(time.Second))
 			}
 		}
-		if out["state"] == "failed" {
-			printJSON(out)
-			return fmt.Errorf("session %s failed: %v", id, out["failure"])
+		if s.State == "failed" {
+			printJSON(s)
+			return fmt.Errorf("session %s failed: %s", s.ID, s.Failure)
 		}
+		out = s
 	case "list":
-		if _, err := c.do(ctx, "GET", "/v1/sessions", nil, &out); err != nil {
+		ss, err := c.ListSessions(ctx)
+		if err != nil {
 			return err
 		}
+		out = map[string]any{"sessions": ss}
 	case "pools":
-		if _, err := c.do(ctx, "GET", "/v1/pools", nil, &out); err != nil {
+		ps, err := c.Pools(ctx)
+		if err != nil {
 			return err
 		}
+		out = map[string]any{"pools": ps}
 	case "get", "delete", "artifacts", "events":
 		if err := fs.Parse(args); err != nil {
 			return usageError(err.Error())
@@ -197,13 +138,21 @@ func cmdSession(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		method, path := "GET", "/v1/sessions/"+id
-		if sub == "delete" {
-			method = "DELETE"
-		} else if sub == "artifacts" || sub == "events" {
-			path += "/" + sub
+		switch sub {
+		case "get":
+			out, err = c.GetSession(ctx, id)
+		case "delete":
+			out, err = c.DeleteSession(ctx, id)
+		case "artifacts":
+			var as []sandgate.Artifact
+			as, err = c.Artifacts(ctx, id)
+			out = map[string]any{"artifacts": as}
+		case "events":
+			var evs []sandgate.Event
+			evs, err = c.Events(ctx, id)
+			out = map[string]any{"events": evs}
 		}
-		if _, err := c.do(ctx, method, path, nil, &out); err != nil {
+		if err != nil {
 			return err
 		}
 	case "extend":
@@ -215,7 +164,7 @@ func cmdSession(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if _, err := c.do(ctx, "POST", "/v1/sessions/"+id+"/extend", map[string]int{"ttl_seconds": *ttl}, &out); err != nil {
+		if out, err = c.ExtendSession(ctx, id, time.Duration(*ttl)*time.Second); err != nil {
 			return err
 		}
 	case "preview":
@@ -229,8 +178,7 @@ func cmdSession(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		req := map[string]any{"scope": *scope, "ttl_seconds": *ttl, "view_only": *vo}
-		if _, err := c.do(ctx, "POST", "/v1/sessions/"+id+"/previews", req, &out); err != nil {
+		if out, err = c.CreatePreview(ctx, id, sandgate.PreviewRequest{Scope: *scope, TTLSeconds: *ttl, ViewOnly: *vo}); err != nil {
 			return err
 		}
 	case "screenshot":
@@ -242,14 +190,16 @@ func cmdSession(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if _, err := c.do(ctx, "POST", "/v1/sessions/"+id+"/screenshot", nil, &out); err != nil {
+		a, err := c.Screenshot(ctx, id)
+		if err != nil {
 			return err
 		}
 		if *file != "" {
-			if err := c.download(ctx, out["id"].(string), *file); err != nil {
+			if err := download(ctx, c, a.ID, *file); err != nil {
 				return err
 			}
 		}
+		out = a
 	default:
 		return usageError(sessionUsage)
 	}
@@ -257,25 +207,13 @@ func cmdSession(ctx context.Context, args []string) error {
 }
 
 // download fetches an artifact through its presigned URL.
-func (c *apiClient) download(ctx context.Context, id, file string) error {
-	resp, err := c.do(ctx, "GET", "/v1/artifacts/"+id, nil, nil)
+func download(ctx context.Context, c *sandgate.Client, id, file string) error {
+	r, err := c.OpenArtifact(ctx, id)
 	if err != nil {
 		return err
 	}
-	loc := resp.Header.Get("Location")
-	req, err := http.NewRequestWithContext(ctx, "GET", loc, nil)
-	if err != nil {
-		return err
-	}
-	r, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer r.Body.Close()
-	if r.StatusCode != 200 {
-		return fmt.Errorf("download: %s", r.Status)
-	}
-	return saveTo(file, r.Body)
+	defer r.Close()
+	return saveTo(file, r)
 }
 
 // saveTo writes r to the file at path.

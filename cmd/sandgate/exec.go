@@ -2,25 +2,21 @@ package main
 
 import (
 	"archive/tar"
-	"bufio"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 
-	"github.com/gorilla/websocket"
-	"github.com/sandgate/sandgate/ids"
 	"golang.org/x/term"
+
+	"github.com/sandgate/sandgate/ids"
+	sandgate "github.com/sandgate/sandgate/sdk/go"
 )
 
 // cmdExec runs a command in a session like `docker exec`: output streams
@@ -48,100 +44,44 @@ func cmdExec(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := map[string]any{"cmd": cmd, "env": env, "cwd": *cwd, "user": *user}
-	if *timeout > 0 {
-		req["timeout_seconds"] = *timeout
-	}
+	req := sandgate.ExecRequest{Cmd: cmd, Env: env, Cwd: *cwd, User: *user, TimeoutSeconds: *timeout}
 	if !term.IsTerminal(int(os.Stdin.Fd())) {
 		in, err := io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
 		if err != nil {
 			return err
 		}
-		if len(in) > 0 {
-			req["stdin_base64"] = base64.StdEncoding.EncodeToString(in)
-		}
+		req.Stdin = in
 	}
-	resp, err := c.stream(ctx, "POST", "/v1/sessions/"+id+"/exec", req)
+	st, err := c.Exec(ctx, id, req)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		var r struct {
-			Stream   string `json:"stream"`
-			Data     []byte `json:"data"`
-			ExitCode *int   `json:"exit_code"`
-			TimedOut bool   `json:"timed_out"`
-			Error    string `json:"error"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return fmt.Errorf("bad record from the gateway: %w", err)
-		}
-		switch {
-		case r.Stream == "stdout":
-			os.Stdout.Write(r.Data)
-		case r.Stream == "stderr":
-			os.Stderr.Write(r.Data)
-		case r.ExitCode != nil:
-			if r.TimedOut {
-				fmt.Fprintln(os.Stderr, "sandgate: the command timed out and was killed")
-			}
-			if r.Error != "" {
-				fmt.Fprintln(os.Stderr, "sandgate:", r.Error)
-			}
-			if *r.ExitCode != 0 {
-				return exitError(*r.ExitCode)
-			}
+	defer st.Close()
+	for {
+		f, err := st.Next()
+		if err == io.EOF {
 			return nil
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	return errors.New("the gateway ended the stream without an exit code")
-}
-
-// stream sends a request and returns the open response on success.
-func (c *apiClient) stream(ctx context.Context, method, path string, body any) (*http.Response, error) {
-	var r io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		r = strings.NewReader(string(b))
-	}
-	return c.raw(ctx, method, path, r, "application/json")
-}
-
-func (c *apiClient) raw(ctx context.Context, method, path string, body io.Reader, ctype string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.key)
-	if body != nil {
-		req.Header.Set("Content-Type", ctype)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode >= 400 {
-		defer resp.Body.Close()
-		var e struct {
-			Error apiErr `json:"error"`
+		switch {
+		case f.Stream == "stdout":
+			os.Stdout.Write(f.Data)
+		case f.Stream == "stderr":
+			os.Stderr.Write(f.Data)
+		case f.ExitCode != nil:
+			if f.TimedOut {
+				fmt.Fprintln(os.Stderr, "sandgate: the command timed out and was killed")
+			}
+			if f.Error != "" {
+				fmt.Fprintln(os.Stderr, "sandgate:", f.Error)
+			}
+			if *f.ExitCode != 0 {
+				return exitError(*f.ExitCode)
+			}
 		}
-		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
-			return nil, fmt.Errorf("%s %s: %s", method, path, resp.Status)
-		}
-		e.Error.Status = resp.StatusCode
-		return nil, &e.Error
 	}
-	return resp, nil
 }
 
 // cmdShell opens an interactive shell in a session, like `docker exec -it`.
@@ -160,21 +100,11 @@ func cmdShell(ctx context.Context, args []string) error {
 			cols, rows = w, h
 		}
 	}
-	u, err := url.Parse(c.base)
+	sh, err := c.Shell(ctx, args[0], cols, rows)
 	if err != nil {
 		return err
 	}
-	u.Scheme = strings.Replace(u.Scheme, "http", "ws", 1)
-	u.Path = "/v1/sessions/" + args[0] + "/shell"
-	u.RawQuery = fmt.Sprintf("cols=%d&rows=%d", cols, rows)
-	ws, resp, err := websocket.DefaultDialer.DialContext(ctx, u.String(), http.Header{"Authorization": {"Bearer " + c.key}})
-	if err != nil {
-		if resp != nil {
-			return fmt.Errorf("shell: %s", resp.Status)
-		}
-		return err
-	}
-	defer ws.Close()
+	defer sh.Close()
 	if term.IsTerminal(fd) {
 		old, err := term.MakeRaw(fd)
 		if err == nil {
@@ -186,8 +116,7 @@ func cmdShell(ctx context.Context, args []string) error {
 		go func() {
 			for range winch {
 				if w, h, err := term.GetSize(fd); err == nil {
-					msg, _ := json.Marshal(map[string]any{"type": "resize", "cols": w, "rows": h})
-					ws.WriteMessage(websocket.TextMessage, msg)
+					sh.Resize(w, h)
 				}
 			}
 		}()
@@ -197,7 +126,7 @@ func cmdShell(ctx context.Context, args []string) error {
 		for {
 			n, err := os.Stdin.Read(buf)
 			if n > 0 {
-				if ws.WriteMessage(websocket.BinaryMessage, buf[:n]) != nil {
+				if _, werr := sh.Write(buf[:n]); werr != nil {
 					return
 				}
 			}
@@ -206,23 +135,13 @@ func cmdShell(ctx context.Context, args []string) error {
 			}
 		}
 	}()
-	for {
-		mt, data, err := ws.ReadMessage()
-		if err != nil {
-			return nil
-		}
-		if mt == websocket.BinaryMessage {
-			os.Stdout.Write(data)
-			continue
-		}
-		var ctl struct {
-			Type     string `json:"type"`
-			ExitCode int    `json:"exit_code"`
-		}
-		if json.Unmarshal(data, &ctl) == nil && ctl.Type == "exit" && ctl.ExitCode != 0 {
-			return exitError(ctl.ExitCode)
-		}
+	if _, err := io.Copy(os.Stdout, sh); err != nil {
+		return nil
 	}
+	if code, ok := sh.ExitCode(); ok && code != 0 {
+		return exitError(code)
+	}
+	return nil
 }
 
 // cmdCp copies between the host and a session, like `docker cp`:
@@ -240,19 +159,19 @@ func cmdCp(ctx context.Context, args []string) error {
 		return id, p, ok && ids.IsSession(id)
 	}
 	if id, p, ok := remote(args[0]); ok { // session -> host
-		resp, err := c.raw(ctx, "GET", "/v1/sessions/"+id+"/files?path="+url.QueryEscape(p), nil, "")
+		body, ctype, err := c.GetFile(ctx, id, p)
 		if err != nil {
 			return err
 		}
-		defer resp.Body.Close()
-		if resp.Header.Get("Content-Type") == "application/x-tar" {
-			return untar(resp.Body, args[1])
+		defer body.Close()
+		if ctype == "application/x-tar" {
+			return untar(body, args[1])
 		}
 		dst := args[1]
 		if st, err := os.Stat(dst); err == nil && st.IsDir() {
 			dst = filepath.Join(dst, filepath.Base(p))
 		}
-		return saveTo(dst, resp.Body)
+		return saveTo(dst, body)
 	}
 	id, p, ok := remote(args[1])
 	if !ok {
@@ -273,12 +192,8 @@ func cmdCp(ctx context.Context, args []string) error {
 	if strings.HasSuffix(p, "/") {
 		p += filepath.Base(args[0])
 	}
-	resp, err := c.raw(ctx, "PUT", "/v1/sessions/"+id+"/files?path="+url.QueryEscape(p), f, "application/octet-stream")
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	return nil
+	_, err = c.PutFile(ctx, id, p, f)
+	return err
 }
 
 // untar unpacks a tar stream into dir, refusing entries that leave it.
