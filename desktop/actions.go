@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"image"
 	"regexp"
 	"strconv"
 	"strings"
@@ -24,13 +25,16 @@ type Action struct {
 	ScrollDirection string  `json:"scroll_direction,omitempty"`
 	ScrollAmount    int     `json:"scroll_amount,omitempty"`
 	Duration        float64 `json:"duration,omitempty"`
+	// Region is zoom's [x0, y0, x1, y1] (computer_20251124): the part of
+	// the screen to return at full resolution, x1 and y1 exclusive.
+	Region []int `json:"region,omitempty"`
 }
 
 // Actions is the supported action set.
 var Actions = []string{
 	"screenshot", "cursor_position", "mouse_move", "left_click", "right_click", "middle_click",
 	"double_click", "triple_click", "left_click_drag", "left_mouse_down", "left_mouse_up",
-	"scroll", "type", "key", "hold_key", "wait",
+	"scroll", "type", "key", "hold_key", "wait", "zoom",
 }
 
 const (
@@ -190,6 +194,9 @@ func Plan(a Action, width, height int) ([]Step, error) {
 			return nil, err
 		}
 		return []Step{{Sleep: d}}, nil
+	case "zoom":
+		_, err := ZoomRect(a.Region, width, height)
+		return nil, err
 	case "screenshot", "cursor_position":
 		return nil, nil
 	case "":
@@ -354,4 +361,17 @@ func CursorPosition(ctx context.Context, ex Executor) (x, y int, err error) {
 		return 0, 0, fmt.Errorf("xdotool getmouselocation: unexpected output %q", out)
 	}
 	return xv, yv, nil
+}
+
+// ZoomRect checks zoom's region [x0, y0, x1, y1] against the screen and
+// returns it as a rectangle.
+func ZoomRect(region []int, width, height int) (image.Rectangle, error) {
+	if len(region) != 4 {
+		return image.Rectangle{}, invalid("zoom needs region [x0, y0, x1, y1]")
+	}
+	r := image.Rect(region[0], region[1], region[2], region[3])
+	if region[0] >= region[2] || region[1] >= region[3] || !r.In(image.Rect(0, 0, width, height)) {
+		return image.Rectangle{}, invalid("region [%d, %d, %d, %d] must be a non-empty part of the %dx%d screen", region[0], region[1], region[2], region[3], width, height)
+	}
+	return r, nil
 }

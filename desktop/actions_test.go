@@ -50,9 +50,29 @@ func TestPlanRejects(t *testing.T) {
 		"negative hold":    {Action: "hold_key", Text: "shift", Duration: -1},
 		"drag without end": {Action: "left_click_drag", StartCoordinate: []int{1, 1}},
 		"empty type":       {Action: "type"},
+		"zoom no region":   {Action: "zoom"},
+		"zoom three":       {Action: "zoom", Region: []int{0, 0, 10}},
+		"zoom empty":       {Action: "zoom", Region: []int{10, 10, 10, 20}},
+		"zoom reversed":    {Action: "zoom", Region: []int{50, 50, 10, 10}},
+		"zoom past screen": {Action: "zoom", Region: []int{0, 0, 101, 50}},
+		"zoom negative":    {Action: "zoom", Region: []int{-1, 0, 10, 10}},
 	} {
 		if _, err := Plan(a, 100, 100); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: err %v, want ErrInvalid", name, err)
+		}
+	}
+}
+
+// TestZoomRect: a region inside the screen is accepted as given (x1, y1
+// exclusive), the whole screen included; TestPlanRejects has the others.
+func TestZoomRect(t *testing.T) {
+	for _, region := range [][]int{{0, 0, 100, 100}, {10, 20, 30, 60}, {99, 99, 100, 100}} {
+		r, err := ZoomRect(region, 100, 100)
+		if err != nil || r.Min.X != region[0] || r.Min.Y != region[1] || r.Max.X != region[2] || r.Max.Y != region[3] {
+			t.Errorf("%v: %v %v", region, r, err)
+		}
+		if _, err := Plan(Action{Action: "zoom", Region: region}, 100, 100); err != nil {
+			t.Errorf("plan zoom %v: %v", region, err)
 		}
 	}
 }

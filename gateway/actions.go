@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image"
 	"image/png"
 	"strings"
 	"time"
@@ -37,15 +38,23 @@ func (e sessionExec) Exec(ctx context.Context, argv []string) ([]byte, error) {
 
 // screenPNG captures the session's whole screen over VNC, from outside
 // the sandbox, and encodes it as PNG. The VNC server may announce at most
-// the session's configured screen.
-func screenPNG(ctx context.Context, ep session.Endpoint, screen session.Screen) ([]byte, error) {
+// the session's configured screen. A non-empty crop (inside the screen)
+// keeps only that part, at full resolution (zoom).
+func screenPNG(ctx context.Context, ep session.Endpoint, screen session.Screen, crop image.Rectangle) ([]byte, error) {
 	img, err := desktop.Capture(ctx, ep.VNC.String(), screen.Width, screen.Height)
 	if err != nil {
 		return nil, err
 	}
+	var out image.Image = img
+	if !crop.Empty() {
+		if !crop.In(img.Bounds()) {
+			return nil, fmt.Errorf("zoom region %v is outside the captured screen %v", crop, img.Bounds())
+		}
+		out = img.SubImage(crop)
+	}
 	var b bytes.Buffer
 	enc := png.Encoder{CompressionLevel: png.BestSpeed}
-	if err := enc.Encode(&b, img); err != nil {
+	if err := enc.Encode(&b, out); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
@@ -115,8 +124,12 @@ func (s *Server) action(c *fiber.Ctx) error {
 			return actionError(err)
 		}
 		resp.Cursor = &cursor{X: x, Y: y}
-	case "screenshot", "wait":
-		png, err := screenPNG(ctx, ep, info.Screen)
+	case "screenshot", "wait", "zoom":
+		var crop image.Rectangle
+		if a.Action == "zoom" {
+			crop, _ = desktop.ZoomRect(a.Region, info.Screen.Width, info.Screen.Height) // checked by Plan
+		}
+		png, err := screenPNG(ctx, ep, info.Screen, crop)
 		if err != nil {
 			return &apiError{status: 503, code: "unavailable", msg: "the session's display did not deliver a screenshot", err: err}
 		}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"image"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -32,7 +33,7 @@ func (s *Server) screenshot(c *fiber.Ctx) error {
 	if info.Kind == session.KindBrowser {
 		png, err = browser.Screenshot(ctx, ep.CDP, info.Screen.Width, info.Screen.Height)
 	} else {
-		png, err = screenPNG(ctx, ep, info.Screen)
+		png, err = screenPNG(ctx, ep, info.Screen, image.Rectangle{})
 	}
 	if err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the session did not deliver a screenshot", err: err}
