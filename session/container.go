@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/contrib/seccomp"
 	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -198,6 +199,7 @@ func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr
 // removeContainer kills the task and deletes the container and its
 // snapshot; anything already gone counts as done.
 func removeContainer(ctx context.Context, c containerd.Container) error {
+	spec, _ := c.Spec(ctx) // for its cgroups, after the delete
 	if t, err := c.Task(ctx, nil); err == nil {
 		// A frozen task (a warm pool's) takes no signal until thawed.
 		if st, err := t.Status(ctx); err == nil && (st.Status == containerd.Paused || st.Status == containerd.Pausing) {
@@ -225,6 +227,11 @@ func removeContainer(ctx context.Context, c containerd.Container) error {
 	}
 	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("delete container: %w", err)
+	}
+	if ns, ok := namespaces.Namespace(ctx); ok && spec != nil && spec.Linux != nil {
+		if err := removeCgroups(ns, spec.Linux.CgroupsPath); err != nil {
+			return fmt.Errorf("remove cgroups: %w", err)
+		}
 	}
 	return nil
 }

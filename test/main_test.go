@@ -105,7 +105,7 @@ func TestMain(m *testing.M) {
 		}
 		code = 1
 	} else {
-		fmt.Println("leak check: no containers, tasks, snapshots, network namespaces or veths left")
+		fmt.Println("leak check: no containers, tasks, snapshots, network namespaces, veths or cgroups left")
 	}
 	if code != 0 {
 		e.printLogs()
@@ -142,6 +142,11 @@ func setup() (*testEnv, error) {
 	e.client, err = containerd.New("/run/containerd/containerd.sock")
 	if err != nil {
 		return e, fmt.Errorf("containerd: %w", err)
+	}
+	// Empty cgroups that runs before the gateway removed them were left
+	// by the runtime (no run holds the test namespace now: the e2e lock).
+	for _, c := range sessionCgroups() {
+		os.Remove(c)
 	}
 	if err := e.startMinIO(); err != nil {
 		return e, err
@@ -360,6 +365,10 @@ func (e *testEnv) leaks() []string {
 	for _, v := range bridgeVeths() {
 		out = append(out, "veth "+v)
 	}
+	for _, c := range sessionCgroups() {
+		out = append(out, "cgroup "+c)
+		os.Remove(c)
+	}
 	return out
 }
 
@@ -397,6 +406,20 @@ func sessionNetNS() []string {
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), testNamespace+"-") {
 			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// sessionCgroups are the cgroup directories of the test namespace's
+// containers, in every hierarchy (cgroup v1 controllers and v2).
+func sessionCgroups() []string {
+	a, _ := filepath.Glob("/sys/fs/cgroup/*/" + testNamespace + "/*/")
+	b, _ := filepath.Glob("/sys/fs/cgroup/" + testNamespace + "/*/")
+	var out []string
+	for _, p := range append(a, b...) {
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			out = append(out, filepath.Clean(p))
 		}
 	}
 	return out
