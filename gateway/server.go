@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"strings"
@@ -77,6 +78,7 @@ type Server struct {
 	janitorEvery time.Duration
 	watch        watchers
 	versions     versions
+	mcp          http.Handler // nil: no /mcp
 	log          *slog.Logger
 	hosts        map[string]bool
 	origin       string // scheme://host of PublicURL
@@ -187,6 +189,7 @@ func (s *Server) routes() {
 	a.Use(s.checkHost)
 	a.Get("/readyz", s.readyz)
 	a.Get("/metrics", s.metrics)
+	s.mcpRoutes()
 
 	v1 := a.Group("/v1", s.authenticate)
 	v1.Get("/runtimes", s.listRuntimes)

@@ -23,6 +23,7 @@ const usage = `usage: sandgate COMMAND [ARGS]
                               run a command; stdin is forwarded, the exit status passed through
   shell SESSION               an interactive shell
   cp SRC DST                  copy files: one side is SESSION:/path; directories as tar
+  mcp                         an MCP server over stdio (tools: sessions, computer, exec, files, preview)
 `
 
 type usageError string
@@ -58,6 +59,8 @@ func main() {
 		err = cmdShell(ctx, os.Args[2:])
 	case "cp":
 		err = cmdCp(ctx, os.Args[2:])
+	case "mcp":
+		err = cmdMCP(ctx, os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:

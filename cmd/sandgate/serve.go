@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sandgate/sandgate/mcpserver"
+
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/namespaces"
 
@@ -137,6 +139,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		retention[t.Name] = t.ArtifactRetention.Duration
 	}
 	opts = append(opts, gateway.WithRetention(retention, cfg.RetentionCheck.Duration))
+	// /mcp: the MCP tools act through the gateway's own API over
+	// loopback, with each request's API key, under the public host name.
+	self, err := loopbackURL(cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("config: listen %q: %w", cfg.Listen, err)
+	}
+	opts = append(opts, gateway.WithMCP(mcpserver.Handler(self, pub.Host, version())))
 	srv, err := gateway.New(gateway.Config{
 		PublicURL: pub, Hosts: cfg.Hosts, APIKeys: keys,
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
