@@ -83,6 +83,7 @@ type Server struct {
 	hosts        map[string]bool
 	origin       string // scheme://host of PublicURL
 	wsScheme     string
+	openapiJSON  []byte // openapi.yaml as JSON
 }
 
 // New builds the gateway's routes.
@@ -131,6 +132,9 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.openapiJSON, err = openapiJSON(); err != nil {
+		return nil, err
 	}
 	s.app = fiber.New(fiber.Config{
 		AppName: "sandgate",
@@ -189,6 +193,8 @@ func (s *Server) routes() {
 	a.Use(s.checkHost)
 	a.Get("/readyz", s.readyz)
 	a.Get("/metrics", s.metrics)
+	a.Get("/openapi.yaml", s.openapiYAML)
+	a.Get("/openapi.json", s.openapiJSONDoc)
 	s.mcpRoutes()
 
 	v1 := a.Group("/v1", s.authenticate)

@@ -145,9 +145,9 @@ func (e *testEnv) rawPost(t *testing.T, path, auth, body string) (int, []byte) {
 	return resp.StatusCode, b.Bytes()
 }
 
-// call calls a tool that must succeed and decodes its structured result
+// callTool calls a tool that must succeed and decodes its structured result
 // into out (when not nil).
-func call(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any, out any) *mcp.CallToolResult {
+func callTool(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any, out any) *mcp.CallToolResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -240,13 +240,13 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	}
 
 	var s struct{ ID, Kind, State string }
-	call(t, cs, "session_create", map[string]any{"kind": "desktop", "ttl_seconds": 600, "labels": map[string]string{"test": "mcp"}}, &s)
+	callTool(t, cs, "session_create", map[string]any{"kind": "desktop", "ttl_seconds": 600, "labels": map[string]string{"test": "mcp"}}, &s)
 	t.Cleanup(func() { e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil) })
 	if s.Kind != "desktop" || s.State != "running" {
 		t.Fatalf("session_create: %+v", s)
 	}
 	var listed struct{ Sessions []struct{ ID string } }
-	call(t, cs, "session_list", nil, &listed)
+	callTool(t, cs, "session_list", nil, &listed)
 	if !slices.ContainsFunc(listed.Sessions, func(x struct{ ID string }) bool { return x.ID == s.ID }) {
 		t.Fatalf("session_list lacks %s", s.ID)
 	}
@@ -259,7 +259,7 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	}
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
 		// Both of its windows, then the xterm raised above the editor.
-		call(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "xdotool search --onlyvisible --class mousepad >/dev/null && xdotool search --onlyvisible --class xterm windowraise"}, &mapped)
+		callTool(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "xdotool search --onlyvisible --class mousepad >/dev/null && xdotool search --onlyvisible --class xterm windowraise"}, &mapped)
 		if mapped.ExitCode == 0 || time.Now().After(deadline) {
 			break
 		}
@@ -270,9 +270,9 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	// Control: the screen settles with no input (the desktop's windows
 	// finish drawing), so the change after clicking and typing below is
 	// theirs. Two screenshots in a row must agree.
-	before := resultImage(t, call(t, cs, "screenshot", map[string]any{"session_id": s.ID}, nil))
+	before := resultImage(t, callTool(t, cs, "screenshot", map[string]any{"session_id": s.ID}, nil))
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
-		again := resultImage(t, call(t, cs, "screenshot", map[string]any{"session_id": s.ID}, nil))
+		again := resultImage(t, callTool(t, cs, "screenshot", map[string]any{"session_id": s.ID}, nil))
 		n := changedPixels(before, again)
 		before = again
 		if n <= 100 && colours(before) >= 5 {
@@ -284,15 +284,15 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	}
 
 	// Click into the xterm and type a command there.
-	res := call(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "left_click", "coordinate": []int{200, 150}}, nil)
+	res := callTool(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "left_click", "coordinate": []int{200, 150}}, nil)
 	resultImage(t, res) // an input action answers with the screen after it
-	call(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "type", "text": "echo typed-through-mcp > /tmp/mcp-typed"}, nil)
-	after := resultImage(t, call(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "key", "text": "Return"}, nil))
+	callTool(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "type", "text": "echo typed-through-mcp > /tmp/mcp-typed"}, nil)
+	after := resultImage(t, callTool(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "key", "text": "Return"}, nil))
 	if n := changedPixels(before, after); n < 300 {
 		t.Fatalf("only %d pixels changed after clicking and typing", n)
 	}
 	var cur struct{}
-	if txt := contentText(call(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "cursor_position"}, &cur)); txt != "X=200,Y=150" {
+	if txt := contentText(callTool(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "cursor_position"}, &cur)); txt != "X=200,Y=150" {
 		t.Fatalf("cursor_position: %q", txt)
 	}
 
@@ -302,7 +302,7 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 		Stdout   string
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(300 * time.Millisecond) {
-		call(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "cat /tmp/mcp-typed 2>/dev/null; true"}, &out)
+		callTool(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "cat /tmp/mcp-typed 2>/dev/null; true"}, &out)
 		if out.Stdout != "" || time.Now().After(deadline) {
 			break
 		}
@@ -313,24 +313,24 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 		f.Close()
 		t.Fatalf("the typed command's file: %+v (the screen after typing: %s)", out, f.Name())
 	}
-	call(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "echo to-stderr >&2; exit 3"}, &out)
+	callTool(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "echo to-stderr >&2; exit 3"}, &out)
 	if out.ExitCode != 3 {
 		t.Fatalf("exec exit code: %+v", out)
 	}
 
-	call(t, cs, "write_file", map[string]any{"session_id": s.ID, "path": "/tmp/mcp-file.txt", "content": "written through MCP\n"}, nil)
+	callTool(t, cs, "write_file", map[string]any{"session_id": s.ID, "path": "/tmp/mcp-file.txt", "content": "written through MCP\n"}, nil)
 	var file struct{ Content string }
-	call(t, cs, "read_file", map[string]any{"session_id": s.ID, "path": "/tmp/mcp-file.txt"}, &file)
+	callTool(t, cs, "read_file", map[string]any{"session_id": s.ID, "path": "/tmp/mcp-file.txt"}, &file)
 	if file.Content != "written through MCP\n" {
 		t.Fatalf("read_file: %q", file.Content)
 	}
 
-	zoom := resultImage(t, call(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "zoom", "region": []int{40, 40, 440, 240}}, nil))
+	zoom := resultImage(t, callTool(t, cs, "computer", map[string]any{"session_id": s.ID, "action": "zoom", "region": []int{40, 40, 440, 240}}, nil))
 	if b := zoom.Bounds(); b.Dx() != 400 || b.Dy() != 200 {
 		t.Fatalf("zoom image %v, want 400x200", b)
 	}
 	// It is that part of the screen, pixel for pixel.
-	full := resultImage(t, call(t, cs, "screenshot", map[string]any{"session_id": s.ID}, nil))
+	full := resultImage(t, callTool(t, cs, "screenshot", map[string]any{"session_id": s.ID}, nil))
 	diff := 0
 	for y := 0; y < 200; y++ {
 		for x := 0; x < 400; x++ {
@@ -344,7 +344,7 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	}
 
 	var p struct{ URL, Scope string }
-	call(t, cs, "preview", map[string]any{"session_id": s.ID, "view_only": true}, &p)
+	callTool(t, cs, "preview", map[string]any{"session_id": s.ID, "view_only": true}, &p)
 	if p.Scope != "view" || !strings.HasPrefix(p.URL, e.gwURL+"/view/") {
 		t.Fatalf("preview: %+v", p)
 	}
@@ -364,7 +364,7 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	}
 
 	var ended struct{ State string }
-	call(t, cs, "session_delete", map[string]any{"session_id": s.ID}, &ended)
+	callTool(t, cs, "session_delete", map[string]any{"session_id": s.ID}, &ended)
 	if ended.State != "stopped" {
 		t.Fatalf("session_delete: %+v", ended)
 	}
