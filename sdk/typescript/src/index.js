@@ -252,6 +252,9 @@ export class Sandgate {
       await this.sessions.get(s, o);
       throw new SandgateError(0, "unavailable", `the shell could not be opened: ${err?.message ?? err}`);
     }
+    // The size in the query does not always reach the terminal (under
+    // gVisor the PTY starts at 0x0); a resize first, before any input, does.
+    if (o.cols && o.rows) sh.resize(o.cols, o.rows);
     return sh;
   }
 
