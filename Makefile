@@ -16,6 +16,7 @@ test:
 	deploy/setup.sh
 	cd test/node && npm ci --no-audit --no-fund --loglevel=error
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
+	cd sdk/typescript && npm ci --no-audit --no-fund --loglevel=error && npx tsc --noEmit -p .
 	go vet ./...
 	go test -count=1 ./browser/... ./cmd/... ./desktop/... ./egress/... ./gateway/... ./images/... ./recordings/... ./session/... ./vault/...
 	# -v: every skip prints its reason (Kata, where it is not installed).
