@@ -180,7 +180,14 @@ func (c *Client) Shell(ctx context.Context, id string, cols, rows int) (*Shell, 
 		return nil, err
 	}
 	ws.SetReadLimit(maxShellMessage)
-	return &Shell{ws: ws}, nil
+	sh := &Shell{ws: ws}
+	// The size in the query does not reach the terminal under gVisor (it
+	// stays 0x0); a resize message does.
+	if err := sh.Resize(cols, rows); err != nil {
+		ws.Close()
+		return nil, err
+	}
+	return sh, nil
 }
 
 // Write sends keystrokes.
