@@ -414,8 +414,8 @@ func sessionNetNS() []string {
 // sessionCgroups are the cgroup directories of the test namespace's
 // containers, in every hierarchy (cgroup v1 controllers and v2).
 func sessionCgroups() []string {
-	a, _ := filepath.Glob("/sys/fs/cgroup/*/" + testNamespace + "/*/")
-	b, _ := filepath.Glob("/sys/fs/cgroup/" + testNamespace + "/*/")
+	a, _ := filepath.Glob("/sys/fs/cgroup/*/" + testNamespace + "/*")
+	b, _ := filepath.Glob("/sys/fs/cgroup/" + testNamespace + "/*")
 	var out []string
 	for _, p := range append(a, b...) {
 		if st, err := os.Stat(p); err == nil && st.IsDir() {
