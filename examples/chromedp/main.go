@@ -6,11 +6,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
-	"net/http"
 	"os"
 	"time"
 
@@ -46,19 +44,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	// chromedp takes the browser's WebSocket URL: the preview's
-	// /json/version names it (with the token in its path).
-	resp, err := http.Get(p.URL + "/json/version")
+	// chromedp takes the browser's WebSocket URL, which the preview's
+	// /json/version names (with the token in its path).
+	ws, err := c.BrowserWebSocketURL(ctx, p)
 	if err != nil {
 		return err
 	}
-	var v struct{ WebSocketDebuggerURL string }
-	err = json.NewDecoder(resp.Body).Decode(&v)
-	resp.Body.Close()
-	if err != nil {
-		return err
-	}
-	actx, cancelA := remote.NewAllocator(ctx, v.WebSocketDebuggerURL)
+	actx, cancelA := remote.NewAllocator(ctx, ws)
 	defer cancelA()
 	bctx, cancelB := chromedp.NewContext(actx)
 	defer cancelB()

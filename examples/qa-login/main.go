@@ -14,12 +14,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -79,17 +77,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	resp, err := http.Get(p.URL + "/json/version")
+	ws, err := c.BrowserWebSocketURL(ctx, p)
 	if err != nil {
 		return err
 	}
-	var v struct{ WebSocketDebuggerURL string }
-	err = json.NewDecoder(resp.Body).Decode(&v)
-	resp.Body.Close()
-	if err != nil {
-		return err
-	}
-	actx, cancelA := remote.NewAllocator(ctx, v.WebSocketDebuggerURL)
+	actx, cancelA := remote.NewAllocator(ctx, ws)
 	defer cancelA()
 	bctx, cancelB := chromedp.NewContext(actx)
 	defer cancelB()

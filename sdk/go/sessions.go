@@ -2,7 +2,11 @@ package sandgate
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"time"
 )
@@ -235,4 +239,32 @@ func (c *Client) Pools(ctx context.Context) ([]Pool, error) {
 	}
 	err := c.call(ctx, "GET", "/v1/pools", nil, &out)
 	return out.Pools, err
+}
+
+// BrowserWebSocketURL returns the browser's WebSocket URL behind a cdp
+// preview (from its /json/version, with the token in its path): what
+// clients that take a WebSocket URL (chromedp, rod) connect to.
+func (c *Client) BrowserWebSocketURL(ctx context.Context, p *Preview) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", p.URL+"/json/version", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s/json/version: %s", p.Scope, resp.Status)
+	}
+	var v struct {
+		WebSocketDebuggerURL string `json:"webSocketDebuggerUrl"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxErrorBody)).Decode(&v); err != nil {
+		return "", err
+	}
+	if v.WebSocketDebuggerURL == "" {
+		return "", errors.New("the preview's /json/version names no browser WebSocket")
+	}
+	return v.WebSocketDebuggerURL, nil
 }
