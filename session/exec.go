@@ -37,6 +37,7 @@ type Process struct {
 	statusC <-chan containerd.ExitStatus
 	started time.Time
 	once    sync.Once
+	closed  chan struct{} // closed by Close
 	log     func(error)
 }
 
@@ -98,7 +99,7 @@ func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (
 	if stderr == nil {
 		stderr = io.Discard
 	}
-	er := &eofReader{r: stdin}
+	er := &eofReader{r: stdin, eof: make(chan struct{})}
 	opts := []cio.Opt{cio.WithStreams(er, stdout, stderr)}
 	if spec.Terminal {
 		opts = []cio.Opt{cio.WithStreams(er, stdout, nil), cio.WithTerminal}
@@ -111,13 +112,7 @@ func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (
 		}
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	pr := &Process{proc: proc, ns: m.ctx, log: func(err error) { m.log.Warn("exec", "session", id, "err", err) }}
-	// The shim keeps the process's stdin open until told: pass EOF on.
-	er.onEOF = func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		proc.CloseIO(cctx, containerd.WithStdinCloser)
-	}
+	pr := &Process{proc: proc, ns: m.ctx, closed: make(chan struct{}), log: func(err error) { m.log.Warn("exec", "session", id, "err", err) }}
 	statusC, err := proc.Wait(ctx)
 	if err != nil {
 		pr.Close()
@@ -132,20 +127,37 @@ func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (
 		return nil, fmt.Errorf("exec start: %w", err)
 	}
 	pr.started = time.Now()
+	// The shim keeps the process's stdin open until told: pass EOF on,
+	// but only once the process has started. Stdin is copied from the
+	// moment Exec made its pipes, so an empty or tiny stdin is often done
+	// before that, and a close sent then was lost (cat > file waited
+	// forever on a 0- or 1-byte upload).
+	go func() {
+		select {
+		case <-er.eof:
+		case <-pr.closed:
+			return
+		}
+		cctx, cancel := context.WithTimeout(m.ctx(context.Background()), 5*time.Second)
+		defer cancel()
+		if err := proc.CloseIO(cctx, containerd.WithStdinCloser); err != nil && !errdefs.IsNotFound(err) {
+			pr.log(fmt.Errorf("closing stdin: %w", err))
+		}
+	}()
 	return pr, nil
 }
 
-// eofReader calls onEOF once its reader is exhausted.
+// eofReader closes eof once its reader is exhausted.
 type eofReader struct {
-	r     io.Reader
-	once  sync.Once
-	onEOF func()
+	r    io.Reader
+	once sync.Once
+	eof  chan struct{}
 }
 
 func (e *eofReader) Read(p []byte) (int, error) {
 	n, err := e.r.Read(p)
-	if err == io.EOF && e.onEOF != nil {
-		e.once.Do(func() { go e.onEOF() })
+	if err != nil {
+		e.once.Do(func() { close(e.eof) })
 	}
 	return n, err
 }
@@ -183,6 +195,7 @@ func (p *Process) Resize(ctx context.Context, cols, rows uint16) error {
 // Close removes the process from containerd, killing it if it still runs.
 func (p *Process) Close() {
 	p.once.Do(func() {
+		close(p.closed)
 		ctx, cancel := context.WithTimeout(p.ns(context.Background()), 10*time.Second)
 		defer cancel()
 		if _, err := p.proc.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {

@@ -230,6 +230,34 @@ func TestFilesRoundTrip(t *testing.T) {
 	if files["a.txt"] != "alpha" || files["sub/b.txt"] != "beta" || len(files) != 2 {
 		t.Fatalf("tar holds %v", files)
 	}
+
+	// Empty and one-byte files: their stdin is done before the command
+	// starts, and the upload must still end (it once waited 30 minutes).
+	// The 5-byte file above is the control that a small upload works.
+	for _, content := range []string{"", "z", "zz"} {
+		path := fmt.Sprintf("/tmp/small-%d", len(content))
+		done := make(chan struct{})
+		var status int
+		var body []byte
+		go func() {
+			defer close(done)
+			status, body = put(path, strings.NewReader(content), int64(len(content)))
+		}()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("a %d-byte upload did not end within 2 minutes", len(content))
+		}
+		var got struct{ Size *int64 }
+		json.Unmarshal(body, &got)
+		if status != 201 || got.Size == nil || *got.Size != int64(len(content)) {
+			t.Fatalf("%d-byte upload: %d %s", len(content), status, body)
+		}
+		out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"cat", path}})
+		if string(out.Stdout) != content {
+			t.Fatalf("%d-byte upload reads back %q", len(content), out.Stdout)
+		}
+	}
 }
 
 func TestShellResize(t *testing.T) {
