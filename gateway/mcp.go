@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"mime"
 	"net/http"
+	"strings"
 
+	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 )
 
@@ -13,10 +16,46 @@ import (
 // net/http handler's answer.
 func WithMCP(h http.Handler) Option { return func(s *Server) { s.mcp = h } }
 
-// mcpRoutes mounts the MCP server, when there is one.
+// mcpRoutes mounts the MCP server, when there is one. Only POST reaches
+// it: the server is stateless, so it offers no SSE stream (GET) and has
+// no session to end (DELETE). Those, and a body or Accept header the
+// transport cannot take, get the contract's JSON error here rather than
+// the handler's plain text.
 func (s *Server) mcpRoutes() {
 	if s.mcp == nil {
 		return
 	}
-	s.app.All("/mcp", s.checkOrigin, s.authenticate, adaptor.HTTPHandler(s.mcp))
+	s.app.Post("/mcp", s.checkOrigin, s.authenticate, checkMCPRequest, adaptor.HTTPHandler(s.mcp))
+	notAllowed := func(c *fiber.Ctx) error {
+		c.Set(fiber.HeaderAllow, fiber.MethodPost)
+		return &apiError{status: 405, code: "invalid_argument", msg: "this MCP server is stateless: send JSON-RPC messages with POST; it has no SSE stream and no session to delete"}
+	}
+	s.app.Get("/mcp", s.checkOrigin, s.authenticate, notAllowed)
+	s.app.Delete("/mcp", s.checkOrigin, s.authenticate, notAllowed)
+}
+
+// checkMCPRequest holds a POST to what the streamable HTTP transport
+// requires: a JSON body, and an Accept that takes both JSON and SSE.
+func checkMCPRequest(c *fiber.Ctx) error {
+	if mt, _, _ := mime.ParseMediaType(c.Get(fiber.HeaderContentType)); mt != "application/json" {
+		return &apiError{status: 415, code: "invalid_argument", msg: "the body must be JSON-RPC with Content-Type: application/json"}
+	}
+	var json, sse bool
+	for _, v := range c.Request().Header.PeekAll(fiber.HeaderAccept) {
+		for _, part := range strings.Split(string(v), ",") {
+			base, _, _ := strings.Cut(part, ";")
+			switch strings.ToLower(strings.TrimSpace(base)) {
+			case "application/json", "application/*":
+				json = true
+			case "text/event-stream", "text/*":
+				sse = true
+			case "*/*":
+				json, sse = true, true
+			}
+		}
+	}
+	if !json || !sse {
+		return errInvalid("Accept must name both application/json and text/event-stream, as MCP's streamable HTTP transport requires")
+	}
+	return c.Next()
 }

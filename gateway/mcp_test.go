@@ -3,6 +3,7 @@ package gateway
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -31,21 +32,31 @@ func TestMCPRoute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	const both = "application/json, text/event-stream"
 	for _, tc := range []struct {
-		name, auth, host, origin string
-		status, calls            int
+		name, method, auth, host, origin, ctype, accept string
+		status, calls                                   int
 	}{
-		{"good key", "Bearer good-key", "gw.test:8080", "", 200, 1},
-		{"no key", "", "gw.test:8080", "", 401, 0},
-		{"bad key", "Bearer bad-key", "gw.test:8080", "", 401, 0},
-		{"foreign host", "Bearer good-key", "evil.test", "", 403, 0},
-		{"foreign origin", "Bearer good-key", "gw.test:8080", "http://evil.test", 403, 0},
+		{"good key", "POST", "Bearer good-key", "gw.test:8080", "", "application/json", both, 200, 1},
+		{"accept any", "POST", "Bearer good-key", "gw.test:8080", "", "application/json; charset=utf-8", "*/*", 200, 1},
+		{"no key", "POST", "", "gw.test:8080", "", "application/json", both, 401, 0},
+		{"bad key", "POST", "Bearer bad-key", "gw.test:8080", "", "application/json", both, 401, 0},
+		{"foreign host", "POST", "Bearer good-key", "evil.test", "", "application/json", both, 403, 0},
+		{"foreign origin", "POST", "Bearer good-key", "gw.test:8080", "http://evil.test", "application/json", both, 403, 0},
+		{"not json", "POST", "Bearer good-key", "gw.test:8080", "", "text/plain", both, 415, 0},
+		{"accept json only", "POST", "Bearer good-key", "gw.test:8080", "", "application/json", "application/json", 400, 0},
+		{"get", "GET", "Bearer good-key", "gw.test:8080", "", "", both, 405, 0},
+		{"delete", "DELETE", "Bearer good-key", "gw.test:8080", "", "", both, 405, 0},
+		{"get no key", "GET", "", "gw.test:8080", "", "", both, 401, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			calls = 0
-			req := httptest.NewRequest("POST", "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+			req := httptest.NewRequest(tc.method, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
 			req.Host = tc.host
-			req.Header.Set("Content-Type", "application/json")
+			if tc.ctype != "" {
+				req.Header.Set("Content-Type", tc.ctype)
+			}
+			req.Header.Set("Accept", tc.accept)
 			if tc.auth != "" {
 				req.Header.Set("Authorization", tc.auth)
 			}
@@ -58,6 +69,17 @@ func TestMCPRoute(t *testing.T) {
 			}
 			if resp.StatusCode != tc.status || calls != tc.calls {
 				t.Fatalf("status %d, handler called %d times; want %d, %d", resp.StatusCode, calls, tc.status, tc.calls)
+			}
+			if tc.status != 200 {
+				var e struct {
+					Error struct{ Code, Message string }
+				}
+				if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || e.Error.Code == "" {
+					t.Fatalf("refusal is not the contract's JSON error: %v %+v", err, e)
+				}
+			}
+			if tc.status == 405 && resp.Header.Get("Allow") != "POST" {
+				t.Fatalf("405 without Allow: POST: %q", resp.Header.Get("Allow"))
 			}
 		})
 	}

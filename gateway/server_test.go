@@ -15,13 +15,13 @@ import (
 
 // newTestServer builds the gateway without sessions or a store: enough for
 // everything that is refused before either is used.
-func newTestServer(t *testing.T) *Server {
+func newTestServer(t *testing.T, opts ...Option) *Server {
 	t.Helper()
 	u, _ := url.Parse("http://gw.test:8080")
 	s, err := New(Config{
 		PublicURL: u, APIKeys: map[string]string{},
 		TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1",
-	}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -270,6 +270,19 @@ func TestOpenAPIContract(t *testing.T) {
 		c.do(t, call{method: "GET", path: p, status: 200})
 	}
 	c.do(t, call{method: "GET", path: "/v1/runtimes", key: e.keyA, status: 200})
+
+	// The MCP server: a request, a notification, and its refusals.
+	mcpAccept := http.Header{"Accept": {"application/json, text/event-stream"}}
+	initMsg := []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"contract","version":"1"}}}`)
+	if out := c.do(t, call{method: "POST", path: "/mcp", key: e.keyA, header: mcpAccept, body: initMsg, status: 200}); !bytes.Contains(out, []byte(`"serverInfo"`)) {
+		t.Fatalf("MCP initialize: %s", trim(out))
+	}
+	c.do(t, call{method: "POST", path: "/mcp", key: e.keyA, header: mcpAccept, body: []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`), status: 202})
+	c.do(t, call{method: "POST", path: "/mcp", header: mcpAccept, body: initMsg, status: 401, invalid: true})
+	c.do(t, call{method: "POST", path: "/mcp", key: e.keyA, header: http.Header{"Accept": {"application/json"}}, body: initMsg, status: 400})
+	c.do(t, call{method: "POST", path: "/mcp", key: e.keyA, header: mcpAccept, body: initMsg, contentType: "text/plain", status: 415, invalid: true})
+	c.do(t, call{method: "GET", path: "/mcp", key: e.keyA, header: mcpAccept, status: 405})
+	c.do(t, call{method: "DELETE", path: "/mcp", key: e.keyA, status: 405})
 	c.do(t, call{method: "GET", path: "/v1/pools", key: e.keyA, status: 200})
 
 	// Errors of the contract.
