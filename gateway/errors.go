@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"log/slog"
+	"strconv"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -61,6 +62,9 @@ func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 			status, code, msg = ae.status, ae.code, ae.msg
 		case errors.As(err, &pe):
 			msg = pe.Msg
+			if qe := (*session.QuotaError)(nil); errors.As(err, &qe) {
+				c.Set(fiber.HeaderRetryAfter, strconv.Itoa(qe.RetryAfter))
+			}
 			for _, k := range classes {
 				if errors.Is(pe.Class, k.class) {
 					status, code = k.status, k.code

@@ -200,6 +200,7 @@ func (s *Server) routes() {
 	v1 := a.Group("/v1", s.authenticate)
 	v1.Get("/runtimes", s.listRuntimes)
 	v1.Get("/pools", s.listPools)
+	v1.Get("/usage", s.usage)
 	v1.Post("/sessions", s.createSession)
 	v1.Get("/sessions", s.listSessions)
 	v1.Get("/sessions/:id", s.getSession)
@@ -350,6 +351,9 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 	if err := s.store.Ready(ctx); err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}
 	}
+	if a := s.sessions.Admission(); a.Full() {
+		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("full: %d sessions of a capacity of %d (%d creates waiting)", a.Sessions, a.Capacity, a.Queued)}
+	}
 	return c.JSON(fiber.Map{"status": "ready"})
 }
 
@@ -380,6 +384,15 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 		for _, p := range pools {
 			fmt.Fprintf(&b, "%s{pool=%q} %d\n", name, p.Key, v(p))
 		}
+	}
+	if s.sessions != nil {
+		a := s.sessions.Admission()
+		fmt.Fprintf(&b, "# HELP sandgate_create_queue Creates waiting for room under a tenant's quotas or the gateway's capacity.\n# TYPE sandgate_create_queue gauge\nsandgate_create_queue %d\n", a.Queued)
+		fmt.Fprintf(&b, "# HELP sandgate_capacity_sessions Tenant sessions the gateway holds at most (0: no limit).\n# TYPE sandgate_capacity_sessions gauge\nsandgate_capacity_sessions %d\n", a.Capacity)
+		fmt.Fprintf(&b, "# HELP sandgate_create_queue_waits_total Creates that waited, by how it ended.\n# TYPE sandgate_create_queue_waits_total counter\n")
+		fmt.Fprintf(&b, "sandgate_create_queue_waits_total{result=\"admitted\"} %d\nsandgate_create_queue_waits_total{result=\"timed_out\"} %d\n", a.Admitted, a.TimedOut)
+		fmt.Fprintf(&b, "# HELP sandgate_create_queue_wait_seconds_total Time creates spent waiting.\n# TYPE sandgate_create_queue_wait_seconds_total counter\nsandgate_create_queue_wait_seconds_total %g\n", a.WaitSeconds)
+		fmt.Fprintf(&b, "# HELP sandgate_create_queue_wait_seconds_max The longest wait of a create so far.\n# TYPE sandgate_create_queue_wait_seconds_max gauge\nsandgate_create_queue_wait_seconds_max %g\n", a.MaxWaitSoFar)
 	}
 	if len(pools) > 0 {
 		gauge("sandgate_pool_size", "Sessions a warm pool keeps started.", func(p session.PoolStats) any { return p.Size })

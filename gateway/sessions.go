@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -23,7 +24,13 @@ type createRequest struct {
 	} `json:"egress"`
 	Credentials []egress.Binding  `json:"credentials"`
 	Labels      map[string]string `json:"labels"`
+	// WaitSeconds is how long a create over quota or capacity may wait
+	// in line for room (0, the default: refused at once).
+	WaitSeconds *int64 `json:"wait_seconds"`
 }
+
+// maxWaitSeconds bounds wait_seconds.
+const maxWaitSeconds = 600
 
 func (s *Server) createSession(c *fiber.Ctx) error {
 	var req createRequest
@@ -59,8 +66,14 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 	if req.Screen != nil {
 		spec.Screen = *req.Screen
 	}
+	if w := req.WaitSeconds; w != nil {
+		if *w < 0 || *w > maxWaitSeconds {
+			return errInvalid(fmt.Sprintf("wait_seconds must be between 0 and %d", maxWaitSeconds))
+		}
+		spec.Wait = time.Duration(*w) * time.Second
+	}
 	wait := c.Query("wait", "true") != "false"
-	ctx, cancel := reqCtx(c, 2*time.Minute)
+	ctx, cancel := reqCtx(c, 2*time.Minute+spec.Wait)
 	defer cancel()
 	info, err := s.sessions.Create(ctx, spec, wait)
 	if err != nil {
@@ -142,4 +155,9 @@ func (s *Server) deleteSession(c *fiber.Ctx) error {
 		return err
 	}
 	return c.JSON(info)
+}
+
+// usage is what the caller's tenant holds against its quotas.
+func (s *Server) usage(c *fiber.Ctx) error {
+	return c.JSON(s.sessions.Usage(tenantOf(c)))
 }

@@ -118,12 +118,18 @@ func (m *Manager) normalizeShape(spec *Spec) (*Runtime, error) {
 // running (or has failed, with the error); without, it returns the
 // starting session and the start goes on in the background.
 func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error) {
-	t0 := time.Now()
 	rt, err := m.normalize(&spec)
 	if err != nil {
 		return Info{}, err
 	}
-	if info, ok, err := m.createWarm(ctx, spec, t0); ok || err != nil {
+	r, err := m.reserve(ctx, spec.Tenant, spec.Resources, spec.Wait)
+	if err != nil {
+		return Info{}, err
+	}
+	// Dropped once the session counts by itself; at once on failure.
+	defer m.release(r)
+	t0 := time.Now()
+	if info, ok, err := m.createWarm(ctx, spec, t0, r); ok || err != nil {
 		return info, err
 	}
 	now := time.Now().UTC()
@@ -143,12 +149,8 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	s.cancel = cancel
 
 	m.mu.Lock()
-	if err := m.quota(spec.Tenant); err != nil {
-		m.mu.Unlock()
-		cancel()
-		return Info{}, err
-	}
 	m.sessions[info.ID] = s
+	m.releaseLocked(r)
 	s.trail = m.openTrail(info.Tenant, info.ID)
 	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record})
 	m.mu.Unlock()
@@ -290,45 +292,29 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	return nil
 }
 
-// quota refuses a session over the tenant's maximum; the caller holds
-// m.mu. Claims in progress count.
-func (m *Manager) quota(tenant string) error {
-	active := 0
-	for _, o := range m.sessions {
-		live := o.pool == nil && (o.info.State == StateStarting || o.info.State == StateRunning)
-		if (live && o.info.Tenant == tenant) || o.claimFor == tenant {
-			active++
-		}
-	}
-	if lim := m.cfg.Tenants[tenant]; lim.MaxSessions > 0 && active >= lim.MaxSessions {
-		return publicf(ErrQuota, fmt.Sprintf("the tenant already has %d active sessions, its maximum", active), nil)
-	}
-	return nil
-}
-
 // createWarm hands out a pooled session when spec fits a pool that has
 // one; ok false sends the caller down the cold path.
-func (m *Manager) createWarm(ctx context.Context, spec Spec, t0 time.Time) (Info, bool, error) {
+func (m *Manager) createWarm(ctx context.Context, spec Spec, t0 time.Time, r *reservation) (Info, bool, error) {
 	m.mu.Lock()
 	p := m.fitting(spec)
 	if p == nil {
 		m.mu.Unlock()
 		return Info{}, false, nil
 	}
-	if err := m.quota(spec.Tenant); err != nil {
-		m.mu.Unlock()
-		return Info{}, false, err
-	}
 	s := m.takePooled(p, spec.Tenant)
 	if s == nil {
 		p.misses++
+	} else {
+		// The claim counts against the tenant now, in the reservation's
+		// stead.
+		r.claiming = true
 	}
 	m.mu.Unlock()
 	if s == nil {
 		m.kickRefill()
 		return Info{}, false, nil
 	}
-	info, ok := m.claim(ctx, s, spec, t0)
+	info, ok := m.claim(ctx, s, spec, t0, r)
 	return info, ok, nil
 }
 

@@ -26,7 +26,10 @@ type Config struct {
 	Runtimes       RuntimeConfig
 	DefaultRuntime string // empty: strongest usable (kata, then gvisor)
 	Tenants        map[string]TenantLimits
-	ReadyTimeout   time.Duration
+	// MaxSessions is the gateway's capacity: tenant sessions at once, all
+	// tenants together (0: no limit). Pooled sessions do not count.
+	MaxSessions  int
+	ReadyTimeout time.Duration
 	// ProxyPort is where the egress proxy listens on the bridge's
 	// address (default 3128); the kernel rules let sessions reach only it.
 	ProxyPort uint16
@@ -89,6 +92,10 @@ func (l TenantLimits) WithDefaults() TenantLimits {
 // TenantLimits bound what one tenant may ask for.
 type TenantLimits struct {
 	MaxSessions int
+	// MaxCPUs and MaxMemoryMB bound the resources of the tenant's
+	// sessions together (0: no limit).
+	MaxCPUs     float64
+	MaxMemoryMB int
 	DefaultTTL  time.Duration
 	MaxTTL      time.Duration
 	MaxIdle     time.Duration
@@ -123,6 +130,11 @@ type Manager struct {
 	sessions map[string]*sess
 	byAddr   map[netip.Addr]*sess // live sessions by bridge address
 	observer Observer
+	// Admission (admit.go): creates waiting per tenant, in order, and the
+	// shares of creates admitted but not yet counted as sessions.
+	queues     map[string][]*waiter
+	reserved   map[*reservation]bool
+	queueWaits queueStats
 }
 
 type sess struct {
@@ -198,7 +210,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	}
 	base, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), cfg.Namespace))
 	m := &Manager{client: client, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
-		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
+		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
 	m.runtimes = probeRuntimes(ctx, cfg.Runtimes)
 	if cfg.DefaultRuntime != "" {

@@ -195,7 +195,7 @@ func (m *Manager) takePooled(p *pool, tenant string) *sess {
 // tenant's, or removes it as pooled, never half of each), then its record.
 // On failure the pooled session is removed and the caller takes the cold
 // path.
-func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (Info, bool) {
+func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r *reservation) (Info, bool) {
 	// A claim, once begun, finishes even if its caller hangs up: the
 	// session is the tenant's then, as a cold one would be.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
@@ -225,8 +225,10 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (
 	}
 	m.mu.Lock()
 	if err != nil || s.info.State != StateRunning {
-		// No longer counts against the tenant, and never taken again.
+		// No longer counts against the tenant, and never taken again;
+		// the reservation counts again, for the cold path.
 		s.claimFor = claimFailed
+		r.claiming = false
 		m.mu.Unlock()
 		m.log.Warn("warm session could not be claimed; taking the cold path", "session", info.ID, "pool", p.key(), "err", err)
 		m.stopAsync(s, StateFailed, "the claim failed")
@@ -234,6 +236,7 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time) (
 	}
 	s.pool, s.claimFor = nil, ""
 	s.info = info
+	m.releaseLocked(r)
 	s.lastActive = time.Now()
 	p.claims++
 	if now := time.Now(); !now.Before(p.nextTry) {

@@ -13,6 +13,7 @@ import (
 func testPools(t *testing.T, limits PoolLimits, sizes ...int) (*Manager, []*pool) {
 	t.Helper()
 	m := &Manager{log: slog.New(slog.NewTextHandler(io.Discard, nil)), sessions: map[string]*sess{},
+		queues: map[string][]*waiter{}, reserved: map[*reservation]bool{},
 		cfg: Config{Tenants: map[string]TenantLimits{"a": {MaxSessions: 2}, "b": {}}}}
 	var ps []*pool
 	for i, n := range sizes {
@@ -106,13 +107,13 @@ func TestTakePooledOnceAndQuota(t *testing.T) {
 	}
 	// The reserved claim counts against tenant a's quota of 2; pooled
 	// sessions count against nobody.
-	if err := m.quota("a"); err != nil {
-		t.Fatalf("one claim of 2: %v", err)
+	if why := m.fitsLocked("a", Resources{}); why != "" {
+		t.Fatalf("one claim of 2: %v", why)
 	}
 	s := newSess(Info{ID: "x", Tenant: "a", State: StateRunning})
 	m.sessions["x"] = s
-	if err := m.quota("a"); !errors.Is(err, ErrQuota) {
-		t.Fatalf("a running session and a claim of 2: %v", err)
+	if why := m.fitsLocked("a", Resources{}); why == "" {
+		t.Fatal("a running session and a claim of 2 leave room for a third")
 	}
 	// Pooled sessions are nobody's: hidden from lookups and lists.
 	if _, err := m.lookup("", young.info.ID); !errors.Is(err, ErrNotFound) {

@@ -94,6 +94,9 @@ type Spec struct {
 	Record      bool
 	Labels      map[string]string
 	Egress      Egress
+	// Wait is how long a create over the tenant's quotas or the
+	// gateway's capacity may wait for room (0: refused at once).
+	Wait time.Duration
 }
 
 // Egress is what a session may reach through the egress proxy, and which

@@ -71,6 +71,7 @@ func (m *Manager) beginStop(s *sess) bool {
 	}
 	s.info.State = StateStopping
 	closeConns(s, "")
+	m.wakeLocked()
 	return true
 }
 
@@ -105,6 +106,7 @@ func (m *Manager) settle(s *sess, final State, failure string) {
 	s.info.State = final
 	s.info.Failure = failure
 	s.endedAt = time.Now()
+	m.wakeLocked()
 	if m.byAddr[s.addr] == s {
 		delete(m.byAddr, s.addr)
 	}

@@ -485,6 +485,7 @@ type sessionInfo struct {
 	Kind      string                      `json:"kind"`
 	Runtime   string                      `json:"runtime"`
 	State     string                      `json:"state"`
+	CreatedAt time.Time                   `json:"created_at"`
 	ExpiresAt time.Time                   `json:"expires_at"`
 	Screen    struct{ Width, Height int } `json:"screen"`
 	Labels    map[string]string           `json:"labels"`

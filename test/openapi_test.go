@@ -284,6 +284,7 @@ func TestOpenAPIContract(t *testing.T) {
 	c.do(t, call{method: "GET", path: "/mcp", key: e.keyA, header: mcpAccept, status: 405})
 	c.do(t, call{method: "DELETE", path: "/mcp", key: e.keyA, status: 405})
 	c.do(t, call{method: "GET", path: "/v1/pools", key: e.keyA, status: 200})
+	c.do(t, call{method: "GET", path: "/v1/usage", key: e.keyA, status: 200})
 
 	// Errors of the contract.
 	c.do(t, call{method: "GET", path: "/v1/sessions", status: 401, invalid: true})

@@ -168,6 +168,14 @@ type Config struct {
 		Bucket string `json:"bucket"`
 	} `json:"vault"`
 
+	// Capacity bounds the tenant sessions the gateway runs at once, all
+	// tenants together (0: no limit; pooled sessions do not count). A
+	// create beyond it waits in line like one over its tenant's quota,
+	// and /readyz answers 503 while the gateway is full.
+	Capacity struct {
+		MaxSessions int `json:"max_sessions"`
+	} `json:"capacity"`
+
 	Tenants []TenantConfig `json:"tenants"`
 }
 
@@ -177,9 +185,13 @@ type TenantConfig struct {
 	// APIKeySHA256 are hex SHA-256 digests of the tenant's API keys.
 	APIKeySHA256 []string `json:"api_key_sha256"`
 	MaxSessions  int      `json:"max_sessions"`
-	DefaultTTL   Duration `json:"default_ttl"`
-	MaxTTL       Duration `json:"max_ttl"`
-	MaxIdle      Duration `json:"max_idle"`
+	// MaxCPUs and MaxMemoryMB bound the resources of the tenant's
+	// sessions together, as they asked for them (0: no limit).
+	MaxCPUs     float64  `json:"max_cpus"`
+	MaxMemoryMB int      `json:"max_memory_mb"`
+	DefaultTTL  Duration `json:"default_ttl"`
+	MaxTTL      Duration `json:"max_ttl"`
+	MaxIdle     Duration `json:"max_idle"`
 	// AllowRoot lets the tenant run commands as root (still without
 	// capabilities) in its sessions.
 	AllowRoot bool `json:"allow_root"`
@@ -272,6 +284,9 @@ func (c *Config) check() error {
 		if t.Name == "" || len(t.APIKeySHA256) == 0 {
 			errs = append(errs, errors.New("every tenant needs a name and an api_key_sha256"))
 		}
+		if t.MaxSessions < 0 || t.MaxCPUs < 0 || t.MaxMemoryMB < 0 {
+			errs = append(errs, fmt.Errorf("tenant %s: max_sessions, max_cpus and max_memory_mb must not be negative (0: no limit)", t.Name))
+		}
 		for _, a := range t.EgressAllow {
 			if _, err := egress.ParsePattern(a); err != nil {
 				errs = append(errs, fmt.Errorf("tenant %s: egress_allow: %w", t.Name, err))
@@ -288,6 +303,9 @@ func (c *Config) check() error {
 				errs = append(errs, fmt.Errorf("trusted_proxies: %q is not an IP address or CIDR prefix", p))
 			}
 		}
+	}
+	if c.Capacity.MaxSessions < 0 {
+		errs = append(errs, errors.New("capacity: max_sessions must not be negative (0: no limit)"))
 	}
 	if l := c.Limits; l.CDPClientMessageBytes < 0 || l.CDPBrowserMessageBytes < 0 || l.DownloadBytes < 0 || l.DownloadsPerSession < 0 {
 		errs = append(errs, errors.New("limits: sizes and counts must not be negative (0 takes the default)"))

@@ -84,7 +84,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	keys := map[string]string{}
 	for _, t := range cfg.Tenants {
 		lim := session.TenantLimits{
-			MaxSessions: t.MaxSessions, DefaultTTL: t.DefaultTTL.Duration, MaxTTL: t.MaxTTL.Duration,
+			MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL.Duration, MaxTTL: t.MaxTTL.Duration,
 			MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
 			EgressAllow: t.EgressAllow,
 		}
@@ -103,6 +103,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		Runtimes:       session.RuntimeConfig{Runsc: cfg.Runtimes.Gvisor.Runsc},
 		DefaultRuntime: cfg.DefaultRuntime,
 		Tenants:        tenants,
+		MaxSessions:    cfg.Capacity.MaxSessions,
 		ProxyPort:      cfg.Egress.ProxyPort,
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,

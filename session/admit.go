@@ -1,0 +1,287 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Admission: a create first reserves what it will hold (one session, its
+// CPUs and its memory) against the tenant's quotas and the gateway's
+// capacity. A create that does not fit waits, in order behind the
+// tenant's earlier ones, for at most what its caller chose, then is
+// refused with ErrQuota and a hint of when to retry.
+
+// maxQueued bounds the creates one tenant may have waiting.
+const maxQueued = 64
+
+// admitRecheck is how often a waiting create looks again on its own; a
+// slot that frees wakes it at once.
+const admitRecheck = 2 * time.Second
+
+// Usage is what a tenant holds, against its limits (0: none).
+type Usage struct {
+	Sessions    int     `json:"sessions"`
+	CPUs        float64 `json:"cpus"`
+	MemoryMB    int     `json:"memory_mb"`
+	Queued      int     `json:"queued"`
+	MaxSessions int     `json:"max_sessions"`
+	MaxCPUs     float64 `json:"max_cpus"`
+	MaxMemoryMB int     `json:"max_memory_mb"`
+}
+
+// QuotaError is ErrQuota with the seconds after which a retry may fit.
+type QuotaError struct {
+	*PublicError
+	RetryAfter int
+}
+
+func (e *QuotaError) Unwrap() error { return e.PublicError }
+
+// reservation holds a create's share until its session is counted
+// (started, starting or claimed) or the create gives up.
+type reservation struct {
+	tenant   string
+	need     Resources
+	claiming bool // a pooled session is being claimed for it, and counts instead
+}
+
+type waiter struct {
+	tenant string
+	ready  chan struct{} // buffered: a wake is never lost
+}
+
+// reserve admits a create for tenant that needs need, waiting up to wait
+// for room. The caller must hand the reservation to release once its
+// session counts by itself, or on failure.
+func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wait time.Duration) (*reservation, error) {
+	m.mu.Lock()
+	q := m.queues[tenant]
+	if len(q) == 0 {
+		why := m.fitsLocked(tenant, need)
+		if why == "" {
+			r := m.holdLocked(tenant, need)
+			m.mu.Unlock()
+			return r, nil
+		}
+		if wait <= 0 {
+			err := m.quotaErrLocked(tenant, why)
+			m.mu.Unlock()
+			return nil, err
+		}
+	} else if wait <= 0 || len(q) >= maxQueued {
+		err := m.quotaErrLocked(tenant, fmt.Sprintf("%d earlier creates of the tenant are waiting", len(q)))
+		m.mu.Unlock()
+		return nil, err
+	}
+	w := &waiter{tenant: tenant, ready: make(chan struct{}, 1)}
+	m.queues[tenant] = append(q, w)
+	m.mu.Unlock()
+
+	start := time.Now()
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(admitRecheck)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.ready:
+		case <-tick.C:
+		case <-deadline.C:
+			m.mu.Lock()
+			m.leaveLocked(w)
+			err := m.quotaErrLocked(tenant, fmt.Sprintf("still over it after waiting %s", wait.Round(time.Second)))
+			m.queueWaits.observe(time.Since(start), false)
+			m.mu.Unlock()
+			return nil, err
+		case <-ctx.Done():
+			m.mu.Lock()
+			m.leaveLocked(w)
+			m.queueWaits.observe(time.Since(start), false)
+			m.mu.Unlock()
+			return nil, fmt.Errorf("waiting for quota: %w", ctx.Err())
+		}
+		m.mu.Lock()
+		if q := m.queues[tenant]; len(q) > 0 && q[0] == w && m.fitsLocked(tenant, need) == "" {
+			m.leaveLocked(w)
+			r := m.holdLocked(tenant, need)
+			m.queueWaits.observe(time.Since(start), true)
+			m.mu.Unlock()
+			return r, nil
+		}
+		m.mu.Unlock()
+	}
+}
+
+// release drops a reservation, once; the caller holds m.mu.
+func (m *Manager) releaseLocked(r *reservation) {
+	if r == nil || !m.reserved[r] {
+		return
+	}
+	delete(m.reserved, r)
+	m.wakeLocked()
+}
+
+func (m *Manager) release(r *reservation) {
+	m.mu.Lock()
+	m.releaseLocked(r)
+	m.mu.Unlock()
+}
+
+func (m *Manager) holdLocked(tenant string, need Resources) *reservation {
+	r := &reservation{tenant: tenant, need: need}
+	m.reserved[r] = true
+	return r
+}
+
+// leaveLocked takes w out of its queue and, if it was first, lets the
+// next one look.
+func (m *Manager) leaveLocked(w *waiter) {
+	q := m.queues[w.tenant]
+	i := slices.Index(q, w)
+	if i < 0 {
+		return
+	}
+	q = slices.Delete(q, i, i+1)
+	if len(q) == 0 {
+		delete(m.queues, w.tenant)
+	} else {
+		m.queues[w.tenant] = q
+	}
+	if i == 0 {
+		m.wakeLocked()
+	}
+}
+
+// wakeLocked tells the first waiter of every tenant to look again: a
+// slot has freed (a tenant's or the gateway's) or the queue moved.
+func (m *Manager) wakeLocked() {
+	for _, q := range m.queues {
+		select {
+		case q[0].ready <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// usageLocked sums what tenant holds (every tenant's, for ""): sessions
+// starting or running, claims under way and reservations. Pooled
+// sessions count against nobody.
+func (m *Manager) usageLocked(tenant string) Usage {
+	var u Usage
+	add := func(r Resources) {
+		u.Sessions++
+		u.CPUs += r.CPUs
+		u.MemoryMB += r.MemoryMB
+	}
+	for _, s := range m.sessions {
+		live := s.pool == nil && (s.info.State == StateStarting || s.info.State == StateRunning)
+		switch {
+		case live && (tenant == "" || s.info.Tenant == tenant):
+			add(s.info.Resources)
+		case s.claimFor != "" && s.claimFor != claimFailed && (tenant == "" || s.claimFor == tenant):
+			add(s.info.Resources)
+		}
+	}
+	for r := range m.reserved {
+		if !r.claiming && (tenant == "" || r.tenant == tenant) {
+			add(r.need)
+		}
+	}
+	if tenant == "" {
+		for _, q := range m.queues {
+			u.Queued += len(q)
+		}
+	} else {
+		u.Queued = len(m.queues[tenant])
+	}
+	return u
+}
+
+// fitsLocked says why a create of need does not fit now ("" if it does).
+func (m *Manager) fitsLocked(tenant string, need Resources) string {
+	u := m.usageLocked(tenant)
+	lim := m.cfg.Tenants[tenant]
+	switch {
+	case lim.MaxSessions > 0 && u.Sessions+1 > lim.MaxSessions:
+		return fmt.Sprintf("the tenant has %d active sessions, its maximum", u.Sessions)
+	case lim.MaxCPUs > 0 && u.CPUs+need.CPUs > lim.MaxCPUs+1e-9:
+		return fmt.Sprintf("the tenant's sessions hold %g of its %g CPUs and this one asks %g", u.CPUs, lim.MaxCPUs, need.CPUs)
+	case lim.MaxMemoryMB > 0 && u.MemoryMB+need.MemoryMB > lim.MaxMemoryMB:
+		return fmt.Sprintf("the tenant's sessions hold %d of its %d MB and this one asks %d", u.MemoryMB, lim.MaxMemoryMB, need.MemoryMB)
+	}
+	if max := m.cfg.MaxSessions; max > 0 {
+		if all := m.usageLocked(""); all.Sessions+1 > max {
+			return fmt.Sprintf("the gateway runs %d sessions, its capacity", all.Sessions)
+		}
+	}
+	return ""
+}
+
+// quotaErrLocked is the refusal of a create that does not fit, with the
+// seconds until the tenant's first session expires (at most 30, at least
+// 1) as the hint to retry: a session deleted sooner frees a slot sooner.
+func (m *Manager) quotaErrLocked(tenant, why string) error {
+	retry := 30.0
+	now := time.Now()
+	for _, s := range m.sessions {
+		if s.pool == nil && s.info.State == StateRunning && s.info.Tenant == tenant {
+			retry = min(retry, s.info.ExpiresAt.Sub(now).Seconds())
+		}
+	}
+	return &QuotaError{
+		PublicError: &PublicError{Class: ErrQuota, Msg: "over quota: " + why},
+		RetryAfter:  int(math.Max(1, math.Ceil(retry))),
+	}
+}
+
+// Usage is what tenant holds now, with its limits.
+func (m *Manager) Usage(tenant string) Usage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	u := m.usageLocked(tenant)
+	lim := m.cfg.Tenants[tenant]
+	u.MaxSessions, u.MaxCPUs, u.MaxMemoryMB = lim.MaxSessions, lim.MaxCPUs, lim.MaxMemoryMB
+	return u
+}
+
+// Admission is the state of the create queue, for metrics and readiness.
+type Admission struct {
+	Queued       int     // creates waiting now
+	Sessions     int     // tenant sessions held (with claims and reservations)
+	Capacity     int     // the gateway's maximum; 0: none
+	Admitted     uint64  // creates that waited and got in
+	TimedOut     uint64  // creates that waited and gave up
+	WaitSeconds  float64 // total time waited, both kinds
+	MaxWaitSoFar float64
+}
+
+// Full says the gateway has no room for another session.
+func (a Admission) Full() bool { return a.Capacity > 0 && a.Sessions >= a.Capacity }
+
+func (m *Manager) Admission() Admission {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	u := m.usageLocked("")
+	w := m.queueWaits
+	return Admission{Queued: u.Queued, Sessions: u.Sessions, Capacity: m.cfg.MaxSessions,
+		Admitted: w.admitted, TimedOut: w.timedOut, WaitSeconds: w.total, MaxWaitSoFar: w.max}
+}
+
+// queueStats counts the waits of creates that queued; under m.mu.
+type queueStats struct {
+	admitted, timedOut uint64
+	total, max         float64
+}
+
+func (q *queueStats) observe(d time.Duration, admitted bool) {
+	if admitted {
+		q.admitted++
+	} else {
+		q.timedOut++
+	}
+	q.total += d.Seconds()
+	q.max = max(q.max, d.Seconds())
+}
