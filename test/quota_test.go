@@ -1,8 +1,12 @@
 package test
 
 import (
+	"context"
+	"errors"
+
 	"bytes"
 	"encoding/json"
+	sandgate "github.com/sandgate/sandgate/sdk/go"
 	"io"
 	"net/http"
 	"strconv"
@@ -210,5 +214,31 @@ func TestQuotaMemoryAndCapacity(t *testing.T) {
 	}
 	if c := e.metric(t, "sandgate_capacity_sessions"); c != 2 {
 		t.Fatalf("sandgate_capacity_sessions %v", c)
+	}
+}
+
+// TestQuotaSDK: the Go SDK reports a refusal over quota as
+// IsQuotaExceeded with the gateway's Retry-After, and the tenant's usage.
+func TestQuotaSDK(t *testing.T) {
+	e := needE2E(t)
+	c := sandgate.New(e.gwURL, e.keyC)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s, err := c.CreateSession(ctx, sandgate.SessionRequest{Labels: map[string]string{"test": t.Name()}})
+	if err != nil {
+		t.Fatalf("the tenant's one session: %v", err)
+	}
+	defer c.DeleteSession(context.Background(), s.ID)
+	u, err := c.Usage(ctx)
+	if err != nil || u.Sessions != 1 || u.MaxSessions != 1 {
+		t.Fatalf("usage %+v %v", u, err)
+	}
+	_, err = c.CreateSession(ctx, sandgate.SessionRequest{WaitSeconds: 1})
+	var se *sandgate.Error
+	if !sandgate.IsQuotaExceeded(err) || !errors.As(err, &se) || se.RetryAfter < time.Second || se.Status != 429 {
+		t.Fatalf("a second session of a tenant of one: %v", err)
+	}
+	if sandgate.IsQuotaExceeded(nil) || sandgate.IsQuotaExceeded(errors.New("quota_exceeded")) {
+		t.Fatal("IsQuotaExceeded holds for what is not the gateway's refusal")
 	}
 }

@@ -20,7 +20,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Client talks to one gateway with one API key. It is safe for
@@ -82,6 +84,9 @@ type Error struct {
 	Status  int    `json:"-"`
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// RetryAfter is the gateway's hint on a quota_exceeded create: try
+	// again after this long (0: none given).
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Message) }
@@ -91,6 +96,10 @@ func IsNotFound(err error) bool { return codeOf(err) == "not_found" }
 
 // IsUnauthenticated reports whether the gateway refused the API key.
 func IsUnauthenticated(err error) bool { return codeOf(err) == "unauthenticated" }
+
+// IsQuotaExceeded reports whether err is the gateway's quota_exceeded: a
+// tenant quota or the gateway's capacity left no room.
+func IsQuotaExceeded(err error) bool { return codeOf(err) == "quota_exceeded" }
 
 func codeOf(err error) string {
 	var e *Error
@@ -137,6 +146,9 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 		return nil, &Error{Status: resp.StatusCode, Code: "http_" + fmt.Sprint(resp.StatusCode), Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
 	}
 	e.Error.Status = resp.StatusCode
+	if n, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && n > 0 {
+		e.Error.RetryAfter = time.Duration(n) * time.Second
+	}
 	return nil, e.Error
 }
 

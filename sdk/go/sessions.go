@@ -56,6 +56,10 @@ type SessionRequest struct {
 	Egress      *EgressRequest    `json:"egress,omitempty"`
 	Credentials []Binding         `json:"credentials,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// WaitSeconds lets a create over the tenant's quotas or the
+	// gateway's capacity wait in line this long for room (at most 600);
+	// 0 is refused at once (IsQuotaExceeded, with Error.RetryAfter).
+	WaitSeconds int `json:"wait_seconds,omitempty"`
 	// NoWait returns as soon as the session is created, in state
 	// "starting"; WaitRunning waits for it.
 	NoWait bool `json:"-"`
@@ -230,6 +234,26 @@ type Pool struct {
 	RefillAvgMs      int64     `json:"refill_avg_ms"`
 	LastRefillMs     int64     `json:"last_refill_ms"`
 	RefillsPerMinute float64   `json:"refills_per_minute"`
+}
+
+// Usage is what the tenant holds against its quotas (0: no limit).
+type Usage struct {
+	Sessions    int     `json:"sessions"`
+	CPUs        float64 `json:"cpus"`
+	MemoryMB    int     `json:"memory_mb"`
+	Queued      int     `json:"queued"` // creates waiting for room
+	MaxSessions int     `json:"max_sessions"`
+	MaxCPUs     float64 `json:"max_cpus"`
+	MaxMemoryMB int     `json:"max_memory_mb"`
+}
+
+// Usage returns what the tenant holds against its quotas.
+func (c *Client) Usage(ctx context.Context) (*Usage, error) {
+	var u Usage
+	if err := c.call(ctx, "GET", "/v1/usage", nil, &u); err != nil {
+		return nil, err
+	}
+	return &u, nil
 }
 
 // Pools lists the gateway's warm pools.

@@ -34,6 +34,8 @@ export declare class SandgateError extends Error {
   /** HTTP status; 0 when there was no answer. */
   status: number;
   code: ErrorCode;
+  /** On a create refused with quota_exceeded: the gateway's Retry-After, in seconds. */
+  retryAfterSeconds?: number;
 }
 
 export interface SandgateOptions {
@@ -96,6 +98,23 @@ export interface CreateSessionRequest {
   egress?: { allow?: string[] };
   credentials?: CredentialBinding[];
   labels?: Record<string, string>;
+  /**
+   * How long a create over the tenant's quotas or the gateway's capacity
+   * may wait in line for room (0..600; default 0: refused at once).
+   */
+  wait_seconds?: number;
+}
+
+/** What the tenant holds against its quotas (0: no limit). */
+export interface Usage {
+  sessions: number;
+  cpus: number;
+  memory_mb: number;
+  /** The tenant's creates waiting for room. */
+  queued: number;
+  max_sessions: number;
+  max_cpus: number;
+  max_memory_mb: number;
 }
 
 export interface CreateSessionOptions extends RequestOptions {
@@ -401,6 +420,7 @@ export declare class Sandgate {
 
   runtimes(opts?: RequestOptions): Promise<Runtimes>;
   pools(opts?: RequestOptions): Promise<Pool[]>;
+  usage(opts?: RequestOptions): Promise<Usage>;
   events(session: SessionRef, opts?: RequestOptions): Promise<SessionEvent[]>;
   /** Takes a screenshot and stores it as an artifact. */
   screenshot(session: SessionRef, opts?: RequestOptions): Promise<Artifact>;

@@ -30,6 +30,13 @@ const codeOfStatus = {
 };
 
 async function errorOf(resp) {
+  const err = await errorOfBody(resp);
+  const retry = Number.parseInt(resp.headers?.get?.("retry-after") ?? "", 10);
+  if (retry > 0) err.retryAfterSeconds = retry;
+  return err;
+}
+
+async function errorOfBody(resp) {
   let text = "";
   try {
     text = await resp.text();
@@ -195,6 +202,11 @@ export class Sandgate {
   /** The warm pools. */
   async pools(o) {
     return (await this._json("GET", "/v1/pools", undefined, o)).pools;
+  }
+
+  /** What the tenant holds against its quotas. */
+  async usage(o) {
+    return this._json("GET", "/v1/usage", undefined, o);
   }
 
   /** The session's audit trail. */

@@ -79,6 +79,15 @@ describe("@sandgate/sdk", { skip, concurrency: 1 }, () => {
     assert.ok(Array.isArray(await sg.pools()));
   });
 
+  test("usage counts the tenant's sessions; a bad wait_seconds is 400", T, async () => {
+    const u = await sg.usage();
+    assert.ok(u.sessions >= 1, JSON.stringify(u)); // the shared browser session
+    assert.ok(u.memory_mb >= 512 && u.cpus > 0 && u.queued === 0, JSON.stringify(u));
+    assert.equal(typeof u.max_sessions, "number");
+    await rejects(() => sg.sessions.create({ wait_seconds: 601, labels: label }), 400, "invalid_argument");
+    assert.equal((await sg.usage()).sessions, u.sessions, "a refused create holds nothing");
+  });
+
   test("errors: a bad key is 401 unauthenticated, an unknown id 404 not_found", T, async () => {
     // The controls: the right key, an existing id.
     await sg.sessions.list();

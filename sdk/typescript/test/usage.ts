@@ -81,6 +81,8 @@ export async function usage(): Promise<void> {
   const rts = await sg.runtimes();
   const usable: boolean = rts.runtimes[0].usable;
   const pools = await sg.pools();
+  const used: number = (await sg.usage()).sessions;
+  await sg.sessions.create({ kind: "browser", wait_seconds: 30 }).catch((err: SandgateError) => err.retryAfterSeconds);
 
   const browser = await sg.connectPlaywright(s, { ttl_seconds: 120, timeout: 30_000 });
   const title: string = await (await browser.contexts()[0].newPage()).title();
@@ -98,5 +100,5 @@ export async function usage(): Promise<void> {
     }
   }
   await sg.sessions.delete(s);
-  void state, all, out, code, bytes, text, url, png, a1, cursor, events, creds, usable, pools, title;
+  void state, all, out, code, bytes, text, url, png, a1, cursor, events, creds, usable, pools, used, title;
 }
