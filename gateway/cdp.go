@@ -46,7 +46,7 @@ func (s *Server) previewAuth(scopes ...string) fiber.Handler {
 			return errUnauthenticated("the preview token is missing, invalid or expired")
 		}
 		ep, err := s.sessions.Endpoint(claims.Tenant, claims.Session)
-		if err != nil || s.sessions.Revoked(claims.Session, claims.ID) {
+		if err != nil || s.sessions.Revoked(claims.Session, claims.ID) || !s.tenants.Enabled(claims.Tenant) {
 			return errUnauthenticated("the preview token is missing, invalid or expired")
 		}
 		c.Locals(localClaims, claims)

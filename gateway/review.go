@@ -22,7 +22,7 @@ var reviewPage = template.Must(template.ParseFS(reviewFS, "review/review.html"))
 // not need the session to run: a review is for afterwards.
 func (s *Server) reviewAuth(c *fiber.Ctx) error {
 	claims, err := s.tokens.verify(c.Params("token"), time.Now())
-	if err != nil || claims.Scope != ScopeReview || s.sessions.Revoked(claims.Session, claims.ID) {
+	if err != nil || claims.Scope != ScopeReview || s.sessions.Revoked(claims.Session, claims.ID) || !s.tenants.Enabled(claims.Tenant) {
 		return errUnauthenticated("the preview token is missing, invalid or expired")
 	}
 	c.Locals(localClaims, claims)

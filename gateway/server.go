@@ -5,8 +5,7 @@ package gateway
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/tenant"
 	"github.com/sandgate/sandgate/vault"
 )
 
@@ -31,8 +31,12 @@ type Config struct {
 	PublicURL *url.URL
 	// Hosts are the Host header values the gateway answers to.
 	Hosts []string
-	// APIKeys maps the hex SHA-256 of an API key to its tenant.
+	// APIKeys maps the hex SHA-256 of an API key to its tenant, when the
+	// gateway runs without a tenant registry (WithTenants).
 	APIKeys map[string]string
+	// AdminKeys holds the hex SHA-256 of the admin API's keys; none
+	// turns the admin API off.
+	AdminKeys map[string]bool
 	// TokenKeys sign preview tokens; ActiveKey signs new ones.
 	TokenKeys map[string]string
 	ActiveKey string
@@ -69,6 +73,7 @@ type Server struct {
 	cfg      Config
 	app      *fiber.App
 	sessions *session.Manager
+	tenants  *tenant.Registry
 	store    *recordings.Store
 	tokens   *signer
 	vault    *vault.Vault         // nil: no credentials
@@ -132,6 +137,19 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.tenants == nil {
+		byTenant := map[string][]string{}
+		for d, t := range cfg.APIKeys {
+			byTenant[t] = append(byTenant[t], d)
+		}
+		var seeds []tenant.Seed
+		for t, ds := range byTenant {
+			seeds = append(seeds, tenant.Seed{Tenant: tenant.Tenant{Name: t}, Digests: ds})
+		}
+		if s.tenants, err = tenant.Open("", seeds, nil); err != nil {
+			return nil, err
+		}
 	}
 	if s.openapiJSON, err = openapiJSON(); err != nil {
 		return nil, err
@@ -197,6 +215,7 @@ func (s *Server) routes() {
 	a.Get("/openapi.json", s.openapiJSONDoc)
 	s.mcpRoutes()
 
+	s.adminRoutes()
 	v1 := a.Group("/v1", s.authenticate)
 	v1.Get("/runtimes", s.listRuntimes)
 	v1.Get("/pools", s.listPools)
@@ -324,12 +343,14 @@ func (s *Server) authenticate(c *fiber.Ctx) error {
 	if !ok || key == "" {
 		return errUnauthenticated("an API key is required: Authorization: Bearer <key>")
 	}
-	sum := sha256.Sum256([]byte(key))
-	tenant, ok := s.cfg.APIKeys[hex.EncodeToString(sum[:])]
-	if !ok {
+	name, err := s.tenants.Authenticate(key)
+	switch {
+	case errors.Is(err, tenant.ErrDisabled):
+		return errDenied("the tenant is disabled")
+	case err != nil:
 		return errUnauthenticated("the API key is not valid")
 	}
-	c.Locals(localTenant, tenant)
+	c.Locals(localTenant, name)
 	return c.Next()
 }
 
@@ -359,7 +380,7 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 
 func (s *Server) metrics(c *fiber.Ctx) error {
 	counts := map[session.State]int{}
-	for _, t := range s.tenants() {
+	for _, t := range s.tenantNames() {
 		for _, i := range s.sessions.List(t) {
 			counts[i.State]++
 		}
@@ -409,14 +430,10 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 	return c.SendString(b.String())
 }
 
-func (s *Server) tenants() []string {
-	seen := map[string]bool{}
+func (s *Server) tenantNames() []string {
 	var out []string
-	for _, t := range s.cfg.APIKeys {
-		if !seen[t] {
-			seen[t] = true
-			out = append(out, t)
-		}
+	for _, t := range s.tenants.List() {
+		out = append(out, t.Name)
 	}
 	return out
 }

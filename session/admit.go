@@ -203,7 +203,7 @@ func (m *Manager) usageLocked(tenant string) Usage {
 // fitsLocked says why a create of need does not fit now ("" if it does).
 func (m *Manager) fitsLocked(tenant string, need Resources) string {
 	u := m.usageLocked(tenant)
-	lim := m.cfg.Tenants[tenant]
+	lim, _ := m.Limits(tenant)
 	switch {
 	case lim.MaxSessions > 0 && u.Sessions+1 > lim.MaxSessions:
 		return fmt.Sprintf("the tenant has %d active sessions, its maximum", u.Sessions)
@@ -242,7 +242,7 @@ func (m *Manager) Usage(tenant string) Usage {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	u := m.usageLocked(tenant)
-	lim := m.cfg.Tenants[tenant]
+	lim, _ := m.Limits(tenant)
 	u.MaxSessions, u.MaxCPUs, u.MaxMemoryMB = lim.MaxSessions, lim.MaxCPUs, lim.MaxMemoryMB
 	return u
 }

@@ -17,7 +17,7 @@ import (
 
 // normalize checks a spec against the tenant's limits and fills defaults.
 func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
-	lim, ok := m.cfg.Tenants[spec.Tenant]
+	lim, ok := m.Limits(spec.Tenant)
 	if !ok {
 		return nil, publicf(ErrNotFound, "unknown tenant", nil)
 	}

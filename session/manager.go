@@ -126,6 +126,9 @@ type Manager struct {
 	poolLimits PoolLimits
 	refillNow  chan struct{}
 
+	// tenantMu guards cfg.Tenants, which SetTenant replaces whole.
+	tenantMu sync.RWMutex
+
 	mu       sync.Mutex
 	sessions map[string]*sess
 	byAddr   map[netip.Addr]*sess // live sessions by bridge address
@@ -300,8 +303,54 @@ func (m *Manager) DefaultRuntime() string { return m.cfg.DefaultRuntime }
 
 // Limits returns the tenant's limits.
 func (m *Manager) Limits(tenant string) (TenantLimits, bool) {
+	m.tenantMu.RLock()
+	defer m.tenantMu.RUnlock()
 	l, ok := m.cfg.Tenants[tenant]
 	return l, ok
+}
+
+// SetTenant adds a tenant or changes its limits; creates waiting in line
+// look again (a raised quota may let them in).
+func (m *Manager) SetTenant(name string, lim TenantLimits) {
+	m.tenantMu.Lock()
+	tenants := make(map[string]TenantLimits, len(m.cfg.Tenants)+1)
+	for k, v := range m.cfg.Tenants {
+		tenants[k] = v
+	}
+	tenants[name] = lim.WithDefaults()
+	m.cfg.Tenants = tenants
+	m.tenantMu.Unlock()
+	m.mu.Lock()
+	m.wakeLocked()
+	m.mu.Unlock()
+}
+
+// StopTenant stops every session of the tenant (a disabled tenant's):
+// their connections close and their artifacts are kept, as at any stop.
+func (m *Manager) StopTenant(tenant, reason string) int {
+	m.mu.Lock()
+	var running []*sess
+	var starting []context.CancelFunc
+	for _, s := range m.sessions {
+		if s.pool != nil || s.info.Tenant != tenant {
+			continue
+		}
+		switch {
+		case s.info.State == StateRunning:
+			s.record("stop_requested", map[string]any{"reason": reason})
+			running = append(running, s)
+		case s.info.State == StateStarting && s.cancel != nil:
+			starting = append(starting, s.cancel) // the start rolls back by itself
+		}
+	}
+	m.mu.Unlock()
+	for _, cancel := range starting {
+		cancel()
+	}
+	for _, s := range running {
+		m.stopAsync(s, StateStopped, "")
+	}
+	return len(running) + len(starting)
 }
 
 // Close stops the reaper and background work; sessions keep running in
@@ -373,7 +422,7 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 	if err != nil {
 		return Info{}, err
 	}
-	lim := m.cfg.Tenants[tenant]
+	lim, _ := m.Limits(tenant)
 	if ttl < time.Second {
 		return Info{}, publicf(ErrInvalid, "ttl_seconds must be at least 1", nil)
 	}

@@ -82,7 +82,7 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 	if err != nil {
 		return nil, nil, err.Error()
 	}
-	if _, ok := m.cfg.Tenants[info.Tenant]; !ok {
+	if _, ok := m.Limits(info.Tenant); !ok {
 		return nil, nil, "tenant no longer configured"
 	}
 	if time.Now().After(info.ExpiresAt) {

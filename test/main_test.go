@@ -48,6 +48,7 @@ type testEnv struct {
 	keyA      string
 	keyB      string
 	keyC      string // tenant-c: artifacts kept for seconds only
+	adminKey  string // the admin API's
 	minioBin  string
 	minioUI   string
 	tokenKey  string
@@ -165,6 +166,7 @@ func setup() (*testEnv, error) {
 	e.gwURL = "http://" + e.gwAddr
 	e.keyA, e.keyB, e.keyC, e.tokenKey = "sg_a_"+randHex(16), "sg_b_"+randHex(16), "sg_c_"+randHex(16), randHex(32)
 	e.vaultKey, e.canary = randHex(32), "canary-"+randHex(12)
+	e.adminKey = "sg_admin_" + randHex(16)
 	hash := func(k string) string { s := sha256.Sum256([]byte(k)); return hex.EncodeToString(s[:]) }
 	cfg := map[string]any{
 		"listen":     e.gwAddr,
@@ -183,7 +185,8 @@ func setup() (*testEnv, error) {
 			{"name": "tenant-b", "api_key_sha256": []string{hash(e.keyB)}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h", "max_file_bytes": 1 << 20, "egress_allow": []string{"pages.sandgate.test:80"}},
 			{"name": "tenant-c", "api_key_sha256": []string{hash(e.keyC)}, "max_sessions": 1, "default_ttl": "10m", "max_ttl": "1h", "artifact_retention": "3s"},
 		},
-		"retention_check": "1s",
+		"admin_key_sha256": []string{hash(e.adminKey)},
+		"retention_check":  "1s",
 		// Short, so that TestSlowUpload shows uploads outlive it.
 		"read_timeout": gatewayReadTimeout.String(),
 	}
@@ -388,6 +391,7 @@ func (e *testEnv) secretsInLogs() []string {
 	check("tenant A's API key", e.keyA)
 	check("tenant B's API key", e.keyB)
 	check("tenant C's API key", e.keyC)
+	check("the admin key", e.adminKey)
 	check("the token signing key", e.tokenKey)
 	check("the vault key", e.vaultKey)
 	check("the test credentials' canary secret", e.canary)

@@ -286,6 +286,28 @@ func TestOpenAPIContract(t *testing.T) {
 	c.do(t, call{method: "GET", path: "/v1/pools", key: e.keyA, status: 200})
 	c.do(t, call{method: "GET", path: "/v1/usage", key: e.keyA, status: 200})
 
+	// The admin API.
+	tn := "contract-" + randHex(4)
+	c.json(t, e.adminKey, "GET", "/admin/v1/tenants", nil, 200, nil)
+	c.do(t, call{method: "GET", path: "/admin/v1/tenants", key: e.keyA, status: 401})
+	c.json(t, e.adminKey, "POST", "/admin/v1/tenants", map[string]any{"name": tn, "max_sessions": 2, "egress_allow": []string{"example.com:443"}}, 201, nil)
+	c.json(t, e.adminKey, "POST", "/admin/v1/tenants", map[string]any{"name": tn}, 409, nil)
+	c.do(t, call{method: "POST", path: "/admin/v1/tenants", key: e.adminKey, body: []byte(`{"name":"x","max_cpus":-1}`), status: 400, invalid: true})
+	c.json(t, e.adminKey, "GET", "/admin/v1/tenants/"+tn, nil, 200, nil)
+	c.json(t, e.adminKey, "GET", "/admin/v1/tenants/nobody", nil, 404, nil)
+	c.json(t, e.adminKey, "PATCH", "/admin/v1/tenants/"+tn, map[string]any{"max_memory_mb": 8192}, 200, nil)
+	c.json(t, e.adminKey, "PATCH", "/admin/v1/tenants/tenant-a", map[string]any{"max_sessions": 1}, 409, nil)
+	var issued struct {
+		ID     string `json:"id"`
+		APIKey string `json:"api_key"`
+	}
+	c.json(t, e.adminKey, "POST", "/admin/v1/tenants/"+tn+"/keys", map[string]any{"name": "contract"}, 201, &issued)
+	c.do(t, call{method: "GET", path: "/v1/usage", key: issued.APIKey, status: 200})
+	c.json(t, e.adminKey, "GET", "/admin/v1/tenants/"+tn+"/keys", nil, 200, nil)
+	c.do(t, call{method: "DELETE", path: "/admin/v1/tenants/" + tn + "/keys/" + issued.ID, key: e.adminKey, status: 204})
+	c.do(t, call{method: "DELETE", path: "/admin/v1/tenants/" + tn + "/keys/" + issued.ID, key: e.adminKey, status: 404})
+	c.json(t, e.adminKey, "PATCH", "/admin/v1/tenants/"+tn, map[string]any{"disabled": true}, 200, nil)
+
 	// Errors of the contract.
 	c.do(t, call{method: "GET", path: "/v1/sessions", status: 401, invalid: true})
 	c.do(t, call{method: "POST", path: "/v1/sessions", key: e.keyA, body: []byte(`{"kind":`), status: 400, invalid: true})

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -177,6 +178,10 @@ type Config struct {
 	} `json:"capacity"`
 
 	Tenants []TenantConfig `json:"tenants"`
+	// AdminKeySHA256 are hex SHA-256 digests of the admin API's keys
+	// (/admin/v1: tenants and their API keys at runtime). None: the
+	// admin API is off.
+	AdminKeySHA256 []string `json:"admin_key_sha256"`
 }
 
 // TenantConfig is one tenant: its hashed API keys and limits.
@@ -277,8 +282,14 @@ func (c *Config) check() error {
 			errs = append(errs, fmt.Errorf("tokens.keys.%s is shorter than 32 characters", id))
 		}
 	}
-	if len(c.Tenants) == 0 {
-		errs = append(errs, errors.New("at least one tenant is required"))
+	if len(c.Tenants) == 0 && len(c.AdminKeySHA256) == 0 {
+		errs = append(errs, errors.New("at least one tenant, or an admin key to add tenants with, is required"))
+	}
+	for _, h := range c.AdminKeySHA256 {
+		if b, err := hex.DecodeString(h); err != nil || len(b) != 32 {
+			errs = append(errs, errors.New("admin_key_sha256: each must be 64 hex digits (sandgate hash-key prints one)"))
+			break
+		}
 	}
 	for _, t := range c.Tenants {
 		if t.Name == "" || len(t.APIKeySHA256) == 0 {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/mcpserver"
@@ -22,6 +23,7 @@ import (
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/tenant"
 	"github.com/sandgate/sandgate/vault"
 )
 
@@ -80,20 +82,35 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 
-	tenants := map[string]session.TenantLimits{}
-	keys := map[string]string{}
+	// Tenants and keys: the config's, and what the admin API added,
+	// kept in the state directory. A change reaches the manager at once.
+	var seeds []tenant.Seed
 	for _, t := range cfg.Tenants {
-		lim := session.TenantLimits{
-			MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL.Duration, MaxTTL: t.MaxTTL.Duration,
-			MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
+		seeds = append(seeds, tenant.Seed{Tenant: tenant.Tenant{Name: t.Name, Limits: tenant.Limits{
+			MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL.Duration,
+			MaxTTL: t.MaxTTL.Duration, MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
 			EgressAllow: t.EgressAllow,
-		}
-		tenants[t.Name] = lim.WithDefaults()
-		for _, h := range t.APIKeySHA256 {
-			keys[h] = t.Name
-		}
+		}}, Digests: t.APIKeySHA256})
 	}
-	mgr, err := session.New(ctx, client, session.Config{
+	var mgr *session.Manager
+	reg, err := tenant.Open(filepath.Join(cfg.StateDir, "tenants.json"), seeds, func(t tenant.Tenant) {
+		if mgr != nil {
+			mgr.SetTenant(t.Name, sessionLimits(t))
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	tenants := map[string]session.TenantLimits{}
+	for _, t := range reg.List() {
+		tenants[t.Name] = sessionLimits(t)
+	}
+	admins := map[string]bool{}
+	for _, h := range cfg.AdminKeySHA256 {
+		admins[strings.ToLower(h)] = true
+	}
+	mgr, err = session.New(ctx, client, session.Config{
 		Namespace: cfg.Containerd.Namespace, Image: ref, Snapshotter: cfg.Containerd.Snapshotter,
 		StateDir: cfg.StateDir,
 		Network: session.NetworkConfig{
@@ -125,7 +142,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	defer proxy.Close()
 
-	opts := []gateway.Option{gateway.WithVault(v)}
+	opts := []gateway.Option{gateway.WithVault(v), gateway.WithTenants(reg)}
 	rec, err := recordings.NewRecorder(recordings.RecorderConfig{
 		Dir: filepath.Join(cfg.StateDir, "recordings"), FPS: cfg.Recording.FPS, Segment: cfg.Recording.Segment.Duration,
 		Log: log.With("component", "recorder"),
@@ -148,7 +165,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	}
 	opts = append(opts, gateway.WithMCP(mcpserver.Handler(self, pub.Host, version())))
 	srv, err := gateway.New(gateway.Config{
-		PublicURL: pub, Hosts: cfg.Hosts, APIKeys: keys,
+		PublicURL: pub, Hosts: cfg.Hosts, AdminKeys: admins,
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
 		TrustedProxies: cfg.TrustedProxies, ReadTimeout: cfg.ReadTimeout.Duration, UploadTimeout: cfg.UploadTimeout.Duration,
 		CDP:       gateway.CDPLimits{ClientMessage: cfg.Limits.CDPClientMessageBytes, BrowserMessage: cfg.Limits.CDPBrowserMessageBytes},
@@ -192,4 +209,13 @@ func poolConfigs(cfg *Config) []session.PoolConfig {
 		})
 	}
 	return out
+}
+
+// sessionLimits is what the session manager enforces of a tenant.
+func sessionLimits(t tenant.Tenant) session.TenantLimits {
+	return session.TenantLimits{
+		MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL,
+		MaxTTL: t.MaxTTL, MaxIdle: t.MaxIdle, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
+		EgressAllow: t.EgressAllow,
+	}.WithDefaults()
 }

@@ -1,0 +1,492 @@
+// Package tenant owns the tenants and their API keys: who may use the
+// gateway, with which limits, and whether they are enabled. The config
+// file seeds it; the admin API changes it at runtime, and a file the
+// gateway owns keeps the changes across restarts. Keys are stored as
+// SHA-256 digests only: a new key is shown once, when it is issued.
+package tenant
+
+import (
+	"cmp"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Errors a caller maps to its contract.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("conflict")
+	ErrInvalid  = errors.New("invalid")
+	ErrDisabled = errors.New("tenant disabled")
+)
+
+// Source says who manages a tenant or key.
+const (
+	SourceConfig = "config" // the config file: its limits change only there
+	SourceAPI    = "api"    // the admin API
+)
+
+// Limits bound what one tenant may ask for (0: the gateway's default or
+// no limit, as each field says in the config's documentation).
+type Limits struct {
+	MaxSessions  int           `json:"max_sessions"`
+	MaxCPUs      float64       `json:"max_cpus"`
+	MaxMemoryMB  int           `json:"max_memory_mb"`
+	DefaultTTL   time.Duration `json:"-"`
+	MaxTTL       time.Duration `json:"-"`
+	MaxIdle      time.Duration `json:"-"`
+	AllowRoot    bool          `json:"allow_root"`
+	MaxFileBytes int64         `json:"max_file_bytes"`
+	EgressAllow  []string      `json:"egress_allow"`
+}
+
+// Tenant is one tenant, safe to show to an administrator.
+type Tenant struct {
+	Name      string    `json:"name"`
+	Source    string    `json:"source"`
+	Disabled  bool      `json:"disabled"`
+	CreatedAt time.Time `json:"created_at"`
+	Limits
+}
+
+// Key is an API key's record; the key itself is never kept.
+type Key struct {
+	ID         string     `json:"id"`
+	Tenant     string     `json:"tenant"`
+	Name       string     `json:"name"`
+	Prefix     string     `json:"prefix"` // the key's first characters, to tell keys apart
+	Source     string     `json:"source"`
+	CreatedAt  time.Time  `json:"created_at"`
+	LastUsedAt *time.Time `json:"last_used_at"`
+	digest     string
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ValidName reports whether name may name a tenant.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
+// Seed is a tenant of the config file with the digests of its keys.
+type Seed struct {
+	Tenant  Tenant
+	Digests []string // hex SHA-256 of the tenant's keys
+}
+
+// Registry holds the tenants and keys. It is safe for concurrent use.
+type Registry struct {
+	path     string // "" keeps nothing on disk
+	onChange func(Tenant)
+
+	mu      sync.RWMutex
+	tenants map[string]*Tenant
+	keys    map[string]*Key // by digest
+	dirty   bool            // last-used times not yet written
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// file is what the registry writes.
+type file struct {
+	Tenants []storedTenant `json:"tenants"`
+	Keys    []storedKey    `json:"keys"`
+}
+
+type storedTenant struct {
+	Tenant
+	DefaultTTLSeconds int64 `json:"default_ttl_seconds"`
+	MaxTTLSeconds     int64 `json:"max_ttl_seconds"`
+	MaxIdleSeconds    int64 `json:"max_idle_seconds"`
+}
+
+type storedKey struct {
+	Key
+	Digest string `json:"sha256"`
+}
+
+// flushEvery is how often last-used times reach the file.
+const flushEvery = 30 * time.Second
+
+// Open loads the registry from path (created when missing; "" for none)
+// and applies the config's seeds: a config tenant takes the file's limits
+// and keys every time, and keeps what the admin API set of it (disabled,
+// keys it issued). onChange, if not nil, hears of every tenant added or
+// changed, the seeds included.
+func Open(path string, seeds []Seed, onChange func(Tenant)) (*Registry, error) {
+	r := &Registry{path: path, onChange: onChange, tenants: map[string]*Tenant{}, keys: map[string]*Key{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if path != "" {
+		raw, err := os.ReadFile(path)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return nil, fmt.Errorf("tenants: %w", err)
+		default:
+			var f file
+			if err := json.Unmarshal(raw, &f); err != nil {
+				return nil, fmt.Errorf("tenants: %s: %w", path, err)
+			}
+			for _, st := range f.Tenants {
+				t := st.Tenant
+				t.DefaultTTL = time.Duration(st.DefaultTTLSeconds) * time.Second
+				t.MaxTTL = time.Duration(st.MaxTTLSeconds) * time.Second
+				t.MaxIdle = time.Duration(st.MaxIdleSeconds) * time.Second
+				r.tenants[t.Name] = &t
+			}
+			for _, sk := range f.Keys {
+				k := sk.Key
+				k.digest = sk.Digest
+				r.keys[k.digest] = &k
+			}
+		}
+	}
+	// Config tenants and keys: the file's word on limits and its keys;
+	// a config key no longer in the config is gone.
+	seeded := map[string]bool{}
+	for _, s := range seeds {
+		t := s.Tenant
+		t.Source = SourceConfig
+		if old, ok := r.tenants[t.Name]; ok {
+			t.Disabled, t.CreatedAt = old.Disabled, old.CreatedAt
+		} else {
+			t.CreatedAt = time.Now().UTC()
+		}
+		r.tenants[t.Name] = &t
+		for i, d := range s.Digests {
+			seeded[d] = true
+			if k, ok := r.keys[d]; ok && k.Tenant == t.Name {
+				continue
+			}
+			r.keys[d] = &Key{ID: fmt.Sprintf("config-%s-%d", t.Name, i+1), Tenant: t.Name, Name: "from the config file",
+				Prefix: "", Source: SourceConfig, CreatedAt: t.CreatedAt, digest: d}
+		}
+	}
+	for d, k := range r.keys {
+		if k.Source == SourceConfig && !seeded[d] {
+			delete(r.keys, d)
+		}
+		if _, ok := r.tenants[k.Tenant]; !ok {
+			delete(r.keys, d)
+		}
+	}
+	for _, t := range r.tenants {
+		if t.Source == SourceConfig && !slices.ContainsFunc(seeds, func(s Seed) bool { return s.Tenant.Name == t.Name }) {
+			// Dropped from the config: kept, disabled, managed by the API.
+			t.Source, t.Disabled = SourceAPI, true
+		}
+	}
+	if err := r.save(); err != nil {
+		return nil, err
+	}
+	if onChange != nil {
+		for _, t := range r.tenants {
+			onChange(*t)
+		}
+	}
+	go r.flushLoop()
+	return r, nil
+}
+
+// Close writes what is pending and stops the background writer.
+func (r *Registry) Close() error {
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+		<-r.done
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.saveLocked()
+}
+
+func (r *Registry) flushLoop() {
+	defer close(r.done)
+	t := time.NewTicker(flushEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+			r.mu.Lock()
+			if r.dirty {
+				r.saveLocked()
+			}
+			r.mu.Unlock()
+		}
+	}
+}
+
+// Digest is the hex SHA-256 of a key, as stored.
+func Digest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// Authenticate returns the tenant of key. A revoked or unknown key is
+// ErrNotFound; a key of a disabled tenant is ErrDisabled.
+func (r *Registry) Authenticate(key string) (string, error) {
+	d := Digest(key)
+	r.mu.RLock()
+	k, ok := r.keys[d]
+	var t *Tenant
+	if ok {
+		t = r.tenants[k.Tenant]
+	}
+	var seen bool
+	if ok && k.LastUsedAt != nil {
+		seen = time.Since(*k.LastUsedAt) < time.Minute
+	}
+	r.mu.RUnlock()
+	if !ok || t == nil {
+		return "", ErrNotFound
+	}
+	if t.Disabled {
+		return "", ErrDisabled
+	}
+	if !seen { // minute resolution: one write lock a minute per key
+		now := time.Now().UTC()
+		r.mu.Lock()
+		k.LastUsedAt = &now
+		r.dirty = true
+		r.mu.Unlock()
+	}
+	return t.Name, nil
+}
+
+// Enabled reports whether tenant exists and is enabled.
+func (r *Registry) Enabled(tenant string) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	t, ok := r.tenants[tenant]
+	return ok && !t.Disabled
+}
+
+// List returns the tenants by name.
+func (r *Registry) List() []Tenant {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]Tenant, 0, len(r.tenants))
+	for _, t := range r.tenants {
+		out = append(out, copyTenant(t))
+	}
+	slices.SortFunc(out, func(a, b Tenant) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Get returns one tenant.
+func (r *Registry) Get(name string) (Tenant, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	t, ok := r.tenants[name]
+	if !ok {
+		return Tenant{}, ErrNotFound
+	}
+	return copyTenant(t), nil
+}
+
+// Create adds a tenant managed by the API.
+func (r *Registry) Create(t Tenant) (Tenant, error) {
+	if !ValidName(t.Name) {
+		return Tenant{}, fmt.Errorf("%w: name must be 1 to 63 of a-z, 0-9 and -, starting with a letter or digit", ErrInvalid)
+	}
+	t.Source, t.CreatedAt = SourceAPI, time.Now().UTC()
+	r.mu.Lock()
+	if _, ok := r.tenants[t.Name]; ok {
+		r.mu.Unlock()
+		return Tenant{}, fmt.Errorf("%w: a tenant named %q exists", ErrConflict, t.Name)
+	}
+	r.tenants[t.Name] = &t
+	err := r.saveLocked()
+	if err != nil {
+		delete(r.tenants, t.Name)
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return Tenant{}, err
+	}
+	r.changed(t)
+	return copyTenant(&t), nil
+}
+
+// Update changes a tenant: limits (only of a tenant the API manages) and
+// whether it is disabled.
+func (r *Registry) Update(name string, limits *Limits, disabled *bool) (Tenant, error) {
+	r.mu.Lock()
+	t, ok := r.tenants[name]
+	if !ok {
+		r.mu.Unlock()
+		return Tenant{}, ErrNotFound
+	}
+	if limits != nil && t.Source == SourceConfig {
+		r.mu.Unlock()
+		return Tenant{}, fmt.Errorf("%w: tenant %q is managed by the config file; change its limits there", ErrConflict, name)
+	}
+	old := *t
+	if limits != nil {
+		t.Limits = *limits
+	}
+	if disabled != nil {
+		t.Disabled = *disabled
+	}
+	err := r.saveLocked()
+	if err != nil {
+		*t = old
+	}
+	out := copyTenant(t)
+	r.mu.Unlock()
+	if err != nil {
+		return Tenant{}, err
+	}
+	r.changed(out)
+	return out, nil
+}
+
+// Issue makes a new key for tenant and returns it, the only time it is
+// shown, with its record.
+func (r *Registry) Issue(tenant, name string) (string, Key, error) {
+	if len(name) > 128 {
+		return "", Key{}, fmt.Errorf("%w: name is longer than 128 characters", ErrInvalid)
+	}
+	raw := make([]byte, 24)
+	rand.Read(raw)
+	key := "sg_" + hex.EncodeToString(raw)
+	id := make([]byte, 8)
+	rand.Read(id)
+	k := &Key{ID: "k-" + hex.EncodeToString(id), Tenant: tenant, Name: name, Prefix: key[:9], Source: SourceAPI,
+		CreatedAt: time.Now().UTC(), digest: Digest(key)}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.tenants[tenant]; !ok {
+		return "", Key{}, ErrNotFound
+	}
+	r.keys[k.digest] = k
+	if err := r.saveLocked(); err != nil {
+		delete(r.keys, k.digest)
+		return "", Key{}, err
+	}
+	return key, copyKey(k), nil
+}
+
+// Keys lists a tenant's keys, oldest first.
+func (r *Registry) Keys(tenant string) ([]Key, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if _, ok := r.tenants[tenant]; !ok {
+		return nil, ErrNotFound
+	}
+	out := []Key{}
+	for _, k := range r.keys {
+		if k.Tenant == tenant {
+			out = append(out, copyKey(k))
+		}
+	}
+	slices.SortFunc(out, func(a, b Key) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	return out, nil
+}
+
+// Revoke removes a key of tenant; it stops working at once. A key of the
+// config file is removed from the config instead.
+func (r *Registry) Revoke(tenant, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for d, k := range r.keys {
+		if k.Tenant == tenant && k.ID == id {
+			if k.Source == SourceConfig {
+				return fmt.Errorf("%w: the key is from the config file; remove it there", ErrConflict)
+			}
+			delete(r.keys, d)
+			if err := r.saveLocked(); err != nil {
+				r.keys[d] = k
+				return err
+			}
+			return nil
+		}
+	}
+	return ErrNotFound
+}
+
+func (r *Registry) changed(t Tenant) {
+	if r.onChange != nil {
+		r.onChange(t)
+	}
+}
+
+func (r *Registry) save() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.saveLocked()
+}
+
+// saveLocked writes the registry whole: a temporary file, synced, then
+// renamed over the old one, so a crash leaves one or the other.
+func (r *Registry) saveLocked() error {
+	if r.path == "" {
+		return nil
+	}
+	var f file
+	for _, t := range r.tenants {
+		f.Tenants = append(f.Tenants, storedTenant{Tenant: copyTenant(t), DefaultTTLSeconds: int64(t.DefaultTTL / time.Second),
+			MaxTTLSeconds: int64(t.MaxTTL / time.Second), MaxIdleSeconds: int64(t.MaxIdle / time.Second)})
+	}
+	for _, k := range r.keys {
+		f.Keys = append(f.Keys, storedKey{Key: copyKey(k), Digest: k.digest})
+	}
+	slices.SortFunc(f.Tenants, func(a, b storedTenant) int { return cmp.Compare(a.Name, b.Name) })
+	slices.SortFunc(f.Keys, func(a, b storedKey) int { return cmp.Compare(a.ID, b.ID) })
+	raw, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(r.path), 0o700); err != nil {
+		return fmt.Errorf("tenants: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(r.path), ".tenants-*")
+	if err != nil {
+		return fmt.Errorf("tenants: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(raw); err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), r.path)
+	}
+	if err != nil {
+		return fmt.Errorf("tenants: writing %s: %w", r.path, err)
+	}
+	r.dirty = false
+	return nil
+}
+
+func copyTenant(t *Tenant) Tenant {
+	c := *t
+	c.EgressAllow = slices.Clone(t.EgressAllow)
+	return c
+}
+
+func copyKey(k *Key) Key {
+	c := *k
+	if k.LastUsedAt != nil {
+		at := *k.LastUsedAt
+		c.LastUsedAt = &at
+	}
+	return c
+}
