@@ -47,6 +47,7 @@ go build -o bin/sandgate ./cmd/sandgate
 
 mkdir -p "$(dirname "$CONFIG")" "$DATA/minio" "$LOGS"
 key_file="$(dirname "$CONFIG")/dev-api-key"
+admin_key_file="$(dirname "$CONFIG")/admin-api-key"
 if [ ! -f "$CONFIG" ]; then
 	minio_secret=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 	token_key=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -58,6 +59,10 @@ if [ ! -f "$CONFIG" ]; then
 	if [ -z "$key" ] || [ -z "$hash" ] || [ "$key" = "$hash" ]; then
 		die "bin/sandgate hash-key printed no key and hash"
 	fi
+	admin_keys=$(bin/sandgate hash-key)
+	admin_key=${admin_keys%%$'\n'*}
+	admin_hash=${admin_keys##*$'\n'}
+	[ -n "$admin_key" ] && [ -n "$admin_hash" ] && [ "$admin_key" != "$admin_hash" ] || die "bin/sandgate hash-key printed no admin key and hash"
 	port=${LISTEN##*:}
 	extra=""
 	[ -z "${SANDGATE_NAMESPACE:-}" ] || extra+="
@@ -79,10 +84,12 @@ if [ ! -f "$CONFIG" ]; then
   "minio": {"endpoint": "$MINIO_ADDR", "access_key": "sandgate", "secret_key": "$minio_secret"},
   "tokens": {"active_key": "k1", "keys": {"k1": "$token_key"}},
   "vault": {"key": "$vault_key"},
-  "tenants": [{"name": "dev", "api_key_sha256": ["$hash"], "max_sessions": 8, "default_ttl": "15m", "max_ttl": "4h"}]
+  "tenants": [{"name": "dev", "api_key_sha256": ["$hash"], "max_sessions": 8, "default_ttl": "15m", "max_ttl": "4h"}],
+  "admin_key_sha256": ["$admin_hash"]
 }
 JSON
 	echo "$key" >"$key_file"
+	echo "$admin_key" >"$admin_key_file"
 	mv "$CONFIG.tmp" "$CONFIG"
 fi
 
@@ -123,6 +130,9 @@ Try it from another shell:
   bin/sandgate session create
   bin/sandgate session preview SESSION_ID        # a CDP URL for Playwright, Puppeteer, chromedp, rod
   bin/sandgate session screenshot SESSION_ID -o shot.png
+
+Tenants and API keys at runtime (admin key in $admin_key_file):
+  SANDGATE_ADMIN_KEY=\$(cat $admin_key_file) bin/sandgate admin tenants list
 
 TXT
 exec bin/sandgate serve -config "$CONFIG"

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -178,5 +179,57 @@ func TestAdminTenantsAndKeys(t *testing.T) {
 		if bytes.Contains(logs, []byte(k)) {
 			t.Fatal("an issued key is in the gateway's log")
 		}
+	}
+}
+
+// TestAdminCLI: the CLI makes a tenant and a key; the key works with the
+// tenant CLI at once; a revoked one is refused; a wrong admin key fails.
+func TestAdminCLI(t *testing.T) {
+	e := needE2E(t)
+	run := func(env []string, args ...string) (string, error) {
+		t.Helper()
+		cmd := exec.Command(e.bin, args...)
+		cmd.Env = append(os.Environ(), env...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return stdout.String() + stderr.String(), err
+	}
+	admin := []string{"SANDGATE_URL=" + e.gwURL, "SANDGATE_ADMIN_KEY=" + e.adminKey}
+	name := "cli-" + randHex(4)
+	if out, err := run(admin, "admin", "tenants", "create", name, "-max-sessions", "3", "-max-cpus", "2.5", "-egress-allow", "example.com:443"); err != nil || jsonField([]byte(out), "source") != "api" {
+		t.Fatalf("create: %v %s", err, out)
+	}
+	defer e.api(t, e.adminKey, "PATCH", "/admin/v1/tenants/"+name, map[string]any{"disabled": true})
+	out, err := run(admin, "admin", "tenants", "get", name)
+	var tn struct {
+		MaxSessions int      `json:"max_sessions"`
+		MaxCPUs     float64  `json:"max_cpus"`
+		EgressAllow []string `json:"egress_allow"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &tn) != nil || tn.MaxSessions != 3 || tn.MaxCPUs != 2.5 || len(tn.EgressAllow) != 1 {
+		t.Fatalf("get: %v %s", err, out)
+	}
+	out, err = run(admin, "admin", "keys", "issue", name, "-name", "cli")
+	key, id := jsonField([]byte(out), "api_key"), jsonField([]byte(out), "id")
+	if err != nil || key == "" || id == "" {
+		t.Fatalf("issue: %v %s", err, out)
+	}
+	user := []string{"SANDGATE_URL=" + e.gwURL, "SANDGATE_API_KEY=" + key}
+	if out, err := run(user, "session", "list"); err != nil {
+		t.Fatalf("the issued key with the tenant CLI: %v %s", err, out)
+	}
+	if out, err := run(admin, "admin", "keys", "revoke", name, id); err != nil {
+		t.Fatalf("revoke: %v %s", err, out)
+	}
+	if out, err := run(user, "session", "list"); err == nil || !strings.Contains(out, "unauthenticated") {
+		t.Fatalf("a revoked key with the tenant CLI: %v %s", err, out)
+	}
+	bad := []string{"SANDGATE_URL=" + e.gwURL, "SANDGATE_ADMIN_KEY=wrong"}
+	if out, err := run(bad, "admin", "tenants", "list"); err == nil || !strings.Contains(out, "unauthenticated") {
+		t.Fatalf("a wrong admin key: %v %s", err, out)
+	}
+	if out, err := run(admin, "admin", "tenants", "update", "tenant-a", "-max-sessions", "1"); err == nil || !strings.Contains(out, "config file") {
+		t.Fatalf("update a config tenant's limits: %v %s", err, out)
 	}
 }

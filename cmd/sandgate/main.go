@@ -24,6 +24,7 @@ const usage = `usage: sandgate COMMAND [ARGS]
   shell SESSION               an interactive shell
   cp SRC DST                  copy files: one side is SESSION:/path; directories as tar
   mcp                         an MCP server over stdio (tools: sessions, computer, exec, files, preview)
+  admin tenants|keys ...      tenants and API keys at runtime: SANDGATE_URL and SANDGATE_ADMIN_KEY
 `
 
 type usageError string
@@ -61,6 +62,8 @@ func main() {
 		err = cmdCp(ctx, os.Args[2:])
 	case "mcp":
 		err = cmdMCP(ctx, os.Args[2:])
+	case "admin":
+		err = cmdAdmin(ctx, os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:
