@@ -54,6 +54,9 @@ type Config struct {
 	// once the request is authenticated.
 	ReadTimeout   time.Duration
 	UploadTimeout time.Duration
+	// DrainTimeout bounds how long a stopping gateway waits for the
+	// creates under way (default 2 minutes).
+	DrainTimeout time.Duration
 	// CDP bounds messages through the CDP proxy (DefaultCDPLimits where
 	// zero).
 	CDP CDPLimits
@@ -111,6 +114,9 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	}
 	if cfg.UploadTimeout == 0 {
 		cfg.UploadTimeout = DefaultUploadTimeout
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 2 * time.Minute
 	}
 	for _, p := range cfg.TrustedProxies {
 		if _, err := netip.ParsePrefix(p); err != nil {
@@ -191,7 +197,10 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 // App is the Fiber app, for tests and for Listen.
 func (s *Server) App() *fiber.App { return s.app }
 
-// Listen serves until ctx ends, then shuts down.
+// Listen serves until ctx ends, then drains and shuts down: no new
+// sessions (503, and /readyz says draining), the creates under way
+// finish and are answered, everything else is served meanwhile; then the
+// listener closes. Running sessions stay for the next gateway to adopt.
 func (s *Server) Listen(ctx context.Context, addr string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.app.Listen(addr) }()
@@ -200,8 +209,17 @@ func (s *Server) Listen(ctx context.Context, addr string) error {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
-		return s.app.ShutdownWithTimeout(5 * time.Second)
 	}
+	t0 := time.Now()
+	s.log.Info("draining: no new sessions; waiting for the creates under way", "limit", s.cfg.DrainTimeout)
+	dctx, cancel := context.WithTimeout(context.Background(), s.cfg.DrainTimeout)
+	err := s.sessions.Drain(dctx)
+	cancel()
+	if err != nil {
+		s.log.Warn("drain cut short", "err", err)
+	}
+	s.log.Info("drained; closing the listener", "took", time.Since(t0).Round(time.Millisecond))
+	return s.app.ShutdownWithTimeout(5 * time.Second)
 }
 
 func (s *Server) routes() {
@@ -371,6 +389,9 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 	}
 	if err := s.store.Ready(ctx); err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}
+	}
+	if s.sessions.Draining() {
+		return &apiError{status: 503, code: "unavailable", msg: "draining: the gateway is shutting down"}
 	}
 	if a := s.sessions.Admission(); a.Full() {
 		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("full: %d sessions of a capacity of %d (%d creates waiting)", a.Sessions, a.Capacity, a.Queued)}

@@ -58,6 +58,10 @@ type waiter struct {
 // session counts by itself, or on failure.
 func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wait time.Duration) (*reservation, error) {
 	m.mu.Lock()
+	if m.draining {
+		m.mu.Unlock()
+		return nil, errDraining
+	}
 	q := m.queues[tenant]
 	if len(q) == 0 {
 		why := m.fitsLocked(tenant, need)
@@ -104,6 +108,12 @@ func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wa
 			return nil, fmt.Errorf("waiting for quota: %w", ctx.Err())
 		}
 		m.mu.Lock()
+		if m.draining {
+			m.leaveLocked(w)
+			m.queueWaits.observe(time.Since(start), false)
+			m.mu.Unlock()
+			return nil, errDraining
+		}
 		if q := m.queues[tenant]; len(q) > 0 && q[0] == w && m.fitsLocked(tenant, need) == "" {
 			m.leaveLocked(w)
 			r := m.holdLocked(tenant, need)
@@ -133,7 +143,61 @@ func (m *Manager) release(r *reservation) {
 func (m *Manager) holdLocked(tenant string, need Resources) *reservation {
 	r := &reservation{tenant: tenant, need: need}
 	m.reserved[r] = true
+	m.inflight++
 	return r
+}
+
+// createDone ends what holdLocked began: one create less under way.
+func (m *Manager) createDone() {
+	m.mu.Lock()
+	m.inflight--
+	m.mu.Unlock()
+}
+
+var errDraining = &PublicError{Class: ErrUnavailable, Msg: "the gateway is shutting down and takes no new sessions; retry (another gateway takes them)"}
+
+// Drain refuses new creates from now on (waiting ones too) and returns
+// once the creates under way have finished, or when ctx ends. Running
+// sessions are left alone, for the next gateway to adopt.
+func (m *Manager) Drain(ctx context.Context) error {
+	m.mu.Lock()
+	m.draining = true
+	m.wakeAllLocked()
+	m.mu.Unlock()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		m.mu.Lock()
+		n := m.inflight
+		m.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d creates still under way: %w", n, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Draining reports whether Drain was called.
+func (m *Manager) Draining() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.draining
+}
+
+// wakeAllLocked wakes every waiter, not only the first of each tenant.
+func (m *Manager) wakeAllLocked() {
+	for _, q := range m.queues {
+		for _, w := range q {
+			select {
+			case w.ready <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // leaveLocked takes w out of its queue and, if it was first, lets the

@@ -254,3 +254,41 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 	t.Fatal("condition not met within 10 s")
 }
+
+// TestDrain: once draining, a new create and a waiting one are refused
+// as unavailable; Drain returns when the create under way is done, and
+// not before.
+func TestDrain(t *testing.T) {
+	m := admitManager(map[string]TenantLimits{"a": {MaxSessions: 1}}, 0)
+	ctx := context.Background()
+	r, err := m.reserve(ctx, "a", oneCPU, 0) // under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { _, err := m.reserve(ctx, "a", oneCPU, time.Minute); waited <- err }()
+	waitFor(t, func() bool { return m.Usage("a").Queued == 1 })
+	drained := make(chan error, 1)
+	go func() { drained <- m.Drain(ctx) }()
+	if err := <-waited; !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a waiting create at drain: %v", err)
+	}
+	if _, err := m.reserve(ctx, "b", oneCPU, 0); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a new create while draining: %v", err)
+	}
+	select {
+	case err := <-drained:
+		t.Fatalf("drained with a create under way: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	m.release(r)
+	m.createDone()
+	select {
+	case err := <-drained:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Drain did not return once the create was done")
+	}
+}

@@ -128,6 +128,13 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	}
 	// Dropped once the session counts by itself; at once on failure.
 	defer m.release(r)
+	// Under way until answered (or, without wait, started): Drain waits.
+	background := false
+	defer func() {
+		if !background {
+			m.createDone()
+		}
+	}()
 	t0 := time.Now()
 	if info, ok, err := m.createWarm(ctx, spec, t0, r); ok || err != nil {
 		return info, err
@@ -157,9 +164,11 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 
 	log := m.log.With("session", info.ID, "tenant", info.Tenant, "runtime", rt.Name)
 	if !wait {
+		background = true
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
+			defer m.createDone()
 			defer cancel()
 			if err := m.start(startCtx, s, rt, log); err != nil {
 				log.Error("session start failed", "err", err)

@@ -138,6 +138,10 @@ type Manager struct {
 	queues     map[string][]*waiter
 	reserved   map[*reservation]bool
 	queueWaits queueStats
+	// draining refuses new creates; inflight counts the creates under
+	// way (admitted, not yet answered or, without wait, not yet started).
+	draining bool
+	inflight int
 }
 
 type sess struct {

@@ -295,6 +295,9 @@ func (m *Manager) refill() {
 func (m *Manager) nextRefill(now time.Time, memMB int) *pool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.draining {
+		return nil // the next gateway fills its own pools
+	}
 	live := map[*pool]int{}
 	total := 0
 	for _, s := range m.sessions {

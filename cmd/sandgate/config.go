@@ -33,6 +33,9 @@ type Config struct {
 	// get UploadTimeout (default 30m) once authenticated.
 	ReadTimeout   Duration `json:"read_timeout"`
 	UploadTimeout Duration `json:"upload_timeout"`
+	// DrainTimeout bounds how long a stopping gateway (SIGTERM) waits for
+	// the session creates under way before it closes (default 2m).
+	DrainTimeout Duration `json:"drain_timeout"`
 	// Limits bound what the gateway takes from a session or a client
 	// over CDP and through downloads; zero takes the default.
 	Limits struct {
@@ -257,6 +260,7 @@ func defaultConfig() *Config {
 	c.Network.NetNSDir = "/run/netns"
 	c.ReadTimeout = Duration{gateway.DefaultReadTimeout}
 	c.UploadTimeout = Duration{gateway.DefaultUploadTimeout}
+	c.DrainTimeout = Duration{2 * time.Minute}
 	c.MinIO.Bucket = "sandgate-artifacts"
 	c.MinIO.PresignTTL = Duration{5 * time.Minute}
 	c.Egress.ProxyPort = session.DefaultProxyPort
@@ -320,6 +324,9 @@ func (c *Config) check() error {
 	}
 	if l := c.Limits; l.CDPClientMessageBytes < 0 || l.CDPBrowserMessageBytes < 0 || l.DownloadBytes < 0 || l.DownloadsPerSession < 0 {
 		errs = append(errs, errors.New("limits: sizes and counts must not be negative (0 takes the default)"))
+	}
+	if c.DrainTimeout.Duration < 0 || c.DrainTimeout.Duration > time.Hour {
+		errs = append(errs, errors.New("drain_timeout must be between 0 and 1h"))
 	}
 	if c.ReadTimeout.Duration < time.Second || c.UploadTimeout.Duration < c.ReadTimeout.Duration {
 		errs = append(errs, errors.New("read_timeout must be at least 1s and upload_timeout at least read_timeout"))

@@ -168,6 +168,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		PublicURL: pub, Hosts: cfg.Hosts, AdminKeys: admins,
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
 		TrustedProxies: cfg.TrustedProxies, ReadTimeout: cfg.ReadTimeout.Duration, UploadTimeout: cfg.UploadTimeout.Duration,
+		DrainTimeout: cfg.DrainTimeout.Duration,
 		CDP:       gateway.CDPLimits{ClientMessage: cfg.Limits.CDPClientMessageBytes, BrowserMessage: cfg.Limits.CDPBrowserMessageBytes},
 		Downloads: browser.DownloadLimits{Bytes: cfg.Limits.DownloadBytes, PerSession: cfg.Limits.DownloadsPerSession},
 	}, mgr, store, log, opts...)
