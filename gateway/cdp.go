@@ -378,6 +378,9 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 		}
 	}
 	<-done
+	if reason == "browser closed the connection" {
+		go s.checkBrowser(claims.Tenant, claims.Session)
+	}
 	s.clientLeft(claims.Session)
 	log.Info("cdp connection closed", "duration", time.Since(start).Round(time.Millisecond))
 	s.sessions.Record(claims.Session, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(start).Milliseconds(), "reason": reason})

@@ -67,4 +67,14 @@ func (s *Server) forgetVersion(id string) {
 	s.versions.mu.Lock()
 	delete(s.versions.m, id)
 	s.versions.mu.Unlock()
+	s.exits.mu.Lock()
+	delete(s.exits.reported, id)
+	s.exits.mu.Unlock()
+}
+
+// browserExits counts the browsers that exited under running sessions.
+type browserExits struct {
+	mu       sync.Mutex
+	reported map[string]string // session id: the browser id last reported
+	total    int64
 }

@@ -12,6 +12,9 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -86,6 +89,7 @@ type Server struct {
 	janitorEvery time.Duration
 	watch        watchers
 	versions     versions
+	exits        browserExits
 	mcp          http.Handler // nil: no /mcp
 	log          *slog.Logger
 	hosts        map[string]bool
@@ -140,6 +144,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	s.watch.cancel = map[string]context.CancelFunc{}
 	s.watch.reassert = map[string]chan struct{}{}
 	s.versions.m = map[string][]byte{}
+	s.exits.reported = map[string]string{}
 	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {
 		o(s)
@@ -390,6 +395,9 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 	if err := s.store.Ready(ctx); err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}
 	}
+	if why := s.sessions.DiskLow(); why != "" {
+		return &apiError{status: 503, code: "unavailable", msg: "the host's disk is nearly full: " + why}
+	}
 	if s.sessions.Draining() {
 		return &apiError{status: 503, code: "unavailable", msg: "draining: the gateway is shutting down"}
 	}
@@ -427,6 +435,14 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 			fmt.Fprintf(&b, "%s{pool=%q} %d\n", name, p.Key, v(p))
 		}
 	}
+	goroutines, fds, rss := processStats()
+	fmt.Fprintf(&b, "# HELP sandgate_gateway_goroutines Goroutines of the gateway process.\n# TYPE sandgate_gateway_goroutines gauge\nsandgate_gateway_goroutines %d\n", goroutines)
+	fmt.Fprintf(&b, "# HELP sandgate_gateway_open_fds Open file descriptors of the gateway process.\n# TYPE sandgate_gateway_open_fds gauge\nsandgate_gateway_open_fds %d\n", fds)
+	fmt.Fprintf(&b, "# HELP sandgate_gateway_resident_bytes Resident memory of the gateway process.\n# TYPE sandgate_gateway_resident_bytes gauge\nsandgate_gateway_resident_bytes %d\n", rss)
+	s.exits.mu.Lock()
+	exits := s.exits.total
+	s.exits.mu.Unlock()
+	fmt.Fprintf(&b, "# HELP sandgate_browser_exits_total Browsers that exited (crashed or were closed) under running sessions.\n# TYPE sandgate_browser_exits_total counter\nsandgate_browser_exits_total %d\n", exits)
 	if s.sessions != nil {
 		a := s.sessions.Admission()
 		fmt.Fprintf(&b, "# HELP sandgate_create_queue Creates waiting for room under a tenant's quotas or the gateway's capacity.\n# TYPE sandgate_create_queue gauge\nsandgate_create_queue %d\n", a.Queued)
@@ -461,3 +477,20 @@ func (s *Server) tenantNames() []string {
 
 // Option configures a Server.
 type Option func(*Server)
+
+// processStats reads the gateway's goroutines, open descriptors and
+// resident memory (-1 where /proc does not say).
+func processStats() (goroutines, fds int, rss int64) {
+	goroutines, fds, rss = runtime.NumGoroutine(), -1, -1
+	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+		fds = len(ents)
+	}
+	if raw, err := os.ReadFile("/proc/self/statm"); err == nil {
+		if f := strings.Fields(string(raw)); len(f) > 1 {
+			if pages, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				rss = pages * int64(os.Getpagesize())
+			}
+		}
+	}
+	return goroutines, fds, rss
+}

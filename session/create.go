@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
 	"github.com/sandgate/sandgate/ids"
 )
 
@@ -120,6 +121,9 @@ func (m *Manager) normalizeShape(spec *Spec) (*Runtime, error) {
 func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error) {
 	rt, err := m.normalize(&spec)
 	if err != nil {
+		return Info{}, err
+	}
+	if err := m.checkDisk(); err != nil {
 		return Info{}, err
 	}
 	r, err := m.reserve(ctx, spec.Tenant, spec.Resources, spec.Wait)
@@ -399,19 +403,84 @@ func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan con
 }
 
 // watch marks a session failed when its processes exit on their own.
+// A wait that ends because containerd went away (a restart: the task
+// runs on under its shim) is taken up again once containerd answers.
 func (m *Manager) watch(s *sess, exited <-chan containerd.ExitStatus) {
 	defer m.wg.Done()
-	select {
-	case st := <-exited:
-		m.mu.Lock()
-		running := s.info.State == StateRunning
-		m.mu.Unlock()
-		if running {
-			msg := fmt.Sprintf("the session's processes exited (status %d)", st.ExitCode())
-			m.log.Warn("session exited", "session", s.info.ID, "status", st.ExitCode())
-			m.stop(m.base, s, StateFailed, msg)
+	for {
+		select {
+		case st := <-exited:
+			if err := st.Error(); err != nil && m.base.Err() == nil {
+				m.log.Warn("lost the wait on the session's task; taking it up again when containerd answers", "session", s.info.ID, "err", err)
+				ch, rerr := m.rewait(s)
+				if rerr == nil {
+					m.log.Info("session's task wait taken up again", "session", s.info.ID)
+					m.mu.Lock()
+					s.record("containerd_reconnected", nil)
+					m.mu.Unlock()
+					exited = ch
+					continue
+				}
+				m.log.Warn("the session's task is gone", "session", s.info.ID, "err", rerr)
+			}
+			m.mu.Lock()
+			running := s.info.State == StateRunning
+			m.mu.Unlock()
+			if running {
+				msg := fmt.Sprintf("the session's processes exited (status %d)", st.ExitCode())
+				if st.Error() != nil {
+					msg = "the session's task was lost while containerd was away"
+				}
+				m.log.Warn("session exited", "session", s.info.ID, "status", st.ExitCode())
+				m.stop(m.base, s, StateFailed, msg)
+			}
+			return
+		case <-s.done:
+			return
+		case <-m.base.Done():
+			return
 		}
-	case <-s.done:
-	case <-m.base.Done():
+	}
+}
+
+// rewaitFor bounds how long a watch waits for containerd to come back.
+const rewaitFor = 2 * time.Minute
+
+// rewait waits until containerd answers again and returns a new wait on
+// the session's task, or an error when the task is gone or containerd
+// stays away.
+func (m *Manager) rewait(s *sess) (<-chan containerd.ExitStatus, error) {
+	m.mu.Lock()
+	c := s.container
+	m.mu.Unlock()
+	deadline := time.Now().Add(rewaitFor)
+	delay := 100 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(m.base, 5*time.Second)
+		task, err := c.Task(ctx, nil)
+		if err == nil {
+			var ch <-chan containerd.ExitStatus
+			ch, err = task.Wait(m.base)
+			cancel()
+			if err == nil {
+				return ch, nil
+			}
+		} else {
+			cancel()
+		}
+		if errdefs.IsNotFound(err) {
+			return nil, err
+		}
+		select {
+		case <-s.done:
+			return nil, errors.New("the session stopped")
+		case <-m.base.Done():
+			return nil, m.base.Err()
+		case <-time.After(delay):
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("containerd did not answer for %s: %w", rewaitFor, err)
+		}
+		delay = min(2*delay, 2*time.Second)
 	}
 }

@@ -28,7 +28,13 @@ type Config struct {
 	Tenants        map[string]TenantLimits
 	// MaxSessions is the gateway's capacity: tenant sessions at once, all
 	// tenants together (0: no limit). Pooled sessions do not count.
-	MaxSessions  int
+	MaxSessions int
+	// MinFreeDiskMB is the free space a create needs on each of
+	// DiskPaths (the state directory and containerd's root, by default);
+	// below it creates are refused and running sessions go on. Default
+	// DefaultMinFreeDiskMB; negative: no check.
+	MinFreeDiskMB int
+	DiskPaths     []string
 	ReadyTimeout time.Duration
 	// ProxyPort is where the egress proxy listens on the bridge's
 	// address (default 3128); the kernel rules let sessions reach only it.
@@ -55,6 +61,8 @@ type Config struct {
 const (
 	DefaultRetention = time.Hour
 	DefaultMaxEnded  = 1000
+	// DefaultMinFreeDiskMB is the free disk a create needs by default.
+	DefaultMinFreeDiskMB = 1024
 )
 
 // Defaults: what a session, a tenant or the manager gets when the request
@@ -194,6 +202,12 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		tenants[name] = lim.WithDefaults()
 	}
 	cfg.Tenants = tenants
+	if cfg.MinFreeDiskMB == 0 {
+		cfg.MinFreeDiskMB = DefaultMinFreeDiskMB
+	}
+	if len(cfg.DiskPaths) == 0 {
+		cfg.DiskPaths = []string{cfg.StateDir, "/var/lib/containerd"}
+	}
 	if cfg.Retention <= 0 {
 		cfg.Retention = DefaultRetention
 	}

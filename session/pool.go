@@ -293,6 +293,9 @@ func (m *Manager) refill() {
 // nextRefill picks the pool to start a session for, or nil: the one
 // furthest below its size, within the pools' limits and past its backoff.
 func (m *Manager) nextRefill(now time.Time, memMB int) *pool {
+	if m.DiskLow() != "" {
+		return nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.draining {

@@ -178,6 +178,10 @@ type Config struct {
 	// and /readyz answers 503 while the gateway is full.
 	Capacity struct {
 		MaxSessions int `json:"max_sessions"`
+		// MinFreeDiskMB is the free space a create needs in the state
+		// directory and containerd's root (default 1024; -1: no check).
+		// Below it creates answer 503 and /readyz says why.
+		MinFreeDiskMB int `json:"min_free_disk_mb"`
 	} `json:"capacity"`
 
 	Tenants []TenantConfig `json:"tenants"`

@@ -121,6 +121,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		DefaultRuntime: cfg.DefaultRuntime,
 		Tenants:        tenants,
 		MaxSessions:    cfg.Capacity.MaxSessions,
+		MinFreeDiskMB:  cfg.Capacity.MinFreeDiskMB,
 		ProxyPort:      cfg.Egress.ProxyPort,
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,
@@ -169,8 +170,8 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
 		TrustedProxies: cfg.TrustedProxies, ReadTimeout: cfg.ReadTimeout.Duration, UploadTimeout: cfg.UploadTimeout.Duration,
 		DrainTimeout: cfg.DrainTimeout.Duration,
-		CDP:       gateway.CDPLimits{ClientMessage: cfg.Limits.CDPClientMessageBytes, BrowserMessage: cfg.Limits.CDPBrowserMessageBytes},
-		Downloads: browser.DownloadLimits{Bytes: cfg.Limits.DownloadBytes, PerSession: cfg.Limits.DownloadsPerSession},
+		CDP:          gateway.CDPLimits{ClientMessage: cfg.Limits.CDPClientMessageBytes, BrowserMessage: cfg.Limits.CDPBrowserMessageBytes},
+		Downloads:    browser.DownloadLimits{Bytes: cfg.Limits.DownloadBytes, PerSession: cfg.Limits.DownloadsPerSession},
 	}, mgr, store, log, opts...)
 	if err != nil {
 		return err
