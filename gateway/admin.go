@@ -135,8 +135,8 @@ func (r *tenantRequest) limits(l tenant.Limits) (out tenant.Limits, changed bool
 		*f.to = time.Duration(*f.v) * time.Second
 		set(true)
 	}
-	if l.DefaultTTL > 0 && l.MaxTTL > 0 && l.DefaultTTL > l.MaxTTL {
-		return l, false, errInvalid("default_ttl_seconds must not be over max_ttl_seconds")
+	if eff := l.MaxTTL; l.DefaultTTL > 0 && l.DefaultTTL > max(eff, 0) && (eff > 0 || l.DefaultTTL > session.DefaultMaxTTL) {
+		return l, false, errInvalid(fmt.Sprintf("default_ttl_seconds must not be over max_ttl_seconds (%d when not set)", int64(session.DefaultMaxTTL/time.Second)))
 	}
 	if r.AllowRoot != nil {
 		l.AllowRoot = *r.AllowRoot
@@ -162,6 +162,18 @@ func (r *tenantRequest) limits(l tenant.Limits) (out tenant.Limits, changed bool
 		set(true)
 	}
 	return l, changed, nil
+}
+
+// saved handles a change the registry made but could not write yet: it
+// took effect, so the answer is the change's, with a warning, and the
+// registry retries the write.
+func (s *Server) saved(c *fiber.Ctx, err error) error {
+	if errors.Is(err, tenant.ErrNotSaved) {
+		s.log.Error("admin: change not written yet; retrying in the background", "err", err)
+		c.Set("Warning", `199 sandgate "the change took effect but is not written to disk yet"`)
+		return nil
+	}
+	return err
 }
 
 // tenantErr maps the registry's errors to the contract.
@@ -211,7 +223,7 @@ func (s *Server) adminCreateTenant(c *fiber.Ctx) error {
 		t.Disabled = *req.Disabled
 	}
 	t, err = s.tenants.Create(t)
-	if err != nil {
+	if err = s.saved(c, err); err != nil {
 		return tenantErr(err)
 	}
 	s.log.Info("admin: tenant created", "tenant", t.Name)
@@ -242,7 +254,7 @@ func (s *Server) adminUpdateTenant(c *fiber.Ctx) error {
 		limits = &lim
 	}
 	t, err = s.tenants.Update(t.Name, limits, req.Disabled)
-	if err != nil {
+	if err = s.saved(c, err); err != nil {
 		return tenantErr(err)
 	}
 	if t.Disabled && s.sessions != nil {
@@ -282,7 +294,7 @@ func (s *Server) adminIssueKey(c *fiber.Ctx) error {
 }
 
 func (s *Server) adminRevokeKey(c *fiber.Ctx) error {
-	if err := s.tenants.Revoke(c.Params("name"), c.Params("kid")); err != nil {
+	if err := s.saved(c, s.tenants.Revoke(c.Params("name"), c.Params("kid"))); err != nil {
 		return tenantErr(err)
 	}
 	s.log.Info("admin: API key revoked", "tenant", c.Params("name"), "key_id", c.Params("kid"))

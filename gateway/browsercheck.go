@@ -15,6 +15,34 @@ import (
 // clients were told by the closed connection; they reconnect through the
 // same preview and reach the new browser.
 func (s *Server) checkBrowser(tenant, id string) {
+	// One check at a time per session (a browser that exits closes all
+	// its connections at once); a close while one runs makes it look
+	// once more when it is done.
+	s.exits.mu.Lock()
+	if _, running := s.exits.checking[id]; running {
+		s.exits.checking[id] = true
+		s.exits.mu.Unlock()
+		return
+	}
+	s.exits.checking[id] = false
+	s.exits.mu.Unlock()
+	for {
+		s.checkBrowserOnce(tenant, id)
+		s.exits.mu.Lock()
+		again := s.exits.checking[id]
+		if !again {
+			delete(s.exits.checking, id)
+		} else {
+			s.exits.checking[id] = false
+		}
+		s.exits.mu.Unlock()
+		if !again {
+			return
+		}
+	}
+}
+
+func (s *Server) checkBrowserOnce(tenant, id string) {
 	ep, err := s.sessions.Endpoint(tenant, id)
 	if err != nil {
 		return // the session ended: its end is in the trail already
@@ -54,7 +82,11 @@ func (s *Server) checkBrowser(tenant, id string) {
 		s.exits.mu.Unlock()
 		return
 	}
-	s.exits.reported[id] = before
+	// Kept only while the session runs (forgetVersion drops it at the
+	// end; a check that ends after that keeps nothing).
+	if _, err := s.sessions.Endpoint(tenant, id); err == nil {
+		s.exits.reported[id] = before
+	}
 	s.exits.total++
 	s.exits.mu.Unlock()
 	s.staleVersion(tenant, id)

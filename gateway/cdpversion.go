@@ -76,5 +76,6 @@ func (s *Server) forgetVersion(id string) {
 type browserExits struct {
 	mu       sync.Mutex
 	reported map[string]string // session id: the browser id last reported
+	checking map[string]bool   // sessions whose browser is being checked: true, once more
 	total    int64
 }

@@ -47,6 +47,7 @@ var classes = []struct {
 	{session.ErrUnavailableRuntime, 422, "unavailable_runtime"},
 	{session.ErrQuota, 429, "quota_exceeded"},
 	{session.ErrUnavailable, 503, "unavailable"},
+	{session.ErrDenied, 403, "permission_denied"},
 	{recordings.ErrNotFound, 404, "not_found"},
 }
 

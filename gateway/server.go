@@ -145,6 +145,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	s.watch.reassert = map[string]chan struct{}{}
 	s.versions.m = map[string][]byte{}
 	s.exits.reported = map[string]string{}
+	s.exits.checking = map[string]bool{}
 	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {
 		o(s)

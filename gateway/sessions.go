@@ -75,6 +75,9 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 	wait := c.Query("wait", "true") != "false"
 	ctx, cancel := reqCtx(c, 2*time.Minute+spec.Wait)
 	defer cancel()
+	// A client that hangs up leaves the line, and its cold start rolls
+	// back, rather than getting a session nobody receives.
+	defer watchPeer(c, cancel)()
 	info, err := s.sessions.Create(ctx, spec, wait)
 	if err != nil {
 		return err

@@ -57,10 +57,17 @@ type waiter struct {
 // for room. The caller must hand the reservation to release once its
 // session counts by itself, or on failure.
 func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wait time.Duration) (*reservation, error) {
+	if m.disabled(tenant) {
+		return nil, errTenantDisabled
+	}
 	m.mu.Lock()
 	if m.draining {
 		m.mu.Unlock()
 		return nil, errDraining
+	}
+	if why := m.neverFits(tenant, need); why != "" {
+		m.mu.Unlock()
+		return nil, publicf(ErrInvalid, why, nil)
 	}
 	q := m.queues[tenant]
 	if len(q) == 0 {
@@ -108,11 +115,14 @@ func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wa
 			return nil, fmt.Errorf("waiting for quota: %w", ctx.Err())
 		}
 		m.mu.Lock()
-		if m.draining {
+		if m.draining || m.disabled(tenant) {
 			m.leaveLocked(w)
 			m.queueWaits.observe(time.Since(start), false)
 			m.mu.Unlock()
-			return nil, errDraining
+			if m.draining {
+				return nil, errDraining
+			}
+			return nil, errTenantDisabled
 		}
 		if q := m.queues[tenant]; len(q) > 0 && q[0] == w && m.fitsLocked(tenant, need) == "" {
 			m.leaveLocked(w)
@@ -241,7 +251,9 @@ func (m *Manager) usageLocked(tenant string) Usage {
 		u.MemoryMB += r.MemoryMB
 	}
 	for _, s := range m.sessions {
-		live := s.pool == nil && (s.info.State == StateStarting || s.info.State == StateRunning)
+		// A stopping session still holds its sandbox until its teardown
+		// ends (settle wakes the line then).
+		live := s.pool == nil && (s.info.State == StateStarting || s.info.State == StateRunning || s.info.State == StateStopping)
 		switch {
 		case live && (tenant == "" || s.info.Tenant == tenant):
 			add(s.info.Resources)
@@ -262,6 +274,20 @@ func (m *Manager) usageLocked(tenant string) Usage {
 		u.Queued = len(m.queues[tenant])
 	}
 	return u
+}
+
+// neverFits says why a create of need could not fit even on an empty
+// gateway ("" if it could): it is refused at once rather than waiting at
+// the head of the line, where it would hold up the creates behind it.
+func (m *Manager) neverFits(tenant string, need Resources) string {
+	lim, _ := m.Limits(tenant)
+	switch {
+	case lim.MaxCPUs > 0 && need.CPUs > lim.MaxCPUs+1e-9:
+		return fmt.Sprintf("resources.cpus %g is over the tenant's max_cpus %g", need.CPUs, lim.MaxCPUs)
+	case lim.MaxMemoryMB > 0 && need.MemoryMB > lim.MaxMemoryMB:
+		return fmt.Sprintf("resources.memory_mb %d is over the tenant's max_memory_mb %d", need.MemoryMB, lim.MaxMemoryMB)
+	}
+	return ""
 }
 
 // fitsLocked says why a create of need does not fit now ("" if it does).

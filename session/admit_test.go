@@ -28,11 +28,11 @@ func (m *Manager) addRunning(t *testing.T, tenant, id string, r Resources) *sess
 	return s
 }
 
-// endSession stops session id as beginStop does.
+// endSession ends session id as settle does.
 func (m *Manager) endSession(id string) {
 	m.mu.Lock()
 	s := m.sessions[id]
-	s.info.State = StateStopping
+	s.info.State = StateStopped
 	m.wakeLocked()
 	m.mu.Unlock()
 }
@@ -291,4 +291,66 @@ func TestDrain(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Drain did not return once the create was done")
 	}
+}
+
+// TestAdmitDisabled: a tenant disabled while its create waits is
+// refused, and so is its next create; another tenant is not.
+func TestAdmitDisabled(t *testing.T) {
+	m := admitManager(map[string]TenantLimits{"a": {MaxSessions: 1}, "b": {}}, 0)
+	ctx := context.Background()
+	m.addRunning(t, "a", "a1", oneCPU)
+	waited := make(chan error, 1)
+	go func() { _, err := m.reserve(ctx, "a", oneCPU, time.Minute); waited <- err }()
+	waitFor(t, func() bool { return m.Usage("a").Queued == 1 })
+	m.SetTenant("a", TenantLimits{MaxSessions: 1, Disabled: true})
+	select {
+	case err := <-waited:
+		if !errors.Is(err, ErrDenied) {
+			t.Fatalf("the waiting create of a disabled tenant: %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the waiting create of a disabled tenant still waits")
+	}
+	if _, err := m.reserve(ctx, "a", oneCPU, 0); !errors.Is(err, ErrDenied) {
+		t.Fatalf("a create of a disabled tenant: %v", err)
+	}
+	r, err := m.reserve(ctx, "b", oneCPU, 0)
+	if err != nil {
+		t.Fatalf("another tenant: %v", err)
+	}
+	m.release(r)
+}
+
+// TestAdmitNeverFits: a create bigger than the tenant's whole quota is
+// refused at once as invalid, not queued; one that fits the quota waits.
+func TestAdmitNeverFits(t *testing.T) {
+	m := admitManager(map[string]TenantLimits{"a": {MaxCPUs: 4}}, 0)
+	t0 := time.Now()
+	if _, err := m.reserve(context.Background(), "a", Resources{CPUs: 8, MemoryMB: 1024}, time.Minute); !errors.Is(err, ErrInvalid) || time.Since(t0) > time.Second {
+		t.Fatalf("8 CPUs of a quota of 4: %v after %s", err, time.Since(t0))
+	}
+	r, err := m.reserve(context.Background(), "a", Resources{CPUs: 4, MemoryMB: 1024}, 0)
+	if err != nil {
+		t.Fatalf("4 CPUs of 4: %v", err)
+	}
+	m.release(r)
+}
+
+// TestStoppingCounts: a session on its way out holds its slot until its
+// teardown ends.
+func TestStoppingCounts(t *testing.T) {
+	m := admitManager(map[string]TenantLimits{"a": {MaxSessions: 1}}, 0)
+	s := m.addRunning(t, "a", "a1", oneCPU)
+	m.mu.Lock()
+	s.info.State = StateStopping
+	m.mu.Unlock()
+	if _, err := m.reserve(context.Background(), "a", oneCPU, 0); !errors.Is(err, ErrQuota) {
+		t.Fatalf("a create while the only session stops: %v", err)
+	}
+	m.endSession("a1")
+	r, err := m.reserve(context.Background(), "a", oneCPU, 0)
+	if err != nil {
+		t.Fatalf("once it stopped: %v", err)
+	}
+	m.release(r)
 }

@@ -160,6 +160,11 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	s.cancel = cancel
 
 	m.mu.Lock()
+	if m.disabled(spec.Tenant) { // disabled while this create was admitted
+		m.mu.Unlock()
+		cancel()
+		return Info{}, errTenantDisabled
+	}
 	m.sessions[info.ID] = s
 	m.releaseLocked(r)
 	s.trail = m.openTrail(info.Tenant, info.ID)
@@ -176,6 +181,8 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 			defer cancel()
 			if err := m.start(startCtx, s, rt, log); err != nil {
 				log.Error("session start failed", "err", err)
+			} else {
+				m.stopIfDisabled(s)
 			}
 		}()
 		return m.snapshot(s), nil
@@ -190,7 +197,23 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		}
 		return Info{}, publicf(ErrUnavailable, "the session could not be started: "+m.snapshot(s).Failure, err)
 	}
+	if m.stopIfDisabled(s) {
+		return Info{}, errTenantDisabled
+	}
 	return m.snapshot(s), nil
+}
+
+// stopIfDisabled stops a session that finished starting after its
+// tenant was disabled (StopTenant had not seen it running).
+func (m *Manager) stopIfDisabled(s *sess) bool {
+	if !m.disabled(s.info.Tenant) {
+		return false
+	}
+	m.mu.Lock()
+	s.record("stop_requested", map[string]any{"reason": "the tenant was disabled"})
+	m.mu.Unlock()
+	m.stop(m.base, s, StateStopped, "")
+	return true
 }
 
 // start does the work of Create. On any failure everything created so far

@@ -113,6 +113,9 @@ type TenantLimits struct {
 	MaxFileBytes int64
 	// EgressAllow is added to every session's egress allow list.
 	EgressAllow []string
+	// Disabled refuses the tenant's creates, waiting ones too, and
+	// stops a session that would start for it anyway.
+	Disabled bool
 }
 
 // Manager runs sessions. It is safe for concurrent use.
@@ -339,9 +342,17 @@ func (m *Manager) SetTenant(name string, lim TenantLimits) {
 	m.cfg.Tenants = tenants
 	m.tenantMu.Unlock()
 	m.mu.Lock()
-	m.wakeLocked()
+	m.wakeAllLocked() // a raised quota lets some in; a disabled tenant's leave
 	m.mu.Unlock()
 }
+
+// disabled reports whether tenant is disabled.
+func (m *Manager) disabled(tenant string) bool {
+	l, _ := m.Limits(tenant)
+	return l.Disabled
+}
+
+var errTenantDisabled = &PublicError{Class: ErrDenied, Msg: "the tenant is disabled"}
 
 // StopTenant stops every session of the tenant (a disabled tenant's):
 // their connections close and their artifacts are kept, as at any stop.

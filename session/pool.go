@@ -224,6 +224,9 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 		err = terr
 	}
 	m.mu.Lock()
+	if err == nil && m.disabled(spec.Tenant) {
+		err = errTenantDisabled // the cold path refuses it too
+	}
 	if err != nil || s.info.State != StateRunning {
 		// No longer counts against the tenant, and never taken again;
 		// the reservation counts again, for the cold path.

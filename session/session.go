@@ -21,6 +21,7 @@ var (
 	ErrUnavailableRuntime = errors.New("unavailable runtime")
 	ErrQuota              = errors.New("quota exceeded")
 	ErrUnavailable        = errors.New("unavailable")
+	ErrDenied             = errors.New("permission denied")
 )
 
 // PublicError is an error whose message may be shown to API clients. The

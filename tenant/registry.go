@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -56,6 +57,7 @@ type Tenant struct {
 	Disabled  bool      `json:"disabled"`
 	CreatedAt time.Time `json:"created_at"`
 	Limits
+	dropped bool // disabled because the config no longer names it
 }
 
 // Key is an API key's record; the key itself is never kept.
@@ -82,6 +84,11 @@ type Seed struct {
 }
 
 // Registry holds the tenants and keys. It is safe for concurrent use.
+//
+// A change takes effect in memory at once, before it is written: a
+// revocation or a disable must work even when the disk does not (the
+// write is retried in the background, and the caller hears of the
+// failure). Writes happen outside the lock that authentication takes.
 type Registry struct {
 	path     string // "" keeps nothing on disk
 	onChange func(Tenant)
@@ -89,9 +96,14 @@ type Registry struct {
 	mu      sync.RWMutex
 	tenants map[string]*Tenant
 	keys    map[string]*Key // by digest
-	dirty   bool            // last-used times not yet written
-	stop    chan struct{}
-	done    chan struct{}
+	dirty   bool            // changes (or last-used times) not yet written
+
+	writeMu  sync.Mutex // one write at a time
+	notifyMu sync.Mutex // one onChange at a time, with the tenant's latest state
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
 }
 
 // file is what the registry writes.
@@ -105,6 +117,9 @@ type storedTenant struct {
 	DefaultTTLSeconds int64 `json:"default_ttl_seconds"`
 	MaxTTLSeconds     int64 `json:"max_ttl_seconds"`
 	MaxIdleSeconds    int64 `json:"max_idle_seconds"`
+	// DroppedFromConfig: disabled because the config no longer names it;
+	// enabled again when it does.
+	DroppedFromConfig bool `json:"dropped_from_config,omitempty"`
 }
 
 type storedKey struct {
@@ -112,7 +127,8 @@ type storedKey struct {
 	Digest string `json:"sha256"`
 }
 
-// flushEvery is how often last-used times reach the file.
+// flushEvery is how often pending changes and last-used times are
+// written.
 const flushEvery = 30 * time.Second
 
 // Open loads the registry from path (created when missing; "" for none)
@@ -139,6 +155,7 @@ func Open(path string, seeds []Seed, onChange func(Tenant)) (*Registry, error) {
 				t.DefaultTTL = time.Duration(st.DefaultTTLSeconds) * time.Second
 				t.MaxTTL = time.Duration(st.MaxTTLSeconds) * time.Second
 				t.MaxIdle = time.Duration(st.MaxIdleSeconds) * time.Second
+				t.dropped = st.DroppedFromConfig
 				r.tenants[t.Name] = &t
 			}
 			for _, sk := range f.Keys {
@@ -151,22 +168,30 @@ func Open(path string, seeds []Seed, onChange func(Tenant)) (*Registry, error) {
 	// Config tenants and keys: the file's word on limits and its keys;
 	// a config key no longer in the config is gone.
 	seeded := map[string]bool{}
+	named := map[string]bool{}
 	for _, s := range seeds {
 		t := s.Tenant
+		named[t.Name] = true
 		t.Source = SourceConfig
 		if old, ok := r.tenants[t.Name]; ok {
-			t.Disabled, t.CreatedAt = old.Disabled, old.CreatedAt
+			t.CreatedAt = old.CreatedAt
+			// Disabled through the API: still so. Disabled because the
+			// config had dropped it: enabled, now that it names it again.
+			t.Disabled = old.Disabled && !old.dropped
 		} else {
 			t.CreatedAt = time.Now().UTC()
 		}
 		r.tenants[t.Name] = &t
-		for i, d := range s.Digests {
+		for _, d := range s.Digests {
+			d = strings.ToLower(d)
 			seeded[d] = true
-			if k, ok := r.keys[d]; ok && k.Tenant == t.Name {
+			if k, ok := r.keys[d]; ok && k.Tenant == t.Name && k.Source == SourceConfig {
 				continue
 			}
-			r.keys[d] = &Key{ID: fmt.Sprintf("config-%s-%d", t.Name, i+1), Tenant: t.Name, Name: "from the config file",
-				Prefix: "", Source: SourceConfig, CreatedAt: t.CreatedAt, digest: d}
+			// The id comes from the digest, so it is the key's own
+			// whatever its place in the config's list.
+			r.keys[d] = &Key{ID: "config-" + d[:min(12, len(d))], Tenant: t.Name, Name: "from the config file",
+				Source: SourceConfig, CreatedAt: t.CreatedAt, digest: d}
 		}
 	}
 	for d, k := range r.keys {
@@ -178,17 +203,28 @@ func Open(path string, seeds []Seed, onChange func(Tenant)) (*Registry, error) {
 		}
 	}
 	for _, t := range r.tenants {
-		if t.Source == SourceConfig && !slices.ContainsFunc(seeds, func(s Seed) bool { return s.Tenant.Name == t.Name }) {
-			// Dropped from the config: kept, disabled, managed by the API.
-			t.Source, t.Disabled = SourceAPI, true
+		if t.Source == SourceConfig && !named[t.Name] {
+			// Dropped from the config: kept, disabled, managed by the API
+			// (and enabled again if the config names it again, unless it
+			// was disabled before).
+			t.Source, t.dropped, t.Disabled = SourceAPI, !t.Disabled, true
 		}
 	}
-	if err := r.save(); err != nil {
+	if path != "" {
+		// Temporary files of a write a crash cut short.
+		if old, err := filepath.Glob(filepath.Join(filepath.Dir(path), ".tenants-*")); err == nil {
+			for _, f := range old {
+				os.Remove(f)
+			}
+		}
+	}
+	r.dirty = true
+	if err := r.flush(); err != nil {
 		return nil, err
 	}
 	if onChange != nil {
-		for _, t := range r.tenants {
-			onChange(*t)
+		for _, t := range r.List() {
+			onChange(t)
 		}
 	}
 	go r.flushLoop()
@@ -197,15 +233,11 @@ func Open(path string, seeds []Seed, onChange func(Tenant)) (*Registry, error) {
 
 // Close writes what is pending and stops the background writer.
 func (r *Registry) Close() error {
-	select {
-	case <-r.stop:
-	default:
+	r.closeOnce.Do(func() {
 		close(r.stop)
 		<-r.done
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.saveLocked()
+	})
+	return r.flush()
 }
 
 func (r *Registry) flushLoop() {
@@ -217,11 +249,7 @@ func (r *Registry) flushLoop() {
 		case <-r.stop:
 			return
 		case <-t.C:
-			r.mu.Lock()
-			if r.dirty {
-				r.saveLocked()
-			}
-			r.mu.Unlock()
+			r.flush()
 		}
 	}
 }
@@ -238,29 +266,31 @@ func (r *Registry) Authenticate(key string) (string, error) {
 	d := Digest(key)
 	r.mu.RLock()
 	k, ok := r.keys[d]
-	var t *Tenant
+	var name string
+	var disabled, seen bool
 	if ok {
-		t = r.tenants[k.Tenant]
-	}
-	var seen bool
-	if ok && k.LastUsedAt != nil {
-		seen = time.Since(*k.LastUsedAt) < time.Minute
+		if t := r.tenants[k.Tenant]; t != nil {
+			name, disabled = t.Name, t.Disabled
+		}
+		seen = k.LastUsedAt != nil && time.Since(*k.LastUsedAt) < time.Minute
 	}
 	r.mu.RUnlock()
-	if !ok || t == nil {
+	if !ok || name == "" {
 		return "", ErrNotFound
 	}
-	if t.Disabled {
+	if disabled {
 		return "", ErrDisabled
 	}
 	if !seen { // minute resolution: one write lock a minute per key
 		now := time.Now().UTC()
 		r.mu.Lock()
-		k.LastUsedAt = &now
-		r.dirty = true
+		if k := r.keys[d]; k != nil {
+			k.LastUsedAt = &now
+			r.dirty = true
+		}
 		r.mu.Unlock()
 	}
-	return t.Name, nil
+	return name, nil
 }
 
 // Enabled reports whether tenant exists and is enabled.
@@ -294,28 +324,28 @@ func (r *Registry) Get(name string) (Tenant, error) {
 	return copyTenant(t), nil
 }
 
+// ErrNotSaved wraps a change that took effect but could not be written
+// yet; the registry retries the write in the background.
+var ErrNotSaved = errors.New("the change took effect but is not written yet")
+
 // Create adds a tenant managed by the API.
 func (r *Registry) Create(t Tenant) (Tenant, error) {
 	if !ValidName(t.Name) {
 		return Tenant{}, fmt.Errorf("%w: name must be 1 to 63 of a-z, 0-9 and -, starting with a letter or digit", ErrInvalid)
 	}
-	t.Source, t.CreatedAt = SourceAPI, time.Now().UTC()
+	t.Source, t.CreatedAt, t.dropped = SourceAPI, time.Now().UTC(), false
+	t.EgressAllow = slices.Clone(t.EgressAllow)
 	r.mu.Lock()
 	if _, ok := r.tenants[t.Name]; ok {
 		r.mu.Unlock()
 		return Tenant{}, fmt.Errorf("%w: a tenant named %q exists", ErrConflict, t.Name)
 	}
-	r.tenants[t.Name] = &t
-	err := r.saveLocked()
-	if err != nil {
-		delete(r.tenants, t.Name)
-	}
+	stored := t
+	r.tenants[t.Name] = &stored
+	r.changedLocked()
 	r.mu.Unlock()
-	if err != nil {
-		return Tenant{}, err
-	}
-	r.changed(t)
-	return copyTenant(&t), nil
+	r.notify(t.Name)
+	return t, r.flush()
 }
 
 // Update changes a tenant: limits (only of a tenant the API manages) and
@@ -331,24 +361,18 @@ func (r *Registry) Update(name string, limits *Limits, disabled *bool) (Tenant, 
 		r.mu.Unlock()
 		return Tenant{}, fmt.Errorf("%w: tenant %q is managed by the config file; change its limits there", ErrConflict, name)
 	}
-	old := *t
 	if limits != nil {
 		t.Limits = *limits
+		t.EgressAllow = slices.Clone(limits.EgressAllow)
 	}
 	if disabled != nil {
-		t.Disabled = *disabled
-	}
-	err := r.saveLocked()
-	if err != nil {
-		*t = old
+		t.Disabled, t.dropped = *disabled, false
 	}
 	out := copyTenant(t)
+	r.changedLocked()
 	r.mu.Unlock()
-	if err != nil {
-		return Tenant{}, err
-	}
-	r.changed(out)
-	return out, nil
+	r.notify(name)
+	return out, r.flush()
 }
 
 // Issue makes a new key for tenant and returns it, the only time it is
@@ -365,16 +389,24 @@ func (r *Registry) Issue(tenant, name string) (string, Key, error) {
 	k := &Key{ID: "k-" + hex.EncodeToString(id), Tenant: tenant, Name: name, Prefix: key[:9], Source: SourceAPI,
 		CreatedAt: time.Now().UTC(), digest: Digest(key)}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if _, ok := r.tenants[tenant]; !ok {
+		r.mu.Unlock()
 		return "", Key{}, ErrNotFound
 	}
 	r.keys[k.digest] = k
-	if err := r.saveLocked(); err != nil {
+	out := copyKey(k)
+	r.changedLocked()
+	r.mu.Unlock()
+	// A key that is not written would be lost at a restart: say so
+	// rather than hand out a key that may stop working.
+	if err := r.flush(); err != nil {
+		r.mu.Lock()
 		delete(r.keys, k.digest)
+		r.changedLocked()
+		r.mu.Unlock()
 		return "", Key{}, err
 	}
-	return key, copyKey(k), nil
+	return key, out, nil
 }
 
 // Keys lists a tenant's keys, oldest first.
@@ -403,59 +435,86 @@ func (r *Registry) Keys(tenant string) ([]Key, error) {
 // config file is removed from the config instead.
 func (r *Registry) Revoke(tenant, id string) error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for d, k := range r.keys {
 		if k.Tenant == tenant && k.ID == id {
 			if k.Source == SourceConfig {
+				r.mu.Unlock()
 				return fmt.Errorf("%w: the key is from the config file; remove it there", ErrConflict)
 			}
 			delete(r.keys, d)
-			if err := r.saveLocked(); err != nil {
-				r.keys[d] = k
-				return err
-			}
-			return nil
+			r.changedLocked()
+			r.mu.Unlock()
+			return r.flush()
 		}
 	}
+	r.mu.Unlock()
 	return ErrNotFound
 }
 
-func (r *Registry) changed(t Tenant) {
-	if r.onChange != nil {
+func (r *Registry) changedLocked() { r.dirty = true }
+
+// notify tells onChange the tenant's latest state. Notifications run one
+// at a time and each reads the state when it runs, so the last one a
+// listener hears is the registry's word, whatever order changes raced in.
+func (r *Registry) notify(name string) {
+	if r.onChange == nil {
+		return
+	}
+	r.notifyMu.Lock()
+	defer r.notifyMu.Unlock()
+	if t, err := r.Get(name); err == nil {
 		r.onChange(t)
 	}
 }
 
-func (r *Registry) save() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.saveLocked()
-}
-
-// saveLocked writes the registry whole: a temporary file, synced, then
-// renamed over the old one, so a crash leaves one or the other.
-func (r *Registry) saveLocked() error {
+// flush writes the registry when it has changes: a snapshot taken under
+// the lock, written outside it (a temporary file, synced, renamed over
+// the old one, the directory synced), so that a crash leaves one or the
+// other and a slow disk holds up no authentication. A failure is wrapped
+// in ErrNotSaved; the next flush tries again.
+func (r *Registry) flush() error {
 	if r.path == "" {
+		return nil
+	}
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	r.mu.Lock()
+	if !r.dirty {
+		r.mu.Unlock()
 		return nil
 	}
 	var f file
 	for _, t := range r.tenants {
 		f.Tenants = append(f.Tenants, storedTenant{Tenant: copyTenant(t), DefaultTTLSeconds: int64(t.DefaultTTL / time.Second),
-			MaxTTLSeconds: int64(t.MaxTTL / time.Second), MaxIdleSeconds: int64(t.MaxIdle / time.Second)})
+			MaxTTLSeconds: int64(t.MaxTTL / time.Second), MaxIdleSeconds: int64(t.MaxIdle / time.Second), DroppedFromConfig: t.dropped})
 	}
 	for _, k := range r.keys {
 		f.Keys = append(f.Keys, storedKey{Key: copyKey(k), Digest: k.digest})
 	}
+	r.dirty = false
+	r.mu.Unlock()
+	err := r.write(f)
+	if err != nil {
+		r.mu.Lock()
+		r.dirty = true
+		r.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrNotSaved, err)
+	}
+	return nil
+}
+
+func (r *Registry) write(f file) error {
 	slices.SortFunc(f.Tenants, func(a, b storedTenant) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(f.Keys, func(a, b storedKey) int { return cmp.Compare(a.ID, b.ID) })
 	raw, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(r.path), 0o700); err != nil {
+	dir := filepath.Dir(r.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("tenants: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(r.path), ".tenants-*")
+	tmp, err := os.CreateTemp(dir, ".tenants-*")
 	if err != nil {
 		return fmt.Errorf("tenants: %w", err)
 	}
@@ -469,10 +528,15 @@ func (r *Registry) saveLocked() error {
 	if err == nil {
 		err = os.Rename(tmp.Name(), r.path)
 	}
+	if err == nil {
+		if d, derr := os.Open(dir); derr == nil {
+			err = d.Sync()
+			d.Close()
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("tenants: writing %s: %w", r.path, err)
 	}
-	r.dirty = false
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -150,5 +151,142 @@ func TestConfigKeyRemoved(t *testing.T) {
 	}
 	if a, err := r2.Get("a"); err != nil || a.Source != SourceAPI || !a.Disabled {
 		t.Fatalf("a tenant dropped from the config: %+v %v", a, err)
+	}
+}
+
+// TestChangesWithoutDisk: when the file cannot be written, a disable and
+// a revoke still take effect at once (the caller hears ErrNotSaved), and
+// the write goes through once the disk is back.
+func TestChangesWithoutDisk(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	path := filepath.Join(dir, "tenants.json")
+	r, err := Open(path, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	key, rec, err := r.Issue("a", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The state directory becomes a file: every write fails.
+	os.RemoveAll(dir)
+	os.WriteFile(dir, []byte("not a directory"), 0o600)
+	if _, _, err := r.Issue("a", "y"); !errors.Is(err, ErrNotSaved) {
+		t.Fatalf("a key that cannot be written: %v", err)
+	}
+	if err := r.Revoke("a", rec.ID); !errors.Is(err, ErrNotSaved) {
+		t.Fatalf("revoke without disk: %v", err)
+	}
+	if _, err := r.Authenticate(key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a key revoked without disk still works: %v", err)
+	}
+	yes := true
+	if _, err := r.Update("a", nil, &yes); !errors.Is(err, ErrNotSaved) {
+		t.Fatalf("disable without disk: %v", err)
+	}
+	if _, err := r.Authenticate("config-key-a"); !errors.Is(err, ErrDisabled) {
+		t.Fatalf("a tenant disabled without disk still works: %v", err)
+	}
+	os.Remove(dir)
+	if err := r.Close(); err != nil {
+		t.Fatalf("the write once the disk is back: %v", err)
+	}
+	r2, err := Open(path, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if _, err := r2.Authenticate(key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the revoke was not written: %v", err)
+	}
+	if a, _ := r2.Get("a"); !a.Disabled {
+		t.Fatal("the disable was not written")
+	}
+}
+
+// TestConcurrentUse: authentication beside updates, under -race; and
+// the last notification carries the last state.
+func TestConcurrentUse(t *testing.T) {
+	var mu sync.Mutex
+	last := map[string]int{}
+	r, err := Open("", seedA(), func(t Tenant) { mu.Lock(); last[t.Name] = t.MaxSessions; mu.Unlock() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.Create(Tenant{Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	key, _, _ := r.Issue("b", "x")
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				r.Authenticate(key)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for j := range 50 {
+				d := j%2 == 0
+				r.Update("b", &Limits{MaxSessions: i*100 + j}, &d)
+			}
+		}()
+	}
+	wg.Wait()
+	final, _ := r.Get("b")
+	mu.Lock()
+	defer mu.Unlock()
+	if last["b"] != final.MaxSessions {
+		t.Fatalf("the last notification said %d, the registry holds %d", last["b"], final.MaxSessions)
+	}
+}
+
+// TestConfigChanges: config key ids follow the key, not its place; a
+// tenant the config drops and names again is enabled again, while one
+// disabled through the API stays disabled.
+func TestConfigChanges(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tenants.json")
+	seed := func(keys ...string) []Seed {
+		var ds []string
+		for _, k := range keys {
+			ds = append(ds, strings.ToUpper(Digest(k))) // digests as some write them
+		}
+		return []Seed{{Tenant: Tenant{Name: "a"}, Digests: ds}, {Tenant: Tenant{Name: "b"}, Digests: []string{Digest("kb")}}}
+	}
+	r, _ := Open(path, seed("k1", "k2"), nil)
+	yes := true
+	r.Update("b", nil, &yes)
+	r.Close()
+	r, _ = Open(path, seed("k2", "k3")[:1], nil) // b dropped
+	keys, _ := r.Keys("a")
+	if len(keys) != 2 || keys[0].ID == keys[1].ID {
+		t.Fatalf("config keys after a change: %+v", keys)
+	}
+	for _, k := range []string{"k2", "k3"} {
+		if got, err := r.Authenticate(k); got != "a" || err != nil {
+			t.Fatalf("config key %s: %q %v", k, got, err)
+		}
+	}
+	if _, err := r.Authenticate("k1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a key dropped from the config: %v", err)
+	}
+	r.Close()
+	r, _ = Open(path, append(seed("k2"), Seed{Tenant: Tenant{Name: "c"}}), nil)
+	r.Close()
+	// c dropped, then named again: enabled. b was disabled through the
+	// API before it was dropped: named again, it stays disabled.
+	r, _ = Open(path, []Seed{{Tenant: Tenant{Name: "a"}}}, nil)
+	r.Close()
+	r, _ = Open(path, append(seed("k2"), Seed{Tenant: Tenant{Name: "c"}}), nil)
+	defer r.Close()
+	if c, _ := r.Get("c"); c.Disabled || c.Source != SourceConfig {
+		t.Fatalf("a tenant named again by the config: %+v", c)
+	}
+	if b, _ := r.Get("b"); !b.Disabled {
+		t.Fatalf("a tenant disabled through the API, dropped and named again: %+v", b)
 	}
 }

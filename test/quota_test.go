@@ -105,6 +105,24 @@ func TestQuota(t *testing.T) {
 		t.Fatalf("a 1 s wait gave up after %s", d)
 	}
 
+	// A client that hangs up while it waits leaves the line.
+	hung := make(chan error, 1)
+	go func() {
+		r, _ := http.NewRequest("POST", e.gwURL+"/v1/sessions", strings.NewReader(`{"wait_seconds":300}`))
+		r.Header.Set("Authorization", "Bearer "+e.keyB)
+		r.Header.Set("Content-Type", "application/json")
+		_, err := (&http.Client{Timeout: 2 * time.Second}).Do(r)
+		hung <- err
+	}()
+	if err := <-hung; err == nil {
+		t.Fatal("the create answered within 2 s while the tenant was full")
+	}
+	for deadline := time.Now().Add(30 * time.Second); e.usage(t, e.keyB).Queued != 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a create whose client hung up still waits in line after 30 s")
+		}
+	}
+
 	// A wait that ends with the session.
 	type result struct {
 		status int

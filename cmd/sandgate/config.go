@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/tenant"
 )
 
 // Config is the gateway's whole configuration, read from one JSON file.
@@ -299,9 +301,25 @@ func (c *Config) check() error {
 			break
 		}
 	}
+	admin := map[string]bool{}
+	for _, h := range c.AdminKeySHA256 {
+		admin[strings.ToLower(h)] = true
+	}
 	for _, t := range c.Tenants {
 		if t.Name == "" || len(t.APIKeySHA256) == 0 {
 			errs = append(errs, errors.New("every tenant needs a name and an api_key_sha256"))
+		}
+		if t.Name != "" && !tenant.ValidName(t.Name) {
+			errs = append(errs, fmt.Errorf("tenant %q: a name is 1 to 63 of a-z, 0-9 and -, starting with a letter or digit", t.Name))
+		}
+		for _, h := range t.APIKeySHA256 {
+			if b, err := hex.DecodeString(h); err != nil || len(b) != 32 {
+				errs = append(errs, fmt.Errorf("tenant %s: api_key_sha256: each must be 64 hex digits (sandgate hash-key prints one)", t.Name))
+				break
+			}
+			if admin[strings.ToLower(h)] {
+				errs = append(errs, fmt.Errorf("tenant %s: one of its keys is also an admin key; use separate keys", t.Name))
+			}
 		}
 		if t.MaxSessions < 0 || t.MaxCPUs < 0 || t.MaxMemoryMB < 0 {
 			errs = append(errs, fmt.Errorf("tenant %s: max_sessions, max_cpus and max_memory_mb must not be negative (0: no limit)", t.Name))

@@ -11,7 +11,7 @@ import (
 )
 
 const baseConfig = `{"minio": {"endpoint": "127.0.0.1:9000"}, "tokens": {"active_key": "k", "keys": {"k": "0123456789abcdef0123456789abcdef"}},
- "tenants": [{"name": "t", "api_key_sha256": ["00"]}]%s}`
+ "tenants": [{"name": "t", "api_key_sha256": ["0000000000000000000000000000000000000000000000000000000000000000"]}]%s}`
 
 func loadConfig(t *testing.T, extra string) (*Config, error) {
 	t.Helper()
@@ -59,5 +59,31 @@ func TestEgressLimitsConfig(t *testing.T) {
 		if _, err := loadConfig(t, bad); err == nil {
 			t.Errorf("%s: accepted", bad)
 		}
+	}
+}
+
+// TestTenantsConfig: admin keys, capacity and quotas load; nonsense is
+// refused, each beside a config that loads.
+func TestTenantsConfig(t *testing.T) {
+	const zero = "0000000000000000000000000000000000000000000000000000000000000000"
+	const one = "1111111111111111111111111111111111111111111111111111111111111111"
+	c, err := loadConfig(t, `, "admin_key_sha256": ["`+one+`"], "capacity": {"max_sessions": 10, "min_free_disk_mb": 512}, "drain_timeout": "30s"`)
+	if err != nil || len(c.AdminKeySHA256) != 1 || c.Capacity.MaxSessions != 10 || c.DrainTimeout.Duration != 30*time.Second {
+		t.Fatalf("a good config: %+v %v", c, err)
+	}
+	for name, extra := range map[string]string{
+		"an admin key that is a tenant's": `, "admin_key_sha256": ["` + strings.ToUpper(zero) + `"]`,
+		"a short admin digest":            `, "admin_key_sha256": ["abc"]`,
+		"negative capacity":               `, "capacity": {"max_sessions": -1}`,
+		"a long drain":                    `, "drain_timeout": "2h"`,
+	} {
+		if _, err := loadConfig(t, extra); err == nil {
+			t.Errorf("%s: loaded", name)
+		}
+	}
+	p := filepath.Join(t.TempDir(), "config.json")
+	os.WriteFile(p, []byte(strings.Replace(strings.Replace(baseConfig, "%s", "", 1), `"name": "t"`, `"name": "Team/A"`, 1)), 0o600)
+	if _, err := LoadConfig(p); err == nil || !strings.Contains(err.Error(), "Team/A") {
+		t.Errorf("a bad tenant name: %v", err)
 	}
 }

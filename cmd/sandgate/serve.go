@@ -179,6 +179,15 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	// Sessions adopted after a restart get their recorder and download
 	// watcher back; those that ended meanwhile get their artifacts final.
 	mgr.Observe(srv.Observer())
+	// Sessions adopted for a tenant that is disabled now (through the
+	// API, or dropped from the config) stop: nothing of it runs on.
+	for _, t := range reg.List() {
+		if t.Disabled {
+			if n := mgr.StopTenant(t.Name, "the tenant is disabled"); n > 0 {
+				log.Info("stopped the sessions of a disabled tenant", "tenant", t.Name, "sessions", n)
+			}
+		}
+	}
 	log.Info("sandgate listening", "addr", cfg.Listen, "public_url", cfg.PublicURL, "image", ref)
 	return srv.Listen(ctx, cfg.Listen)
 }
@@ -218,6 +227,6 @@ func sessionLimits(t tenant.Tenant) session.TenantLimits {
 	return session.TenantLimits{
 		MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL,
 		MaxTTL: t.MaxTTL, MaxIdle: t.MaxIdle, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
-		EgressAllow: t.EgressAllow,
+		EgressAllow: t.EgressAllow, Disabled: t.Disabled,
 	}.WithDefaults()
 }

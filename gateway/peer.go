@@ -1,0 +1,58 @@
+package gateway
+
+import (
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"golang.org/x/sys/unix"
+)
+
+// Fiber gives a handler no sign that its client went away (its user
+// context never ends), so a long request (a create waiting for quota or
+// for its session to start) watches the connection itself.
+
+// watchPeer calls cancel when the client closes its connection while the
+// handler runs; the returned func stops the watch.
+func watchPeer(c *fiber.Ctx, cancel func()) (stop func()) {
+	conn := c.Context().Conn()
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				if peerGone(conn) {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
+}
+
+// peerGone reports whether the other end closed conn, by peeking at it:
+// nothing is read, so a pipelined request stays where it is.
+func peerGone(conn net.Conn) bool {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		gone = n == 0 && err == nil
+		return true
+	})
+	return gone
+}
