@@ -56,6 +56,9 @@ type tenantView struct {
 	MaxSessions       int           `json:"max_sessions"`
 	MaxCPUs           float64       `json:"max_cpus"`
 	MaxMemoryMB       int           `json:"max_memory_mb"`
+	MaxRecordings     int           `json:"max_recordings"`
+	MaxCreatesPerMin  int           `json:"max_creates_per_minute"`
+	MaxArtifactBytes  int64         `json:"max_artifact_bytes"`
 	DefaultTTLSeconds int64         `json:"default_ttl_seconds"`
 	MaxTTLSeconds     int64         `json:"max_ttl_seconds"`
 	MaxIdleSeconds    int64         `json:"max_idle_seconds"`
@@ -68,6 +71,7 @@ type tenantView struct {
 func (s *Server) viewTenant(t tenant.Tenant) tenantView {
 	v := tenantView{Name: t.Name, Source: t.Source, Disabled: t.Disabled, CreatedAt: t.CreatedAt,
 		MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB,
+		MaxRecordings: t.MaxRecordings, MaxCreatesPerMin: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
 		DefaultTTLSeconds: int64(t.DefaultTTL / time.Second), MaxTTLSeconds: int64(t.MaxTTL / time.Second),
 		MaxIdleSeconds: int64(t.MaxIdle / time.Second), AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
 		EgressAllow: t.EgressAllow}
@@ -87,6 +91,9 @@ type tenantRequest struct {
 	MaxSessions       *int     `json:"max_sessions"`
 	MaxCPUs           *float64 `json:"max_cpus"`
 	MaxMemoryMB       *int     `json:"max_memory_mb"`
+	MaxRecordings     *int     `json:"max_recordings"`
+	MaxCreatesPerMin  *int     `json:"max_creates_per_minute"`
+	MaxArtifactBytes  *int64   `json:"max_artifact_bytes"`
 	DefaultTTLSeconds *int64   `json:"default_ttl_seconds"`
 	MaxTTLSeconds     *int64   `json:"max_ttl_seconds"`
 	MaxIdleSeconds    *int64   `json:"max_idle_seconds"`
@@ -119,6 +126,27 @@ func (r *tenantRequest) limits(l tenant.Limits) (out tenant.Limits, changed bool
 			return l, false, errInvalid("max_memory_mb must be between 0 (no limit) and 67108864")
 		}
 		l.MaxMemoryMB = *v
+		set(true)
+	}
+	for _, f := range []struct {
+		name string
+		v    *int
+		to   *int
+	}{{"max_recordings", r.MaxRecordings, &l.MaxRecordings}, {"max_creates_per_minute", r.MaxCreatesPerMin, &l.MaxCreatesPerMinute}} {
+		if f.v == nil {
+			continue
+		}
+		if *f.v < 0 || *f.v > 100000 {
+			return l, false, errInvalid(f.name + " must be between 0 (no limit) and 100000")
+		}
+		*f.to = *f.v
+		set(true)
+	}
+	if v := r.MaxArtifactBytes; v != nil {
+		if *v < 0 {
+			return l, false, errInvalid("max_artifact_bytes must not be negative (0: no limit)")
+		}
+		l.MaxArtifactBytes = *v
 		set(true)
 	}
 	for _, f := range []struct {

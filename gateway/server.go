@@ -90,6 +90,7 @@ type Server struct {
 	watch        watchers
 	versions     versions
 	exits        browserExits
+	artifacts    artifactCounts
 	mcp          http.Handler // nil: no /mcp
 	log          *slog.Logger
 	hosts        map[string]bool
@@ -145,6 +146,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	s.watch.reassert = map[string]chan struct{}{}
 	s.versions.m = map[string][]byte{}
 	s.exits.reported = map[string]string{}
+	s.artifacts.m = map[string]artifactCount{}
 	s.exits.checking = map[string]bool{}
 	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {

@@ -72,6 +72,9 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 		}
 		spec.Wait = time.Duration(*w) * time.Second
 	}
+	if err := s.checkArtifactQuota(c, spec.Tenant); err != nil {
+		return err
+	}
 	wait := c.Query("wait", "true") != "false"
 	ctx, cancel := reqCtx(c, 2*time.Minute+spec.Wait)
 	defer cancel()
@@ -162,5 +165,15 @@ func (s *Server) deleteSession(c *fiber.Ctx) error {
 
 // usage is what the caller's tenant holds against its quotas.
 func (s *Server) usage(c *fiber.Ctx) error {
-	return c.JSON(s.sessions.Usage(tenantOf(c)))
+	u := s.sessions.Usage(tenantOf(c))
+	if s.store != nil {
+		ctx, cancel := reqCtx(c, 10*time.Second)
+		defer cancel()
+		if n, err := s.artifactBytes(ctx, tenantOf(c)); err == nil {
+			u.ArtifactBytes = n
+		} else {
+			u.ArtifactBytes = -1 // the store did not answer
+		}
+	}
+	return c.JSON(u)
 }

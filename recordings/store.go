@@ -252,6 +252,21 @@ func (s *Store) Expire(ctx context.Context, tenant string, cutoff time.Time) (in
 	return n, nil
 }
 
+// TenantBytes sums what the tenant's artifacts take in the store.
+func (s *Store) TenantBytes(ctx context.Context, tenant string) (int64, error) {
+	if !tenantChars.MatchString(tenant) {
+		return 0, ErrNotFound
+	}
+	var n int64
+	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: tenant + "/", Recursive: true}) {
+		if obj.Err != nil {
+			return n, fmt.Errorf("list artifacts: %w", obj.Err)
+		}
+		n += obj.Size
+	}
+	return n, nil
+}
+
 // List returns the session's artifacts, oldest first.
 func (s *Store) List(ctx context.Context, tenant, session string) ([]Artifact, error) {
 	if !tenantChars.MatchString(tenant) || !ids.IsSession(session) {

@@ -23,13 +23,19 @@ const admitRecheck = 2 * time.Second
 
 // Usage is what a tenant holds, against its limits (0: none).
 type Usage struct {
-	Sessions    int     `json:"sessions"`
-	CPUs        float64 `json:"cpus"`
-	MemoryMB    int     `json:"memory_mb"`
-	Queued      int     `json:"queued"`
-	MaxSessions int     `json:"max_sessions"`
-	MaxCPUs     float64 `json:"max_cpus"`
-	MaxMemoryMB int     `json:"max_memory_mb"`
+	Sessions            int     `json:"sessions"`
+	CPUs                float64 `json:"cpus"`
+	MemoryMB            int     `json:"memory_mb"`
+	Recordings          int     `json:"recordings"`
+	CreatesLastMinute   int     `json:"creates_last_minute"`
+	ArtifactBytes       int64   `json:"artifact_bytes"` // filled by the gateway, from the store
+	Queued              int     `json:"queued"`
+	MaxSessions         int     `json:"max_sessions"`
+	MaxCPUs             float64 `json:"max_cpus"`
+	MaxMemoryMB         int     `json:"max_memory_mb"`
+	MaxRecordings       int     `json:"max_recordings"`
+	MaxCreatesPerMinute int     `json:"max_creates_per_minute"`
+	MaxArtifactBytes    int64   `json:"max_artifact_bytes"`
 }
 
 // QuotaError is ErrQuota with the seconds after which a retry may fit.
@@ -45,6 +51,7 @@ func (e *QuotaError) Unwrap() error { return e.PublicError }
 type reservation struct {
 	tenant   string
 	need     Resources
+	record   bool
 	claiming bool // a pooled session is being claimed for it, and counts instead
 }
 
@@ -57,6 +64,11 @@ type waiter struct {
 // for room. The caller must hand the reservation to release once its
 // session counts by itself, or on failure.
 func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wait time.Duration) (*reservation, error) {
+	return m.reserveFor(ctx, tenant, need, false, wait)
+}
+
+// reserveFor is reserve for a create that records its screen or not.
+func (m *Manager) reserveFor(ctx context.Context, tenant string, need Resources, record bool, wait time.Duration) (*reservation, error) {
 	if m.disabled(tenant) {
 		return nil, errTenantDisabled
 	}
@@ -69,11 +81,20 @@ func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wa
 		m.mu.Unlock()
 		return nil, publicf(ErrInvalid, why, nil)
 	}
+	if lim, _ := m.Limits(tenant); lim.MaxCreatesPerMinute > 0 {
+		if n, wait := m.createsLastMinuteLocked(tenant); n >= lim.MaxCreatesPerMinute {
+			m.mu.Unlock()
+			return nil, &QuotaError{
+				PublicError: &PublicError{Class: ErrQuota, Msg: fmt.Sprintf("over quota: the tenant made %d creates in the last minute, its maximum", n)},
+				RetryAfter:  int(max(1, wait.Round(time.Second)/time.Second)),
+			}
+		}
+	}
 	q := m.queues[tenant]
 	if len(q) == 0 {
-		why := m.fitsLocked(tenant, need)
+		why := m.fitsLocked(tenant, need, record)
 		if why == "" {
-			r := m.holdLocked(tenant, need)
+			r := m.holdLocked(tenant, need, record)
 			m.mu.Unlock()
 			return r, nil
 		}
@@ -124,9 +145,9 @@ func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wa
 			}
 			return nil, errTenantDisabled
 		}
-		if q := m.queues[tenant]; len(q) > 0 && q[0] == w && m.fitsLocked(tenant, need) == "" {
+		if q := m.queues[tenant]; len(q) > 0 && q[0] == w && m.fitsLocked(tenant, need, record) == "" {
 			m.leaveLocked(w)
-			r := m.holdLocked(tenant, need)
+			r := m.holdLocked(tenant, need, record)
 			m.queueWaits.observe(time.Since(start), true)
 			m.mu.Unlock()
 			return r, nil
@@ -150,11 +171,30 @@ func (m *Manager) release(r *reservation) {
 	m.mu.Unlock()
 }
 
-func (m *Manager) holdLocked(tenant string, need Resources) *reservation {
-	r := &reservation{tenant: tenant, need: need}
+func (m *Manager) holdLocked(tenant string, need Resources, record bool) *reservation {
+	r := &reservation{tenant: tenant, need: need, record: record}
 	m.reserved[r] = true
 	m.inflight++
+	m.creates[tenant] = append(m.creates[tenant], time.Now())
 	return r
+}
+
+// createsLastMinuteLocked counts the tenant's creates admitted in the
+// last minute, forgetting older ones.
+func (m *Manager) createsLastMinuteLocked(tenant string) (int, time.Duration) {
+	cut := time.Now().Add(-time.Minute)
+	ts := m.creates[tenant]
+	i := 0
+	for i < len(ts) && ts[i].Before(cut) {
+		i++
+	}
+	ts = ts[i:]
+	if len(ts) == 0 {
+		delete(m.creates, tenant)
+		return 0, 0
+	}
+	m.creates[tenant] = ts
+	return len(ts), time.Until(ts[0].Add(time.Minute))
 }
 
 // createDone ends what holdLocked began: one create less under way.
@@ -245,10 +285,13 @@ func (m *Manager) wakeLocked() {
 // sessions count against nobody.
 func (m *Manager) usageLocked(tenant string) Usage {
 	var u Usage
-	add := func(r Resources) {
+	add := func(r Resources, record bool) {
 		u.Sessions++
 		u.CPUs += r.CPUs
 		u.MemoryMB += r.MemoryMB
+		if record {
+			u.Recordings++
+		}
 	}
 	for _, s := range m.sessions {
 		// A stopping session still holds its sandbox until its teardown
@@ -256,14 +299,14 @@ func (m *Manager) usageLocked(tenant string) Usage {
 		live := s.pool == nil && (s.info.State == StateStarting || s.info.State == StateRunning || s.info.State == StateStopping)
 		switch {
 		case live && (tenant == "" || s.info.Tenant == tenant):
-			add(s.info.Resources)
+			add(s.info.Resources, s.info.Record)
 		case s.claimFor != "" && s.claimFor != claimFailed && (tenant == "" || s.claimFor == tenant):
-			add(s.info.Resources)
+			add(s.info.Resources, false) // a claim's recording starts after it
 		}
 	}
 	for r := range m.reserved {
 		if !r.claiming && (tenant == "" || r.tenant == tenant) {
-			add(r.need)
+			add(r.need, r.record)
 		}
 	}
 	if tenant == "" {
@@ -291,10 +334,12 @@ func (m *Manager) neverFits(tenant string, need Resources) string {
 }
 
 // fitsLocked says why a create of need does not fit now ("" if it does).
-func (m *Manager) fitsLocked(tenant string, need Resources) string {
+func (m *Manager) fitsLocked(tenant string, need Resources, record bool) string {
 	u := m.usageLocked(tenant)
 	lim, _ := m.Limits(tenant)
 	switch {
+	case record && lim.MaxRecordings > 0 && u.Recordings+1 > lim.MaxRecordings:
+		return fmt.Sprintf("the tenant records %d sessions, its maximum", u.Recordings)
 	case lim.MaxSessions > 0 && u.Sessions+1 > lim.MaxSessions:
 		return fmt.Sprintf("the tenant has %d active sessions, its maximum", u.Sessions)
 	case lim.MaxCPUs > 0 && u.CPUs+need.CPUs > lim.MaxCPUs+1e-9:
@@ -332,8 +377,10 @@ func (m *Manager) Usage(tenant string) Usage {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	u := m.usageLocked(tenant)
+	u.CreatesLastMinute, _ = m.createsLastMinuteLocked(tenant)
 	lim, _ := m.Limits(tenant)
 	u.MaxSessions, u.MaxCPUs, u.MaxMemoryMB = lim.MaxSessions, lim.MaxCPUs, lim.MaxMemoryMB
+	u.MaxRecordings, u.MaxCreatesPerMinute, u.MaxArtifactBytes = lim.MaxRecordings, lim.MaxCreatesPerMinute, lim.MaxArtifactBytes
 	return u
 }
 

@@ -11,7 +11,7 @@ import (
 
 func admitManager(tenants map[string]TenantLimits, capacity int) *Manager {
 	return &Manager{log: slog.New(slog.NewTextHandler(io.Discard, nil)), sessions: map[string]*sess{},
-		queues: map[string][]*waiter{}, reserved: map[*reservation]bool{},
+		queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{},
 		cfg: Config{Tenants: tenants, MaxSessions: capacity}}
 }
 
@@ -155,9 +155,9 @@ func TestAdmitInOrder(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			order <- i
 			m.addRunning(t, "a", "x"+string(rune('0'+i)), oneCPU)
 			m.release(r)
+			order <- i
 		}()
 		waitFor(t, func() bool { return m.Usage("a").Queued == i+1 })
 	}
@@ -353,4 +353,53 @@ func TestStoppingCounts(t *testing.T) {
 		t.Fatalf("once it stopped: %v", err)
 	}
 	m.release(r)
+}
+
+// TestAdmitRecordingsAndRate: recording sessions and creates a minute
+// have their own quotas; a create that does not record, or another
+// tenant's, is not held by them.
+func TestAdmitRecordingsAndRate(t *testing.T) {
+	m := admitManager(map[string]TenantLimits{"a": {MaxRecordings: 1, MaxCreatesPerMinute: 3}, "b": {}}, 0)
+	ctx := context.Background()
+	r1, err := m.reserveFor(ctx, "a", oneCPU, true, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.reserveFor(ctx, "a", oneCPU, true, 0); !errors.Is(err, ErrQuota) {
+		t.Fatalf("a second recording of one: %v", err)
+	}
+	r2, err := m.reserveFor(ctx, "a", oneCPU, false, 0)
+	if err != nil {
+		t.Fatalf("a session that does not record: %v", err)
+	}
+	if u := m.Usage("a"); u.Recordings != 1 || u.CreatesLastMinute != 2 || u.MaxCreatesPerMinute != 3 {
+		t.Fatalf("usage %+v", u)
+	}
+	m.release(r1)
+	m.release(r2)
+	r3, err := m.reserveFor(ctx, "a", oneCPU, true, 0) // the third of three a minute
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.release(r3)
+	_, err = m.reserve(ctx, "a", oneCPU, time.Minute)
+	if retry := quotaRetry(t, err); retry < 1 || retry > 60 {
+		t.Fatalf("Retry-After %d", retry)
+	}
+	if r, err := m.reserve(ctx, "b", oneCPU, 0); err != nil {
+		t.Fatalf("another tenant: %v", err)
+	} else {
+		m.release(r)
+	}
+	// A minute later the window has room again.
+	m.mu.Lock()
+	for i := range m.creates["a"] {
+		m.creates["a"][i] = m.creates["a"][i].Add(-time.Minute)
+	}
+	m.mu.Unlock()
+	if r, err := m.reserve(ctx, "a", oneCPU, 0); err != nil {
+		t.Fatalf("after the minute: %v", err)
+	} else {
+		m.release(r)
+	}
 }

@@ -35,7 +35,7 @@ type Config struct {
 	// DefaultMinFreeDiskMB; negative: no check.
 	MinFreeDiskMB int
 	DiskPaths     []string
-	ReadyTimeout time.Duration
+	ReadyTimeout  time.Duration
 	// ProxyPort is where the egress proxy listens on the bridge's
 	// address (default 3128); the kernel rules let sessions reach only it.
 	ProxyPort uint16
@@ -113,6 +113,13 @@ type TenantLimits struct {
 	MaxFileBytes int64
 	// EgressAllow is added to every session's egress allow list.
 	EgressAllow []string
+	// MaxRecordings bounds the tenant's recording sessions at once;
+	// MaxCreatesPerMinute its creates admitted in a minute;
+	// MaxArtifactBytes what its artifacts may take in the store (the
+	// gateway checks that one). 0: no limit.
+	MaxRecordings       int
+	MaxCreatesPerMinute int
+	MaxArtifactBytes    int64
 	// Disabled refuses the tenant's creates, waiting ones too, and
 	// stops a session that would start for it anyway.
 	Disabled bool
@@ -153,6 +160,7 @@ type Manager struct {
 	// way (admitted, not yet answered or, without wait, not yet started).
 	draining bool
 	inflight int
+	creates  map[string][]time.Time // admission times in the last minute, by tenant
 }
 
 type sess struct {
@@ -234,7 +242,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	}
 	base, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), cfg.Namespace))
 	m := &Manager{client: client, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
-		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
+		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
 	m.runtimes = probeRuntimes(ctx, cfg.Runtimes)
 	if cfg.DefaultRuntime != "" {

@@ -13,7 +13,7 @@ import (
 func testPools(t *testing.T, limits PoolLimits, sizes ...int) (*Manager, []*pool) {
 	t.Helper()
 	m := &Manager{log: slog.New(slog.NewTextHandler(io.Discard, nil)), sessions: map[string]*sess{},
-		queues: map[string][]*waiter{}, reserved: map[*reservation]bool{},
+		queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{},
 		cfg: Config{Tenants: map[string]TenantLimits{"a": {MaxSessions: 2}, "b": {}}}}
 	var ps []*pool
 	for i, n := range sizes {
@@ -107,12 +107,12 @@ func TestTakePooledOnceAndQuota(t *testing.T) {
 	}
 	// The reserved claim counts against tenant a's quota of 2; pooled
 	// sessions count against nobody.
-	if why := m.fitsLocked("a", Resources{}); why != "" {
+	if why := m.fitsLocked("a", Resources{}, false); why != "" {
 		t.Fatalf("one claim of 2: %v", why)
 	}
 	s := newSess(Info{ID: "x", Tenant: "a", State: StateRunning})
 	m.sessions["x"] = s
-	if why := m.fitsLocked("a", Resources{}); why == "" {
+	if why := m.fitsLocked("a", Resources{}, false); why == "" {
 		t.Fatal("a running session and a claim of 2 leave room for a third")
 	}
 	// Pooled sessions are nobody's: hidden from lookups and lists.

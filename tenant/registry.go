@@ -39,15 +39,21 @@ const (
 // Limits bound what one tenant may ask for (0: the gateway's default or
 // no limit, as each field says in the config's documentation).
 type Limits struct {
-	MaxSessions  int           `json:"max_sessions"`
-	MaxCPUs      float64       `json:"max_cpus"`
-	MaxMemoryMB  int           `json:"max_memory_mb"`
-	DefaultTTL   time.Duration `json:"-"`
-	MaxTTL       time.Duration `json:"-"`
-	MaxIdle      time.Duration `json:"-"`
-	AllowRoot    bool          `json:"allow_root"`
-	MaxFileBytes int64         `json:"max_file_bytes"`
-	EgressAllow  []string      `json:"egress_allow"`
+	MaxSessions int     `json:"max_sessions"`
+	MaxCPUs     float64 `json:"max_cpus"`
+	MaxMemoryMB int     `json:"max_memory_mb"`
+	// MaxRecordings: recording sessions at once; MaxCreatesPerMinute:
+	// creates admitted in a minute; MaxArtifactBytes: what the tenant's
+	// artifacts may take in the store.
+	MaxRecordings       int           `json:"max_recordings"`
+	MaxCreatesPerMinute int           `json:"max_creates_per_minute"`
+	MaxArtifactBytes    int64         `json:"max_artifact_bytes"`
+	DefaultTTL          time.Duration `json:"-"`
+	MaxTTL              time.Duration `json:"-"`
+	MaxIdle             time.Duration `json:"-"`
+	AllowRoot           bool          `json:"allow_root"`
+	MaxFileBytes        int64         `json:"max_file_bytes"`
+	EgressAllow         []string      `json:"egress_allow"`
 }
 
 // Tenant is one tenant, safe to show to an administrator.

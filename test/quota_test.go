@@ -260,3 +260,65 @@ func TestQuotaSDK(t *testing.T) {
 		t.Fatal("IsQuotaExceeded holds for what is not the gateway's refusal")
 	}
 }
+
+// TestMoreQuotas: recordings at once, creates a minute and artifact
+// bytes, on a tenant made for it; each refusal beside the create that
+// fits.
+func TestMoreQuotas(t *testing.T) {
+	e := needE2E(t)
+	name := "quota-" + randHex(4)
+	e.admin(t, "POST", "/tenants", map[string]any{"name": name, "max_recordings": 1, "max_creates_per_minute": 3, "max_artifact_bytes": 1}, 201, nil)
+	defer e.api(t, e.adminKey, "PATCH", "/admin/v1/tenants/"+name, map[string]any{"disabled": true})
+	var k adminKey
+	e.admin(t, "POST", "/tenants/"+name+"/keys", map[string]any{}, 201, &k)
+
+	// Recordings: one at a time; a session that does not record is not held.
+	rec := e.createSession(t, k.APIKey, map[string]any{"record": true})
+	st, retry, body := e.rawCreate(t, k.APIKey, map[string]any{"record": true})
+	checkRetryAfter(t, st, retry, body)
+	if !bytes.Contains(body, []byte("records 1")) {
+		t.Fatalf("the refusal does not say which quota: %s", body)
+	}
+	e.createSession(t, k.APIKey, nil)
+	// Three creates a minute (two admitted and the refused one's
+	// reservation did not count): the third is admitted, the fourth not.
+	e.createSession(t, k.APIKey, nil)
+	st, retry, body = e.rawCreate(t, k.APIKey, map[string]any{})
+	if n, _ := strconv.Atoi(retry); st != 429 || n < 1 || n > 60 || !bytes.Contains(body, []byte("in the last minute")) {
+		t.Fatalf("the fourth create in a minute: %d %q %s", st, retry, body)
+	}
+	if u := e.usage(t, k.APIKey); u.Sessions != 3 {
+		t.Fatalf("usage %+v", u)
+	}
+
+	// Artifact bytes: the recording session's screenshot takes the
+	// tenant's whole byte; once the count sees it, creates are refused.
+	if st, body := e.api(t, k.APIKey, "POST", "/v1/sessions/"+rec.ID+"/screenshot", nil); st != 201 {
+		t.Fatalf("screenshot: %d %s", st, body)
+	}
+	var u struct {
+		ArtifactBytes int64 `json:"artifact_bytes"`
+	}
+	for deadline := time.Now().Add(2 * time.Minute); u.ArtifactBytes <= 0; time.Sleep(time.Second) {
+		_, raw := e.api(t, k.APIKey, "GET", "/v1/usage", nil)
+		json.Unmarshal(raw, &u)
+		if time.Now().After(deadline) {
+			t.Fatalf("usage never counted the screenshot: %s", raw)
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(time.Second) {
+		st, retry, body = e.rawCreate(t, k.APIKey, map[string]any{})
+		if st == 429 && bytes.Contains(body, []byte("artifacts take")) {
+			if n, _ := strconv.Atoi(retry); n < 1 {
+				t.Fatalf("no Retry-After: %q", retry)
+			}
+			break
+		}
+		if st == 201 {
+			t.Fatalf("a create over the artifact quota was admitted: %s", body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the artifact quota never refused: %d %s", st, body)
+		}
+	}
+}

@@ -25,8 +25,9 @@ const adminUsage = `usage: sandgate admin SUBCOMMAND   (SANDGATE_URL and SANDGAT
   keys list TENANT
   keys issue TENANT [-name NAME]   prints the key once
   keys revoke TENANT KEY_ID
-limits: -max-sessions N -max-cpus N -max-memory-mb N -default-ttl S -max-ttl S -max-idle S
-        -allow-root=true|false -max-file-bytes N -egress-allow host:port (repeatable)`
+limits: -max-sessions N -max-cpus N -max-memory-mb N -max-recordings N -max-creates-per-minute N
+        -max-artifact-bytes N -default-ttl S -max-ttl S -max-idle S -allow-root=true|false
+        -max-file-bytes N -egress-allow host:port (repeatable)`
 
 // cmdAdmin runs the admin API's subcommands.
 func cmdAdmin(ctx context.Context, args []string) error {
@@ -107,6 +108,7 @@ func adminLimitFlags(fs *flag.FlagSet, limits map[string]any) {
 	ints := []struct{ flag, field string }{
 		{"max-sessions", "max_sessions"}, {"max-memory-mb", "max_memory_mb"}, {"default-ttl", "default_ttl_seconds"},
 		{"max-ttl", "max_ttl_seconds"}, {"max-idle", "max_idle_seconds"}, {"max-file-bytes", "max_file_bytes"},
+		{"max-recordings", "max_recordings"}, {"max-creates-per-minute", "max_creates_per_minute"}, {"max-artifact-bytes", "max_artifact_bytes"},
 	}
 	for _, f := range ints {
 		fs.Func(f.flag, f.field, func(v string) error {

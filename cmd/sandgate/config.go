@@ -201,11 +201,17 @@ type TenantConfig struct {
 	MaxSessions  int      `json:"max_sessions"`
 	// MaxCPUs and MaxMemoryMB bound the resources of the tenant's
 	// sessions together, as they asked for them (0: no limit).
-	MaxCPUs     float64  `json:"max_cpus"`
-	MaxMemoryMB int      `json:"max_memory_mb"`
-	DefaultTTL  Duration `json:"default_ttl"`
-	MaxTTL      Duration `json:"max_ttl"`
-	MaxIdle     Duration `json:"max_idle"`
+	MaxCPUs     float64 `json:"max_cpus"`
+	MaxMemoryMB int     `json:"max_memory_mb"`
+	// MaxRecordings bounds its recording sessions at once,
+	// MaxCreatesPerMinute its creates in a minute, MaxArtifactBytes what
+	// its artifacts may take in the store (0: no limit).
+	MaxRecordings       int      `json:"max_recordings"`
+	MaxCreatesPerMinute int      `json:"max_creates_per_minute"`
+	MaxArtifactBytes    int64    `json:"max_artifact_bytes"`
+	DefaultTTL          Duration `json:"default_ttl"`
+	MaxTTL              Duration `json:"max_ttl"`
+	MaxIdle             Duration `json:"max_idle"`
 	// AllowRoot lets the tenant run commands as root (still without
 	// capabilities) in its sessions.
 	AllowRoot bool `json:"allow_root"`
@@ -321,8 +327,8 @@ func (c *Config) check() error {
 				errs = append(errs, fmt.Errorf("tenant %s: one of its keys is also an admin key; use separate keys", t.Name))
 			}
 		}
-		if t.MaxSessions < 0 || t.MaxCPUs < 0 || t.MaxMemoryMB < 0 {
-			errs = append(errs, fmt.Errorf("tenant %s: max_sessions, max_cpus and max_memory_mb must not be negative (0: no limit)", t.Name))
+		if t.MaxSessions < 0 || t.MaxCPUs < 0 || t.MaxMemoryMB < 0 || t.MaxRecordings < 0 || t.MaxCreatesPerMinute < 0 || t.MaxArtifactBytes < 0 {
+			errs = append(errs, fmt.Errorf("tenant %s: the max_* quotas must not be negative (0: no limit)", t.Name))
 		}
 		for _, a := range t.EgressAllow {
 			if _, err := egress.ParsePattern(a); err != nil {

@@ -88,6 +88,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	for _, t := range cfg.Tenants {
 		seeds = append(seeds, tenant.Seed{Tenant: tenant.Tenant{Name: t.Name, Limits: tenant.Limits{
 			MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL.Duration,
+			MaxRecordings: t.MaxRecordings, MaxCreatesPerMinute: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
 			MaxTTL: t.MaxTTL.Duration, MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
 			EgressAllow: t.EgressAllow,
 		}}, Digests: t.APIKeySHA256})
@@ -228,5 +229,6 @@ func sessionLimits(t tenant.Tenant) session.TenantLimits {
 		MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL,
 		MaxTTL: t.MaxTTL, MaxIdle: t.MaxIdle, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
 		EgressAllow: t.EgressAllow, Disabled: t.Disabled,
+		MaxRecordings: t.MaxRecordings, MaxCreatesPerMinute: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
 	}.WithDefaults()
 }

@@ -238,13 +238,19 @@ type Pool struct {
 
 // Usage is what the tenant holds against its quotas (0: no limit).
 type Usage struct {
-	Sessions    int     `json:"sessions"`
-	CPUs        float64 `json:"cpus"`
-	MemoryMB    int     `json:"memory_mb"`
-	Queued      int     `json:"queued"` // creates waiting for room
-	MaxSessions int     `json:"max_sessions"`
-	MaxCPUs     float64 `json:"max_cpus"`
-	MaxMemoryMB int     `json:"max_memory_mb"`
+	Sessions            int     `json:"sessions"`
+	CPUs                float64 `json:"cpus"`
+	MemoryMB            int     `json:"memory_mb"`
+	Recordings          int     `json:"recordings"`
+	CreatesLastMinute   int     `json:"creates_last_minute"`
+	ArtifactBytes       int64   `json:"artifact_bytes"` // -1: the store did not answer
+	Queued              int     `json:"queued"`         // creates waiting for room
+	MaxSessions         int     `json:"max_sessions"`
+	MaxCPUs             float64 `json:"max_cpus"`
+	MaxMemoryMB         int     `json:"max_memory_mb"`
+	MaxRecordings       int     `json:"max_recordings"`
+	MaxCreatesPerMinute int     `json:"max_creates_per_minute"`
+	MaxArtifactBytes    int64   `json:"max_artifact_bytes"`
 }
 
 // Usage returns what the tenant holds against its quotas.

@@ -110,11 +110,18 @@ export interface Usage {
   sessions: number;
   cpus: number;
   memory_mb: number;
+  recordings: number;
+  creates_last_minute: number;
+  /** What the artifacts take in the store (counted at most 30 s ago); -1: the store did not answer. */
+  artifact_bytes: number;
   /** The tenant's creates waiting for room. */
   queued: number;
   max_sessions: number;
   max_cpus: number;
   max_memory_mb: number;
+  max_recordings: number;
+  max_creates_per_minute: number;
+  max_artifact_bytes: number;
 }
 
 export interface CreateSessionOptions extends RequestOptions {

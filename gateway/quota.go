@@ -1,0 +1,65 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+)
+
+// artifactBytesFor is how old a tenant's count of artifact bytes may be:
+// counting lists the tenant's objects in the store.
+const artifactBytesFor = 30 * time.Second
+
+type artifactCounts struct {
+	mu sync.Mutex
+	m  map[string]artifactCount
+}
+
+type artifactCount struct {
+	bytes int64
+	at    time.Time
+}
+
+// artifactBytes is what the tenant's artifacts take in the store, counted
+// at most artifactBytesFor ago.
+func (s *Server) artifactBytes(ctx context.Context, tenant string) (int64, error) {
+	s.artifacts.mu.Lock()
+	c, ok := s.artifacts.m[tenant]
+	s.artifacts.mu.Unlock()
+	if ok && time.Since(c.at) < artifactBytesFor {
+		return c.bytes, nil
+	}
+	n, err := s.store.TenantBytes(ctx, tenant)
+	if err != nil {
+		return 0, err
+	}
+	s.artifacts.mu.Lock()
+	s.artifacts.m[tenant] = artifactCount{n, time.Now()}
+	s.artifacts.mu.Unlock()
+	return n, nil
+}
+
+// checkArtifactQuota refuses a create while the tenant's artifacts take
+// its whole quota (every session adds to them). A store that does not
+// answer refuses nothing: a session's artifacts wait on the host for it.
+func (s *Server) checkArtifactQuota(c *fiber.Ctx, tenant string) error {
+	lim, _ := s.sessions.Limits(tenant)
+	if lim.MaxArtifactBytes <= 0 || s.store == nil {
+		return nil
+	}
+	ctx, cancel := reqCtx(c, 10*time.Second)
+	defer cancel()
+	n, err := s.artifactBytes(ctx, tenant)
+	if err != nil {
+		s.log.Warn("artifact quota not checked: the store did not answer", "tenant", tenant, "err", err)
+		return nil
+	}
+	if n >= lim.MaxArtifactBytes {
+		c.Set(fiber.HeaderRetryAfter, fmt.Sprint(int(artifactBytesFor/time.Second)))
+		return &apiError{status: 429, code: "quota_exceeded", msg: fmt.Sprintf("over quota: the tenant's artifacts take %d bytes of its %d; delete some or let retention remove them", n, lim.MaxArtifactBytes)}
+	}
+	return nil
+}
