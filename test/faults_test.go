@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -110,23 +111,38 @@ func TestContainerdRestart(t *testing.T) {
 	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s2.ID, nil)
 }
 
-// TestDiskNearlyFull: with less free disk than a create needs (the need
-// raised above what the host has, since filling the host's disk would
-// hurt everything else on it), a create is refused with 503 and says
-// why, /readyz says so too, and a running session goes on. The control:
-// the same create with the default need, before.
+// TestDiskNearlyFull: the gateway's state directory on a small tmpfs that
+// the test fills until less is free than a create needs. A create is
+// refused with 503 and says why, /readyz says so, a running session goes
+// on, an admin change still takes effect and is written (its file was
+// never corrupted), and once space is freed creates work again.
 func TestDiskNearlyFull(t *testing.T) {
 	e := needE2E(t)
-	s := e.createSession(t, e.keyA, nil)
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=96m,mode=0700", "sandgate-disktest", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount a tmpfs: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	e.withGatewayConfig(t, func(c map[string]any) {
+		c["state_dir"] = dir
+		c["capacity"] = map[string]any{"min_free_disk_mb": 48}
+	})
+	// The control: 96 MB free of 96, more than the 48 a create needs.
+	s := e.createSession(t, e.keyA, map[string]any{"runtime": "runc"})
 	if st, body := e.api(t, "", "GET", "/readyz", nil); st != 200 {
 		t.Fatalf("readyz with room: %d %s", st, body)
 	}
-	e.withGatewayConfig(t, func(c map[string]any) {
-		c["capacity"] = map[string]any{"min_free_disk_mb": 1 << 40}
-	})
-	st, _, body := e.rawCreate(t, e.keyA, map[string]any{})
-	if st != 503 || !bytes.Contains(body, []byte("disk is nearly full")) || !bytes.Contains(body, []byte("MB free in")) {
-		t.Fatalf("a create on a nearly full disk: %d %s", st, body)
+	// Fill the disk until 30 MB are free.
+	var st syscall.Statfs_t
+	syscall.Statfs(dir, &st)
+	free := int64(st.Bavail) * st.Bsize
+	fill := filepath.Join(dir, "fill")
+	if out, err := exec.Command("fallocate", "-l", strconv.FormatInt(free-30<<20, 10), fill).CombinedOutput(); err != nil {
+		t.Fatalf("fill the disk: %v %s", err, out)
+	}
+	st2, _, body := e.rawCreate(t, e.keyA, map[string]any{})
+	if st2 != 503 || !bytes.Contains(body, []byte("disk is nearly full")) || !bytes.Contains(body, []byte(dir)) {
+		t.Fatalf("a create on a nearly full disk: %d %s", st2, body)
 	}
 	if st, body := e.api(t, "", "GET", "/readyz", nil); st != 503 || !bytes.Contains(body, []byte("disk")) {
 		t.Fatalf("readyz on a nearly full disk: %d %s", st, body)
@@ -137,6 +153,19 @@ func TestDiskNearlyFull(t *testing.T) {
 	if u := e.usage(t, e.keyA); u.Sessions != 1 {
 		t.Fatalf("the refused create holds something: %+v", u)
 	}
+	// The registry's file, written on the nearly full disk, stays whole.
+	var k adminKey
+	e.admin(t, "POST", "/tenants/tenant-b/keys", map[string]any{"name": "disk"}, 201, &k)
+	raw, err := os.ReadFile(filepath.Join(dir, "tenants.json"))
+	if err != nil || !json.Valid(raw) || !bytes.Contains(raw, []byte(k.ID)) {
+		t.Fatalf("tenants.json on a nearly full disk: %v %.200s", err, raw)
+	}
+	e.admin(t, "DELETE", "/tenants/tenant-b/keys/"+k.ID, nil, 204, nil)
+
+	os.Remove(fill)
+	s2 := e.createSession(t, e.keyA, map[string]any{"runtime": "runc"})
+	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s2.ID, nil)
+	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil)
 }
 
 // TestBrowserCrash: Chromium killed inside a session. The open CDP
