@@ -75,6 +75,11 @@ func (s *Server) shell() fiber.Handler {
 			return
 		}
 		defer proc.Close()
+		// The size given at start is not applied by every runtime
+		// (under gVisor the terminal starts at 0x0): set it again now.
+		if err := proc.Resize(ctx, uint16(clamp(cols, 1, 1000)), uint16(clamp(rows, 1, 1000))); err != nil {
+			log.Warn("shell resize at start", "err", err)
+		}
 		var once sync.Once
 		shut := func(code int, why string) {
 			once.Do(func() {

@@ -308,6 +308,37 @@ func TestShellResize(t *testing.T) {
 	}
 }
 
+// TestShellSizeFromQuery: the size asked for in the query is the
+// terminal's from the start, under every runtime, with no resize message
+// (gVisor left the terminal at 0x0).
+func TestShellSizeFromQuery(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	for _, size := range [][2]int{{100, 30}, {132, 50}} {
+		u := fmt.Sprintf("ws://%s/v1/sessions/%s/shell?cols=%d&rows=%d", e.gwAddr, s.ID, size[0], size[1])
+		c, _, err := websocket.DefaultDialer.Dial(u, http.Header{"Authorization": {"Bearer " + e.keyA}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.WriteMessage(websocket.BinaryMessage, []byte("stty size; exit 0\n"))
+		var screen strings.Builder
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		for {
+			mt, data, err := c.ReadMessage()
+			if err != nil {
+				break
+			}
+			if mt == websocket.BinaryMessage {
+				screen.Write(data)
+			}
+		}
+		c.Close()
+		if want := fmt.Sprintf("%d %d", size[1], size[0]); !strings.Contains(screen.String(), want) {
+			t.Fatalf("stty size with cols=%d rows=%d printed (want %q):\n%s", size[0], size[1], want, screen.String())
+		}
+	}
+}
+
 func TestExecBadInput(t *testing.T) {
 	e := needE2E(t)
 	s := e.createSession(t, e.keyB, nil)
