@@ -9,6 +9,10 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 )
 
+// mcpBodyLimit bounds a message to /mcp: write_file's 8 MiB, as base64,
+// in JSON-RPC.
+const mcpBodyLimit = 12 << 20
+
 // WithMCP serves an MCP server (streamable HTTP) at /mcp behind the
 // gateway's API-key check: a request without a valid key is refused
 // with 401 before it reaches the handler. The handler must answer with

@@ -84,3 +84,50 @@ func TestMCPRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestMCPBodyLimit: /mcp takes a message as large as write_file's (the
+// gateway's 1 MiB limit does not apply), and refuses one over its own.
+func TestMCPBodyLimit(t *testing.T) {
+	var got int
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = len(b)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	})
+	sum := sha256.Sum256([]byte("good-key"))
+	u, _ := url.Parse("http://gw.test:8080")
+	s, err := New(Config{
+		PublicURL: u, APIKeys: map[string]string{hex.EncodeToString(sum[:]): "tenant-a"},
+		TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1",
+	}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), WithMCP(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path   string
+		size   int
+		status int
+	}{
+		{"/mcp", 10 << 20, 200},
+		{"/mcp", 13 << 20, 413},
+		{"/v1/credentials", 2 << 20, 413}, // the gateway's own limit elsewhere
+	} {
+		body := `{"jsonrpc":"2.0","id":1,"method":"x","params":{"p":"` + strings.Repeat("a", tc.size) + `"}}`
+		req := httptest.NewRequest("POST", tc.path, strings.NewReader(body))
+		req.Host = "gw.test:8080"
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer good-key")
+		resp, err := s.App().Test(req, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != tc.status {
+			t.Fatalf("%s with %d bytes: %d, want %d", tc.path, tc.size, resp.StatusCode, tc.status)
+		}
+		if tc.status == 200 && got != len(body) {
+			t.Fatalf("the handler got %d bytes of %d", got, len(body))
+		}
+	}
+}

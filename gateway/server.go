@@ -309,9 +309,14 @@ func (s *Server) limitBody(c *fiber.Ctx) error {
 	if isUpload(c.Method(), c.OriginalURL()) {
 		return c.Next()
 	}
+	limit := s.cfg.BodyLimit
+	if s.mcp != nil && c.Path() == "/mcp" {
+		// MCP's write_file carries up to 8 MiB, base64 in JSON.
+		limit = max(limit, mcpBodyLimit)
+	}
 	n := c.Request().Header.ContentLength()
-	if n > s.cfg.BodyLimit || n == -1 {
-		return tooLarge(c, fmt.Sprintf("the request body is larger than %d bytes", s.cfg.BodyLimit))
+	if n > limit || n == -1 {
+		return tooLarge(c, fmt.Sprintf("the request body is larger than %d bytes", limit))
 	}
 	return c.Next()
 }
