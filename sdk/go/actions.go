@@ -28,11 +28,11 @@ type Action struct {
 // ActionResult is what an action returned. Screenshot, zoom and wait
 // carry a PNG (also stored as an artifact); cursor_position the cursor.
 type ActionResult struct {
-	Action   string    `json:"action"`
-	Cursor   *Point    `json:"cursor,omitempty"`
-	PNG      []byte    `json:"-"`
-	Artifact *Artifact `json:"artifact,omitempty"`
-	Took     time.Duration
+	Action   string        `json:"action"`
+	Cursor   *Point        `json:"cursor,omitempty"`
+	PNG      []byte        `json:"-"`
+	Artifact *Artifact     `json:"artifact,omitempty"`
+	Took     time.Duration `json:"-"` // from took_ms
 }
 
 // Point is a position on the screen.
