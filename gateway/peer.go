@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -14,10 +15,13 @@ import (
 // for its session to start) watches the connection itself.
 
 // watchPeer calls cancel when the client closes its connection while the
-// handler runs; the returned func stops the watch.
-func watchPeer(c *fiber.Ctx, cancel func()) (stop func()) {
+// handler runs (a half-close counts: the client can no longer be told it
+// has to retry); gone says whether it did. The returned func stops the
+// watch.
+func watchPeer(c *fiber.Ctx, cancel func()) (stop func(), gone func() bool) {
 	conn := c.Context().Conn()
 	done := make(chan struct{})
+	var left atomic.Bool
 	go func() {
 		tick := time.NewTicker(500 * time.Millisecond)
 		defer tick.Stop()
@@ -27,13 +31,14 @@ func watchPeer(c *fiber.Ctx, cancel func()) (stop func()) {
 				return
 			case <-tick.C:
 				if peerGone(conn) {
+					left.Store(true)
 					cancel()
 					return
 				}
 			}
 		}
 	}()
-	return func() { close(done) }
+	return func() { close(done) }, left.Load
 }
 
 // peerGone reports whether the other end closed conn, by peeking at it:

@@ -20,8 +20,13 @@ type artifactCounts struct {
 
 type artifactCount struct {
 	bytes int64
+	err   error // the store did not answer: kept for artifactErrFor
 	at    time.Time
 }
+
+// artifactErrFor is how long a store that did not answer is not asked
+// again, so that a store away does not slow every create.
+const artifactErrFor = 5 * time.Second
 
 // artifactBytes is what the tenant's artifacts take in the store, counted
 // at most artifactBytesFor ago.
@@ -29,17 +34,19 @@ func (s *Server) artifactBytes(ctx context.Context, tenant string) (int64, error
 	s.artifacts.mu.Lock()
 	c, ok := s.artifacts.m[tenant]
 	s.artifacts.mu.Unlock()
-	if ok && time.Since(c.at) < artifactBytesFor {
+	switch {
+	case ok && c.err != nil && time.Since(c.at) < artifactErrFor:
+		return 0, c.err
+	case ok && c.err == nil && time.Since(c.at) < artifactBytesFor:
 		return c.bytes, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
 	n, err := s.store.TenantBytes(ctx, tenant)
-	if err != nil {
-		return 0, err
-	}
 	s.artifacts.mu.Lock()
-	s.artifacts.m[tenant] = artifactCount{n, time.Now()}
+	s.artifacts.m[tenant] = artifactCount{bytes: n, err: err, at: time.Now()}
 	s.artifacts.mu.Unlock()
-	return n, nil
+	return n, err
 }
 
 // checkArtifactQuota refuses a create while the tenant's artifacts take

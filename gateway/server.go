@@ -310,7 +310,7 @@ func (s *Server) limitBody(c *fiber.Ctx) error {
 		return c.Next()
 	}
 	limit := s.cfg.BodyLimit
-	if s.mcp != nil && c.Path() == "/mcp" {
+	if s.mcp != nil && strings.EqualFold(strings.TrimSuffix(c.Path(), "/"), "/mcp") {
 		// MCP's write_file carries up to 8 MiB, base64 in JSON.
 		limit = max(limit, mcpBodyLimit)
 	}

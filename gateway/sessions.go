@@ -80,9 +80,14 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 	defer cancel()
 	// A client that hangs up leaves the line, and its cold start rolls
 	// back, rather than getting a session nobody receives.
-	defer watchPeer(c, cancel)()
+	stopWatch, gone := watchPeer(c, cancel)
+	defer stopWatch()
 	info, err := s.sessions.Create(ctx, spec, wait)
 	if err != nil {
+		if gone() {
+			// Nobody to answer: not the gateway's failure.
+			return &apiError{status: 499, code: "unavailable", msg: "the client went away", err: err}
+		}
 		return err
 	}
 	return c.Status(fiber.StatusCreated).JSON(info)

@@ -81,15 +81,6 @@ func (m *Manager) reserveFor(ctx context.Context, tenant string, need Resources,
 		m.mu.Unlock()
 		return nil, publicf(ErrInvalid, why, nil)
 	}
-	if lim, _ := m.Limits(tenant); lim.MaxCreatesPerMinute > 0 {
-		if n, wait := m.createsLastMinuteLocked(tenant); n >= lim.MaxCreatesPerMinute {
-			m.mu.Unlock()
-			return nil, &QuotaError{
-				PublicError: &PublicError{Class: ErrQuota, Msg: fmt.Sprintf("over quota: the tenant made %d creates in the last minute, its maximum", n)},
-				RetryAfter:  int(max(1, wait.Round(time.Second)/time.Second)),
-			}
-		}
-	}
 	q := m.queues[tenant]
 	if len(q) == 0 {
 		why := m.fitsLocked(tenant, need, record)
@@ -136,11 +127,11 @@ func (m *Manager) reserveFor(ctx context.Context, tenant string, need Resources,
 			return nil, fmt.Errorf("waiting for quota: %w", ctx.Err())
 		}
 		m.mu.Lock()
-		if m.draining || m.disabled(tenant) {
+		if draining := m.draining; draining || m.disabled(tenant) {
 			m.leaveLocked(w)
 			m.queueWaits.observe(time.Since(start), false)
 			m.mu.Unlock()
-			if m.draining {
+			if draining {
 				return nil, errDraining
 			}
 			return nil, errTenantDisabled
@@ -175,6 +166,7 @@ func (m *Manager) holdLocked(tenant string, need Resources, record bool) *reserv
 	r := &reservation{tenant: tenant, need: need, record: record}
 	m.reserved[r] = true
 	m.inflight++
+	m.createsLastMinuteLocked(tenant) // forget what is older than a minute
 	m.creates[tenant] = append(m.creates[tenant], time.Now())
 	return r
 }
@@ -305,8 +297,14 @@ func (m *Manager) usageLocked(tenant string) Usage {
 		}
 	}
 	for r := range m.reserved {
-		if !r.claiming && (tenant == "" || r.tenant == tenant) {
+		switch {
+		case tenant != "" && r.tenant != tenant:
+		case !r.claiming:
 			add(r.need, r.record)
+		case r.record:
+			// The claim counts the session; its recording starts after
+			// the claim, so the reservation holds that slot meanwhile.
+			u.Recordings++
 		}
 	}
 	if tenant == "" {
@@ -337,6 +335,11 @@ func (m *Manager) neverFits(tenant string, need Resources) string {
 func (m *Manager) fitsLocked(tenant string, need Resources, record bool) string {
 	u := m.usageLocked(tenant)
 	lim, _ := m.Limits(tenant)
+	if lim.MaxCreatesPerMinute > 0 {
+		if n, _ := m.createsLastMinuteLocked(tenant); n >= lim.MaxCreatesPerMinute {
+			return fmt.Sprintf("the tenant made %d creates in the last minute, its maximum", n)
+		}
+	}
 	switch {
 	case record && lim.MaxRecordings > 0 && u.Recordings+1 > lim.MaxRecordings:
 		return fmt.Sprintf("the tenant records %d sessions, its maximum", u.Recordings)
@@ -364,6 +367,11 @@ func (m *Manager) quotaErrLocked(tenant, why string) error {
 	for _, s := range m.sessions {
 		if s.pool == nil && s.info.State == StateRunning && s.info.Tenant == tenant {
 			retry = min(retry, s.info.ExpiresAt.Sub(now).Seconds())
+		}
+	}
+	if lim, _ := m.Limits(tenant); lim.MaxCreatesPerMinute > 0 {
+		if n, wait := m.createsLastMinuteLocked(tenant); n >= lim.MaxCreatesPerMinute {
+			retry = max(retry, wait.Seconds()) // no create gets in before the window has room
 		}
 	}
 	return &QuotaError{

@@ -382,8 +382,8 @@ func TestAdmitRecordingsAndRate(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.release(r3)
-	_, err = m.reserve(ctx, "a", oneCPU, time.Minute)
-	if retry := quotaRetry(t, err); retry < 1 || retry > 60 {
+	_, err = m.reserve(ctx, "a", oneCPU, 0)
+	if retry := quotaRetry(t, err); retry < 55 || retry > 60 {
 		t.Fatalf("Retry-After %d", retry)
 	}
 	if r, err := m.reserve(ctx, "b", oneCPU, 0); err != nil {
@@ -402,4 +402,53 @@ func TestAdmitRecordingsAndRate(t *testing.T) {
 	} else {
 		m.release(r)
 	}
+}
+
+// TestAdmitRateHoldsWaiters: a create let in from the line counts
+// against the creates a minute too (the line is no way around it).
+func TestAdmitRateHoldsWaiters(t *testing.T) {
+	m := admitManager(map[string]TenantLimits{"a": {MaxSessions: 1, MaxCreatesPerMinute: 2}}, 0)
+	ctx := context.Background()
+	m.addRunning(t, "a", "a0", oneCPU)
+	got := make(chan error, 4)
+	for range 4 {
+		go func() {
+			r, err := m.reserve(ctx, "a", oneCPU, 3*time.Second)
+			if err == nil {
+				m.release(r) // its session ends at once: the slot frees again
+			}
+			got <- err
+		}()
+	}
+	waitFor(t, func() bool { return m.Usage("a").Queued == 4 })
+	m.endSession("a0")
+	admitted := 0
+	for range 4 {
+		if err := <-got; err == nil {
+			admitted++
+		} else if !errors.Is(err, ErrQuota) {
+			t.Fatal(err)
+		}
+	}
+	if admitted != 2 || m.Usage("a").CreatesLastMinute != 2 {
+		t.Fatalf("%d of 4 waiting creates admitted under a rate of 2 a minute (%d counted)", admitted, m.Usage("a").CreatesLastMinute)
+	}
+}
+
+// TestAdmitRecordingDuringClaim: a recording create whose warm claim is
+// under way holds its recording slot.
+func TestAdmitRecordingDuringClaim(t *testing.T) {
+	m := admitManager(map[string]TenantLimits{"a": {MaxRecordings: 1}}, 0)
+	ctx := context.Background()
+	r, err := m.reserveFor(ctx, "a", oneCPU, true, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	r.claiming = true
+	m.mu.Unlock()
+	if _, err := m.reserveFor(ctx, "a", oneCPU, true, 0); !errors.Is(err, ErrQuota) {
+		t.Fatalf("a second recording while the first one's claim is under way: %v", err)
+	}
+	m.release(r)
 }

@@ -525,7 +525,9 @@ func (r *Registry) write(f file) error {
 		return fmt.Errorf("tenants: %w", err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(raw); err == nil {
+	// (err, not a new one: a failed write must not be renamed over the
+	// good file.)
+	if _, err = tmp.Write(raw); err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {

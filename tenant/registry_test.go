@@ -1,11 +1,15 @@
 package tenant
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -288,5 +292,43 @@ func TestConfigChanges(t *testing.T) {
 	}
 	if b, _ := r.Get("b"); !b.Disabled {
 		t.Fatalf("a tenant disabled through the API, dropped and named again: %+v", b)
+	}
+}
+
+// TestShortWriteKeepsFile: a write the disk cuts short (here a file-size
+// limit, as a full disk would) is an error, and the good file stays.
+func TestShortWriteKeepsFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tenants.json")
+	r, err := Open(path, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i := range 20 { // a file of some kilobytes
+		if _, _, err := r.Issue("a", strings.Repeat("k", 100)+string(rune('a'+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := os.ReadFile(path)
+	signal.Ignore(syscall.SIGXFSZ)
+	defer signal.Reset(syscall.SIGXFSZ)
+	var old syscall.Rlimit
+	syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old)
+	syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: 512, Max: old.Max})
+	_, _, err = r.Issue("a", "cut short")
+	syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old)
+	if !errors.Is(err, ErrNotSaved) {
+		t.Fatalf("a write cut short: %v", err)
+	}
+	after, _ := os.ReadFile(path)
+	if !bytes.Equal(before, after) || !json.Valid(after) {
+		t.Fatalf("the file changed after a write cut short: %d bytes, was %d", len(after), len(before))
+	}
+	// The control: with the limit gone, the same issue is written.
+	if _, _, err := r.Issue("a", "whole"); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(path); !bytes.Contains(after, []byte("whole")) {
+		t.Fatal("the control write is not in the file")
 	}
 }
