@@ -1,14 +1,10 @@
 package gateway
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"testing"
 )
@@ -23,15 +19,7 @@ func TestMCPRoute(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
 	})
-	sum := sha256.Sum256([]byte("good-key"))
-	u, _ := url.Parse("http://gw.test:8080")
-	s, err := New(Config{
-		PublicURL: u, APIKeys: map[string]string{hex.EncodeToString(sum[:]): "tenant-a"},
-		TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1",
-	}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), WithMCP(h))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestServer(t, WithMCP(h))
 	const both = "application/json, text/event-stream"
 	for _, tc := range []struct {
 		name, method, auth, host, origin, ctype, accept string
@@ -95,15 +83,7 @@ func TestMCPBodyLimit(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
 	})
-	sum := sha256.Sum256([]byte("good-key"))
-	u, _ := url.Parse("http://gw.test:8080")
-	s, err := New(Config{
-		PublicURL: u, APIKeys: map[string]string{hex.EncodeToString(sum[:]): "tenant-a"},
-		TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1",
-	}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), WithMCP(h))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestServer(t, WithMCP(h))
 	for _, tc := range []struct {
 		path   string
 		size   int

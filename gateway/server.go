@@ -303,16 +303,24 @@ func isUpload(method, uri string) bool {
 	return method == fiber.MethodPut && strings.HasSuffix(path, "/files")
 }
 
-// limitBody refuses request bodies over the limit, except file uploads,
-// which stream.
-func (s *Server) limitBody(c *fiber.Ctx) error {
-	if isUpload(c.Method(), c.OriginalURL()) {
-		return c.Next()
+// bodyLimit is the largest body a request may carry: none for a file
+// upload (it streams), MCP's own for /mcp (write_file carries up to 8 MiB,
+// base64 in JSON), the gateway's for everything else.
+func (s *Server) bodyLimit(c *fiber.Ctx) (limit int, streams bool) {
+	switch {
+	case isUpload(c.Method(), c.OriginalURL()):
+		return 0, true
+	case s.mcp != nil && strings.EqualFold(strings.TrimSuffix(c.Path(), "/"), "/mcp"):
+		return max(s.cfg.BodyLimit, mcpBodyLimit), false
 	}
-	limit := s.cfg.BodyLimit
-	if s.mcp != nil && strings.EqualFold(strings.TrimSuffix(c.Path(), "/"), "/mcp") {
-		// MCP's write_file carries up to 8 MiB, base64 in JSON.
-		limit = max(limit, mcpBodyLimit)
+	return s.cfg.BodyLimit, false
+}
+
+// limitBody refuses request bodies over their route's limit.
+func (s *Server) limitBody(c *fiber.Ctx) error {
+	limit, streams := s.bodyLimit(c)
+	if streams {
+		return c.Next()
 	}
 	n := c.Request().Header.ContentLength()
 	if n > limit || n == -1 {

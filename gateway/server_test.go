@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -15,11 +17,14 @@ import (
 
 // newTestServer builds the gateway without sessions or a store: enough for
 // everything that is refused before either is used.
+// goodKey is the digest of "good-key", tenant-a's API key in newTestServer.
+var goodKey = sha256.Sum256([]byte("good-key"))
+
 func newTestServer(t *testing.T, opts ...Option) *Server {
 	t.Helper()
 	u, _ := url.Parse("http://gw.test:8080")
 	s, err := New(Config{
-		PublicURL: u, APIKeys: map[string]string{},
+		PublicURL: u, APIKeys: map[string]string{hex.EncodeToString(goodKey[:]): "tenant-a"},
 		TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1",
 	}, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), opts...)
 	if err != nil {

@@ -60,15 +60,10 @@ type waiter struct {
 	ready  chan struct{} // buffered: a wake is never lost
 }
 
-// reserve admits a create for tenant that needs need, waiting up to wait
-// for room. The caller must hand the reservation to release once its
+// reserve admits a create for tenant that needs need (and a recording
+// slot, with record), waiting up to wait for room. The caller must hand the reservation to release once its
 // session counts by itself, or on failure.
-func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, wait time.Duration) (*reservation, error) {
-	return m.reserveFor(ctx, tenant, need, false, wait)
-}
-
-// reserveFor is reserve for a create that records its screen or not.
-func (m *Manager) reserveFor(ctx context.Context, tenant string, need Resources, record bool, wait time.Duration) (*reservation, error) {
+func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, record bool, wait time.Duration) (*reservation, error) {
 	if m.disabled(tenant) {
 		return nil, errTenantDisabled
 	}

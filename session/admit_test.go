@@ -53,7 +53,7 @@ func TestAdmitSessions(t *testing.T) {
 	m := admitManager(map[string]TenantLimits{"a": {MaxSessions: 2}, "b": {MaxSessions: 2}}, 0)
 	ctx := context.Background()
 	for i, id := range []string{"a1", "a2"} {
-		r, err := m.reserve(ctx, "a", oneCPU, 0)
+		r, err := m.reserve(ctx, "a", oneCPU, false, 0)
 		if err != nil {
 			t.Fatalf("create %d of 2: %v", i+1, err)
 		}
@@ -63,12 +63,12 @@ func TestAdmitSessions(t *testing.T) {
 	if got := m.Usage("a"); got.Sessions != 2 || got.CPUs != 2 || got.MaxSessions != 2 {
 		t.Fatalf("usage %+v", got)
 	}
-	_, err := m.reserve(ctx, "a", oneCPU, 0)
+	_, err := m.reserve(ctx, "a", oneCPU, false, 0)
 	if retry := quotaRetry(t, err); retry < 1 || retry > 30 {
 		t.Fatalf("Retry-After %d", retry)
 	}
 	// Tenant b is unaffected.
-	rb, err := m.reserve(ctx, "b", oneCPU, 0)
+	rb, err := m.reserve(ctx, "b", oneCPU, false, 0)
 	if err != nil {
 		t.Fatalf("tenant b: %v", err)
 	}
@@ -76,7 +76,7 @@ func TestAdmitSessions(t *testing.T) {
 
 	got := make(chan error, 1)
 	go func() {
-		r, err := m.reserve(ctx, "a", oneCPU, time.Minute)
+		r, err := m.reserve(ctx, "a", oneCPU, false, time.Minute)
 		if err == nil {
 			m.release(r)
 		}
@@ -105,13 +105,13 @@ func TestAdmitSessions(t *testing.T) {
 	m.mu.Lock()
 	m.queues["b"] = []*waiter{{tenant: "b", ready: make(chan struct{}, 1)}}
 	m.mu.Unlock()
-	if _, err := m.reserve(ctx, "b", oneCPU, 0); err == nil {
+	if _, err := m.reserve(ctx, "b", oneCPU, false, 0); err == nil {
 		t.Fatal("a create jumped the queue")
 	}
 	m.mu.Lock()
 	delete(m.queues, "b")
 	m.mu.Unlock()
-	rb, err = m.reserve(ctx, "b", oneCPU, 0)
+	rb, err = m.reserve(ctx, "b", oneCPU, false, 0)
 	if err != nil {
 		t.Fatalf("tenant b with no queue: %v", err)
 	}
@@ -125,7 +125,7 @@ func TestAdmitTimesOut(t *testing.T) {
 	ctx := context.Background()
 	m.addRunning(t, "a", "a1", oneCPU)
 	t0 := time.Now()
-	_, err := m.reserve(ctx, "a", oneCPU, 300*time.Millisecond)
+	_, err := m.reserve(ctx, "a", oneCPU, false, 300*time.Millisecond)
 	quotaRetry(t, err)
 	if d := time.Since(t0); d < 300*time.Millisecond {
 		t.Fatalf("gave up after %s", d)
@@ -135,7 +135,7 @@ func TestAdmitTimesOut(t *testing.T) {
 	}
 	// The control: with room, the same create gets in at once.
 	m.endSession("a1")
-	r, err := m.reserve(ctx, "a", oneCPU, 0)
+	r, err := m.reserve(ctx, "a", oneCPU, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestAdmitInOrder(t *testing.T) {
 	order := make(chan int, 3)
 	for i := range 3 {
 		go func() {
-			r, err := m.reserve(ctx, "a", oneCPU, time.Minute)
+			r, err := m.reserve(ctx, "a", oneCPU, false, time.Minute)
 			if err != nil {
 				t.Error(err)
 				return
@@ -181,32 +181,32 @@ func TestAdmitResources(t *testing.T) {
 	m := admitManager(map[string]TenantLimits{"a": {MaxCPUs: 3, MaxMemoryMB: 4096}, "b": {}}, 4)
 	ctx := context.Background()
 	m.addRunning(t, "a", "a1", Resources{CPUs: 2, MemoryMB: 1024})
-	if _, err := m.reserve(ctx, "a", Resources{CPUs: 2, MemoryMB: 512}, 0); err == nil {
+	if _, err := m.reserve(ctx, "a", Resources{CPUs: 2, MemoryMB: 512}, false, 0); err == nil {
 		t.Fatal("2 + 2 CPUs of 3 admitted")
 	}
-	if _, err := m.reserve(ctx, "a", Resources{CPUs: 1, MemoryMB: 3584}, 0); err == nil {
+	if _, err := m.reserve(ctx, "a", Resources{CPUs: 1, MemoryMB: 3584}, false, 0); err == nil {
 		t.Fatal("1024 + 3584 MB of 4096 admitted")
 	}
-	r, err := m.reserve(ctx, "a", Resources{CPUs: 1, MemoryMB: 3072}, 0)
+	r, err := m.reserve(ctx, "a", Resources{CPUs: 1, MemoryMB: 3072}, false, 0)
 	if err != nil {
 		t.Fatalf("exactly the tenant's limits: %v", err)
 	}
 	// The reservation counts until released: a second is refused.
-	if _, err := m.reserve(ctx, "a", Resources{CPUs: 0.25, MemoryMB: 512}, 0); err == nil {
+	if _, err := m.reserve(ctx, "a", Resources{CPUs: 0.25, MemoryMB: 512}, false, 0); err == nil {
 		t.Fatal("a reservation did not count")
 	}
 	m.release(r)
 	// Capacity: 4 sessions on the gateway, whoever's.
 	m.addRunning(t, "b", "b1", oneCPU)
 	m.addRunning(t, "b", "b2", oneCPU)
-	rb, err := m.reserve(ctx, "b", oneCPU, 0)
+	rb, err := m.reserve(ctx, "b", oneCPU, false, 0)
 	if err != nil {
 		t.Fatalf("the gateway's 4th session: %v", err)
 	}
 	if a := m.Admission(); !a.Full() {
 		t.Fatalf("4 of 4 is not full: %+v", a)
 	}
-	if _, err := m.reserve(ctx, "b", oneCPU, 0); err == nil {
+	if _, err := m.reserve(ctx, "b", oneCPU, false, 0); err == nil {
 		t.Fatal("a 5th session on a gateway of 4 admitted")
 	}
 	m.release(rb)
@@ -219,7 +219,7 @@ func TestAdmitResources(t *testing.T) {
 // its reservation's stead, never twice.
 func TestAdmitClaimCounts(t *testing.T) {
 	m := admitManager(map[string]TenantLimits{"a": {MaxSessions: 2}}, 0)
-	r, err := m.reserve(context.Background(), "a", oneCPU, 0)
+	r, err := m.reserve(context.Background(), "a", oneCPU, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,19 +261,19 @@ func waitFor(t *testing.T, cond func() bool) {
 func TestDrain(t *testing.T) {
 	m := admitManager(map[string]TenantLimits{"a": {MaxSessions: 1}}, 0)
 	ctx := context.Background()
-	r, err := m.reserve(ctx, "a", oneCPU, 0) // under way
+	r, err := m.reserve(ctx, "a", oneCPU, false, 0) // under way
 	if err != nil {
 		t.Fatal(err)
 	}
 	waited := make(chan error, 1)
-	go func() { _, err := m.reserve(ctx, "a", oneCPU, time.Minute); waited <- err }()
+	go func() { _, err := m.reserve(ctx, "a", oneCPU, false, time.Minute); waited <- err }()
 	waitFor(t, func() bool { return m.Usage("a").Queued == 1 })
 	drained := make(chan error, 1)
 	go func() { drained <- m.Drain(ctx) }()
 	if err := <-waited; !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("a waiting create at drain: %v", err)
 	}
-	if _, err := m.reserve(ctx, "b", oneCPU, 0); !errors.Is(err, ErrUnavailable) {
+	if _, err := m.reserve(ctx, "b", oneCPU, false, 0); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("a new create while draining: %v", err)
 	}
 	select {
@@ -300,7 +300,7 @@ func TestAdmitDisabled(t *testing.T) {
 	ctx := context.Background()
 	m.addRunning(t, "a", "a1", oneCPU)
 	waited := make(chan error, 1)
-	go func() { _, err := m.reserve(ctx, "a", oneCPU, time.Minute); waited <- err }()
+	go func() { _, err := m.reserve(ctx, "a", oneCPU, false, time.Minute); waited <- err }()
 	waitFor(t, func() bool { return m.Usage("a").Queued == 1 })
 	m.SetTenant("a", TenantLimits{MaxSessions: 1, Disabled: true})
 	select {
@@ -311,10 +311,10 @@ func TestAdmitDisabled(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("the waiting create of a disabled tenant still waits")
 	}
-	if _, err := m.reserve(ctx, "a", oneCPU, 0); !errors.Is(err, ErrDenied) {
+	if _, err := m.reserve(ctx, "a", oneCPU, false, 0); !errors.Is(err, ErrDenied) {
 		t.Fatalf("a create of a disabled tenant: %v", err)
 	}
-	r, err := m.reserve(ctx, "b", oneCPU, 0)
+	r, err := m.reserve(ctx, "b", oneCPU, false, 0)
 	if err != nil {
 		t.Fatalf("another tenant: %v", err)
 	}
@@ -326,10 +326,10 @@ func TestAdmitDisabled(t *testing.T) {
 func TestAdmitNeverFits(t *testing.T) {
 	m := admitManager(map[string]TenantLimits{"a": {MaxCPUs: 4}}, 0)
 	t0 := time.Now()
-	if _, err := m.reserve(context.Background(), "a", Resources{CPUs: 8, MemoryMB: 1024}, time.Minute); !errors.Is(err, ErrInvalid) || time.Since(t0) > time.Second {
+	if _, err := m.reserve(context.Background(), "a", Resources{CPUs: 8, MemoryMB: 1024}, false, time.Minute); !errors.Is(err, ErrInvalid) || time.Since(t0) > time.Second {
 		t.Fatalf("8 CPUs of a quota of 4: %v after %s", err, time.Since(t0))
 	}
-	r, err := m.reserve(context.Background(), "a", Resources{CPUs: 4, MemoryMB: 1024}, 0)
+	r, err := m.reserve(context.Background(), "a", Resources{CPUs: 4, MemoryMB: 1024}, false, 0)
 	if err != nil {
 		t.Fatalf("4 CPUs of 4: %v", err)
 	}
@@ -344,11 +344,11 @@ func TestStoppingCounts(t *testing.T) {
 	m.mu.Lock()
 	s.info.State = StateStopping
 	m.mu.Unlock()
-	if _, err := m.reserve(context.Background(), "a", oneCPU, 0); !errors.Is(err, ErrQuota) {
+	if _, err := m.reserve(context.Background(), "a", oneCPU, false, 0); !errors.Is(err, ErrQuota) {
 		t.Fatalf("a create while the only session stops: %v", err)
 	}
 	m.endSession("a1")
-	r, err := m.reserve(context.Background(), "a", oneCPU, 0)
+	r, err := m.reserve(context.Background(), "a", oneCPU, false, 0)
 	if err != nil {
 		t.Fatalf("once it stopped: %v", err)
 	}
@@ -361,14 +361,14 @@ func TestStoppingCounts(t *testing.T) {
 func TestAdmitRecordingsAndRate(t *testing.T) {
 	m := admitManager(map[string]TenantLimits{"a": {MaxRecordings: 1, MaxCreatesPerMinute: 3}, "b": {}}, 0)
 	ctx := context.Background()
-	r1, err := m.reserveFor(ctx, "a", oneCPU, true, 0)
+	r1, err := m.reserve(ctx, "a", oneCPU, true, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.reserveFor(ctx, "a", oneCPU, true, 0); !errors.Is(err, ErrQuota) {
+	if _, err := m.reserve(ctx, "a", oneCPU, true, 0); !errors.Is(err, ErrQuota) {
 		t.Fatalf("a second recording of one: %v", err)
 	}
-	r2, err := m.reserveFor(ctx, "a", oneCPU, false, 0)
+	r2, err := m.reserve(ctx, "a", oneCPU, false, 0)
 	if err != nil {
 		t.Fatalf("a session that does not record: %v", err)
 	}
@@ -377,16 +377,16 @@ func TestAdmitRecordingsAndRate(t *testing.T) {
 	}
 	m.release(r1)
 	m.release(r2)
-	r3, err := m.reserveFor(ctx, "a", oneCPU, true, 0) // the third of three a minute
+	r3, err := m.reserve(ctx, "a", oneCPU, true, 0) // the third of three a minute
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.release(r3)
-	_, err = m.reserve(ctx, "a", oneCPU, 0)
+	_, err = m.reserve(ctx, "a", oneCPU, false, 0)
 	if retry := quotaRetry(t, err); retry < 55 || retry > 60 {
 		t.Fatalf("Retry-After %d", retry)
 	}
-	if r, err := m.reserve(ctx, "b", oneCPU, 0); err != nil {
+	if r, err := m.reserve(ctx, "b", oneCPU, false, 0); err != nil {
 		t.Fatalf("another tenant: %v", err)
 	} else {
 		m.release(r)
@@ -397,7 +397,7 @@ func TestAdmitRecordingsAndRate(t *testing.T) {
 		m.creates["a"][i] = m.creates["a"][i].Add(-time.Minute)
 	}
 	m.mu.Unlock()
-	if r, err := m.reserve(ctx, "a", oneCPU, 0); err != nil {
+	if r, err := m.reserve(ctx, "a", oneCPU, false, 0); err != nil {
 		t.Fatalf("after the minute: %v", err)
 	} else {
 		m.release(r)
@@ -413,7 +413,7 @@ func TestAdmitRateHoldsWaiters(t *testing.T) {
 	got := make(chan error, 4)
 	for range 4 {
 		go func() {
-			r, err := m.reserve(ctx, "a", oneCPU, 3*time.Second)
+			r, err := m.reserve(ctx, "a", oneCPU, false, 3*time.Second)
 			if err == nil {
 				m.release(r) // its session ends at once: the slot frees again
 			}
@@ -440,14 +440,14 @@ func TestAdmitRateHoldsWaiters(t *testing.T) {
 func TestAdmitRecordingDuringClaim(t *testing.T) {
 	m := admitManager(map[string]TenantLimits{"a": {MaxRecordings: 1}}, 0)
 	ctx := context.Background()
-	r, err := m.reserveFor(ctx, "a", oneCPU, true, 0)
+	r, err := m.reserve(ctx, "a", oneCPU, true, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()
 	r.claiming = true
 	m.mu.Unlock()
-	if _, err := m.reserveFor(ctx, "a", oneCPU, true, 0); !errors.Is(err, ErrQuota) {
+	if _, err := m.reserve(ctx, "a", oneCPU, true, 0); !errors.Is(err, ErrQuota) {
 		t.Fatalf("a second recording while the first one's claim is under way: %v", err)
 	}
 	m.release(r)

@@ -126,7 +126,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	if err := m.checkDisk(); err != nil {
 		return Info{}, err
 	}
-	r, err := m.reserveFor(ctx, spec.Tenant, spec.Resources, spec.Record, spec.Wait)
+	r, err := m.reserve(ctx, spec.Tenant, spec.Resources, spec.Record, spec.Wait)
 	if err != nil {
 		return Info{}, err
 	}

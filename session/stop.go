@@ -71,7 +71,6 @@ func (m *Manager) beginStop(s *sess) bool {
 	}
 	s.info.State = StateStopping
 	closeConns(s, "")
-	m.wakeLocked()
 	return true
 }
 
