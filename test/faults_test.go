@@ -54,9 +54,9 @@ func restartContainerd(t *testing.T, down time.Duration) {
 			logf.Close()
 		}
 	}
-	for deadline := time.Now().Add(30 * time.Second); exec.Command("ctr", "version").Run() != nil; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); exec.Command("ctr", "version").Run() != nil; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("containerd did not answer within 30 s of its restart")
+			t.Fatal("containerd did not answer within 2 minutes of its restart")
 		}
 	}
 }
