@@ -25,6 +25,7 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
+	"github.com/gorilla/websocket"
 )
 
 // DiscoveryPaths are the CDP HTTP endpoints the gateway serves.
@@ -429,4 +430,52 @@ func firstPage(ctx context.Context, cdp netip.AddrPort) (string, error) {
 		}
 	}
 	return "", errors.New("the browser has no page open")
+}
+
+// maxCloseReply bounds what Close reads back from the browser.
+const maxCloseReply = 1 << 20
+
+// Close asks the session's browser to close cleanly (CDP Browser.close),
+// as a person closing its last window would: it writes its state (the
+// cookie store among it) before it exits. A SIGTERM does not do that
+// under every runtime. Close returns once the browser answered or hung
+// up, or ctx ended.
+func Close(ctx context.Context, cdp netip.AddrPort) error {
+	ws, err := browserWSURL(ctx, cdp)
+	if err != nil {
+		return err
+	}
+	d := websocket.Dialer{HandshakeTimeout: 10 * time.Second}
+	c, resp, err := d.DialContext(ctx, ws, nil)
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("close the browser: %w", err)
+	}
+	defer c.Close()
+	c.SetReadLimit(maxCloseReply)
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetReadDeadline(dl)
+		c.SetWriteDeadline(dl)
+	}
+	if err := c.WriteMessage(websocket.TextMessage, []byte(`{"id":1,"method":"Browser.close"}`)); err != nil {
+		return fmt.Errorf("close the browser: %w", err)
+	}
+	for {
+		_, msg, err := c.ReadMessage()
+		if err != nil {
+			// The browser hangs up as it exits: that is a close too.
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return nil
+		}
+		var r struct {
+			ID int `json:"id"`
+		}
+		if json.Unmarshal(msg, &r) == nil && r.ID == 1 {
+			return nil
+		}
+	}
 }

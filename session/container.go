@@ -48,12 +48,15 @@ type storedInfo struct {
 	Labels      map[string]string `json:"labels"`
 	Egress      Egress            `json:"egress"`
 	Start       string            `json:"start,omitempty"`
+	Profile     *ProfileUse       `json:"profile,omitempty"`
+	Snapshot    string            `json:"snapshot,omitempty"`
 }
 
 func containerLabels(info Info, addr string) (map[string]string, error) {
 	raw, err := json.Marshal(storedInfo{
 		Kind: info.Kind, Runtime: info.Runtime, IdleTimeout: info.IdleTimeout,
 		Resources: info.Resources, Screen: info.Screen, Record: info.Record, Labels: info.Labels, Egress: info.Egress, Start: info.Start,
+		Profile: info.Profile, Snapshot: info.Snapshot,
 	})
 	if err != nil {
 		return nil, err
@@ -85,6 +88,7 @@ func infoFromLabels(l map[string]string) (Info, error) {
 		ID: l[labelSession], Tenant: l[labelTenant], Kind: si.Kind, Runtime: si.Runtime,
 		CreatedAt: created, ExpiresAt: exp, IdleTimeout: si.IdleTimeout, Resources: si.Resources,
 		Screen: si.Screen, Record: si.Record, Labels: si.Labels, Egress: si.Egress, Start: si.Start,
+		Profile: si.Profile, Snapshot: si.Snapshot,
 	}, nil
 }
 

@@ -126,6 +126,18 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	if err := m.checkDisk(); err != nil {
 		return Info{}, err
 	}
+	// The profile first: a create waiting for it holds no share of the
+	// tenant's quotas meanwhile.
+	releaseProfile, err := m.holdProfile(ctx, spec)
+	if err != nil {
+		return Info{}, err
+	}
+	handed := false // to the session, which drops it when it ends
+	defer func() {
+		if !handed {
+			releaseProfile()
+		}
+	}()
 	r, err := m.reserve(ctx, spec.Tenant, spec.Resources, spec.Record, spec.Wait)
 	if err != nil {
 		return Info{}, err
@@ -140,7 +152,8 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		}
 	}()
 	t0 := time.Now()
-	if info, ok, err := m.createWarm(ctx, spec, t0, r); ok || err != nil {
+	handed = true // from here on the session or the warm claim drops it
+	if info, ok, err := m.createWarm(ctx, spec, t0, r, releaseProfile); ok || err != nil {
 		return info, err
 	}
 	now := time.Now().UTC()
@@ -149,6 +162,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		State: StateStarting, CreatedAt: now, ExpiresAt: now.Add(spec.TTL),
 		IdleTimeout: int(spec.IdleTimeout.Seconds()), Resources: spec.Resources, Screen: spec.Screen,
 		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress, Start: StartCold,
+		Profile: spec.Profile, Snapshot: spec.Snapshot,
 	}
 	if info.Labels == nil {
 		info.Labels = map[string]string{}
@@ -163,8 +177,10 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	if m.disabled(spec.Tenant) { // disabled while this create was admitted
 		m.mu.Unlock()
 		cancel()
+		releaseProfile()
 		return Info{}, errTenantDisabled
 	}
+	s.releaseProfile = releaseProfile
 	m.sessions[info.ID] = s
 	m.releaseLocked(r)
 	s.trail = m.openTrail(info.Tenant, info.ID)
@@ -302,6 +318,13 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	for name, d := range ready {
 		steps[name] = d.Milliseconds()
 	}
+	if info.Profile != nil || info.Snapshot != "" {
+		last = time.Now()
+		if ep.Version, err = m.restore(ctx, info, c, ep); err != nil {
+			return err
+		}
+		step("restore")
+	}
 	m.mu.Lock()
 	if s.info.State != StateStarting {
 		m.mu.Unlock()
@@ -330,7 +353,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 
 // createWarm hands out a pooled session when spec fits a pool that has
 // one; ok false sends the caller down the cold path.
-func (m *Manager) createWarm(ctx context.Context, spec Spec, t0 time.Time, r *reservation) (Info, bool, error) {
+func (m *Manager) createWarm(ctx context.Context, spec Spec, t0 time.Time, r *reservation, releaseProfile func()) (Info, bool, error) {
 	m.mu.Lock()
 	p := m.fitting(spec)
 	if p == nil {
@@ -350,8 +373,7 @@ func (m *Manager) createWarm(ctx context.Context, spec Spec, t0 time.Time, r *re
 		m.kickRefill()
 		return Info{}, false, nil
 	}
-	info, ok := m.claim(ctx, s, spec, t0, r)
-	return info, ok, nil
+	return m.claim(ctx, s, spec, t0, r, releaseProfile)
 }
 
 func failureText(ctx context.Context, err error) string {

@@ -63,6 +63,11 @@ func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (
 	if state != StateRunning {
 		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
 	}
+	return m.startIn(ctx, c, id, spec)
+}
+
+// startIn is Start in a container, whatever its session's state.
+func (m *Manager) startIn(ctx context.Context, c containerd.Container, id string, spec ExecSpec) (*Process, error) {
 	ctx = m.ctx(ctx)
 	cspec, err := c.Spec(ctx)
 	if err != nil {

@@ -161,6 +161,10 @@ type Manager struct {
 	draining bool
 	inflight int
 	creates  map[string][]time.Time // admission times in the last minute, by tenant
+	// Profile holds (keep.go) by tenant/profile; profileFreed is closed
+	// and replaced whenever one is dropped.
+	profiles     map[string]*profileHold
+	profileFreed chan struct{}
 }
 
 type sess struct {
@@ -183,6 +187,8 @@ type sess struct {
 	claimFor string
 	frozen   bool       // its processes are frozen (a pooled session waiting)
 	freezeMu sync.Mutex // orders a freeze and the thaw of a claim
+	// releaseProfile drops the session's profile hold once it has ended.
+	releaseProfile func()
 }
 
 func newSess(info Info) *sess {
@@ -242,7 +248,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	}
 	base, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), cfg.Namespace))
 	m := &Manager{client: client, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
-		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
+		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
 	m.runtimes = probeRuntimes(ctx, cfg.Runtimes)
 	if cfg.DefaultRuntime != "" {
@@ -416,6 +422,10 @@ func copyInfo(i Info) Info {
 		l[k] = v
 	}
 	i.Labels = l
+	if i.Profile != nil {
+		p := *i.Profile
+		i.Profile = &p
+	}
 	return i
 }
 

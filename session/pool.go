@@ -195,7 +195,7 @@ func (m *Manager) takePooled(p *pool, tenant string) *sess {
 // tenant's, or removes it as pooled, never half of each), then its record.
 // On failure the pooled session is removed and the caller takes the cold
 // path.
-func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r *reservation) (Info, bool) {
+func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r *reservation, releaseProfile func()) (Info, bool, error) {
 	// A claim, once begun, finishes even if its caller hangs up: the
 	// session is the tenant's then, as a cold one would be.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
@@ -208,6 +208,7 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	info.Tenant, info.CreatedAt, info.ExpiresAt = spec.Tenant, now, now.Add(spec.TTL)
 	info.IdleTimeout, info.Record, info.Labels, info.Egress = int(spec.IdleTimeout.Seconds()), spec.Record, spec.Labels, spec.Egress
 	info.Start = StartWarm
+	info.Profile, info.Snapshot = spec.Profile, spec.Snapshot
 	if info.Labels == nil {
 		info.Labels = map[string]string{}
 	}
@@ -235,10 +236,11 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 		m.mu.Unlock()
 		m.log.Warn("warm session could not be claimed; taking the cold path", "session", info.ID, "pool", p.key(), "err", err)
 		m.stopAsync(s, StateFailed, "the claim failed")
-		return Info{}, false
+		return Info{}, false, nil
 	}
 	s.pool, s.claimFor = nil, ""
 	s.info = info
+	s.releaseProfile = releaseProfile
 	m.releaseLocked(r)
 	s.lastActive = time.Now()
 	p.claims++
@@ -253,10 +255,28 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	m.mu.Unlock()
 	m.log.Info("session claimed from the warm pool", "session", info.ID, "tenant", info.Tenant, "pool", p.key(), "took", time.Since(t0))
 	time.AfterFunc(max(m.poolLimits.RefillDelay, 0), m.kickRefill)
+	if out.Profile != nil || out.Snapshot != "" {
+		// Written in before anyone has the session: a failure fails the
+		// create (the session is the tenant's now; it is not handed out).
+		t1 := time.Now()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+SaveTimeout)
+		version, err := m.restore(rctx, out, c, ep)
+		cancel()
+		if err != nil {
+			m.log.Warn("restore into a claimed session failed", "session", info.ID, "tenant", info.Tenant, "err", err)
+			failure := failureText(rctx, err)
+			m.stop(m.base, s, StateFailed, failure)
+			return Info{}, false, publicf(ErrUnavailable, "the session could not be started: "+failure, err)
+		}
+		m.mu.Lock()
+		s.ep.Version, ep.Version = version, version
+		s.record("restored", map[string]any{"took_ms": time.Since(t1).Milliseconds()})
+		m.mu.Unlock()
+	}
 	if o != nil {
 		o.SessionRunning(out, ep)
 	}
-	return out, true
+	return out, true, nil
 }
 
 // kickRefill wakes the refiller without waiting for it.

@@ -38,6 +38,12 @@ func (m *Manager) recover(ctx context.Context) error {
 		m.mu.Lock()
 		m.sessions[id] = s
 		m.byAddr[s.addr] = s
+		if p := s.info.Profile; p != nil {
+			// Its hold goes on: nothing else may take the profile first.
+			m.takeProfileLocked(s.info.Tenant, p)
+			tenant, use := s.info.Tenant, *p
+			s.releaseProfile = func() { m.mu.Lock(); m.dropProfileLocked(tenant, &use); m.mu.Unlock() }
+		}
 		m.mu.Unlock()
 		log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
 		m.wg.Add(1)

@@ -96,8 +96,23 @@ type Spec struct {
 	Labels      map[string]string
 	Egress      Egress
 	// Wait is how long a create over the tenant's quotas or the
-	// gateway's capacity may wait for room (0: refused at once).
+	// gateway's capacity, or for its profile, may wait (0: refused at
+	// once).
 	Wait time.Duration
+	// Profile is the browser profile the session starts with (nil: a
+	// fresh one); Snapshot the workspace snapshot it starts from (empty:
+	// none). The observer, a Keeper, writes both in.
+	Profile  *ProfileUse
+	Snapshot string
+}
+
+// ProfileUse names the browser profile a session starts with and says
+// whether the session writes it back when it ends cleanly. A session
+// that writes it back holds the profile alone; sessions that only read
+// it may share it.
+type ProfileUse struct {
+	ID      string `json:"id"`
+	Persist bool   `json:"persist"`
 }
 
 // Egress is what a session may reach through the egress proxy, and which
@@ -126,8 +141,10 @@ type Info struct {
 	Egress      Egress            `json:"egress"`
 	// Start is how the session was started: "warm" (claimed from a warm
 	// pool) or "cold".
-	Start   string `json:"start"`
-	Failure string `json:"failure,omitempty"`
+	Start    string      `json:"start"`
+	Profile  *ProfileUse `json:"profile,omitempty"`
+	Snapshot string      `json:"snapshot,omitempty"`
+	Failure  string      `json:"failure,omitempty"`
 }
 
 // Endpoint is where a running session's services answer, reachable from

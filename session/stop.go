@@ -85,6 +85,9 @@ func (m *Manager) teardown(ctx context.Context, s *sess, final State, failure st
 	// first, and removeContainer thaws what it froze.
 	s.freezeMu.Lock()
 	defer s.freezeMu.Unlock()
+	// A clean end writes the session's profile back first (its own bound,
+	// not the removal's).
+	m.save(ctx, s, c, final)
 	if err := removeContainer(ctx, c); err != nil {
 		log.Error("remove container", "err", err)
 	}
@@ -110,7 +113,12 @@ func (m *Manager) settle(s *sess, final State, failure string) {
 		delete(m.byAddr, s.addr)
 	}
 	s.record(string(final), map[string]any{"failure": failure})
+	release := s.releaseProfile
+	s.releaseProfile = nil
 	m.mu.Unlock()
+	if release != nil {
+		release()
+	}
 	close(s.done)
 	m.wg.Add(1)
 	go m.finalise(s)
