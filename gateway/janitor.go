@@ -37,6 +37,15 @@ func (s *Server) janitor(ctx context.Context) {
 			} else if n > 0 {
 				s.log.Info("retention removed artifacts", "tenant", tenant, "count", n)
 			}
+			if s.profiles == nil {
+				continue
+			}
+			// A profile keeps its current version whatever its age.
+			if n, err := s.profiles.Expire(ctx, tenant, time.Now().Add(-keep)); err != nil {
+				s.log.Warn("retention of profiles", "tenant", tenant, "err", err)
+			} else if n > 0 {
+				s.log.Info("retention removed profile versions", "tenant", tenant, "count", n)
+			}
 		}
 		if s.recorder == nil {
 			continue

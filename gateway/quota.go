@@ -43,6 +43,12 @@ func (s *Server) artifactBytes(ctx context.Context, tenant string) (int64, error
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	n, err := s.store.TenantBytes(ctx, tenant)
+	if err == nil && s.profiles != nil {
+		// Profiles count with artifacts.
+		var p int64
+		p, err = s.profiles.TenantBytes(ctx, tenant)
+		n += p
+	}
 	s.artifacts.mu.Lock()
 	s.artifacts.m[tenant] = artifactCount{bytes: n, err: err, at: time.Now()}
 	s.artifacts.mu.Unlock()
@@ -69,4 +75,12 @@ func (s *Server) checkArtifactQuota(c *fiber.Ctx, tenant string) error {
 		return &apiError{status: 429, code: "quota_exceeded", msg: fmt.Sprintf("over quota: the tenant's artifacts take %d bytes of its %d; delete some or let retention remove them", n, lim.MaxArtifactBytes)}
 	}
 	return nil
+}
+
+// invalidateArtifactBytes makes the next count of the tenant's stored
+// bytes ask the store (after a profile or snapshot changed them).
+func (s *Server) invalidateArtifactBytes(tenant string) {
+	s.artifacts.mu.Lock()
+	delete(s.artifacts.m, tenant)
+	s.artifacts.mu.Unlock()
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/profile"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/tenant"
@@ -91,6 +92,8 @@ type Server struct {
 	versions     versions
 	exits        browserExits
 	artifacts    artifactCounts
+	profiles     *profile.Store // nil: no profiles
+	keepLimits   ProfileLimits
 	mcp          http.Handler // nil: no /mcp
 	log          *slog.Logger
 	hosts        map[string]bool
@@ -148,6 +151,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	s.exits.reported = map[string]string{}
 	s.artifacts.m = map[string]artifactCount{}
 	s.exits.checking = map[string]bool{}
+	s.keepLimits = s.keepLimits.withDefaults()
 	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {
 		o(s)
@@ -265,6 +269,13 @@ func (s *Server) routes() {
 	v1.Get("/sessions/:id/files", s.getFile)
 	v1.Get("/sessions/:id/events", s.events)
 	v1.Get("/sessions/:id/artifacts", s.listArtifacts)
+	v1.Post("/sessions/:id/snapshots", s.createSnapshot)
+	v1.Get("/sessions/:id/snapshots", s.listSnapshots)
+	v1.Post("/profiles", s.createProfile)
+	v1.Get("/profiles", s.listProfiles)
+	v1.Get("/profiles/:pid", s.getProfile)
+	v1.Delete("/profiles/:pid", s.deleteProfile)
+	v1.Post("/profiles/:pid/rollback", s.rollbackProfile)
 	v1.Get("/artifacts/:id", s.getArtifact)
 
 	a.Get("/viewer-assets/:name", s.viewerAsset)

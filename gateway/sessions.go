@@ -24,9 +24,13 @@ type createRequest struct {
 	} `json:"egress"`
 	Credentials []egress.Binding  `json:"credentials"`
 	Labels      map[string]string `json:"labels"`
-	// WaitSeconds is how long a create over quota or capacity may wait
-	// in line for room (0, the default: refused at once).
+	// WaitSeconds is how long a create over quota or capacity, or for its
+	// profile, may wait (0, the default: refused at once).
 	WaitSeconds *int64 `json:"wait_seconds"`
+	// Profile is the browser profile to start with; Snapshot the
+	// workspace snapshot to start from.
+	Profile  *session.ProfileUse `json:"profile"`
+	Snapshot string              `json:"snapshot"`
 }
 
 // maxWaitSeconds bounds wait_seconds.
@@ -78,6 +82,16 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 	wait := c.Query("wait", "true") != "false"
 	ctx, cancel := reqCtx(c, 2*time.Minute+spec.Wait)
 	defer cancel()
+	if req.Profile != nil || req.Snapshot != "" {
+		kind := spec.Kind
+		if kind == "" {
+			kind = session.KindBrowser
+		}
+		if err := s.keepSpec(ctx, spec.Tenant, kind, req.Profile, req.Snapshot); err != nil {
+			return err
+		}
+		spec.Profile, spec.Snapshot = req.Profile, req.Snapshot
+	}
 	// A client that hangs up leaves the line, and its cold start rolls
 	// back, rather than getting a session nobody receives.
 	stopWatch, gone := watchPeer(c, cancel)

@@ -37,6 +37,8 @@ const (
 	KindDownload   = "download"
 	KindRecording  = "recording"
 	KindLog        = "log"
+	// KindSnapshot is a session's workspace and home as a tar.
+	KindSnapshot = "snapshot"
 	// KindSegment is a piece of a recording in progress; the finished
 	// recording replaces its segments.
 	KindSegment = "recording_segment"

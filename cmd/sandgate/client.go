@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,7 +34,10 @@ const sessionUsage = `usage: sandgate session SUBCOMMAND
   delete ID
   preview ID [-scope cdp] [-ttl SECONDS] [-view-only]
   screenshot ID [-o FILE]
-  artifacts ID`
+  artifacts ID
+  snapshot ID                       save its home and workspace (files, not processes)
+  snapshots ID
+  (create also takes -profile ID [-persist] and -snapshot ID)`
 
 // kvFlags collects repeated k=v flags (labels, environment).
 type kvFlags map[string]string
@@ -79,10 +83,18 @@ func cmdSession(ctx context.Context, args []string) error {
 		fs.Var(&allow, "allow", "egress host:port (or *.domain:port) the session may reach, repeatable")
 		labels := kvFlags{}
 		fs.Var(labels, "label", "k=v label, repeatable")
+		prof := fs.String("profile", "", "start with this browser profile")
+		persist := fs.Bool("persist", false, "write the profile back when the session ends cleanly")
+		snap := fs.String("snapshot", "", "start from this workspace snapshot")
+		wait := fs.Int("wait", 0, "seconds to wait for quota, capacity or the profile")
 		if err := fs.Parse(args); err != nil {
 			return usageError(err.Error())
 		}
-		req := sandgate.SessionRequest{Kind: *kind, Runtime: *rt, TTLSeconds: *ttl, IdleSeconds: *idle, Labels: labels, Record: *record, NoWait: true}
+		req := sandgate.SessionRequest{Kind: *kind, Runtime: *rt, TTLSeconds: *ttl, IdleSeconds: *idle, Labels: labels, Record: *record, NoWait: true,
+			Snapshot: *snap, WaitSeconds: *wait}
+		if *prof != "" {
+			req.Profile = &sandgate.ProfileUse{ID: *prof, Persist: *persist}
+		}
 		if len(allow) > 0 {
 			req.Egress = &sandgate.EgressRequest{Allow: allow}
 		}
@@ -130,7 +142,7 @@ func cmdSession(ctx context.Context, args []string) error {
 			return err
 		}
 		out = map[string]any{"pools": ps}
-	case "get", "delete", "artifacts", "events":
+	case "get", "delete", "artifacts", "events", "snapshot", "snapshots":
 		if err := fs.Parse(args); err != nil {
 			return usageError(err.Error())
 		}
@@ -151,6 +163,12 @@ func cmdSession(ctx context.Context, args []string) error {
 			var evs []sandgate.Event
 			evs, err = c.Events(ctx, id)
 			out = map[string]any{"events": evs}
+		case "snapshot":
+			out, err = c.CreateSnapshot(ctx, id)
+		case "snapshots":
+			var ss []sandgate.Snapshot
+			ss, err = c.Snapshots(ctx, id)
+			out = map[string]any{"snapshots": ss}
 		}
 		if err != nil {
 			return err
@@ -259,3 +277,53 @@ type listFlag []string
 
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+const profileUsage = `usage: sandgate profile SUBCOMMAND
+  create NAME
+  list
+  get ID
+  rollback ID VERSION     (0: a fresh profile)
+  delete ID`
+
+// cmdProfile runs the browser profile subcommands against SANDGATE_URL.
+func cmdProfile(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return usageError(profileUsage)
+	}
+	c, err := newAPIClient()
+	if err != nil {
+		return err
+	}
+	sub, rest := args[0], args[1:]
+	need := map[string]int{"create": 1, "list": 0, "get": 1, "rollback": 2, "delete": 1}
+	n, ok := need[sub]
+	if !ok || len(rest) != n {
+		return usageError(profileUsage)
+	}
+	var out any
+	switch sub {
+	case "create":
+		out, err = c.CreateProfile(ctx, rest[0])
+	case "list":
+		var ps []sandgate.Profile
+		ps, err = c.Profiles(ctx)
+		out = map[string]any{"profiles": ps}
+	case "get":
+		out, err = c.GetProfile(ctx, rest[0])
+	case "rollback":
+		v, perr := strconv.Atoi(rest[1])
+		if perr != nil {
+			return usageError("VERSION must be a number\n" + profileUsage)
+		}
+		out, err = c.RollbackProfile(ctx, rest[0], v)
+	case "delete":
+		if err = c.DeleteProfile(ctx, rest[0]); err == nil {
+			fmt.Fprintf(os.Stderr, "profile %s deleted\n", rest[0])
+			return nil
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return printJSON(out)
+}

@@ -174,6 +174,21 @@ type Config struct {
 		Bucket string `json:"bucket"`
 	} `json:"vault"`
 
+	// Profiles: browser profiles, sealed under a key derived from
+	// vault.key (without it, profiles are unavailable), and the bounds of
+	// what a profile's save and a workspace snapshot may hold.
+	Profiles struct {
+		Bucket string `json:"bucket"`
+		// KeepVersions is how many versions a profile keeps (default 5).
+		KeepVersions int `json:"keep_versions"`
+		// MaxBytes bounds a profile (default 128 MiB); MaxSnapshotBytes
+		// a workspace snapshot (default 1 GiB); MaxEntries the files of
+		// either (default 100000).
+		MaxBytes         int64 `json:"max_bytes"`
+		MaxSnapshotBytes int64 `json:"max_snapshot_bytes"`
+		MaxEntries       int   `json:"max_entries"`
+	} `json:"profiles"`
+
 	// Capacity bounds the tenant sessions the gateway runs at once, all
 	// tenants together (0: no limit; pooled sessions do not count). A
 	// create beyond it waits in line like one over its tenant's quota,
@@ -282,6 +297,7 @@ func defaultConfig() *Config {
 	c.Egress.IdleTimeout = Duration{egress.DefaultIdleTimeout}
 	c.Egress.FileReserve = egress.DefaultFileReserve
 	c.Vault.Bucket = "sandgate-vault"
+	c.Profiles.Bucket = "sandgate-profiles"
 	return c
 }
 

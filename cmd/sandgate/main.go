@@ -17,8 +17,10 @@ const usage = `usage: sandgate COMMAND [ARGS]
   serve -config FILE          run the gateway
   image build|ref             build the session image into containerd, or print its ref
   hash-key [KEY]              print the SHA-256 of an API key (a new key when none is given)
-  session create|list|get|extend|delete|preview|screenshot|artifacts|events
+  session create|list|get|extend|delete|preview|screenshot|artifacts|events|snapshot|snapshots
                               talk to a gateway: SANDGATE_URL and SANDGATE_API_KEY
+  profile create|list|get|rollback|delete
+                              browser profiles kept between sessions
   exec [-t SECONDS] [-e K=V] [-w DIR] [-u root] SESSION -- CMD [ARGS]
                               run a command; stdin is forwarded, the exit status passed through
   shell SESSION               an interactive shell
@@ -64,6 +66,8 @@ func main() {
 		err = cmdMCP(ctx, os.Args[2:])
 	case "admin":
 		err = cmdAdmin(ctx, os.Args[2:])
+	case "profile", "profiles":
+		err = cmdProfile(ctx, os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:

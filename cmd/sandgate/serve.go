@@ -21,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/images"
+	"github.com/sandgate/sandgate/profile"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/tenant"
@@ -145,6 +146,20 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	defer proxy.Close()
 
 	opts := []gateway.Option{gateway.WithVault(v), gateway.WithTenants(reg)}
+	if vkey != nil {
+		profiles, err := profile.Open(ctx, profile.Config{
+			Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
+			Secure: cfg.MinIO.Secure, Bucket: cfg.Profiles.Bucket, VaultKey: vkey, Keep: cfg.Profiles.KeepVersions,
+		})
+		if err != nil {
+			return fmt.Errorf("profiles: %w", err)
+		}
+		opts = append(opts, gateway.WithProfiles(profiles, gateway.ProfileLimits{
+			MaxProfileBytes: cfg.Profiles.MaxBytes, MaxSnapshotBytes: cfg.Profiles.MaxSnapshotBytes, MaxEntries: cfg.Profiles.MaxEntries,
+		}))
+	} else {
+		log.Warn("no vault.key configured: browser profiles are unavailable")
+	}
 	rec, err := recordings.NewRecorder(recordings.RecorderConfig{
 		Dir: filepath.Join(cfg.StateDir, "recordings"), FPS: cfg.Recording.FPS, Segment: cfg.Recording.Segment.Duration,
 		Log: log.With("component", "recorder"),

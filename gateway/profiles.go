@@ -1,0 +1,448 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/profile"
+	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/session"
+)
+
+// ProfileLimits bound what the gateway keeps of a session's profile and
+// workspace.
+type ProfileLimits struct {
+	MaxProfileBytes  int64 // a profile's tar (default 128 MiB)
+	MaxSnapshotBytes int64 // a snapshot's tar (default 1 GiB)
+	MaxEntries       int   // files and directories in either (default 100000)
+}
+
+func (l ProfileLimits) withDefaults() ProfileLimits {
+	if l.MaxProfileBytes <= 0 {
+		l.MaxProfileBytes = 128 << 20
+	}
+	if l.MaxSnapshotBytes <= 0 {
+		l.MaxSnapshotBytes = 1 << 30
+	}
+	if l.MaxEntries <= 0 {
+		l.MaxEntries = 100000
+	}
+	return l
+}
+
+// WithProfiles enables browser profiles (POST /v1/profiles, a session's
+// "profile") with their store.
+func WithProfiles(p *profile.Store, lim ProfileLimits) Option {
+	return func(s *Server) { s.profiles, s.keepLimits = p, lim.withDefaults() }
+}
+
+func (s *Server) needProfiles() error {
+	if s.profiles == nil {
+		return &apiError{status: 503, code: "unavailable", msg: "this gateway keeps no browser profiles (vault.key is not configured)"}
+	}
+	return nil
+}
+
+func profileError(err error) error {
+	switch {
+	case errors.Is(err, profile.ErrNotFound):
+		return errNotFound("no such profile")
+	case errors.Is(err, profile.ErrInvalid):
+		return errInvalid(strings.TrimPrefix(err.Error(), profile.ErrInvalid.Error()+": "))
+	case errors.Is(err, profile.ErrTampered):
+		return &apiError{status: 409, code: "conflict", msg: err.Error() + "; it was not loaded: roll the profile back to a kept version, or delete it", err: err}
+	default:
+		return &apiError{status: 503, code: "unavailable", msg: "the profile store is not answering", err: err}
+	}
+}
+
+func (s *Server) createProfile(c *fiber.Ctx) error {
+	if err := s.needProfiles(); err != nil {
+		return err
+	}
+	var req struct {
+		Name string `json:"name"`
+	}
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	p, err := s.profiles.Create(ctx, tenantOf(c), req.Name)
+	if err != nil {
+		return profileError(err)
+	}
+	s.log.Info("profile created", "tenant", tenantOf(c), "profile", p.ID)
+	return c.Status(fiber.StatusCreated).JSON(s.profileView(tenantOf(c), p))
+}
+
+// profileView is a profile as the API shows it: with whether a session
+// holds it now.
+func (s *Server) profileView(tenant string, p profile.Profile) fiber.Map {
+	return fiber.Map{"id": p.ID, "name": p.Name, "created_at": p.CreatedAt, "updated_at": p.UpdatedAt,
+		"current_version": p.Current, "versions": p.Versions, "in_use": s.sessions.ProfileInUse(tenant, p.ID)}
+}
+
+func (s *Server) listProfiles(c *fiber.Ctx) error {
+	if err := s.needProfiles(); err != nil {
+		return err
+	}
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	ps, err := s.profiles.List(ctx, tenantOf(c))
+	if err != nil {
+		return profileError(err)
+	}
+	out := make([]fiber.Map, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, s.profileView(tenantOf(c), p))
+	}
+	return c.JSON(fiber.Map{"profiles": out})
+}
+
+func (s *Server) getProfile(c *fiber.Ctx) error {
+	if err := s.needProfiles(); err != nil {
+		return err
+	}
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	p, err := s.profiles.Get(ctx, tenantOf(c), c.Params("pid"))
+	if err != nil {
+		return profileError(err)
+	}
+	return c.JSON(s.profileView(tenantOf(c), p))
+}
+
+func (s *Server) deleteProfile(c *fiber.Ctx) error {
+	if err := s.needProfiles(); err != nil {
+		return err
+	}
+	tenant, id := tenantOf(c), c.Params("pid")
+	if s.sessions.ProfileInUse(tenant, id) {
+		return &apiError{status: 409, code: "conflict", msg: "the profile is in use by a session; delete it once the session has ended"}
+	}
+	ctx, cancel := reqCtx(c, 60*time.Second)
+	defer cancel()
+	if err := s.profiles.Delete(ctx, tenant, id); err != nil {
+		return profileError(err)
+	}
+	s.invalidateArtifactBytes(tenant)
+	s.log.Info("profile deleted", "tenant", tenant, "profile", id)
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
+func (s *Server) rollbackProfile(c *fiber.Ctx) error {
+	if err := s.needProfiles(); err != nil {
+		return err
+	}
+	var req struct {
+		Version *int `json:"version"`
+	}
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	if req.Version == nil || *req.Version < 0 {
+		return errInvalid("version must be a kept version, or 0 for a fresh profile")
+	}
+	tenant, id := tenantOf(c), c.Params("pid")
+	if s.sessions.ProfileInUse(tenant, id) {
+		return &apiError{status: 409, code: "conflict", msg: "the profile is in use by a session; roll it back once the session has ended"}
+	}
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	p, err := s.profiles.Rollback(ctx, tenant, id, *req.Version)
+	if err != nil {
+		return profileError(err)
+	}
+	s.log.Info("profile rolled back", "tenant", tenant, "profile", id, "version", *req.Version)
+	return c.JSON(s.profileView(tenant, p))
+}
+
+// keepSpec checks a create's "profile" and "snapshot" and refuses, before
+// any session exists, a profile whose stored version does not open and a
+// snapshot that is not the tenant's.
+func (s *Server) keepSpec(ctx context.Context, tenant string, kind session.Kind, p *session.ProfileUse, snapshot string) error {
+	if p != nil {
+		if err := s.needProfiles(); err != nil {
+			return err
+		}
+		if kind == session.KindDesktop {
+			return errInvalid("a profile is a browser's: a desktop session cannot take one")
+		}
+		if !profile.IsID(p.ID) {
+			return errInvalid("profile.id must be a profile id (prof_ and 16 hex digits)")
+		}
+		_, r, err := s.profiles.Open(ctx, tenant, p.ID, true)
+		if err != nil {
+			return profileError(err)
+		}
+		r.Close()
+	}
+	if snapshot != "" {
+		a, _, err := s.store.Find(ctx, tenant, snapshot)
+		if err != nil || a.Kind != recordings.KindSnapshot {
+			return errNotFound("no such snapshot")
+		}
+	}
+	return nil
+}
+
+// Keeper: the observer moves profiles and snapshots in and out.
+var _ session.Keeper = (*observer)(nil)
+
+// Restore writes a starting session's snapshot, then its profile, in.
+func (o *observer) Restore(ctx context.Context, info session.Info, in *session.Inside) error {
+	s := (*Server)(o)
+	if info.Snapshot != "" {
+		if err := s.restoreSnapshot(ctx, info, in); err != nil {
+			return err
+		}
+	}
+	if info.Profile != nil {
+		return s.restoreProfile(ctx, info, in)
+	}
+	return nil
+}
+
+func (s *Server) restoreProfile(ctx context.Context, info session.Info, in *session.Inside) error {
+	if s.profiles == nil {
+		return &session.PublicError{Class: session.ErrUnavailable, Msg: "this gateway keeps no browser profiles"}
+	}
+	t0 := time.Now()
+	// Checked whole at the create; read again as it goes in. An object
+	// altered between the two fails here, and the session with it.
+	v, r, err := s.profiles.Open(ctx, info.Tenant, info.Profile.ID, false)
+	if err != nil {
+		return &session.PublicError{Class: session.ErrConflict, Msg: "profile " + info.Profile.ID + ": " + publicText(err), Err: err}
+	}
+	defer r.Close()
+	var stderr bytes.Buffer
+	body := &readErr{r: r}
+	code, err := in.Run(ctx, session.ExecSpec{Args: []string{"sandgate-profile", "restore"}, Stdin: body, Stderr: &limitWriter{w: &stderr, n: 4096}})
+	switch {
+	case body.err != nil:
+		return &session.PublicError{Class: session.ErrConflict, Msg: "profile " + info.Profile.ID + ": " + publicText(body.err), Err: body.err}
+	case err != nil:
+		return fmt.Errorf("restore profile: %w", err)
+	case code != 0:
+		return &session.PublicError{Class: session.ErrUnavailable, Msg: fmt.Sprintf("the profile could not be written into the session (status %d)", code),
+			Err: errors.New(stderr.String())}
+	}
+	s.sessions.Record(info.ID, "profile_restored", map[string]any{"profile": info.Profile.ID, "version": v.Version,
+		"size": v.Size, "persist": info.Profile.Persist, "took_ms": time.Since(t0).Milliseconds()})
+	return nil
+}
+
+// publicText is the message of a profile or snapshot error, safe to show.
+func publicText(err error) string {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.msg
+	}
+	if errors.Is(err, profile.ErrTampered) || errors.Is(err, profile.ErrNotFound) {
+		// These messages name only the profile, its version and what failed.
+		msg := err.Error()
+		if i := strings.Index(msg, profile.ErrTampered.Error()); i >= 0 {
+			msg = msg[i:]
+		}
+		return msg + "; it was not loaded"
+	}
+	return "the profile store is not answering"
+}
+
+// readErr remembers the error of the reader it passes on (a session sees
+// only that its stdin ended).
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		r.err = err
+	}
+	return n, err
+}
+
+// limitWriter keeps the first n bytes written to it.
+type limitWriter struct {
+	w io.Writer
+	n int
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if l.n > 0 {
+		k := min(len(p), l.n)
+		l.w.Write(p[:k])
+		l.n -= k
+	}
+	return len(p), nil
+}
+
+// Save writes a cleanly stopped session's profile back as a new version:
+// the session's tar is cleaned, checked for the values of the vault
+// credentials bound to the session, sealed as it is read, and stored
+// only once the session's side has ended well.
+func (o *observer) Save(ctx context.Context, info session.Info, in *session.Inside) {
+	s := (*Server)(o)
+	t0 := time.Now()
+	notSaved := func(reason string, err error) {
+		s.log.Warn("profile not saved", "session", info.ID, "tenant", info.Tenant, "profile", info.Profile.ID, "reason", reason, "err", err)
+		s.sessions.Record(info.ID, "profile_not_saved", map[string]any{"profile": info.Profile.ID, "reason": reason})
+	}
+	if s.profiles == nil {
+		notSaved("this gateway keeps no browser profiles", nil)
+		return
+	}
+	if lim, _ := s.sessions.Limits(info.Tenant); lim.MaxArtifactBytes > 0 {
+		if n, err := s.artifactBytes(ctx, info.Tenant); err == nil && n >= lim.MaxArtifactBytes {
+			notSaved(fmt.Sprintf("the tenant's stored bytes (%d) are at its quota (%d)", n, lim.MaxArtifactBytes), nil)
+			return
+		}
+	}
+	secrets, err := s.boundSecrets(ctx, info)
+	if err != nil {
+		notSaved("the session's credentials could not be opened to check the profile against them", err)
+		return
+	}
+	sv, err := s.profiles.NewSaver(ctx, info.Tenant, info.Profile.ID)
+	if err != nil {
+		notSaved("the profile is gone or the store is not answering", err)
+		return
+	}
+	scan := newSecretScan(secrets)
+	pr, pw := io.Pipe()
+	type cleaned struct {
+		sum profile.Summary
+		err error
+	}
+	done := make(chan cleaned, 1)
+	go func() {
+		sum, err := profile.Clean(io.MultiWriter(sv, scan), pr, profile.Rules{
+			MaxBytes: s.keepLimits.MaxProfileBytes, MaxEntries: s.keepLimits.MaxEntries, Skip: profile.ProfileSkip})
+		// Whatever is left of the session's output is read and dropped.
+		io.Copy(io.Discard, pr)
+		done <- cleaned{sum, err}
+	}()
+	// The browser is asked to close (it writes its state as it does),
+	// held down first so that the session does not start another.
+	if code, err := in.Run(ctx, session.ExecSpec{Args: []string{"sandgate-profile", "hold"}}); err != nil || code != 0 {
+		s.log.Warn("profile save: the browser could not be held down", "session", info.ID, "code", code, "err", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	if err := browser.Close(cctx, in.Endpoint().CDP); err != nil {
+		s.log.Warn("profile save: the browser did not take Browser.close; it gets a TERM", "session", info.ID, "err", err)
+	}
+	cancel()
+	var stderr bytes.Buffer
+	code, runErr := in.Run(ctx, session.ExecSpec{Args: []string{"sandgate-profile", "save"}, Stdout: pw, Stderr: &limitWriter{w: &stderr, n: 4096}})
+	pw.Close()
+	c := <-done
+	switch {
+	case runErr != nil:
+		sv.Abort()
+		notSaved("the session did not hand its profile over", runErr)
+		return
+	case code == 3:
+		sv.Abort()
+		notSaved("the browser did not close in time, so its state may be torn", nil)
+		return
+	case code != 0:
+		sv.Abort()
+		notSaved(fmt.Sprintf("the session's side of the save failed (status %d)", code), errors.New(stderr.String()))
+		return
+	case c.err != nil:
+		sv.Abort()
+		notSaved(publicCleanText(c.err), c.err)
+		return
+	case scan.found():
+		sv.Abort()
+		notSaved("the profile holds the value of a vault credential bound to the session; profiles never keep vault secrets", nil)
+		return
+	}
+	v, err := sv.Commit(ctx, info.ID, c.sum.Files)
+	if err != nil {
+		notSaved("the profile store did not take it", err)
+		return
+	}
+	s.invalidateArtifactBytes(info.Tenant)
+	s.sessions.Record(info.ID, "profile_saved", map[string]any{"profile": info.Profile.ID, "version": v.Version, "size": v.Size,
+		"stored_bytes": v.StoredBytes, "files": v.Files, "sha256": v.SHA256, "took_ms": time.Since(t0).Milliseconds()})
+	s.log.Info("profile saved", "session", info.ID, "tenant", info.Tenant, "profile", info.Profile.ID, "version", v.Version, "size", v.Size)
+}
+
+func publicCleanText(err error) string {
+	switch {
+	case errors.Is(err, profile.ErrTooLarge):
+		return "the session's archive is larger than this gateway keeps"
+	case errors.Is(err, profile.ErrBadArchive):
+		return "the session's archive was not a well-formed tar of plain names"
+	}
+	return "the archive could not be read"
+}
+
+// boundSecrets opens the values of the vault credentials bound to the
+// session.
+func (s *Server) boundSecrets(ctx context.Context, info session.Info) ([][]byte, error) {
+	var out [][]byte
+	if s.vault == nil {
+		return nil, nil
+	}
+	for _, b := range info.Egress.Credentials {
+		c, err := s.vault.Open(ctx, info.Tenant, b.Credential)
+		if err != nil {
+			continue // deleted: nothing of it to find
+		}
+		out = append(out, []byte(c.Secret))
+	}
+	return out, nil
+}
+
+// secretScan looks for any of its secrets in what is written to it,
+// across writes.
+type secretScan struct {
+	secrets [][]byte
+	tail    []byte
+	hit     bool
+	keep    int
+}
+
+func newSecretScan(secrets [][]byte) *secretScan {
+	sc := &secretScan{}
+	for _, x := range secrets {
+		if len(x) > 0 {
+			sc.secrets = append(sc.secrets, x)
+			sc.keep = max(sc.keep, len(x)-1)
+		}
+	}
+	return sc
+}
+
+func (sc *secretScan) Write(p []byte) (int, error) {
+	if sc.hit || len(sc.secrets) == 0 {
+		return len(p), nil
+	}
+	buf := append(sc.tail, p...)
+	for _, x := range sc.secrets {
+		if bytes.Contains(buf, x) {
+			sc.hit = true
+			return len(p), nil
+		}
+	}
+	if len(buf) > sc.keep {
+		buf = buf[len(buf)-sc.keep:]
+	}
+	sc.tail = append(sc.tail[:0], buf...)
+	return len(p), nil
+}
+
+func (sc *secretScan) found() bool { return sc.hit }

@@ -1,0 +1,183 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/profile"
+	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/session"
+)
+
+// A workspace snapshot is the session user's home (the workspace within
+// it) as a tar in the artifact store: files, directories and symlinks,
+// never running processes, and never the session's kept browser profile
+// (that is stored sealed, apart). It counts against the tenant's artifact
+// quota and goes with its retention like any artifact.
+
+// snapshotNote is what the API says of every snapshot.
+const snapshotNote = "files only: the home directory and workspace as they were; running processes, open pages and anything outside /home/sandgate are not kept"
+
+type snapshotView struct {
+	ID            string    `json:"id"`
+	Session       string    `json:"session"`
+	Size          int64     `json:"size"`
+	SHA256        string    `json:"sha256"`
+	CreatedAt     time.Time `json:"created_at"`
+	Paths         []string  `json:"paths"`
+	ProcessesKept bool      `json:"processes_kept"`
+	Note          string    `json:"note"`
+}
+
+func viewSnapshot(a recordings.Artifact) snapshotView {
+	return snapshotView{ID: a.ID, Session: a.Session, Size: a.Size, SHA256: a.SHA256, CreatedAt: a.CreatedAt,
+		Paths: []string{"/home/sandgate"}, ProcessesKept: false, Note: snapshotNote}
+}
+
+// createSnapshot: POST /v1/sessions/{id}/snapshots.
+func (s *Server) createSnapshot(c *fiber.Ctx) error {
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
+	}
+	tenant := tenantOf(c)
+	if _, err := s.sessions.Get(tenant, id); err != nil {
+		return err
+	}
+	if err := s.checkArtifactQuota(c, tenant); err != nil {
+		return err
+	}
+	ctx, cancel := reqCtx(c, 10*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	f, err := os.CreateTemp("", "sandgate-snapshot-*.tar")
+	if err != nil {
+		return fmt.Errorf("snapshot spool: %w", err)
+	}
+	os.Remove(f.Name())
+	defer f.Close()
+	pr, pw := io.Pipe()
+	type cleaned struct {
+		sum profile.Summary
+		err error
+	}
+	done := make(chan cleaned, 1)
+	go func() {
+		sum, err := profile.Clean(f, pr, profile.Rules{MaxBytes: s.keepLimits.MaxSnapshotBytes, MaxEntries: s.keepLimits.MaxEntries,
+			Skip: profile.SnapshotSkip, Symlinks: true})
+		if err != nil {
+			pr.CloseWithError(err) // the session's tar stops: nothing more is taken
+		}
+		io.Copy(io.Discard, pr)
+		done <- cleaned{sum, err}
+	}()
+	var stderr bytes.Buffer
+	p, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{
+		Args:   []string{"tar", "-c", "-C", "/home/sandgate", "-f", "-", "--exclude=./" + profile.ProfileDir, "."},
+		Stdout: pw, Stderr: &limitWriter{w: &stderr, n: 4096},
+	})
+	if err != nil {
+		pw.Close()
+		<-done
+		return err
+	}
+	code, err := p.Wait(ctx)
+	p.Close()
+	pw.Close()
+	cl := <-done
+	switch {
+	case err != nil:
+		return &apiError{status: 503, code: "unavailable", msg: "the session did not hand its files over in time", err: err}
+	case cl.err != nil:
+		return &apiError{status: 422, code: "invalid_argument", msg: publicCleanText(cl.err) +
+			fmt.Sprintf(" (at most %d bytes and %d entries)", s.keepLimits.MaxSnapshotBytes, s.keepLimits.MaxEntries), err: cl.err}
+	case code != 0 && code != 1:
+		// GNU tar: 1 is "some files changed while read", the archive is whole.
+		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("the session's tar failed (status %d)", code), err: errors.New(stderr.String())}
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	a, err := s.store.PutFrom(ctx, tenant, recordings.Artifact{Session: id, Kind: recordings.KindSnapshot, Name: "snapshot.tar", ContentType: "application/x-tar"}, f)
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store did not take the snapshot", err: err}
+	}
+	s.invalidateArtifactBytes(tenant)
+	s.sessions.Record(id, "snapshot_saved", map[string]any{"snapshot": a.ID, "size": a.Size, "sha256": a.SHA256,
+		"files": cl.sum.Files, "changed_while_read": code == 1, "took_ms": time.Since(t0).Milliseconds()})
+	return c.Status(fiber.StatusCreated).JSON(viewSnapshot(a))
+}
+
+// listSnapshots: GET /v1/sessions/{id}/snapshots, those taken of the
+// session (it may have ended).
+func (s *Server) listSnapshots(c *fiber.Ctx) error {
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := reqCtx(c, 30*time.Second)
+	defer cancel()
+	as, err := s.store.ListKind(ctx, tenantOf(c), id, recordings.KindSnapshot)
+	if err != nil {
+		return err
+	}
+	if len(as) == 0 {
+		if _, err := s.sessions.Get(tenantOf(c), id); err != nil {
+			return err
+		}
+	}
+	out := make([]snapshotView, 0, len(as))
+	for _, a := range as {
+		out = append(out, viewSnapshot(a))
+	}
+	return c.JSON(fiber.Map{"snapshots": out})
+}
+
+// restoreSnapshot unpacks a snapshot into a starting session's home,
+// holding the bytes to the digest the store recorded as they go.
+func (s *Server) restoreSnapshot(ctx context.Context, info session.Info, in *session.Inside) error {
+	t0 := time.Now()
+	a, _, err := s.store.Find(ctx, info.Tenant, info.Snapshot)
+	if err != nil || a.Kind != recordings.KindSnapshot {
+		return &session.PublicError{Class: session.ErrNotFound, Msg: "no such snapshot", Err: err}
+	}
+	pr, pw := io.Pipe()
+	h := sha256.New()
+	fetched := make(chan error, 1)
+	go func() {
+		err := s.store.Fetch(ctx, info.Tenant, a.ID, io.MultiWriter(pw, h))
+		pw.CloseWithError(err)
+		fetched <- err
+	}()
+	body := &readErr{r: pr}
+	var stderr bytes.Buffer
+	code, err := in.Run(ctx, session.ExecSpec{Args: []string{"tar", "-x", "-C", "/home/sandgate", "--no-same-owner", "-f", "-"},
+		Stdin: body, Stderr: &limitWriter{w: &stderr, n: 4096}})
+	// tar may stop at the archive's end marker: the rest is read too, so
+	// that the digest covers the whole object.
+	io.Copy(io.Discard, body)
+	if ferr := <-fetched; ferr != nil && body.err == nil {
+		body.err = ferr
+	}
+	switch {
+	case body.err != nil:
+		return &session.PublicError{Class: session.ErrUnavailable, Msg: "the snapshot could not be read from the artifact store", Err: body.err}
+	case err != nil:
+		return fmt.Errorf("restore snapshot: %w", err)
+	case code != 0:
+		return &session.PublicError{Class: session.ErrUnavailable, Msg: fmt.Sprintf("the snapshot could not be unpacked in the session (status %d)", code), Err: errors.New(stderr.String())}
+	case hex.EncodeToString(h.Sum(nil)) != a.SHA256:
+		return &session.PublicError{Class: session.ErrConflict, Msg: "the snapshot's stored bytes do not match its sha256; it was altered in the store"}
+	}
+	s.sessions.Record(info.ID, "snapshot_restored", map[string]any{"snapshot": a.ID, "size": a.Size, "sha256": a.SHA256, "took_ms": time.Since(t0).Milliseconds()})
+	return nil
+}
