@@ -47,6 +47,9 @@ func TestArchitecture(t *testing.T) {
 		"github.com/sandgate/sandgate/ids":        {"github.com/sandgate/sandgate/"},
 		// Tenants and keys: imported by the gateway and the composition root.
 		"github.com/sandgate/sandgate/tenant": {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/"},
+		// Profiles (and the cleaning of session tars): imported by the
+		// gateway and the composition root.
+		"github.com/sandgate/sandgate/profile": {"github.com/gofiber/", "github.com/containerd/containerd", "github.com/sandgate/sandgate/"},
 		// The Go SDK is what users import: nothing of the server.
 		"github.com/sandgate/sandgate/sdk/go": {"github.com/sandgate/sandgate/", "github.com/gofiber/", "github.com/containerd/"},
 	}

@@ -434,6 +434,22 @@ func TestOpenAPIContract(t *testing.T) {
 		}
 	}
 
+	// Profiles and snapshots.
+	var prof struct{ ID string }
+	c.json(t, e.keyA, "POST", "/v1/profiles", map[string]any{"name": "contract"}, 201, &prof)
+	c.json(t, e.keyA, "GET", "/v1/profiles", nil, 200, nil)
+	c.json(t, e.keyA, "GET", "/v1/profiles/"+prof.ID, nil, 200, nil)
+	c.json(t, e.keyB, "GET", "/v1/profiles/"+prof.ID, nil, 404, nil)
+	c.json(t, e.keyA, "POST", "/v1/profiles/"+prof.ID+"/rollback", map[string]any{"version": 0}, 200, nil)
+	c.json(t, e.keyA, "POST", "/v1/profiles/"+prof.ID+"/rollback", map[string]any{"version": 3}, 400, nil)
+	c.do(t, call{method: "POST", path: "/v1/profiles", key: e.keyA, body: []byte(`{"name":""}`), status: 400, invalid: true})
+	var snap struct{ ID string }
+	c.json(t, e.keyA, "POST", sp+"/snapshots", nil, 201, &snap)
+	c.json(t, e.keyA, "GET", sp+"/snapshots", nil, 200, nil)
+	c.json(t, e.keyB, "GET", sp+"/snapshots", nil, 404, nil)
+	c.do(t, call{method: "DELETE", path: "/v1/profiles/" + prof.ID, key: e.keyA, status: 204})
+	c.do(t, call{method: "DELETE", path: "/v1/profiles/" + prof.ID, key: e.keyA, status: 404})
+
 	// The end.
 	c.json(t, e.keyA, "DELETE", sp, nil, 200, nil)
 

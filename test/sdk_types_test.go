@@ -42,6 +42,9 @@ func TestGoSDKTypesMatchOpenAPI(t *testing.T) {
 		{"CreateSession", sandgate.SessionRequest{}},
 		{"ExecRequest", sandgate.ExecRequest{}},
 		{"NewCredential", sandgate.CredentialRequest{}},
+		{"Profile", sandgate.Profile{}},
+		{"ProfileVersion", sandgate.ProfileVersion{}},
+		{"Snapshot", sandgate.Snapshot{}},
 	} {
 		ref := doc.Components.Schemas[tc.schema]
 		if ref == nil || ref.Value == nil {

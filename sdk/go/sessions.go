@@ -60,6 +60,14 @@ type SessionRequest struct {
 	// gateway's capacity wait in line this long for room (at most 600);
 	// 0 is refused at once (IsQuotaExceeded, with Error.RetryAfter).
 	WaitSeconds int `json:"wait_seconds,omitempty"`
+	// Profile starts the session with a browser profile (CreateProfile);
+	// with Persist it writes the profile back when it ends cleanly and
+	// holds it alone meanwhile (another create gets a 409 conflict, or
+	// waits up to WaitSeconds).
+	Profile *ProfileUse `json:"profile,omitempty"`
+	// Snapshot starts the session from a workspace snapshot
+	// (CreateSnapshot): its files, not its processes.
+	Snapshot string `json:"snapshot,omitempty"`
 	// NoWait returns as soon as the session is created, in state
 	// "starting"; WaitRunning waits for it.
 	NoWait bool `json:"-"`
@@ -86,7 +94,15 @@ type Session struct {
 	Labels      map[string]string `json:"labels"`
 	Egress      Egress            `json:"egress"`
 	Start       string            `json:"start"` // warm (from a pool) or cold
+	Profile     *ProfileUse       `json:"profile,omitempty"`
+	Snapshot    string            `json:"snapshot,omitempty"`
 	Failure     string            `json:"failure,omitempty"`
+}
+
+// ProfileUse names the profile a session starts with.
+type ProfileUse struct {
+	ID      string `json:"id"`
+	Persist bool   `json:"persist"`
 }
 
 // CreateSession creates a session and, unless req.NoWait, returns once
