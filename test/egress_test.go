@@ -166,7 +166,7 @@ func reachableFromHost(t *testing.T, hostPort string) {
 }
 
 // events returns the session's audit trail.
-func (e *testEnv) events(t *testing.T, key, id string) []struct {
+func (e *testEnv) events(t testing.TB, key, id string) []struct {
 	Type   string         `json:"type"`
 	Fields map[string]any `json:"fields"`
 } {
@@ -201,13 +201,13 @@ func hasEvent(evs []struct {
 
 // cdpContext connects chromedp to a session of tenant A through the
 // gateway.
-func (e *testEnv) cdpContext(t *testing.T, id string) context.Context {
+func (e *testEnv) cdpContext(t testing.TB, id string) context.Context {
 	t.Helper()
 	return e.cdpContextKey(t, e.keyA, id)
 }
 
 // cdpContextKey connects chromedp to a session of the key's tenant.
-func (e *testEnv) cdpContextKey(t *testing.T, key, id string) context.Context {
+func (e *testEnv) cdpContextKey(t testing.TB, key, id string) context.Context {
 	t.Helper()
 	p := e.preview(t, key, id, 300)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

@@ -20,6 +20,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/sandgate/sandgate/profile"
 )
 
 // profilePort is the port of the profile tests' site on the test hosts:
@@ -257,6 +259,16 @@ func TestProfileLogin(t *testing.T) {
 		t.Fatalf("after the save: %+v", got)
 	}
 	t.Logf("profile saved: version 1, %d bytes of tar, %d sealed, in %v ms", got.Versions[0].Size, got.Versions[0].StoredBytes, saved["took_ms"])
+	// Sealed at rest: the stored object shows nothing of the profile (a
+	// SQLite file's header, the cookie's name), which the gateway's own
+	// reading of it does (the control).
+	sealed := readObject(t, e.profileBucket(t), "tenant-a/"+p.ID+"/v1.sealed")
+	if bytes.Contains(sealed, []byte("SQLite format 3")) || bytes.Contains(sealed, []byte("sandgate.test")) {
+		t.Errorf("the stored profile holds plaintext")
+	}
+	if plain := e.openProfile(t, "tenant-a", p.ID); !bytes.Contains(plain, []byte("SQLite format 3")) || !bytes.Contains(plain, []byte("login.sandgate.test")) {
+		t.Errorf("the opened profile lacks the cookie store (%d bytes)", len(plain))
+	}
 
 	// 2. The same profile, read only: logged in, nothing typed.
 	s2 := e.profileSession(t, e.keyA, p.ID, false, nil)
@@ -690,4 +702,89 @@ func jsonLocation(t testing.TB, e *testEnv, id string) string {
 	}
 	resp.Body.Close()
 	return resp.Header.Get("Location")
+}
+
+// TestProfileQuotaAndRetention: profile versions count against the
+// tenant's artifact quota (a snapshot is refused with 429 and a save
+// says why it did not happen once the tenant is over it; the same before
+// it is over, the control, went through); retention removes old versions
+// but never the current one, which still starts sessions.
+func TestProfileQuotaAndRetention(t *testing.T) {
+	e := needE2E(t)
+	runc := map[string]any{"runtime": "runc"}
+
+	// Quota, on a tenant made for it.
+	name := "profquota-" + randHex(4)
+	e.admin(t, "POST", "/tenants", map[string]any{"name": name, "max_artifact_bytes": 600000}, 201, nil)
+	defer e.api(t, e.adminKey, "PATCH", "/admin/v1/tenants/"+name, map[string]any{"disabled": true})
+	var k adminKey
+	e.admin(t, "POST", "/tenants/"+name+"/keys", map[string]any{}, 201, &k)
+	pa, pb := e.newProfile(t, k.APIKey, "a"), e.newProfile(t, k.APIKey, "b")
+	s1 := e.profileSession(t, k.APIKey, pa.ID, true, runc)
+	s2 := e.profileSession(t, k.APIKey, pb.ID, true, runc)
+	if st, raw := e.api(t, k.APIKey, "POST", "/v1/sessions/"+s2.ID+"/snapshots", nil); st != 201 {
+		t.Fatalf("a snapshot under the quota (the control): %d %s", st, raw)
+	}
+	if _, ok := eventOf(e.stopSession(t, k.APIKey, s1.ID), "profile_saved"); !ok {
+		t.Fatal("the first save, under the quota, did not happen")
+	}
+	if st, raw := e.api(t, k.APIKey, "POST", "/v1/sessions/"+s2.ID+"/snapshots", nil); st != 429 || jsonErrCode(raw) != "quota_exceeded" {
+		t.Fatalf("a snapshot over the quota: %d %s", st, raw)
+	}
+	f, ok := eventOf(e.stopSession(t, k.APIKey, s2.ID), "profile_not_saved")
+	if !ok || !strings.Contains(fmt.Sprint(f["reason"]), "quota") {
+		t.Fatalf("a save over the quota: %v %v", f, ok)
+	}
+	if u := e.usage(t, k.APIKey); u.ArtifactBytes < e.getProfile(t, k.APIKey, pa.ID).Versions[0].StoredBytes {
+		t.Errorf("usage counts %d artifact bytes, less than the profile's version", u.ArtifactBytes)
+	}
+
+	// Retention (tenant-c keeps artifacts 3 s).
+	p := e.newProfile(t, e.keyC, "retention")
+	for range 2 {
+		s := e.profileSession(t, e.keyC, p.ID, true, runc)
+		if _, ok := eventOf(e.stopSession(t, e.keyC, s.ID), "profile_saved"); !ok {
+			t.Fatal("not saved")
+		}
+	}
+	var got profileInfo
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		got = e.getProfile(t, e.keyC, p.ID)
+		if len(got.Versions) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retention left %d versions after 60 s", len(got.Versions))
+		}
+	}
+	if got.Current != 2 || got.Versions[0].Version != 2 {
+		t.Fatalf("retention took the current version: %+v", got)
+	}
+	time.Sleep(4 * time.Second) // older than the retention now, and kept
+	s := e.profileSession(t, e.keyC, p.ID, false, runc)
+	if f, ok := eventOf(e.events(t, e.keyC, s.ID), "profile_restored"); !ok || f["version"] != float64(2) {
+		t.Fatalf("after retention: %v %v", f, ok)
+	}
+}
+
+// openProfile reads a profile's current version as the gateway does,
+// with the test's vault key.
+func (e *testEnv) openProfile(t testing.TB, tenant, id string) []byte {
+	t.Helper()
+	key, _ := hex.DecodeString(e.vaultKey)
+	st, err := profile.Open(context.Background(), profile.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret",
+		Bucket: profilesBucket, VaultKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, r, err := st.Open(context.Background(), tenant, id, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

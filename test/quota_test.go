@@ -34,12 +34,13 @@ func (e *testEnv) rawCreate(t testing.TB, key string, req map[string]any) (int, 
 }
 
 type usageInfo struct {
-	Sessions    int     `json:"sessions"`
-	CPUs        float64 `json:"cpus"`
-	MemoryMB    int     `json:"memory_mb"`
-	Queued      int     `json:"queued"`
-	MaxSessions int     `json:"max_sessions"`
-	MaxMemoryMB int     `json:"max_memory_mb"`
+	Sessions      int     `json:"sessions"`
+	CPUs          float64 `json:"cpus"`
+	MemoryMB      int     `json:"memory_mb"`
+	Queued        int     `json:"queued"`
+	MaxSessions   int     `json:"max_sessions"`
+	MaxMemoryMB   int     `json:"max_memory_mb"`
+	ArtifactBytes int64   `json:"artifact_bytes"`
 }
 
 func (e *testEnv) usage(t testing.TB, key string) usageInfo {
