@@ -143,6 +143,11 @@ func (m *Manager) sessionEnv(info Info) []string {
 		"http_proxy=" + proxy, "https_proxy=" + proxy, "HTTP_PROXY=" + proxy, "HTTPS_PROXY=" + proxy,
 		"no_proxy=localhost,127.0.0.1", "NO_PROXY=localhost,127.0.0.1",
 	}
+	if info.Profile != nil {
+		// The browser waits for its profile: it starts once, on it,
+		// rather than on a fresh one first.
+		env = append(env, "SANDGATE_BROWSER_HOLD=1")
+	}
 	if m.cfg.Env != nil {
 		env = append(env, m.cfg.Env(info)...)
 	}

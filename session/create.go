@@ -310,7 +310,8 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	}
 	step("task")
 	ep := endpointOf(addr)
-	ready, version, err := waitReady(ctx, ep, info.Kind == KindBrowser, exited, m.cfg.ReadyTimeout)
+	// A browser that waits for its profile answers CDP after the restore.
+	ready, version, err := waitReady(ctx, ep, info.Kind == KindBrowser && info.Profile == nil, exited, m.cfg.ReadyTimeout)
 	ep.Version = version
 	if err != nil {
 		return err
