@@ -422,6 +422,54 @@ func TestWarmPool(t *testing.T) {
 		}
 	})
 
+	t.Run("kept-profile-and-snapshot", func(t *testing.T) {
+		// A warm claim with a profile: its browser starts again on the
+		// profile before the session is handed out; its end saves it; the
+		// next warm claim with it has what the first set. A warm claim
+		// from a snapshot has the snapshot's files.
+		const page = "http://pages.sandgate.test/hello.html"
+		p := e.newProfile(t, e.keyA, "warm")
+		e.waitPool(t, 1)
+		first, start, _ := e.claim(t, e.keyA, map[string]any{"profile": map[string]any{"id": p.ID, "persist": true}})
+		if start != "warm" {
+			t.Fatalf("first claim: start %q", start)
+		}
+		ctx := e.cdpContextKey(t, e.keyA, first.ID)
+		if _, err := navigateTitle(ctx, page); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.cookie = "warmkept=1; max-age=3600"; localStorage.setItem("warmkept", "1"); "set"`)); err != nil {
+			t.Fatal(err)
+		}
+		if out := e.execIn(t, e.keyA, first.ID, map[string]any{"cmd": []string{"sh", "-c", "mkdir -p ~/workspace/w && echo warm > ~/workspace/w/f.txt"}}); out.ExitCode != 0 {
+			t.Fatalf("write: %s", out.Stderr)
+		}
+		st, raw := e.api(t, e.keyA, "POST", "/v1/sessions/"+first.ID+"/snapshots", nil)
+		if st != 201 {
+			t.Fatalf("snapshot: %d %s", st, raw)
+		}
+		snap := jsonField(raw, "id")
+		if _, ok := eventOf(e.stopSession(t, e.keyA, first.ID), "profile_saved"); !ok {
+			t.Fatal("the warm session's profile was not saved")
+		}
+		e.waitPool(t, 1)
+		second, start, _ := e.claim(t, e.keyA, map[string]any{"profile": map[string]any{"id": p.ID}, "snapshot": snap})
+		if start != "warm" {
+			t.Fatalf("second claim: start %q", start)
+		}
+		ctx2 := e.cdpContextKey(t, e.keyA, second.ID)
+		if _, err := navigateTitle(ctx2, page); err != nil {
+			t.Fatal(err)
+		}
+		c, err := chromedp.Run(ctx2, chromedp.Evaluate[string](`document.cookie + " " + localStorage.getItem("warmkept")`))
+		if err != nil || !strings.Contains(c, "warmkept=1") || !strings.HasSuffix(c, " 1") {
+			t.Errorf("the warm claim with the profile sees %q (%v)", c, err)
+		}
+		if out := e.execIn(t, e.keyA, second.ID, map[string]any{"cmd": []string{"cat", "/home/sandgate/workspace/w/f.txt"}}); string(out.Stdout) != "warm\n" {
+			t.Errorf("the warm claim from the snapshot has %q %s", out.Stdout, out.Stderr)
+		}
+	})
+
 	// Every claim above waited for an available session: the pool
 	// counts each, and no miss.
 	ps := e.pools(t)[0]
