@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -787,4 +788,37 @@ func (e *testEnv) openProfile(t testing.TB, tenant, id string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestProfileAcrossRestart: a gateway killed while a session holds a
+// profile comes back with the hold (a second writer is still refused)
+// and saves the profile when the session ends.
+func TestProfileAcrossRestart(t *testing.T) {
+	e := needE2E(t)
+	p := e.newProfile(t, e.keyA, "restart")
+	s := e.profileSession(t, e.keyA, p.ID, true, map[string]any{"runtime": "runc"})
+	mark := "restart-mark-" + randHex(6)
+	if out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "printf %s " + mark + " > ~/.sandgate-profile/sandgate-mark"}}); out.ExitCode != 0 {
+		t.Fatalf("mark: %s", out.Stderr)
+	}
+	e.stopGateway(syscall.SIGKILL)
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.getProfile(t, e.keyA, p.ID); !got.InUse {
+		t.Errorf("after the restart the profile is not shown in use")
+	}
+	req := map[string]any{"runtime": "runc", "labels": map[string]string{"test": t.Name()}, "profile": map[string]any{"id": p.ID, "persist": true}}
+	if st, raw := e.api(t, e.keyA, "POST", "/v1/sessions", req); st != 409 {
+		t.Errorf("a second writer after the restart: %d %s", st, raw)
+		if st == 201 {
+			e.api(t, e.keyA, "DELETE", "/v1/sessions/"+jsonField(raw, "id"), nil)
+		}
+	}
+	if _, ok := eventOf(e.stopSession(t, e.keyA, s.ID), "profile_saved"); !ok {
+		t.Fatal("the adopted session's profile was not saved")
+	}
+	if plain := e.openProfile(t, "tenant-a", p.ID); !bytes.Contains(plain, []byte(mark)) {
+		t.Errorf("the saved profile lacks what the session wrote before the restart")
+	}
 }
