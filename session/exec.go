@@ -168,11 +168,28 @@ func (e *eofReader) Read(p []byte) (int, error) {
 }
 
 // Wait waits for the process to exit and for its output to be copied, and
-// returns the exit code. When ctx ends first the process is killed.
+// returns the exit code. When ctx ends first the process is killed; when
+// it ends after the exit while the output is still open (a child the
+// process left behind holds it), the copy is cut off.
 func (p *Process) Wait(ctx context.Context) (int, error) {
 	select {
 	case st := <-p.statusC:
-		p.proc.IO().Wait()
+		copied := make(chan struct{})
+		go func() {
+			p.proc.IO().Wait()
+			close(copied)
+		}()
+		select {
+		case <-copied:
+		case <-ctx.Done():
+			p.proc.IO().Cancel()
+			p.proc.IO().Close()
+			select {
+			case <-copied:
+			case <-time.After(5 * time.Second):
+			}
+			return -1, fmt.Errorf("the output stayed open after the command exited: %w", ctx.Err())
+		}
 		code, _, err := st.Result()
 		return int(code), err
 	case <-ctx.Done():

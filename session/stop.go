@@ -78,16 +78,16 @@ func (m *Manager) teardown(ctx context.Context, s *sess, final State, failure st
 	m.mu.Lock()
 	c := s.container
 	m.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
 	log := m.log.With("session", s.info.ID, "tenant", s.info.Tenant)
 	// Not while a pooled session's pause is under way: it is finished
 	// first, and removeContainer thaws what it froze.
 	s.freezeMu.Lock()
 	defer s.freezeMu.Unlock()
-	// A clean end writes the session's profile back first (its own bound,
-	// not the removal's).
+	// A clean end writes the session's profile back first, within its own
+	// bound; the removal's bound starts after it.
 	m.save(ctx, s, c, final)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	if err := removeContainer(ctx, c); err != nil {
 		log.Error("remove container", "err", err)
 	}
