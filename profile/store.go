@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -76,11 +77,40 @@ type Config struct {
 // Store keeps profiles: per profile a metadata object and one sealed
 // object per version, under the tenant's prefix.
 type Store struct {
-	client *minio.Client
-	bucket string
-	key    []byte
-	keep   int
-	mu     sync.Mutex // orders the read-modify-write of metadata
+	client  *minio.Client
+	bucket  string
+	key     []byte // seals versions
+	metaKey []byte // MACs metadata
+	keep    int
+	mu      sync.Mutex
+	locks   map[string]*profileLock // per profile: orders the read-modify-write of its metadata
+}
+
+type profileLock struct {
+	sync.Mutex
+	users int
+}
+
+// lock takes the profile's lock; the returned func releases it.
+func (s *Store) lock(tenant, id string) func() {
+	k := tenant + "/" + id
+	s.mu.Lock()
+	l := s.locks[k]
+	if l == nil {
+		l = &profileLock{}
+		s.locks[k] = l
+	}
+	l.users++
+	s.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		s.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(s.locks, k)
+		}
+		s.mu.Unlock()
+	}
 }
 
 // Open connects to MinIO and creates the bucket if it is missing.
@@ -89,6 +119,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, errors.New("profiles: the vault key must be 32 bytes")
 	}
 	key, err := hkdf.Key(sha256.New, cfg.VaultKey, nil, "sandgate profiles", 32)
+	if err != nil {
+		return nil, err
+	}
+	metaKey, err := hkdf.Key(sha256.New, cfg.VaultKey, nil, "sandgate profile metadata", 32)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +142,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)
 		}
 	}
-	return &Store{client: c, bucket: cfg.Bucket, key: key, keep: cfg.Keep}, nil
+	return &Store{client: c, bucket: cfg.Bucket, key: key, metaKey: metaKey, keep: cfg.Keep, locks: map[string]*profileLock{}}, nil
 }
 
 var (
@@ -152,15 +186,40 @@ func (s *Store) load(ctx context.Context, tenant, id string) (Profile, error) {
 		}
 		return Profile{}, fmt.Errorf("read profile: %w", err)
 	}
+	var m storedMeta
+	if err := json.Unmarshal(raw, &m); err != nil || !hmac.Equal([]byte(m.MAC), []byte(s.metaMAC(tenant, m.Profile))) {
+		return Profile{}, fmt.Errorf("%w: the metadata of profile %s was altered", ErrTampered, id)
+	}
 	var p Profile
-	if err := json.Unmarshal(raw, &p); err != nil || p.ID != id {
-		return Profile{}, fmt.Errorf("profile %s: its metadata does not read", id)
+	if err := json.Unmarshal(m.Profile, &p); err != nil || p.ID != id {
+		return Profile{}, fmt.Errorf("%w: the metadata of profile %s is another's", ErrTampered, id)
 	}
 	return p, nil
 }
 
+// storedMeta is a profile's metadata object: the profile and a MAC over
+// it and its tenant, so that which versions exist and which is current
+// cannot be changed in the store unnoticed. (A whole earlier state put
+// back, metadata and objects together, still reads: that needs a counter
+// kept outside the store.)
+type storedMeta struct {
+	Profile json.RawMessage `json:"profile"`
+	MAC     string          `json:"mac"`
+}
+
+func (s *Store) metaMAC(tenant string, raw []byte) string {
+	m := hmac.New(sha256.New, s.metaKey)
+	m.Write([]byte("sandgate profile metadata v1\x00" + tenant + "\x00"))
+	m.Write(raw)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
 func (s *Store) write(ctx context.Context, tenant string, p Profile) error {
-	raw, err := json.Marshal(p)
+	pr, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	raw, err := json.Marshal(storedMeta{Profile: pr, MAC: s.metaMAC(tenant, pr)})
 	if err != nil {
 		return err
 	}
@@ -213,8 +272,7 @@ func (s *Store) List(ctx context.Context, tenant string) ([]Profile, error) {
 
 // Delete removes a profile and all its versions.
 func (s *Store) Delete(ctx context.Context, tenant, id string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock(tenant, id)()
 	if _, err := s.load(ctx, tenant, id); err != nil {
 		return err
 	}
@@ -234,8 +292,7 @@ func (s *Store) Delete(ctx context.Context, tenant, id string) error {
 
 // Rollback makes an earlier kept version the current one.
 func (s *Store) Rollback(ctx context.Context, tenant, id string, version int) (Profile, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock(tenant, id)()
 	p, err := s.load(ctx, tenant, id)
 	if err != nil {
 		return Profile{}, err
@@ -335,8 +392,7 @@ func (sv *Saver) Commit(ctx context.Context, session string, files int) (Version
 		return Version{}, err
 	}
 	s := sv.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock(sv.tenant, sv.id)()
 	p, err := s.load(ctx, sv.tenant, sv.id)
 	if err != nil {
 		return Version{}, err // deleted meanwhile: nothing stored
@@ -467,36 +523,47 @@ func (s *Store) Expire(ctx context.Context, tenant string, cutoff time.Time) (in
 	if err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	n := 0
 	for _, p := range ps {
-		p, err := s.load(ctx, tenant, p.ID)
+		unlock := s.lock(tenant, p.ID)
+		m, err := s.expireOne(ctx, tenant, p.ID, cutoff)
+		unlock()
+		n += m
 		if err != nil {
-			continue
-		}
-		var keep, drop []Version
-		for _, v := range p.Versions {
-			if v.Version != p.Current && v.CreatedAt.Before(cutoff) {
-				drop = append(drop, v)
-			} else {
-				keep = append(keep, v)
-			}
-		}
-		if len(drop) == 0 {
-			continue
-		}
-		p.Versions = keep
-		if p.Versions == nil {
-			p.Versions = []Version{}
-		}
-		if err := s.write(ctx, tenant, p); err != nil {
 			return n, err
 		}
-		for _, v := range drop {
-			if err := s.client.RemoveObject(ctx, s.bucket, versionKey(tenant, p.ID, v.Version), minio.RemoveObjectOptions{}); err == nil {
-				n++
-			}
+	}
+	return n, nil
+}
+
+// expireOne is Expire for one profile, under its lock.
+func (s *Store) expireOne(ctx context.Context, tenant, id string, cutoff time.Time) (int, error) {
+	p, err := s.load(ctx, tenant, id)
+	if err != nil {
+		return 0, nil // deleted meanwhile, or unreadable: nothing to expire
+	}
+	var keep, drop []Version
+	for _, v := range p.Versions {
+		if v.Version != p.Current && v.CreatedAt.Before(cutoff) {
+			drop = append(drop, v)
+		} else {
+			keep = append(keep, v)
+		}
+	}
+	if len(drop) == 0 {
+		return 0, nil
+	}
+	p.Versions = keep
+	if p.Versions == nil {
+		p.Versions = []Version{}
+	}
+	if err := s.write(ctx, tenant, p); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, v := range drop {
+		if err := s.client.RemoveObject(ctx, s.bucket, versionKey(tenant, p.ID, v.Version), minio.RemoveObjectOptions{}); err == nil {
+			n++
 		}
 	}
 	return n, nil

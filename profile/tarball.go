@@ -32,7 +32,8 @@ type Rules struct {
 	// Skip drops an entry by its clean name, and everything under it.
 	Skip func(name string) bool
 	// Symlinks keeps symbolic links (their targets unchecked: they are
-	// only ever followed inside a session).
+	// only ever followed inside a session) and hard links to files kept
+	// earlier in the archive.
 	Symlinks bool
 }
 
@@ -55,16 +56,22 @@ const (
 // with ErrTooLarge or ErrBadArchive.
 func Clean(dst io.Writer, src io.Reader, r Rules) (Summary, error) {
 	var sum Summary
+	if r.MaxBytes > 0 && r.MaxEntries > 0 {
+		// What is read at all is bounded too: what is kept, as much
+		// again of what is dropped, and the headers of the entries.
+		src = &boundedReader{r: src, left: 2*r.MaxBytes + int64(r.MaxEntries+2)*4096}
+	}
 	tr := tar.NewReader(src)
 	tw := tar.NewWriter(dst)
 	entries := 0
+	files := map[string]bool{} // regular files kept: what a hard link may name
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return sum, fmt.Errorf("%w: %v", ErrBadArchive, err)
+			return sum, bad(err)
 		}
 		entries++
 		if r.MaxEntries > 0 && entries > r.MaxEntries {
@@ -93,6 +100,15 @@ func Clean(dst io.Writer, src io.Reader, r Rules) (Summary, error) {
 			out.Typeflag, out.Mode, out.Size = tar.TypeReg, 0o600|int64(h.Mode&0o755), h.Size
 			sum.Files++
 			sum.Bytes += h.Size
+			files[name] = true
+		case tar.TypeLink:
+			target, ok := cleanName(h.Linkname)
+			if !r.Symlinks || !ok || !files[target] {
+				sum.Skipped++
+				continue
+			}
+			out.Typeflag, out.Mode, out.Linkname = tar.TypeLink, 0o600|int64(h.Mode&0o755), target
+			sum.Links++
 		case tar.TypeSymlink:
 			if !r.Symlinks || h.Linkname == "" || len(h.Linkname) > maxName || !utf8.ValidString(h.Linkname) || strings.ContainsRune(h.Linkname, 0) {
 				sum.Skipped++
@@ -101,8 +117,8 @@ func Clean(dst io.Writer, src io.Reader, r Rules) (Summary, error) {
 			out.Typeflag, out.Mode, out.Linkname = tar.TypeSymlink, 0o777, h.Linkname
 			sum.Links++
 		default:
-			// Hard links, devices, fifos, sockets: nothing a profile or
-			// a workspace needs kept.
+			// Devices, fifos, sockets: nothing a profile or a workspace
+			// needs kept.
 			sum.Skipped++
 			continue
 		}
@@ -112,7 +128,7 @@ func Clean(dst io.Writer, src io.Reader, r Rules) (Summary, error) {
 		if out.Typeflag == tar.TypeReg {
 			n, err := io.Copy(tw, io.LimitReader(tr, h.Size))
 			if err != nil {
-				return sum, fmt.Errorf("%w: %v", ErrBadArchive, err)
+				return sum, bad(err)
 			}
 			if n != h.Size {
 				return sum, fmt.Errorf("%w: an entry is shorter than its header says", ErrBadArchive)
@@ -123,6 +139,33 @@ func Clean(dst io.Writer, src io.Reader, r Rules) (Summary, error) {
 		return sum, err
 	}
 	return sum, nil
+}
+
+// bad is a read error as Clean returns it: ErrTooLarge as it is, any
+// other as ErrBadArchive.
+func bad(err error) error {
+	if errors.Is(err, ErrTooLarge) {
+		return err
+	}
+	return fmt.Errorf("%w: %v", ErrBadArchive, err)
+}
+
+// boundedReader fails with ErrTooLarge past its bound.
+type boundedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, fmt.Errorf("%w: the archive goes on past what its bounds allow", ErrTooLarge)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // skips tells whether skip drops name or a directory above it (an

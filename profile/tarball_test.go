@@ -138,6 +138,9 @@ func TestCleanSnapshot(t *testing.T) {
 		{name: "./workspace/", typ: tar.TypeDir},
 		{name: "./workspace/a.txt", typ: tar.TypeReg, body: "a"},
 		{name: "./workspace/l", typ: tar.TypeSymlink, link: "a.txt"},
+		{name: "./workspace/hard", typ: tar.TypeLink, link: "./workspace/a.txt"},
+		{name: "./workspace/dangling", typ: tar.TypeLink, link: "./workspace/nothing"},
+		{name: "./workspace/out", typ: tar.TypeLink, link: "../etc/passwd"},
 		{name: "./.sandgate-profile/", typ: tar.TypeDir},
 		{name: "./.sandgate-profile/Default/Cookies", typ: tar.TypeReg, body: "secret cookies"},
 	})
@@ -146,7 +149,7 @@ func TestCleanSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := names(t, out.Bytes())
-	if got["workspace/a.txt"] != "a" || got["workspace/l"] != "a.txt" || len(got) != 3 {
+	if got["workspace/a.txt"] != "a" || got["workspace/l"] != "a.txt" || got["workspace/hard"] != "workspace/a.txt" || len(got) != 4 {
 		t.Fatalf("got %v", got)
 	}
 }
@@ -172,4 +175,19 @@ func FuzzClean(f *testing.F) {
 			t.Fatalf("cleaned output does not clean again the same: %v %+v %+v", err, sum, sum2)
 		}
 	})
+}
+
+// TestCleanBoundsWhatItReads: an archive of dropped entries (a huge
+// skipped cache) is refused once it goes past twice the kept bound; the
+// same archive with a small cache (the control) is read whole.
+func TestCleanBoundsWhatItReads(t *testing.T) {
+	r := Rules{MaxBytes: 1 << 10, MaxEntries: 4, Skip: ProfileSkip}
+	small := mkTar(t, []entry{{name: "ShaderCache/x", typ: tar.TypeReg, body: strings.Repeat("c", 100)}, {name: "Local State", typ: tar.TypeReg, body: "{}"}})
+	if _, err := Clean(io.Discard, bytes.NewReader(small), r); err != nil {
+		t.Fatalf("control: %v", err)
+	}
+	big := mkTar(t, []entry{{name: "ShaderCache/x", typ: tar.TypeReg, body: strings.Repeat("c", 64<<10)}, {name: "Local State", typ: tar.TypeReg, body: "{}"}})
+	if _, err := Clean(io.Discard, bytes.NewReader(big), r); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a 64 KiB dropped cache under a 1 KiB bound: %v", err)
+	}
 }
