@@ -128,10 +128,13 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	}
 	// The profile first: a create waiting for it holds no share of the
 	// tenant's quotas meanwhile.
+	held := time.Now()
 	releaseProfile, err := m.holdProfile(ctx, spec)
 	if err != nil {
 		return Info{}, err
 	}
+	// One wait for both: what the profile took is not waited again.
+	spec.Wait = max(spec.Wait-time.Since(held), 0)
 	handed := false // to the session, which drops it when it ends
 	defer func() {
 		if !handed {

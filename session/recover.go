@@ -40,9 +40,15 @@ func (m *Manager) recover(ctx context.Context) error {
 		m.byAddr[s.addr] = s
 		if p := s.info.Profile; p != nil {
 			// Its hold goes on: nothing else may take the profile first.
-			m.takeProfileLocked(s.info.Tenant, p)
-			tenant, use := s.info.Tenant, *p
-			s.releaseProfile = func() { m.mu.Lock(); m.dropProfileLocked(tenant, &use); m.mu.Unlock() }
+			if m.takeProfileLocked(s.info.Tenant, p) {
+				tenant, use := s.info.Tenant, *p
+				s.releaseProfile = func() { m.mu.Lock(); m.dropProfileLocked(tenant, &use); m.mu.Unlock() }
+			} else {
+				// Two writers of one profile (an earlier gateway's
+				// teardown that failed): the one adopted first keeps the
+				// hold, and this one's end does not drop it.
+				log.Warn("adopted a second session holding the same profile; only the first keeps the hold", "profile", p.ID)
+			}
 		}
 		m.mu.Unlock()
 		log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
