@@ -7,14 +7,17 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/profile"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
 )
 
 // ProfileLimits bound what the gateway keeps of a session's profile and
@@ -169,7 +172,7 @@ func (s *Server) rollbackProfile(c *fiber.Ctx) error {
 // keepSpec checks a create's "profile" and "snapshot" and refuses, before
 // any session exists, a profile whose stored version does not open and a
 // snapshot that is not the tenant's.
-func (s *Server) keepSpec(ctx context.Context, tenant string, kind session.Kind, p *session.ProfileUse, snapshot string) error {
+func (s *Server) keepSpec(ctx context.Context, tenant string, kind session.Kind, p *session.ProfileUse, snapshot string, bindings []egress.Binding) error {
 	if p != nil {
 		if err := s.needProfiles(); err != nil {
 			return err
@@ -180,19 +183,82 @@ func (s *Server) keepSpec(ctx context.Context, tenant string, kind session.Kind,
 		if !profile.IsID(p.ID) {
 			return errInvalid("profile.id must be a profile id (prof_ and 16 hex digits)")
 		}
-		_, r, err := s.profiles.Open(ctx, tenant, p.ID, true)
-		if err != nil {
+		if p.Persist {
+			for _, b := range bindings {
+				if b.Fill == egress.FillValue {
+					// The page would hold the secret's value, and the
+					// browser would keep it (a saved password, a form's
+					// autofill) where a scan of the profile cannot see.
+					return errInvalid("a session that writes its profile back cannot bind a credential with fill \"value\": the typed secret would be kept in the profile")
+				}
+			}
+		}
+		if err := s.checkProfile(ctx, tenant, p.ID); err != nil {
 			return profileError(err)
 		}
-		r.Close()
 	}
 	if snapshot != "" {
 		a, _, err := s.store.Find(ctx, tenant, snapshot)
-		if err != nil || a.Kind != recordings.KindSnapshot {
+		switch {
+		case errors.Is(err, recordings.ErrNotFound), err == nil && a.Kind != recordings.KindSnapshot:
 			return errNotFound("no such snapshot")
+		case err != nil:
+			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}
 		}
 	}
 	return nil
+}
+
+// checkProfile reads the profile's current version whole, once per
+// version: a version that opened once is not read again at every create
+// (its restore is checked as it goes in all the same).
+func (s *Server) checkProfile(ctx context.Context, tenant, id string) error {
+	p, err := s.profiles.Get(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	var sha string
+	for _, v := range p.Versions {
+		if v.Version == p.Current {
+			sha = v.SHA256
+		}
+	}
+	key := fmt.Sprintf("%s/%s/%d/%s", tenant, id, p.Current, sha)
+	if p.Current == 0 || s.verified.has(key) {
+		return nil
+	}
+	_, r, err := s.profiles.Open(ctx, tenant, id, true)
+	if err != nil {
+		return err
+	}
+	r.Close()
+	s.verified.add(key)
+	return nil
+}
+
+// verifiedProfiles remembers profile versions that opened whole.
+type verifiedProfiles struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+// maxVerified bounds what verifiedProfiles remembers; past it, it starts
+// over.
+const maxVerified = 4096
+
+func (v *verifiedProfiles) has(k string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.m[k]
+}
+
+func (v *verifiedProfiles) add(k string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.m == nil || len(v.m) >= maxVerified {
+		v.m = map[string]bool{}
+	}
+	v.m[k] = true
 }
 
 // Keeper: the observer moves profiles and snapshots in and out.
@@ -329,13 +395,19 @@ func (o *observer) Save(ctx context.Context, info session.Info, in *session.Insi
 	go func() {
 		sum, err := profile.Clean(io.MultiWriter(sv, scan), pr, profile.Rules{
 			MaxBytes: s.keepLimits.MaxProfileBytes, MaxEntries: s.keepLimits.MaxEntries, Skip: profile.ProfileSkip})
-		// Whatever is left of the session's output is read and dropped.
+		if err != nil {
+			pr.CloseWithError(err) // the session's side stops: nothing more is taken
+		}
+		// What is left after the archive's end is read and dropped.
 		io.Copy(io.Discard, pr)
 		done <- cleaned{sum, err}
 	}()
 	// The browser is asked to close (it writes its state as it does),
 	// held down first so that the session does not start another.
-	if code, err := in.Run(ctx, session.ExecSpec{Args: []string{"sandgate-profile", "hold"}}); err != nil || code != 0 {
+	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
+	code, err := in.Run(hctx, session.ExecSpec{Args: []string{"sandgate-profile", "hold"}})
+	hcancel()
+	if err != nil || code != 0 {
 		s.log.Warn("profile save: the browser could not be held down", "session", info.ID, "code", code, "err", err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -399,8 +471,11 @@ func (s *Server) boundSecrets(ctx context.Context, info session.Info) ([][]byte,
 	}
 	for _, b := range info.Egress.Credentials {
 		c, err := s.vault.Open(ctx, info.Tenant, b.Credential)
+		if errors.Is(err, vault.ErrNotFound) {
+			continue // deleted: its value is gone from the vault too
+		}
 		if err != nil {
-			continue // deleted: nothing of it to find
+			return nil, err // not checked is not saved
 		}
 		out = append(out, []byte(c.Secret))
 	}

@@ -94,6 +94,8 @@ type Server struct {
 	artifacts    artifactCounts
 	profiles     *profile.Store // nil: no profiles
 	keepLimits   ProfileLimits
+	snapshotting tenantSlots
+	verified     verifiedProfiles
 	mcp          http.Handler // nil: no /mcp
 	log          *slog.Logger
 	hosts        map[string]bool

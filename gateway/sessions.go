@@ -87,7 +87,7 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 		if kind == "" {
 			kind = session.KindBrowser
 		}
-		if err := s.keepSpec(ctx, spec.Tenant, kind, req.Profile, req.Snapshot); err != nil {
+		if err := s.keepSpec(ctx, spec.Tenant, kind, req.Profile, req.Snapshot, eg.Credentials); err != nil {
 			return err
 		}
 		spec.Profile, spec.Snapshot = req.Profile, req.Snapshot

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -56,6 +57,22 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	if err := s.checkArtifactQuota(c, tenant); err != nil {
 		return err
 	}
+	// One snapshot of a tenant at a time: each spools up to the bound on
+	// the gateway's disk.
+	if !s.snapshotting.take(tenant) {
+		return &apiError{status: 409, code: "conflict", msg: "a snapshot of this tenant is under way; take the next once it is done"}
+	}
+	defer s.snapshotting.drop(tenant)
+	limit := s.keepLimits.MaxSnapshotBytes
+	if lim, _ := s.sessions.Limits(tenant); lim.MaxArtifactBytes > 0 {
+		// No more than the tenant has left of its quota.
+		ctx, cancel := reqCtx(c, 10*time.Second)
+		n, err := s.artifactBytes(ctx, tenant)
+		cancel()
+		if err == nil {
+			limit = min(limit, max(lim.MaxArtifactBytes-n, 0))
+		}
+	}
 	ctx, cancel := reqCtx(c, 10*time.Minute)
 	defer cancel()
 	t0 := time.Now()
@@ -72,7 +89,7 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	}
 	done := make(chan cleaned, 1)
 	go func() {
-		sum, err := profile.Clean(f, pr, profile.Rules{MaxBytes: s.keepLimits.MaxSnapshotBytes, MaxEntries: s.keepLimits.MaxEntries,
+		sum, err := profile.Clean(f, pr, profile.Rules{MaxBytes: limit, MaxEntries: s.keepLimits.MaxEntries,
 			Skip: profile.SnapshotSkip, Symlinks: true})
 		if err != nil {
 			pr.CloseWithError(err) // the session's tar stops: nothing more is taken
@@ -95,11 +112,11 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	pw.Close()
 	cl := <-done
 	switch {
-	case err != nil:
-		return &apiError{status: 503, code: "unavailable", msg: "the session did not hand its files over in time", err: err}
 	case cl.err != nil:
 		return &apiError{status: 422, code: "invalid_argument", msg: publicCleanText(cl.err) +
-			fmt.Sprintf(" (at most %d bytes and %d entries)", s.keepLimits.MaxSnapshotBytes, s.keepLimits.MaxEntries), err: cl.err}
+			fmt.Sprintf(" (at most %d bytes, what is left of the tenant's quota, and %d entries)", limit, s.keepLimits.MaxEntries), err: cl.err}
+	case err != nil:
+		return &apiError{status: 503, code: "unavailable", msg: "the session did not hand its files over in time", err: err}
 	case code != 0 && code != 1:
 		// GNU tar: 1 is "some files changed while read", the archive is whole.
 		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("the session's tar failed (status %d)", code), err: errors.New(stderr.String())}
@@ -128,7 +145,7 @@ func (s *Server) listSnapshots(c *fiber.Ctx) error {
 	defer cancel()
 	as, err := s.store.ListKind(ctx, tenantOf(c), id, recordings.KindSnapshot)
 	if err != nil {
-		return err
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}
 	}
 	if len(as) == 0 {
 		if _, err := s.sessions.Get(tenantOf(c), id); err != nil {
@@ -158,13 +175,22 @@ func (s *Server) restoreSnapshot(ctx context.Context, info session.Info, in *ses
 		pw.CloseWithError(err)
 		fetched <- err
 	}()
-	body := &readErr{r: pr}
+	// What goes in is the gateway's own again: the store is not trusted
+	// with the archive's shape either.
+	cr, cw := io.Pipe()
+	go func() {
+		_, err := profile.Clean(cw, pr, profile.Rules{MaxBytes: max(a.Size, 1), MaxEntries: s.keepLimits.MaxEntries,
+			Skip: profile.SnapshotSkip, Symlinks: true})
+		cw.CloseWithError(err)
+	}()
+	body := &readErr{r: cr}
 	var stderr bytes.Buffer
 	code, err := in.Run(ctx, session.ExecSpec{Args: []string{"tar", "-x", "-C", "/home/sandgate", "--no-same-owner", "-f", "-"},
 		Stdin: body, Stderr: &limitWriter{w: &stderr, n: 4096}})
 	// tar may stop at the archive's end marker: the rest is read too, so
 	// that the digest covers the whole object.
 	io.Copy(io.Discard, body)
+	io.Copy(io.Discard, pr)
 	if ferr := <-fetched; ferr != nil && body.err == nil {
 		body.err = ferr
 	}
@@ -180,4 +206,29 @@ func (s *Server) restoreSnapshot(ctx context.Context, info session.Info, in *ses
 	}
 	s.sessions.Record(info.ID, "snapshot_restored", map[string]any{"snapshot": a.ID, "size": a.Size, "sha256": a.SHA256, "took_ms": time.Since(t0).Milliseconds()})
 	return nil
+}
+
+// tenantSlots lets one operation of a kind run per tenant at a time.
+type tenantSlots struct {
+	mu   sync.Mutex
+	busy map[string]bool
+}
+
+func (t *tenantSlots) take(tenant string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.busy == nil {
+		t.busy = map[string]bool{}
+	}
+	if t.busy[tenant] {
+		return false
+	}
+	t.busy[tenant] = true
+	return true
+}
+
+func (t *tenantSlots) drop(tenant string) {
+	t.mu.Lock()
+	delete(t.busy, tenant)
+	t.mu.Unlock()
 }

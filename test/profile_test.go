@@ -420,6 +420,28 @@ func TestProfileIsolationAndTamper(t *testing.T) {
 		t.Fatalf("the untouched profile: %d %s", st, raw)
 	}
 	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+jsonField(raw, "id"), nil)
+	// The metadata: pointing the profile at another version in the
+	// store is refused too (it is MACed with its tenant).
+	metaObj := "tenant-a/" + p.ID + "/profile.json"
+	meta := readObject(t, mc, metaObj)
+	altered := bytes.Replace(meta, []byte(`"current_version":1`), []byte(`"current_version":0`), 1)
+	if bytes.Equal(altered, meta) {
+		t.Fatalf("the metadata has no current_version 1: %s", meta)
+	}
+	putMeta := func(data []byte) {
+		t.Helper()
+		if _, err := mc.PutObject(ctx, profilesBucket, metaObj, bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	putMeta(altered)
+	if st, raw := create(); st != 409 || !strings.Contains(string(raw), "metadata") {
+		t.Errorf("altered metadata: %d %s, want 409", st, raw)
+	}
+	if st, raw := e.api(t, e.keyA, "GET", "/v1/profiles/"+p.ID, nil); st != 409 {
+		t.Errorf("get with altered metadata: %d %s, want 409", st, raw)
+	}
+	putMeta(meta)
 	// Rolling back to a fresh profile gets past a bad version.
 	put(flipped)
 	if st, raw := e.api(t, e.keyA, "POST", "/v1/profiles/"+p.ID+"/rollback", map[string]any{"version": 0}); st != 200 {
@@ -616,7 +638,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		put()
 	}
 	if out := e.execIn(t, e.keyA, s1.ID, map[string]any{"cmd": []string{"sh", "-c",
-		"printf '#!/bin/sh\\necho run\\n' > ~/workspace/tool.sh && chmod 755 ~/workspace/tool.sh && ln -s big.bin ~/workspace/link && touch ~/.sandgate-profile/Default-marker"}}); out.ExitCode != 0 {
+		"printf '#!/bin/sh\\necho run\\n' > ~/workspace/tool.sh && chmod 755 ~/workspace/tool.sh && ln -s big.bin ~/workspace/link && ln ~/workspace/tool.sh ~/workspace/tool-hard && touch ~/.sandgate-profile/Default-marker"}}); out.ExitCode != 0 {
 		t.Fatalf("prepare: %s", out.Stderr)
 	}
 	st, raw := e.api(t, e.keyA, "POST", "/v1/sessions/"+s1.ID+"/snapshots", nil)
@@ -670,9 +692,9 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			t.Errorf("%s in the new session: %d, %d bytes (want %d), equal %v", path, st, len(got), len(data), bytes.Equal(got, data))
 		}
 	}
-	out := e.execIn(t, e.keyA, s2.ID, map[string]any{"cmd": []string{"sh", "-c", "readlink ~/workspace/link; stat -c %a ~/workspace/tool.sh; ~/workspace/tool.sh; ls -a ~ | grep -c sandgate-profile || true"}})
-	if string(out.Stdout) != "big.bin\n755\nrun\n0\n" {
-		t.Errorf("link, mode, run, profile in the new session: %q %s", out.Stdout, out.Stderr)
+	out := e.execIn(t, e.keyA, s2.ID, map[string]any{"cmd": []string{"sh", "-c", "readlink ~/workspace/link; stat -c %a ~/workspace/tool.sh; ~/workspace/tool.sh; stat -c %h ~/workspace/tool-hard; ls -a ~ | grep -c sandgate-profile || true"}})
+	if string(out.Stdout) != "big.bin\n755\nrun\n2\n0\n" {
+		t.Errorf("symlink, mode, run, hard link, profile in the new session: %q %s", out.Stdout, out.Stderr)
 	}
 	if f, ok := eventOf(e.events(t, e.keyA, s2.ID), "snapshot_restored"); !ok || f["snapshot"] != snap.ID {
 		t.Errorf("snapshot_restored: %v %v", f, ok)

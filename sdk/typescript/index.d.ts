@@ -103,6 +103,48 @@ export interface CreateSessionRequest {
    * may wait in line for room (0..600; default 0: refused at once).
    */
   wait_seconds?: number;
+  /**
+   * Start with this browser profile; with persist, write it back when the
+   * session ends cleanly (and hold it alone meanwhile: another create gets
+   * 409 conflict, or waits up to wait_seconds).
+   */
+  profile?: { id: string; persist?: boolean };
+  /** Start from this workspace snapshot (its files; no processes). */
+  snapshot?: string;
+}
+
+/** A browser profile kept for the tenant, sealed, with versions. */
+export interface Profile {
+  id: string;
+  name: string;
+  created_at: string;
+  updated_at: string;
+  /** What a session starts with; 0 is a fresh profile. */
+  current_version: number;
+  versions: ProfileVersion[];
+  in_use: boolean;
+}
+
+export interface ProfileVersion {
+  version: number;
+  size: number;
+  sha256: string;
+  stored_bytes: number;
+  files: number;
+  created_at: string;
+  session: string;
+}
+
+/** A session's home and workspace as a tar artifact: files, never processes. */
+export interface Snapshot {
+  id: string;
+  session: string;
+  size: number;
+  sha256: string;
+  created_at: string;
+  paths: string[];
+  processes_kept: false;
+  note: string;
 }
 
 /** What the tenant holds against its quotas (0: no limit). */
@@ -145,6 +187,8 @@ export interface Session {
   egress: { allow: string[] | null; credentials?: CredentialBinding[] };
   /** "warm" (from a warm pool) or "cold". */
   start: string;
+  profile?: { id: string; persist: boolean };
+  snapshot?: string;
   failure?: string;
 }
 
@@ -415,6 +459,22 @@ export declare class Sandgate {
     /** A short-lived presigned URL of the artifact (the gateway's 302). */
     url(artifact: string | { id: string }, opts?: RequestOptions): Promise<string>;
     download(artifact: string | { id: string }, opts?: RequestOptions): Promise<Uint8Array>;
+  };
+
+  /** Browser profiles kept between sessions. */
+  profiles: {
+    create(name: string, opts?: RequestOptions): Promise<Profile>;
+    list(opts?: RequestOptions): Promise<Profile[]>;
+    get(profile: string | { id: string }, opts?: RequestOptions): Promise<Profile>;
+    /** Makes a kept version current (0: a fresh profile). */
+    rollback(profile: string | { id: string }, version: number, opts?: RequestOptions): Promise<Profile>;
+    delete(profile: string | { id: string }, opts?: RequestOptions): Promise<void>;
+  };
+
+  /** Workspace snapshots of a session. */
+  snapshots: {
+    create(session: SessionRef, opts?: RequestOptions): Promise<Snapshot>;
+    list(session: SessionRef, opts?: RequestOptions): Promise<Snapshot[]>;
   };
 
   /** The tenant's vault. Secrets go in and never come back. */

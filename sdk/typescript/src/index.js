@@ -127,6 +127,19 @@ export class Sandgate {
         return new Uint8Array(await resp.arrayBuffer());
       },
     };
+    this.profiles = {
+      create: (name, o) => this._json("POST", "/v1/profiles", { name }, o),
+      list: async (o) => (await this._json("GET", "/v1/profiles", undefined, o)).profiles,
+      get: (p, o) => this._json("GET", `/v1/profiles/${idOf(p, "profile")}`, undefined, o),
+      rollback: (p, version, o) => this._json("POST", `/v1/profiles/${idOf(p, "profile")}/rollback`, { version }, o),
+      delete: async (p, o) => {
+        await this._request("DELETE", `/v1/profiles/${idOf(p, "profile")}`, undefined, o);
+      },
+    };
+    this.snapshots = {
+      create: (s, o) => this._json("POST", `/v1/sessions/${idOf(s, "session")}/snapshots`, {}, o),
+      list: async (s, o) => (await this._json("GET", `/v1/sessions/${idOf(s, "session")}/snapshots`, undefined, o)).snapshots,
+    };
     this.credentials = {
       create: (req, o) => this._json("POST", "/v1/credentials", req, o),
       list: async (o) => (await this._json("GET", "/v1/credentials", undefined, o)).credentials,

@@ -306,6 +306,33 @@ while [ ! -e ${flag} ]; do sleep 0.05; done; echo after; exit 7`;
     await rejects(() => sg.credentials.create({ name, kind: "nonsense", secret }), 400, "invalid_argument");
   });
 
+  test("snapshots and profiles: a new session has the snapshot's files and the profile's state", T, async () => {
+    await sg.files.put(browser, "/home/sandgate/workspace/sdk-snap.txt", "kept\n");
+    const snap = await sg.snapshots.create(browser);
+    assert.equal(snap.processes_kept, false);
+    assert.ok((await sg.snapshots.list(browser)).some((x) => x.id === snap.id));
+    const p = await sg.profiles.create("sdk " + label.test);
+    try {
+      const s = await sg.sessions.create({ runtime: "runc", labels: label, snapshot: snap.id, profile: { id: p.id, persist: true } });
+      made.push(s.id);
+      assert.deepEqual(s.profile, { id: p.id, persist: true });
+      assert.equal(await sg.files.getText(s, "/home/sandgate/workspace/sdk-snap.txt"), "kept\n");
+      await sg.run(s, ["sh", "-c", "echo mark > ~/.sandgate-profile/sdk-mark"]);
+      await rejects(() => sg.sessions.create({ runtime: "runc", labels: label, profile: { id: p.id, persist: true } }), 409, "conflict");
+      await sg.sessions.delete(s);
+      const got = await sg.profiles.get(p);
+      assert.equal(got.current_version, 1);
+      const again = await sg.sessions.create({ runtime: "runc", labels: label, profile: { id: p.id } });
+      made.push(again.id);
+      assert.equal((await sg.run(again, ["cat", "/home/sandgate/.sandgate-profile/sdk-mark"])).stdout, "mark\n");
+      await sg.sessions.delete(again);
+      assert.equal((await sg.profiles.rollback(p, 0)).current_version, 0);
+    } finally {
+      await sg.profiles.delete(p);
+    }
+    await rejects(() => sg.profiles.get(p), 404, "not_found");
+  });
+
   test("events: the session's audit trail", T, async () => {
     const types = new Set((await sg.events(browser)).map((e) => e.type));
     for (const t of ["exec", "file_upload", "screenshot", "preview_issued"]) {
