@@ -590,6 +590,17 @@ func TestProfileNeverKeepsSecrets(t *testing.T) {
 	if st, raw := e.api(t, e.keyA, "POST", "/v1/sessions", map[string]any{"kind": "desktop", "profile": map[string]any{"id": p.ID}}); st != 400 {
 		t.Errorf("a desktop session with a profile: %d %s", st, raw)
 	}
+	// A binding that types the real value cannot go with persist (its
+	// value would be kept where no scan sees it); without persist it can.
+	valueBinding := map[string]any{"runtime": "runc", "credentials": []map[string]any{{"credential": cred, "scheme": "http", "host": profileHost, "port": 8282, "fill": "value"}}}
+	req := map[string]any{"profile": map[string]any{"id": p.ID, "persist": true}, "egress": map[string]any{"allow": []string{profileHost + ":" + profilePort}}}
+	for k, v := range valueBinding {
+		req[k] = v
+	}
+	if st, raw := e.api(t, e.keyA, "POST", "/v1/sessions", req); st != 400 || !strings.Contains(string(raw), "fill") {
+		t.Errorf("persist with a fill:value binding: %d %s", st, raw)
+	}
+	e.profileSession(t, e.keyA, p.ID, false, valueBinding)
 }
 
 type snapshotInfo struct {
