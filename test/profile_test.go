@@ -424,9 +424,10 @@ func TestProfileIsolationAndTamper(t *testing.T) {
 	// store is refused too (it is MACed with its tenant).
 	metaObj := "tenant-a/" + p.ID + "/profile.json"
 	meta := readObject(t, mc, metaObj)
-	altered := bytes.Replace(meta, []byte(`"current_version":1`), []byte(`"current_version":0`), 1)
+	cur := e.getProfile(t, e.keyA, p.ID).Current
+	altered := bytes.Replace(meta, []byte(fmt.Sprintf(`"current_version":%d`, cur)), []byte(fmt.Sprintf(`"current_version":%d`, cur-1)), 1)
 	if bytes.Equal(altered, meta) {
-		t.Fatalf("the metadata has no current_version 1: %s", meta)
+		t.Fatalf("the metadata has no current_version %d: %s", cur, meta)
 	}
 	putMeta := func(data []byte) {
 		t.Helper()
