@@ -38,6 +38,9 @@ type createIn struct {
 	Record       bool              `json:"record,omitempty" jsonschema:"record the screen for reviewers"`
 	Allow        []string          `json:"allow,omitempty" jsonschema:"destinations the session may reach, host:port or *.domain:port"`
 	Labels       map[string]string `json:"labels,omitempty" jsonschema:"labels to find the session by"`
+	Profile      string            `json:"profile,omitempty" jsonschema:"a browser profile to start with (prof_...): its cookies, local storage and logins"`
+	KeepProfile  bool              `json:"keep_profile,omitempty" jsonschema:"write the profile back when the session ends cleanly (the session holds it alone meanwhile)"`
+	Snapshot     string            `json:"snapshot,omitempty" jsonschema:"a workspace snapshot to start from (the id session_snapshot returned): its files, not its processes"`
 }
 
 type sessionsOut struct {
@@ -137,6 +140,8 @@ func (t *tools) register(s *mcp.Server) {
 		Description: "Read a file of the session (at most 1 MiB): text as is, other bytes as base64."}, t.readFile)
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Title: "Write a file", Annotations: destructive,
 		Description: "Write a file in the session (at most 8 MiB), replacing what is there."}, t.writeFile)
+	mcp.AddTool(s, &mcp.Tool{Name: "session_snapshot", Title: "Save a session's files", Annotations: additive,
+		Description: "Save the session's home directory and workspace (files only: running processes are not kept). A new session_create with snapshot starts with them."}, t.snapshot)
 	mcp.AddTool(s, &mcp.Tool{Name: "preview", Title: "Share a preview link", Annotations: additive,
 		Description: "Make an expiring link to the session: view for a person to watch (view_only) or take over, cdp for a CDP client, review for its recording and audit trail.",
 		InputSchema: schemaFor[previewIn](map[string][]string{"scope": {"view", "cdp", "vnc", "review"}})}, t.preview)
@@ -154,11 +159,27 @@ func (t *tools) create(ctx context.Context, req *mcp.CallToolRequest, in createI
 	if len(in.Allow) > 0 {
 		r.Egress = &sandgate.EgressRequest{Allow: in.Allow}
 	}
+	if in.Profile != "" {
+		r.Profile = &sandgate.ProfileUse{ID: in.Profile, Persist: in.KeepProfile}
+	}
+	r.Snapshot = in.Snapshot
 	s, err := c.CreateSession(ctx, r)
 	if err != nil {
 		return nil, nil, toolError(err)
 	}
 	return nil, s, nil
+}
+
+func (t *tools) snapshot(ctx context.Context, req *mcp.CallToolRequest, in sessionID) (*mcp.CallToolResult, *sandgate.Snapshot, error) {
+	c, err := t.client(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	snap, err := c.CreateSnapshot(ctx, in.SessionID)
+	if err != nil {
+		return nil, nil, toolError(err)
+	}
+	return nil, snap, nil
 }
 
 func (t *tools) list(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, *sessionsOut, error) {

@@ -220,7 +220,7 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	for _, tl := range tools.Tools {
 		byName[tl.Name] = tl
 	}
-	for _, name := range []string{"session_create", "session_list", "session_get", "session_extend", "session_delete", "computer", "screenshot", "exec", "read_file", "write_file", "preview"} {
+	for _, name := range []string{"session_create", "session_list", "session_get", "session_extend", "session_delete", "computer", "screenshot", "exec", "read_file", "write_file", "session_snapshot", "preview"} {
 		if byName[name] == nil {
 			t.Fatalf("no tool %s among %d", name, len(tools.Tools))
 		}
@@ -353,6 +353,25 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	e.mu.Unlock()
 	if resp, err := http.Get(p.URL); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("the preview link: %v %v", resp, err)
+	}
+
+	// A snapshot of its files, and a session that starts from it.
+	callTool(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "echo from-mcp > ~/workspace/mcp.txt"}, nil)
+	var snap struct {
+		ID            string `json:"id"`
+		ProcessesKept bool   `json:"processes_kept"`
+	}
+	callTool(t, cs, "session_snapshot", map[string]any{"session_id": s.ID}, &snap)
+	if snap.ID == "" || snap.ProcessesKept {
+		t.Fatalf("session_snapshot: %+v", snap)
+	}
+	var s2 struct{ ID string }
+	callTool(t, cs, "session_create", map[string]any{"kind": "browser", "runtime": "runc", "snapshot": snap.ID, "labels": map[string]string{"test": "mcp"}}, &s2)
+	t.Cleanup(func() { e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s2.ID, nil) })
+	var rf struct{ Content string }
+	callTool(t, cs, "read_file", map[string]any{"session_id": s2.ID, "path": "/home/sandgate/workspace/mcp.txt"}, &rf)
+	if rf.Content != "from-mcp\n" {
+		t.Fatalf("the session from the snapshot reads %q", rf.Content)
 	}
 
 	// An unknown session is a tool error the model can read.

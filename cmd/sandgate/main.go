@@ -25,7 +25,7 @@ const usage = `usage: sandgate COMMAND [ARGS]
                               run a command; stdin is forwarded, the exit status passed through
   shell SESSION               an interactive shell
   cp SRC DST                  copy files: one side is SESSION:/path; directories as tar
-  mcp                         an MCP server over stdio (tools: sessions, computer, exec, files, preview)
+  mcp                         an MCP server over stdio (tools: sessions, computer, exec, files, snapshots, preview)
   admin tenants|keys ...      tenants and API keys at runtime: SANDGATE_URL and SANDGATE_ADMIN_KEY
 `
 
