@@ -386,22 +386,6 @@ func (o *observer) Save(ctx context.Context, info session.Info, in *session.Insi
 		return
 	}
 	scan := newSecretScan(secrets)
-	pr, pw := io.Pipe()
-	type cleaned struct {
-		sum profile.Summary
-		err error
-	}
-	done := make(chan cleaned, 1)
-	go func() {
-		sum, err := profile.Clean(io.MultiWriter(sv, scan), pr, profile.Rules{
-			MaxBytes: s.keepLimits.MaxProfileBytes, MaxEntries: s.keepLimits.MaxEntries, Skip: profile.ProfileSkip})
-		if err != nil {
-			pr.CloseWithError(err) // the session's side stops: nothing more is taken
-		}
-		// What is left after the archive's end is read and dropped.
-		io.Copy(io.Discard, pr)
-		done <- cleaned{sum, err}
-	}()
 	// The browser is asked to close (it writes its state as it does),
 	// held down first so that the session does not start another.
 	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
@@ -415,11 +399,18 @@ func (o *observer) Save(ctx context.Context, info session.Info, in *session.Insi
 		s.log.Warn("profile save: the browser did not take Browser.close; it gets a TERM", "session", info.ID, "err", err)
 	}
 	cancel()
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	out, cleaned := cleaning(io.MultiWriter(sv, scan), profile.Rules{
+		MaxBytes: s.keepLimits.MaxProfileBytes, MaxEntries: s.keepLimits.MaxEntries, Skip: profile.ProfileSkip}, stop)
 	var stderr bytes.Buffer
-	code, runErr := in.Run(ctx, session.ExecSpec{Args: []string{"sandgate-profile", "save"}, Stdout: pw, Stderr: &limitWriter{w: &stderr, n: 4096}})
-	pw.Close()
-	c := <-done
+	code, runErr := in.Run(rctx, session.ExecSpec{Args: []string{"sandgate-profile", "save"}, Stdout: out, Stderr: &limitWriter{w: &stderr, n: 4096}})
+	sum, cleanErr := cleaned()
 	switch {
+	case cleanErr != nil:
+		sv.Abort()
+		notSaved(publicCleanText(cleanErr), cleanErr)
+		return
 	case runErr != nil:
 		sv.Abort()
 		notSaved("the session did not hand its profile over", runErr)
@@ -432,16 +423,12 @@ func (o *observer) Save(ctx context.Context, info session.Info, in *session.Insi
 		sv.Abort()
 		notSaved(fmt.Sprintf("the session's side of the save failed (status %d)", code), errors.New(stderr.String()))
 		return
-	case c.err != nil:
-		sv.Abort()
-		notSaved(publicCleanText(c.err), c.err)
-		return
 	case scan.found():
 		sv.Abort()
 		notSaved("the profile holds the value of a vault credential bound to the session; profiles never keep vault secrets", nil)
 		return
 	}
-	v, err := sv.Commit(ctx, info.ID, c.sum.Files)
+	v, err := sv.Commit(ctx, info.ID, sum.Files)
 	if err != nil {
 		notSaved("the profile store did not take it", err)
 		return

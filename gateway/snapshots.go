@@ -82,39 +82,26 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	}
 	os.Remove(f.Name())
 	defer f.Close()
-	pr, pw := io.Pipe()
-	type cleaned struct {
-		sum profile.Summary
-		err error
-	}
-	done := make(chan cleaned, 1)
-	go func() {
-		sum, err := profile.Clean(f, pr, profile.Rules{MaxBytes: limit, MaxEntries: s.keepLimits.MaxEntries,
-			Skip: profile.SnapshotSkip, Symlinks: true})
-		if err != nil {
-			pr.CloseWithError(err) // the session's tar stops: nothing more is taken
-		}
-		io.Copy(io.Discard, pr)
-		done <- cleaned{sum, err}
-	}()
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	out, cleaned := cleaning(f, profile.Rules{MaxBytes: limit, MaxEntries: s.keepLimits.MaxEntries,
+		Skip: profile.SnapshotSkip, Symlinks: true}, stop)
 	var stderr bytes.Buffer
-	p, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{
+	p, err := s.sessions.Start(rctx, tenant, id, session.ExecSpec{
 		Args:   []string{"tar", "-c", "-C", "/home/sandgate", "-f", "-", "--exclude=./" + profile.ProfileDir, "."},
-		Stdout: pw, Stderr: &limitWriter{w: &stderr, n: 4096},
+		Stdout: out, Stderr: &limitWriter{w: &stderr, n: 4096},
 	})
 	if err != nil {
-		pw.Close()
-		<-done
+		cleaned()
 		return err
 	}
-	code, err := p.Wait(ctx)
+	code, err := p.Wait(rctx)
 	p.Close()
-	pw.Close()
-	cl := <-done
+	sum, cleanErr := cleaned()
 	switch {
-	case cl.err != nil:
-		return &apiError{status: 422, code: "invalid_argument", msg: publicCleanText(cl.err) +
-			fmt.Sprintf(" (at most %d bytes, what is left of the tenant's quota, and %d entries)", limit, s.keepLimits.MaxEntries), err: cl.err}
+	case cleanErr != nil:
+		return &apiError{status: 422, code: "invalid_argument", msg: publicCleanText(cleanErr) +
+			fmt.Sprintf(" (at most %d bytes, what is left of the tenant's quota, and %d entries)", limit, s.keepLimits.MaxEntries), err: cleanErr}
 	case err != nil:
 		return &apiError{status: 503, code: "unavailable", msg: "the session did not hand its files over in time", err: err}
 	case code != 0 && code != 1:
@@ -130,7 +117,7 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	}
 	s.invalidateArtifactBytes(tenant)
 	s.sessions.Record(id, "snapshot_saved", map[string]any{"snapshot": a.ID, "size": a.Size, "sha256": a.SHA256,
-		"files": cl.sum.Files, "changed_while_read": code == 1, "took_ms": time.Since(t0).Milliseconds()})
+		"files": sum.Files, "changed_while_read": code == 1, "took_ms": time.Since(t0).Milliseconds()})
 	return c.Status(fiber.StatusCreated).JSON(viewSnapshot(a))
 }
 
@@ -231,4 +218,40 @@ func (t *tenantSlots) drop(tenant string) {
 	t.mu.Lock()
 	delete(t.busy, tenant)
 	t.mu.Unlock()
+}
+
+// maxTrailing bounds what a session's tar may write after its archive's
+// end (GNU tar pads to 10 KiB records).
+const maxTrailing = 1 << 20
+
+// cleaning runs profile.Clean, into dst, on what is written to the
+// returned writer: the output of a session's tar. A tar that does not
+// clean, or goes on past its end, is stopped (stop) rather than left
+// blocked on a pipe nobody reads. cleaned closes the writer and returns
+// what Clean kept.
+func cleaning(dst io.Writer, r profile.Rules, stop context.CancelFunc) (out io.Writer, cleaned func() (profile.Summary, error)) {
+	pr, pw := io.Pipe()
+	type result struct {
+		sum profile.Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sum, err := profile.Clean(dst, pr, r)
+		if err == nil {
+			if n, _ := io.CopyN(io.Discard, pr, maxTrailing+1); n > maxTrailing {
+				err = fmt.Errorf("%w: it goes on past its end", profile.ErrBadArchive)
+			}
+		}
+		if err != nil {
+			stop()
+			pr.CloseWithError(err)
+		}
+		done <- result{sum, err}
+	}()
+	return pw, func() (profile.Summary, error) {
+		pw.Close()
+		r := <-done
+		return r.sum, r.err
+	}
 }

@@ -856,3 +856,66 @@ func TestProfileAcrossRestart(t *testing.T) {
 		t.Errorf("the saved profile lacks what the session wrote before the restart")
 	}
 }
+
+// TestProfileHostileSession: what a session puts in its profile is the
+// session's word. A symlink out of it and a fifo are dropped at the save
+// (the next session has the plain file beside them, the control); a name
+// with a line break leaves the profile unsaved with a reason, at once
+// (the session's tar is stopped, not left blocked); a browser frozen so
+// that it never closes leaves it unsaved too. Each time the session's
+// end, the container's removal and the gateway go on.
+func TestProfileHostileSession(t *testing.T) {
+	e := needE2E(t)
+	p := e.newProfile(t, e.keyA, "hostile")
+	runc := map[string]any{"runtime": "runc"}
+	s1 := e.profileSession(t, e.keyA, p.ID, true, runc)
+	plant := `cd ~/.sandgate-profile && ln -s /etc/shadow evil-link && mkfifo evil-fifo && printf kept > plain`
+	if out := e.execIn(t, e.keyA, s1.ID, map[string]any{"cmd": []string{"sh", "-c", plant}}); out.ExitCode != 0 {
+		t.Fatalf("plant: %s", out.Stderr)
+	}
+	if _, ok := eventOf(e.stopSession(t, e.keyA, s1.ID), "profile_saved"); !ok {
+		t.Fatal("not saved")
+	}
+	s2 := e.profileSession(t, e.keyA, p.ID, true, runc)
+	out := e.execIn(t, e.keyA, s2.ID, map[string]any{"cmd": []string{"sh", "-c", "cd ~/.sandgate-profile && cat plain && ls -a | grep -c evil || true"}})
+	if string(out.Stdout) != "kept0\n" {
+		t.Fatalf("the next session's profile: %q %s", out.Stdout, out.Stderr)
+	}
+	// A name no clean archive holds: refused, at once.
+	if out := e.execIn(t, e.keyA, s2.ID, map[string]any{"cmd": []string{"sh", "-c", `printf x > ~/.sandgate-profile/"$(printf 'evil\nname')"`}}); out.ExitCode != 0 {
+		t.Fatalf("plant: %s", out.Stderr)
+	}
+	t0 := time.Now()
+	f, ok := eventOf(e.stopSession(t, e.keyA, s2.ID), "profile_not_saved")
+	if !ok || !strings.Contains(fmt.Sprint(f["reason"]), "well-formed") {
+		t.Fatalf("a profile with a line break in a name: %v %v", f, ok)
+	}
+	if d := time.Since(t0); d > 90*time.Second {
+		t.Errorf("the refused save took %v: the session's tar was left blocked", d)
+	}
+	if r := e.residue(t, s2.ID); len(r) != 0 {
+		t.Fatalf("the session left %v", r)
+	}
+	s3 := e.profileSession(t, e.keyA, p.ID, true, runc)
+	// A browser that never closes: frozen (SIGSTOP), it takes neither
+	// Browser.close nor the TERM; the KILL ends it, and a profile whose
+	// browser was killed is not saved.
+	if out := e.execIn(t, e.keyA, s3.ID, map[string]any{"cmd": []string{"sh", "-c", "kill -STOP $(cat /tmp/.browser-pid)"}}); out.ExitCode != 0 {
+		t.Fatalf("freeze: %s", out.Stderr)
+	}
+	t0 = time.Now()
+	f, ok = eventOf(e.stopSession(t, e.keyA, s3.ID), "profile_not_saved")
+	if !ok || !strings.Contains(fmt.Sprint(f["reason"]), "did not close") {
+		t.Fatalf("a frozen browser's profile: %v %v", f, ok)
+	}
+	if r := e.residue(t, s3.ID); len(r) != 0 {
+		t.Fatalf("the session left %v", r)
+	}
+	t.Logf("the frozen browser's session ended in %v", time.Since(t0).Round(time.Second))
+	if got := e.getProfile(t, e.keyA, p.ID); got.Current != 1 || got.InUse {
+		t.Fatalf("after the unsaved ends: %+v", got)
+	}
+	if st, _ := e.api(t, e.keyA, "GET", "/v1/usage", nil); st != 200 {
+		t.Fatalf("the gateway after the hostile sessions: %d", st)
+	}
+}
