@@ -227,11 +227,9 @@ func (s *Server) checkProfile(ctx context.Context, tenant, id string) error {
 	if p.Current == 0 || s.verified.has(key) {
 		return nil
 	}
-	_, r, err := s.profiles.Open(ctx, tenant, id, true)
-	if err != nil {
+	if _, err := s.profiles.Verify(ctx, tenant, id); err != nil {
 		return err
 	}
-	r.Close()
 	s.verified.add(key)
 	return nil
 }
@@ -285,7 +283,7 @@ func (s *Server) restoreProfile(ctx context.Context, info session.Info, in *sess
 	t0 := time.Now()
 	// Checked whole at the create; read again as it goes in. An object
 	// altered between the two fails here, and the session with it.
-	v, r, err := s.profiles.Open(ctx, info.Tenant, info.Profile.ID, false)
+	v, r, err := s.profiles.Open(ctx, info.Tenant, info.Profile.ID)
 	if err != nil {
 		return &session.PublicError{Class: session.ErrConflict, Msg: "profile " + info.Profile.ID + ": " + publicText(err), Err: err}
 	}

@@ -423,9 +423,9 @@ func (sv *Saver) Commit(ctx context.Context, session string, files int) (Version
 // Open returns the current version of one of the tenant's profiles and a
 // reader of its tar, which fails with ErrTampered where the stored
 // object does not open; version 0 (none saved yet) reads as an empty
-// tar. With verify, the whole object is checked before Open returns, so
-// an altered profile is refused before anything of it is read.
-func (s *Store) Open(ctx context.Context, tenant, id string, verify bool) (Version, io.ReadCloser, error) {
+// tar. The reader's bytes are authenticated chunk by chunk; Verify
+// checks a whole version before anything of it is used.
+func (s *Store) Open(ctx context.Context, tenant, id string) (Version, io.ReadCloser, error) {
 	p, err := s.load(ctx, tenant, id)
 	if err != nil {
 		return Version{}, nil, err
@@ -442,37 +442,33 @@ func (s *Store) Open(ctx context.Context, tenant, id string, verify bool) (Versi
 	if v.Version == 0 {
 		return Version{}, nil, fmt.Errorf("%w: version %d of profile %s is not kept", ErrTampered, p.Current, id)
 	}
-	open := func() (io.ReadCloser, error) {
-		obj, err := s.client.GetObject(ctx, s.bucket, versionKey(tenant, id, v.Version), minio.GetObjectOptions{})
-		if err != nil {
-			return nil, err
-		}
-		o, err := newOpener(obj, s.key, bind(tenant, id, v.Version))
-		if err != nil {
-			obj.Close()
-			if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-				return nil, fmt.Errorf("%w: version %d of profile %s is missing from the store", ErrTampered, v.Version, id)
-			}
-			return nil, err
-		}
-		return &checked{r: o, c: obj, h: sha256.New(), want: v.SHA256, size: v.Size}, nil
-	}
-	if verify {
-		r, err := open()
-		if err != nil {
-			return Version{}, nil, err
-		}
-		_, err = io.Copy(io.Discard, r)
-		r.Close()
-		if err != nil {
-			return Version{}, nil, err
-		}
-	}
-	r, err := open()
+	obj, err := s.client.GetObject(ctx, s.bucket, versionKey(tenant, id, v.Version), minio.GetObjectOptions{})
 	if err != nil {
 		return Version{}, nil, err
 	}
-	return v, r, nil
+	o, err := newOpener(obj, s.key, bind(tenant, id, v.Version))
+	if err != nil {
+		obj.Close()
+		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+			return Version{}, nil, fmt.Errorf("%w: version %d of profile %s is missing from the store", ErrTampered, v.Version, id)
+		}
+		return Version{}, nil, err
+	}
+	return v, &checked{r: o, c: obj, h: sha256.New(), want: v.SHA256, size: v.Size}, nil
+}
+
+// Verify reads the current version of one of the tenant's profiles whole
+// and returns it, or ErrTampered where it does not open.
+func (s *Store) Verify(ctx context.Context, tenant, id string) (Version, error) {
+	v, r, err := s.Open(ctx, tenant, id)
+	if err != nil {
+		return Version{}, err
+	}
+	defer r.Close()
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return Version{}, err
+	}
+	return v, nil
 }
 
 // checked reads an opened version and, at its end, holds it to the size

@@ -812,7 +812,7 @@ func (e *testEnv) openProfile(t testing.TB, tenant, id string) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, r, err := st.Open(context.Background(), tenant, id, true)
+	_, r, err := st.Open(context.Background(), tenant, id)
 	if err != nil {
 		t.Fatal(err)
 	}
