@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -47,7 +48,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("node --test: %v\n%s", err, out)
+		t.Fatalf("node --test: %v\n%s\nthe tests that failed:\n%s", err, out, notOK(out))
 	}
 	// Passing is not enough: the tests must have run, none skipped.
 	count := func(what string) int {
@@ -59,7 +60,28 @@ func TestTypeScriptSDK(t *testing.T) {
 		return n
 	}
 	if pass, fail, skipped := count("pass"), count("fail"), count("skipped"); pass < 17 || fail != 0 || skipped != 0 {
-		t.Fatalf("node --test: %d passed, %d failed, %d skipped:\n%s", pass, fail, skipped, out)
+		t.Fatalf("node --test: %d passed, %d failed, %d skipped:\n%s\nthe tests that failed:\n%s", pass, fail, skipped, out, notOK(out))
 	}
 	t.Logf("node --test:\n%s", out)
+}
+
+// notOK picks the failed tests out of node's TAP output, each with the
+// report under it, so a failure's reason shows at the end of a long log
+// (CI shows the end).
+func notOK(out []byte) string {
+	var b strings.Builder
+	in := false
+	for _, line := range strings.Split(string(out), "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(trimmed, "not ok "):
+			in = true
+		case in && (strings.HasPrefix(trimmed, "ok ") || strings.HasPrefix(trimmed, "# ")):
+			in = false
+		}
+		if in {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
 }

@@ -163,9 +163,11 @@ while [ ! -e ${flag} ]; do sleep 0.05; done; echo after; exit 7`;
     sh.resize(120, 40);
     sh.write("stty size; exit 5\n");
     for (let r = await it.next(); !r.done; r = await it.next()) out += new TextDecoder().decode(r.value);
-    assert.match(out, /40 120/); // the resize reached the PTY
-    assert.equal(await sh.exit, 5);
-    assert.equal(sh.closeCode, 1000);
+    const exit = await sh.exit;
+    const seen = `the terminal printed ${JSON.stringify(out)}; exit ${exit}, closed ${sh.closeCode} ${JSON.stringify(sh.closeReason)}`;
+    assert.match(out, /40 120/, seen); // the resize reached the PTY
+    assert.equal(exit, 5, seen);
+    assert.equal(sh.closeCode, 1000, seen);
     // The control beside the refusal is the shell above.
     await rejects(() => sg.shell("s-0000000000000000"), 404, "not_found");
   });
