@@ -75,9 +75,74 @@ fi
 # session is refused the same calls (user namespaces, keyrings, ptrace,
 # bpf) as under runc; without it runsc ignores the profile. Rewritten on
 # every run, so an older wrapper gains the flag.
+#
+# Two things make the runc shim work with runsc for the second container
+# of a sandbox (a Kubernetes Pod's container beside its pause container):
+#  - "runsc start" starts that container's gofer, which inherits start's
+#    stdout and stderr. The runc shim reads those to their end, so it
+#    waited as long as the gofer lived and the Pod stayed in
+#    ContainerCreating. Here start writes to a file, handed on after.
+#  - The runc shim learns that a container exited when the pid in its
+#    pid file exits; for such a container runsc writes the sandbox's pid,
+#    which lives on, so a stopped container was never seen to stop (and a
+#    Pod never finished terminating). After create, a waiter takes that
+#    place: it waits for the container inside the sandbox ("runsc wait")
+#    and exits with its status; the shim, a subreaper, reaps it.
 cat >"$runsc_dir/runsc-sandgate.tmp" <<WRAP
 #!/bin/sh
-exec "$runsc_dir/runsc" --platform=systrap --oci-seccomp "\$@"
+runsc="$runsc_dir/runsc"
+cmd= bundle= pidfile= id=
+prev=
+for arg do
+	case "\$prev" in
+	--bundle|-b) bundle=\$arg ;;
+	--pid-file) pidfile=\$arg ;;
+	esac
+	case "\$arg" in
+	--bundle=*) bundle=\${arg#--bundle=} ;;
+	--pid-file=*) pidfile=\${arg#--pid-file=} ;;
+	create|start) [ -z "\$cmd" ] && cmd=\$arg ;;
+	esac
+	prev=\$arg
+	id=\$arg
+done
+if [ "\$cmd" = start ]; then
+	out=\$(mktemp /tmp/runsc-start.XXXXXX) || exit 1
+	"\$runsc" --platform=systrap --oci-seccomp "\$@" >"\$out" 2>&1
+	status=\$?
+	cat "\$out"
+	rm -f "\$out"
+	exit \$status
+fi
+if [ "\$cmd" = create ] && [ -n "\$pidfile" ] && [ -n "\$bundle" ] &&
+	grep -q '"io.kubernetes.cri.container-type": *"container"' "\$bundle/config.json" 2>/dev/null; then
+	"\$runsc" --platform=systrap --oci-seccomp "\$@" || exit
+	# The same global flags (--root, --log) reach runsc state and wait.
+	n=0
+	for arg do
+		[ "\$arg" = create ] && break
+		n=\$((n + 1))
+	done
+	globals=
+	i=0
+	for arg do
+		[ \$i -ge \$n ] && break
+		globals="\$globals '\$(printf %s "\$arg" | sed "s/'/'\\\\''/g")'"
+		i=\$((i + 1))
+	done
+	(
+		eval "set -- \$globals"
+		until "\$runsc" --platform=systrap "\$@" state "\$id" 2>/dev/null | grep -q '"status": *"\\(running\\|stopped\\)"'; do
+			"\$runsc" --platform=systrap "\$@" state "\$id" >/dev/null 2>&1 || exit 137
+			sleep 0.05
+		done
+		code=\$("\$runsc" --platform=systrap "\$@" wait "\$id" 2>/dev/null | sed -n 's/.*"exitStatus": *\\([0-9]*\\).*/\\1/p')
+		exit "\${code:-137}"
+	) </dev/null >/dev/null 2>&1 &
+	printf %s \$! >"\$pidfile"
+	exit 0
+fi
+exec "\$runsc" --platform=systrap --oci-seccomp "\$@"
 WRAP
 chmod +x "$runsc_dir/runsc-sandgate.tmp"
 mv -f "$runsc_dir/runsc-sandgate.tmp" "$runsc_dir/runsc-sandgate"
