@@ -1,0 +1,405 @@
+#!/bin/bash
+# cluster.sh: a real single-node Kubernetes on this host, for trying the
+# Kubernetes backend and for its tests. Not for production: point Sandgate
+# at the cluster you already run (see README.md here).
+#
+#   cluster.sh build   build etcd, kube-apiserver, kube-controller-manager,
+#                      kube-scheduler and kubelet (cached, keyed by version)
+#   cluster.sh up      build, then start the cluster unless it runs; prints
+#                      the admin kubeconfig's path
+#   cluster.sh down    stop it, its Pods' containers and its network; keep
+#                      the binaries
+#   cluster.sh status  exit 0 when the API answers
+#
+# It runs its own containerd (socket /run/sandgate-kube/containerd.sock)
+# with the CRI plugin, so the host's containerd, which the embedded
+# backend uses, keeps its configuration. There is no registry here: the
+# sandbox ("pause") image is built from ./pause and images are imported
+# into containerd's k8s.io namespace (cluster.sh import ARCHIVE).
+#
+# Measured on these machines (Debian bookworm, cgroup v1, containerd 1.6):
+# lowering oom_score_adj is refused, so CRI runs with
+# restrict_oom_score_adj; the kubelet uses the cgroupfs driver with
+# failCgroupV1: false and cgroupsPerQOS: false; the API server advertises a
+# non-loopback address, held by an empty bridge made here (these kernels
+# have no dummy interface driver).
+set -Eeuo pipefail
+trap 'status=$?; echo "cluster.sh: line $LINENO: \`$BASH_COMMAND\` failed with exit status $status" >&2' ERR
+
+KUBE_VERSION=v1.37.2 # also in build/go.mod
+CACHE=${SANDGATE_CACHE:-/var/cache/sandgate}
+LOGS=${SANDGATE_LOGS:-/var/log/sandgate}/kube
+STATE=${SANDGATE_KUBE_STATE:-/var/lib/sandgate-kube}
+RUN=/run/sandgate-kube
+NODE=sandgate-node
+NODE_IP=${SANDGATE_KUBE_NODE_IP:-10.97.0.1}
+POD_CIDR=${SANDGATE_KUBE_POD_CIDR:-10.98.0.0/24}
+SERVICE_CIDR=10.99.0.0/24
+API_PORT=16443
+ETCD_PORT=23790
+HERE=$(cd "$(dirname "$0")" && pwd)
+export PATH=/usr/local/go/bin:$PATH
+PAUSE_IMAGE=sandgate.local/pause:1
+
+step() { printf '\n== %s\n' "$*" >&2; }
+
+# The binaries' directories are keyed by the inputs that make them: the
+# wrapper module (versions), the Go toolchain.
+bindir() {
+	local key
+	key=$( (cat "$HERE/build/go.mod" "$HERE/build/go.sum"; go version) | sha256sum | cut -c1-12)
+	echo "$CACHE/kubernetes-$KUBE_VERSION-$key"
+}
+
+etcddir() {
+	local key
+	key=$( (cat "$HERE/build/etcd/go.mod" "$HERE/build/etcd/go.sum"; go version) | sha256sum | cut -c1-12)
+	echo "$CACHE/etcd-$key"
+}
+
+build() {
+	local dir
+	dir=$(bindir)
+	mkdir -p "$LOGS"
+	if [ ! -x "$dir/kubelet" ]; then
+		step "building Kubernetes $KUBE_VERSION (once; about 15 minutes)"
+		mkdir -p "$dir.tmp"
+		(cd "$HERE/build" && CGO_ENABLED=0 go build -trimpath -o "$dir.tmp/" \
+			k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+			k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet) >"$LOGS/build.log" 2>&1 || {
+			tail -20 "$LOGS/build.log" >&2
+			exit 1
+		}
+		rm -rf "$dir"
+		mv "$dir.tmp" "$dir"
+	fi
+	local etcd
+	etcd=$(etcddir)/etcd
+	if [ ! -x "$etcd" ]; then
+		step "building etcd (once; about a minute)"
+		mkdir -p "$(etcddir)"
+		(cd "$HERE/build/etcd" && CGO_ENABLED=0 go build -trimpath -o "$etcd.tmp" go.etcd.io/etcd/server/v3) >"$LOGS/etcd-build.log" 2>&1 || {
+			tail -20 "$LOGS/etcd-build.log" >&2
+			exit 1
+		}
+		mv "$etcd.tmp" "$etcd"
+	fi
+	local pause="$CACHE/kube-pause.oci.tar"
+	local pkey
+	pkey=$( (cat "$HERE/pause/main.go"; go version) | sha256sum | cut -c1-12)
+	if [ ! -s "$pause" ] || [ "$(cat "$pause.key" 2>/dev/null)" != "$pkey" ]; then
+		pause_image "$pause"
+		echo "$pkey" >"$pause.key"
+	fi
+}
+
+# pause_image writes an OCI archive of a one-file image: the pause program.
+pause_image() {
+	local out=$1 tmp
+	tmp=$(mktemp -d)
+	mkdir -p "$tmp/root" "$tmp/oci/blobs/sha256"
+	(cd "$HERE/pause" && CGO_ENABLED=0 go build -trimpath -o "$tmp/root/pause" .)
+	tar -C "$tmp/root" --owner=0 --group=0 --numeric-owner --mtime=@0 -cf "$tmp/layer.tar" pause
+	local layer layer_size config config_size manifest manifest_size
+	layer=$(sha256sum <"$tmp/layer.tar" | cut -d' ' -f1)
+	layer_size=$(stat -c %s "$tmp/layer.tar")
+	mv "$tmp/layer.tar" "$tmp/oci/blobs/sha256/$layer"
+	printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":["/pause"],"User":"65535:65535"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$layer" >"$tmp/config"
+	config=$(sha256sum <"$tmp/config" | cut -d' ' -f1)
+	config_size=$(stat -c %s "$tmp/config")
+	mv "$tmp/config" "$tmp/oci/blobs/sha256/$config"
+	printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
+		"$config" "$config_size" "$layer" "$layer_size" >"$tmp/manifest"
+	manifest=$(sha256sum <"$tmp/manifest" | cut -d' ' -f1)
+	manifest_size=$(stat -c %s "$tmp/manifest")
+	mv "$tmp/manifest" "$tmp/oci/blobs/sha256/$manifest"
+	printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
+		"$manifest" "$manifest_size" "$PAUSE_IMAGE" "$PAUSE_IMAGE" >"$tmp/oci/index.json"
+	echo '{"imageLayoutVersion":"1.0.0"}' >"$tmp/oci/oci-layout"
+	tar -C "$tmp/oci" -cf "$out.tmp" .
+	mv "$out.tmp" "$out"
+	rm -rf "$tmp"
+}
+
+# pki writes a CA and the certificates and kubeconfigs the parts use, once.
+pki() {
+	local p=$STATE/pki
+	[ -s "$p/admin.kubeconfig" ] && return
+	mkdir -p "$p"
+	chmod 700 "$p"
+	openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=sandgate-kube-ca" \
+		-keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
+	cert() { # name subject [extensions]
+		openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$p/$1.key" -out "$p/$1.csr" 2>/dev/null
+		printf '%s\n' "${3:-extendedKeyUsage=clientAuth}" >"$p/$1.ext"
+		openssl x509 -req -in "$p/$1.csr" -CA "$p/ca.crt" -CAkey "$p/ca.key" -CAcreateserial -days 3650 \
+			-extfile "$p/$1.ext" -out "$p/$1.crt" 2>/dev/null
+		rm -f "$p/$1.csr" "$p/$1.ext"
+	}
+	cert apiserver "/CN=kube-apiserver" \
+		"subjectAltName=IP:$NODE_IP,IP:10.99.0.1,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+extendedKeyUsage=serverAuth"
+	cert admin "/O=system:masters/CN=sandgate-kube-admin"
+	cert apiserver-kubelet "/O=system:masters/CN=kube-apiserver-kubelet-client"
+	cert kubelet "/O=system:nodes/CN=system:node:$NODE"
+	cert controller-manager "/CN=system:kube-controller-manager"
+	cert scheduler "/CN=system:kube-scheduler"
+	openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
+	openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+	local who
+	for who in kubelet controller-manager scheduler admin; do
+		cat >"$p/$who.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: sandgate-kube
+  cluster:
+    server: https://$NODE_IP:$API_PORT
+    certificate-authority: $p/ca.crt
+users:
+- name: $who
+  user:
+    client-certificate: $p/$who.crt
+    client-key: $p/$who.key
+contexts:
+- name: sandgate-kube
+  context: {cluster: sandgate-kube, user: $who}
+current-context: sandgate-kube
+EOF
+	done
+}
+
+api_ok() {
+	local p=$STATE/pki
+	[ -s "$p/admin.crt" ] && curl -sf --max-time 2 --cacert "$p/ca.crt" --cert "$p/admin.crt" --key "$p/admin.key" \
+		"https://$NODE_IP:$API_PORT/readyz" >/dev/null 2>&1
+}
+
+# start NAME COMMAND...: runs a part in its own session, logs to a file,
+# keeps its pid.
+start() {
+	local name=$1
+	shift
+	setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+	echo $! >"$RUN/$name.pid"
+}
+
+# wait_for WHAT SECONDS COMMAND...: polls until COMMAND succeeds.
+wait_for() {
+	local what=$1 secs=$2
+	shift 2
+	local end=$((SECONDS + secs))
+	until "$@"; do
+		if [ $SECONDS -ge $end ]; then
+			echo "cluster.sh: $what did not come up in ${secs}s; see $LOGS" >&2
+			exit 1
+		fi
+		sleep 0.5
+	done
+}
+
+up() {
+	build
+	if api_ok && all_alive; then
+		echo "$STATE/pki/admin.kubeconfig"
+		return
+	fi
+	down quiet
+	local bin etcd
+	bin=$(bindir)
+	etcd=$(etcddir)/etcd
+	mkdir -p "$STATE" "$RUN" "$LOGS" "$STATE/cni"
+	pki
+	local p=$STATE/pki
+
+	step "starting a single-node Kubernetes $KUBE_VERSION at https://$NODE_IP:$API_PORT"
+	# No dummy driver on these kernels: an empty bridge holds the address.
+	ip link show sgk0 >/dev/null 2>&1 || ip link add sgk0 type bridge
+	ip addr replace "$NODE_IP/32" dev sgk0
+	ip link set sgk0 up
+
+	cat >"$STATE/cni/10-sandgate-kube.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "sandgate-kube", "plugins": [
+  {"type": "bridge", "bridge": "sgkbr0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$STATE/cni-ipam"}}
+]}
+EOF
+	cat >"$STATE/containerd.toml" <<EOF
+version = 2
+root = "$STATE/containerd"
+state = "$RUN/containerd"
+[grpc]
+  address = "$RUN/containerd.sock"
+[ttrpc]
+  address = "$RUN/containerd.sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "$RUN/runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gvisor]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gvisor.options]
+        BinaryName = "$CACHE/runsc"
+        SystemdCgroup = false
+        Root = "$RUN/runsc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni"
+EOF
+	start containerd containerd --config "$STATE/containerd.toml"
+	wait_for containerd 30 ctr -a "$RUN/containerd.sock" version >/dev/null 2>&1
+	ctr -a "$RUN/containerd.sock" -n k8s.io images import --all-platforms "$CACHE/kube-pause.oci.tar" >/dev/null
+
+	start etcd "$etcd" --name sandgate-kube --data-dir "$STATE/etcd" \
+		--listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+		--listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
+		--initial-cluster sandgate-kube=http://127.0.0.1:23800 --log-level warn
+	start apiserver "$bin/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+		--advertise-address "$NODE_IP" --bind-address "$NODE_IP" --secure-port "$API_PORT" \
+		--service-cluster-ip-range "$SERVICE_CIDR" \
+		--tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" --client-ca-file "$p/ca.crt" \
+		--service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
+		--service-account-issuer https://kubernetes.default.svc \
+		--kubelet-client-certificate "$p/apiserver-kubelet.crt" --kubelet-client-key "$p/apiserver-kubelet.key" \
+		--kubelet-preferred-address-types InternalIP \
+		--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction
+	wait_for kube-apiserver 120 api_ok
+	start controller-manager "$bin/kube-controller-manager" --kubeconfig "$p/controller-manager.kubeconfig" \
+		--service-account-private-key-file "$p/sa.key" --root-ca-file "$p/ca.crt" \
+		--use-service-account-credentials=true --leader-elect=false --bind-address 127.0.0.1 --secure-port 0
+	start scheduler "$bin/kube-scheduler" --kubeconfig "$p/scheduler.kubeconfig" \
+		--leader-elect=false --bind-address 127.0.0.1 --secure-port 0
+
+	cat >"$STATE/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+containerRuntimeEndpoint: unix://$RUN/containerd.sock
+cgroupDriver: cgroupfs
+failCgroupV1: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: $p/ca.crt}
+authorization: {mode: AlwaysAllow}
+# No registry: images are imported, never pulled, and never collected.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+EOF
+	start kubelet "$bin/kubelet" --config "$STATE/kubelet.yaml" --kubeconfig "$p/kubelet.kubeconfig" \
+		--hostname-override "$NODE" --node-ip "$NODE_IP" --root-dir "$STATE/kubelet"
+	wait_for "the node $NODE" 120 node_ready
+	# Pods need their namespace's default ServiceAccount, which the
+	# controller manager makes.
+	wait_for "the default ServiceAccount" 120 sa_ready
+	all_alive || {
+		echo "cluster.sh: $dead exited; see $LOGS/$dead.log" >&2
+		tail -5 "$LOGS/$dead.log" >&2
+		exit 1
+	}
+	echo "$p/admin.kubeconfig"
+}
+
+PARTS="containerd etcd apiserver controller-manager scheduler kubelet"
+
+# all_alive: every part runs; else $dead names one that does not.
+all_alive() {
+	local part
+	for part in $PARTS; do
+		[ -s "$RUN/$part.pid" ] && kill -0 "$(cat "$RUN/$part.pid")" 2>/dev/null || {
+			dead=$part
+			return 1
+		}
+	done
+}
+
+# get PATH: the API's answer, as the admin.
+get() {
+	local p=$STATE/pki
+	curl -sf --max-time 2 --cacert "$p/ca.crt" --cert "$p/admin.crt" --key "$p/admin.key" \
+		"https://$NODE_IP:$API_PORT$1" 2>/dev/null
+}
+
+sa_ready() {
+	get /api/v1/namespaces/default/serviceaccounts/default >/dev/null
+}
+
+node_ready() {
+	get "/api/v1/nodes/$NODE" | tr -d ' \n' | grep -q '"type":"Ready","status":"True"'
+}
+
+# stop NAME: TERM, then KILL after 10 s.
+stop() {
+	local f=$RUN/$1.pid pid
+	[ -s "$f" ] || return 0
+	pid=$(cat "$f")
+	if kill -0 "$pid" 2>/dev/null; then
+		kill "$pid" 2>/dev/null || true
+		for _ in $(seq 1 100); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -9 "$pid" 2>/dev/null || true
+	fi
+	rm -f "$f"
+}
+
+down() {
+	[ "${1:-}" = quiet ] || step "stopping the single-node Kubernetes"
+	stop kubelet
+	stop scheduler
+	stop controller-manager
+	stop apiserver
+	stop etcd
+	# The Pods' containers outlive the kubelet: end them (gVisor's
+	# sandboxes with them), then containerd, then any shim left.
+	if [ -S "$RUN/containerd.sock" ]; then
+		local t c="ctr -a $RUN/containerd.sock -n k8s.io"
+		for t in $($c tasks ls -q 2>/dev/null); do
+			$c tasks kill -a -s SIGKILL "$t" >/dev/null 2>&1 || true
+		done
+		for t in $($c tasks ls -q 2>/dev/null); do
+			for _ in $(seq 1 50); do
+				$c tasks delete "$t" >/dev/null 2>&1 && break
+				sleep 0.1
+			done
+		done
+	fi
+	stop containerd
+	pkill -9 -f "containerd-shim-runc-v2 .*-address $RUN/containerd.sock" 2>/dev/null || true
+	pkill -9 -f "runsc-(sandbox|gofer) .*--root=$RUN/" 2>/dev/null || true
+	local m
+	for m in $(awk -v d="$RUN/" '$2 ~ "^"d {print $2}' /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
+	for m in $(awk -v d="$STATE/" '$2 ~ "^"d {print $2}' /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
+	ip link del sgkbr0 2>/dev/null || true
+	ip link del sgk0 2>/dev/null || true
+	# The cluster's objects and Pod state go; the PKI (so the
+	# kubeconfig stays valid) and the imported images stay for the next up.
+	rm -rf "$STATE/kubelet" "$STATE/cni-ipam" "$STATE/etcd"
+}
+
+case ${1:-} in
+build) build ;;
+up) up ;;
+down) down ;;
+status) api_ok ;;
+import)
+	ctr -a "$RUN/containerd.sock" -n k8s.io images import --all-platforms "$2" >/dev/null
+	;;
+*)
+	echo "usage: $0 build|up|down|status|import ARCHIVE" >&2
+	exit 2
+	;;
+esac
