@@ -14,6 +14,9 @@ build:
 # and MinIO.
 test:
 	deploy/setup.sh
+	# The single-node cluster the Kubernetes backend's tests run on
+	# (binaries cached by version; about 18 minutes the first time).
+	deploy/kubernetes/cluster.sh build
 	cd test/node && npm ci --no-audit --no-fund --loglevel=error
 	cd examples/node && npm ci --no-audit --no-fund --loglevel=error
 	cd sdk/typescript && npm ci --no-audit --no-fund --loglevel=error && npx tsc --noEmit -p .

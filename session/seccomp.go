@@ -2,9 +2,11 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 
 	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/contrib/seccomp"
 	"github.com/containerd/containerd/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -62,4 +64,16 @@ func sessionSeccomp(p *specs.LinuxSeccomp, runtime string) {
 		rules = append(rules, r)
 	}
 	p.Syscalls = rules
+}
+
+// SeccompProfile is the session profile of a runtime handler as an OCI
+// seccomp profile (JSON): containerd's default profile for a process
+// without capabilities, adjusted as withSessionSeccomp does. Clusters
+// install it on their nodes for the Kubernetes backend (a Localhost
+// profile): under gVisor through the runc shim, RuntimeDefault answers
+// clone3 with EPERM, and Chromium cannot start its helpers.
+func SeccompProfile(runtime string) ([]byte, error) {
+	p := seccomp.DefaultProfile(&specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}})
+	sessionSeccomp(p, runtime)
+	return json.MarshalIndent(p, "", "  ")
 }

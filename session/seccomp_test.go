@@ -1,6 +1,8 @@
 package session
 
 import (
+	"bytes"
+	"encoding/json"
 	"slices"
 	"testing"
 
@@ -86,5 +88,33 @@ func TestSessionSeccomp(t *testing.T) {
 				t.Errorf("%d rules, containerd has %d", got, want)
 			}
 		})
+	}
+}
+
+// The profile printed for a cluster's nodes is the one the containerd
+// backend installs, for each runtime.
+func TestSeccompProfileJSON(t *testing.T) {
+	for _, rt := range []string{"gvisor", "runc"} {
+		raw, err := SeccompProfile(rt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got specs.LinuxSeccomp
+		if err := json.Unmarshal(raw, &got); err != nil {
+			t.Fatalf("%s: %v", rt, err)
+		}
+		want, _ := json.MarshalIndent(sessionProfile(rt), "", "  ")
+		if !bytes.Equal(raw, want) {
+			t.Errorf("%s: the printed profile is not the session profile", rt)
+		}
+		clone3 := rulesFor(&got, "clone3")
+		if len(clone3) != 1 || (rt == "gvisor") != (clone3[0].Action == specs.ActTrace) {
+			t.Errorf("%s: clone3 rules %+v", rt, clone3)
+		}
+		for _, r := range rulesFor(&got, "ptrace") {
+			if r.Action == specs.ActAllow {
+				t.Errorf("%s: ptrace allowed by %+v", rt, r)
+			}
+		}
 	}
 }

@@ -94,6 +94,7 @@ func TestMain(m *testing.M) {
 	}
 	env = e
 	code := m.Run()
+	kubeDown()
 	e.stopGateway(syscall.SIGTERM)
 	if secrets := e.secretsInLogs(); len(secrets) > 0 {
 		fmt.Fprintln(os.Stderr, "SECRETS in the gateway log:", strings.Join(secrets, ", "))

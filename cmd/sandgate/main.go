@@ -27,6 +27,8 @@ const usage = `usage: sandgate COMMAND [ARGS]
   cp SRC DST                  copy files: one side is SESSION:/path; directories as tar
   mcp                         an MCP server over stdio (tools: sessions, computer, exec, files, snapshots, preview)
   admin tenants|keys ...      tenants and API keys at runtime: SANDGATE_URL and SANDGATE_ADMIN_KEY
+  seccomp-profile RUNTIME     the session seccomp profile (JSON) of gvisor, runc or kata, for a
+                              cluster's nodes (deploy/kubernetes/README.md)
 `
 
 type usageError string
@@ -54,6 +56,8 @@ func main() {
 		err = cmdImage(ctx, log, os.Args[2:])
 	case "hash-key":
 		err = cmdHashKey(os.Args[2:])
+	case "seccomp-profile":
+		err = cmdSeccompProfile(os.Args[2:])
 	case "session", "sessions":
 		err = cmdSession(ctx, os.Args[2:])
 	case "exec":
