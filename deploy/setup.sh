@@ -91,9 +91,19 @@ fi
 cat >"$runsc_dir/runsc-sandgate.tmp" <<WRAP
 #!/bin/sh
 runsc="$runsc_dir/runsc"
-cmd= bundle= pidfile= id=
-prev=
+# The subcommand is the first word that is neither a flag nor the value
+# of one of the global flags go-runc passes (--root, --log, --log-format).
+cmd= bundle= pidfile= id= prev=
 for arg do
+	if [ -z "\$cmd" ]; then
+		case "\$prev" in
+		--root|--log|--log-format|--criu) prev= ; continue ;;
+		esac
+		case "\$arg" in
+		-*) prev=\$arg ; continue ;;
+		esac
+		cmd=\$arg
+	fi
 	case "\$prev" in
 	--bundle|-b) bundle=\$arg ;;
 	--pid-file) pidfile=\$arg ;;
@@ -101,7 +111,6 @@ for arg do
 	case "\$arg" in
 	--bundle=*) bundle=\${arg#--bundle=} ;;
 	--pid-file=*) pidfile=\${arg#--pid-file=} ;;
-	create|start) [ -z "\$cmd" ] && cmd=\$arg ;;
 	esac
 	prev=\$arg
 	id=\$arg
@@ -132,8 +141,17 @@ if [ "\$cmd" = create ] && [ -n "\$pidfile" ] && [ -n "\$bundle" ] &&
 	done
 	(
 		eval "set -- \$globals"
-		until "\$runsc" --platform=systrap "\$@" state "\$id" 2>/dev/null | grep -q '"status": *"\\(running\\|stopped\\)"'; do
-			"\$runsc" --platform=systrap "\$@" state "\$id" >/dev/null 2>&1 || exit 137
+		# Until the container starts. Two seconds of failed lookups in a
+		# row mean it is gone (deleted before it started).
+		misses=0
+		while :; do
+			if state=\$("\$runsc" --platform=systrap "\$@" state "\$id" 2>/dev/null); then
+				misses=0
+				printf %s "\$state" | grep -q '"status": *"\\(running\\|stopped\\)"' && break
+			else
+				misses=\$((misses + 1))
+				[ \$misses -ge 40 ] && exit 137
+			fi
 			sleep 0.05
 		done
 		code=\$("\$runsc" --platform=systrap "\$@" wait "\$id" 2>/dev/null | sed -n 's/.*"exitStatus": *\\([0-9]*\\).*/\\1/p')
