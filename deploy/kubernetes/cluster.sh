@@ -180,7 +180,8 @@ api_ok() {
 start() {
 	local name=$1
 	shift
-	setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+	# 9>&-: the parts must not hold the lock of this script.
+	setsid "$@" >"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
 	echo $! >"$RUN/$name.pid"
 }
 
@@ -218,6 +219,24 @@ up() {
 	ip addr replace "$NODE_IP/32" dev sgk0
 	ip link set sgk0 up
 
+	# Pods answer the host and reach nothing: not the host's services,
+	# not another machine (the NetworkPolicy a real cluster would hold
+	# is not enforced by this CNI bridge).
+	nft -f - <<EOF
+table inet sandgate_kube
+delete table inet sandgate_kube
+table inet sandgate_kube {
+	chain input {
+		type filter hook input priority 0; policy accept;
+		iifname "sgkbr0" ct state established,related accept
+		iifname "sgkbr0" drop
+	}
+	chain forward {
+		type filter hook forward priority 0; policy accept;
+		iifname "sgkbr0" drop
+	}
+}
+EOF
 	cat >"$STATE/cni/10-sandgate-kube.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "sandgate-kube", "plugins": [
   {"type": "bridge", "bridge": "sgkbr0", "isGateway": true, "ipMasq": false,
@@ -298,6 +317,10 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 EOF
+	# The kubelet sets kernel.panic, kernel.panic_on_oops and
+	# vm.overcommit_memory on its host; down puts them back.
+	[ -s "$STATE/sysctl.saved" ] || sysctl -e kernel.panic kernel.panic_on_oops vm.overcommit_memory \
+		kernel.keys.root_maxkeys kernel.keys.root_maxbytes >"$STATE/sysctl.saved"
 	start kubelet "$bin/kubelet" --config "$STATE/kubelet.yaml" --kubeconfig "$p/kubelet.kubeconfig" \
 		--hostname-override "$NODE" --node-ip "$NODE_IP" --root-dir "$STATE/kubelet"
 	wait_for "the node $NODE" 120 node_ready
@@ -358,6 +381,17 @@ stop() {
 
 down() {
 	[ "${1:-}" = quiet ] || step "stopping the single-node Kubernetes"
+	# Pods first, through the API, while the kubelet runs: it stops
+	# their containers and takes down their network (CNI).
+	if api_ok && all_alive; then
+		local p=$STATE/pki
+		curl -sf --max-time 10 -X DELETE --cacert "$p/ca.crt" --cert "$p/admin.crt" --key "$p/admin.key" \
+			"https://$NODE_IP:$API_PORT/api/v1/pods?gracePeriodSeconds=1" >/dev/null 2>&1 || true
+		local end=$((SECONDS + 60))
+		while [ $SECONDS -lt $end ] && get /api/v1/pods | tr -d ' \n' | grep -q '"kind":"Pod"'; do
+			sleep 0.5
+		done
+	fi
 	stop kubelet
 	stop scheduler
 	stop controller-manager
@@ -383,12 +417,31 @@ down() {
 	local m
 	for m in $(awk -v d="$RUN/" '$2 ~ "^"d {print $2}' /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
 	for m in $(awk -v d="$STATE/" '$2 ~ "^"d {print $2}' /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
+	# Network namespaces of Pods whose sandbox was never torn down (a
+	# force-deleted Pod). CRI names them cni-*, and this cluster's
+	# containerd is taken to be the only CRI on a trial host. (Their
+	# addresses cannot tell: gVisor takes a Pod's address into its own
+	# network stack.)
+	local ns
+	for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
+		ip netns del "$ns" 2>/dev/null || true
+	done
 	ip link del sgkbr0 2>/dev/null || true
 	ip link del sgk0 2>/dev/null || true
+	nft delete table inet sandgate_kube 2>/dev/null || true
+	if [ -s "$STATE/sysctl.saved" ]; then
+		sysctl -q -p "$STATE/sysctl.saved" || true
+		rm -f "$STATE/sysctl.saved"
+	fi
 	# The cluster's objects and Pod state go; the PKI (so the
 	# kubeconfig stays valid) and the imported images stay for the next up.
-	rm -rf "$STATE/kubelet" "$STATE/cni-ipam" "$STATE/etcd"
+	rm -rf --one-file-system "$STATE/kubelet" "$STATE/cni-ipam" "$STATE/etcd"
 }
+
+# One up or down at a time.
+mkdir -p "$RUN"
+exec 9>"$RUN/lock"
+flock 9
 
 case ${1:-} in
 build) build ;;
