@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
 	utilexec "k8s.io/client-go/util/exec"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // Labels and annotations on session Pods. The Pod is the session's
@@ -111,6 +114,9 @@ func New(cfg Config) (*Backend, error) {
 	return &Backend{cfg: cfg, rest: rc, client: client}, nil
 }
 
+// Namespace is where the backend's Pods are.
+func (b *Backend) Namespace() string { return b.cfg.Namespace }
+
 // Client is the backend's API client.
 func (b *Backend) Client() kubernetes.Interface { return b.client }
 
@@ -120,10 +126,15 @@ var ErrRuntimeMissing = errors.New("runtime not available on this cluster")
 
 // Spec is one session Pod.
 type Spec struct {
-	ID       string
-	Tenant   string
-	Runtime  string // kata, gvisor, runc
-	Expires  time.Time
+	ID      string
+	Tenant  string
+	Runtime string // kata, gvisor, runc
+	Expires time.Time
+	// Deadline, when set, is the latest the session may ever run to
+	// (its tenant's longest TTL): the Pod's activeDeadlineSeconds, so it
+	// ends even when no gateway is left to delete it. Kubernetes lets a
+	// deadline shrink, never grow: an extension cannot pass it.
+	Deadline time.Time
 	CPUs     float64
 	MemoryMB int
 	Env      []string // KEY=VALUE
@@ -162,11 +173,40 @@ func (b *Backend) RuntimeClass(ctx context.Context, runtime string) (string, err
 	return name, nil
 }
 
-func podName(id string) string { return "sandgate-" + strings.ToLower(id) }
+func podName(id string) string { return "sandgate-" + id }
+
+// ErrInvalid is returned for a spec or command the backend will not run.
+var ErrInvalid = errors.New("invalid")
+
+// check refuses what the API server would take but mean something else
+// by: a zero limit is no limit to the kubelet.
+func (s Spec) check() error {
+	switch {
+	case !ids.IsSession(s.ID):
+		return fmt.Errorf("%w: %q is not a session id", ErrInvalid, s.ID)
+	case !(s.CPUs >= 0.1 && s.CPUs <= 64):
+		return fmt.Errorf("%w: cpus %v is not between 0.1 and 64", ErrInvalid, s.CPUs)
+	case s.MemoryMB < 128 || s.MemoryMB > 1<<20:
+		return fmt.Errorf("%w: memory %d MiB is not between 128 MiB and 1 TiB", ErrInvalid, s.MemoryMB)
+	case !s.Expires.After(time.Now()):
+		return fmt.Errorf("%w: the session expires in the past", ErrInvalid)
+	case !s.Deadline.IsZero() && s.Deadline.Before(s.Expires):
+		return fmt.Errorf("%w: the deadline is before the expiry", ErrInvalid)
+	}
+	for _, kv := range s.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return fmt.Errorf("%w: environment entry %q is not KEY=VALUE", ErrInvalid, kv)
+		}
+	}
+	return nil
+}
 
 // Create creates the session's Pod. It returns once the Pod exists; Wait
 // waits for it to run.
 func (b *Backend) Create(ctx context.Context, s Spec) error {
+	if err := s.check(); err != nil {
+		return err
+	}
 	rc, err := b.RuntimeClass(ctx, s.Runtime)
 	if err != nil {
 		return err
@@ -186,7 +226,11 @@ func (b *Backend) pod(s Spec, runtimeClass string) *corev1.Pod {
 	}
 	cpu := resource.NewMilliQuantity(int64(s.CPUs*1000), resource.DecimalSI)
 	mem := resource.NewQuantity(int64(s.MemoryMB)<<20, resource.BinarySI)
-	limits := corev1.ResourceList{corev1.ResourceCPU: *cpu, corev1.ResourceMemory: *mem}
+	limits := corev1.ResourceList{corev1.ResourceCPU: *cpu, corev1.ResourceMemory: *mem,
+		// The workspace and the container's writable layer: what the
+		// kubelet evicts the Pod over.
+		corev1.ResourceEphemeralStorage: resource.MustParse("2Gi")}
+
 	yes, no := true, false
 	uid, gid := int64(sessionUID), int64(sessionUID)
 	grace := int64(10)
@@ -248,6 +292,10 @@ func (b *Backend) pod(s Spec, runtimeClass string) *corev1.Pod {
 				{Name: "workspace", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &workspace}}},
 			},
 		},
+	}
+	if !s.Deadline.IsZero() {
+		secs := int64(time.Until(s.Deadline).Seconds()) + 60
+		pod.Spec.ActiveDeadlineSeconds = &secs
 	}
 	if b.cfg.Owner != nil {
 		pod.OwnerReferences = []metav1.OwnerReference{*b.cfg.Owner}
@@ -347,9 +395,14 @@ func fromPod(p *corev1.Pod) Pod {
 }
 
 // Delete removes the session's Pod; grace is how long its processes get
-// after SIGTERM. A Pod already gone is not an error.
+// after SIGTERM, at least a second: a grace of 0 would remove the Pod
+// from the API at once, before its containers stop, and Gone would then
+// prove nothing. A Pod already gone is not an error.
 func (b *Backend) Delete(ctx context.Context, id string, grace time.Duration) error {
-	secs := int64(grace.Seconds())
+	if !ids.IsSession(id) {
+		return fmt.Errorf("%w: %q is not a session id", ErrInvalid, id)
+	}
+	secs := max(int64(grace.Seconds()), 1)
 	err := b.client.CoreV1().Pods(b.cfg.Namespace).Delete(ctx, podName(id), metav1.DeleteOptions{GracePeriodSeconds: &secs})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete pod for %s: %w", id, err)
@@ -357,7 +410,8 @@ func (b *Backend) Delete(ctx context.Context, id string, grace time.Duration) er
 	return nil
 }
 
-// Gone waits until the session's Pod no longer exists.
+// Gone waits until the session's Pod no longer exists: after Delete,
+// until the kubelet has stopped its containers.
 func (b *Backend) Gone(ctx context.Context, id string) error {
 	for {
 		_, err := b.client.CoreV1().Pods(b.cfg.Namespace).Get(ctx, podName(id), metav1.GetOptions{})
@@ -403,32 +457,37 @@ type Exec struct {
 // TermSize is a terminal's size.
 type TermSize struct{ Cols, Rows uint16 }
 
-// ErrRootExec is returned for an exec as root: the Pod exec API runs
-// commands as the container's user, and this backend never runs a
-// session as root.
-var ErrRootExec = errors.New("the Kubernetes backend runs commands as the session user only")
-
 // Run runs a command in the session's Pod through the exec API and
 // returns its exit code. A command that cannot start (no such program)
 // is an exit code, as in a shell; a broken connection is an error.
 func (b *Backend) Run(ctx context.Context, id string, e Exec) (int, error) {
+	if !ids.IsSession(id) {
+		return -1, fmt.Errorf("%w: %q is not a session id", ErrInvalid, id)
+	}
 	if len(e.Args) == 0 || e.Args[0] == "" {
-		return -1, errors.New("a command must name a program")
+		return -1, fmt.Errorf("%w: a command must name a program", ErrInvalid)
 	}
 	// The exec API has no environment or working directory: env sets
-	// both (coreutils' env -C), then runs the command without a shell.
-	// A program named like an assignment would be taken for one.
-	if strings.Contains(e.Args[0], "=") {
-		return -1, fmt.Errorf("program %q: a name with '=' cannot be run", e.Args[0])
+	// both, then runs the command without a shell. A program named like
+	// an assignment would be taken for one, and a lone "-" for env's
+	// option to clear the environment.
+	if strings.Contains(e.Args[0], "=") || e.Args[0] == "-" {
+		return -1, fmt.Errorf("%w: program %q cannot be run through env", ErrInvalid, e.Args[0])
 	}
-	argv := []string{"env"}
+	if e.Cwd != "" && (!strings.HasPrefix(e.Cwd, "/") || path.Clean(e.Cwd) != e.Cwd) {
+		return -1, fmt.Errorf("%w: working directory %q is not a clean absolute path", ErrInvalid, e.Cwd)
+	}
+	// env's own failures (a directory that is not there: 125; a
+	// program that cannot run: 126, 127) come back as exit codes, as
+	// they would from a shell.
+	argv := []string{"/usr/bin/env"}
 	if e.Cwd != "" {
-		argv = append(argv, "-C", e.Cwd)
+		argv = append(argv, "--chdir="+e.Cwd)
 	}
 	argv = append(argv, "--")
 	for _, kv := range e.Env {
 		if !strings.Contains(kv, "=") || strings.HasPrefix(kv, "=") {
-			return -1, fmt.Errorf("environment entry %q is not KEY=VALUE", kv)
+			return -1, fmt.Errorf("%w: environment entry %q is not KEY=VALUE", ErrInvalid, kv)
 		}
 		argv = append(argv, kv)
 	}
