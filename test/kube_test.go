@@ -187,6 +187,17 @@ func kubeNamespace(t testing.TB, kubeconfig string) *kube.Backend {
 	return b
 }
 
+// kubeBrowserSpec is a browser session's Pod for the tests: an hour to
+// live, two at most.
+func kubeBrowserSpec(runtime string) kube.Spec {
+	return kube.Spec{
+		ID: ids.NewSession(), Tenant: "tenant-a", Runtime: runtime, Expires: time.Now().Add(time.Hour),
+		Deadline: time.Now().Add(2 * time.Hour), CPUs: 1, MemoryMB: 1024, Info: `{"kind":"browser"}`,
+		Env: []string{"SANDGATE_KIND=browser", "SANDGATE_SCREEN_WIDTH=1280", "SANDGATE_SCREEN_HEIGHT=800",
+			"SANDGATE_CDP_PORT=9222", "SANDGATE_VNC_PORT=5900"},
+	}
+}
+
 // kubeRun runs a command in a session Pod and returns its output.
 func kubeRun(t *testing.T, b *kube.Backend, id string, e kube.Exec) (stdout, stderr string, code int) {
 	t.Helper()
@@ -209,14 +220,7 @@ func TestKubeBackend(t *testing.T) {
 	b := kubeNamespace(t, needKube(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	spec := func(runtime string) kube.Spec {
-		return kube.Spec{
-			ID: ids.NewSession(), Tenant: "tenant-a", Runtime: runtime, Expires: time.Now().Add(time.Hour),
-			Deadline: time.Now().Add(2 * time.Hour), CPUs: 1, MemoryMB: 1024, Info: `{"kind":"browser"}`,
-			Env: []string{"SANDGATE_KIND=browser", "SANDGATE_SCREEN_WIDTH=1280", "SANDGATE_SCREEN_HEIGHT=800",
-				"SANDGATE_CDP_PORT=9222", "SANDGATE_VNC_PORT=5900"},
-		}
-	}
+	spec := kubeBrowserSpec
 
 	// A runtime without its RuntimeClass is refused, with nothing made.
 	kata := spec("kata")
@@ -270,7 +274,7 @@ func kubeSessionFlow(t *testing.T, b *kube.Backend, s kube.Spec) {
 	if n := kubeRunningContainers(t, "sandgate-"+s.ID); n == 0 {
 		t.Fatal("no running container found for the running Pod: the check after its deletion would prove nothing")
 	}
-	if p, err := b.Client().CoreV1().Pods(kubeNS(b)).Get(ctx, "sandgate-"+s.ID, metav1.GetOptions{}); err != nil ||
+	if p, err := b.Client().CoreV1().Pods(b.Namespace()).Get(ctx, "sandgate-"+s.ID, metav1.GetOptions{}); err != nil ||
 		p.Spec.ActiveDeadlineSeconds == nil || *p.Spec.ActiveDeadlineSeconds < 3600 {
 		t.Errorf("the Pod has no deadline past the session's expiry: %v", err)
 	}
@@ -556,10 +560,7 @@ func BenchmarkKubeColdStart(b *testing.B) {
 				e.api(b, e.keyA, "DELETE", "/v1/sessions/"+id, nil)
 
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-				s := kube.Spec{ID: ids.NewSession(), Tenant: "tenant-a", Runtime: rt, Expires: time.Now().Add(time.Hour),
-					CPUs: 1, MemoryMB: 1024, Info: `{"kind":"browser"}`,
-					Env: []string{"SANDGATE_KIND=browser", "SANDGATE_SCREEN_WIDTH=1280", "SANDGATE_SCREEN_HEIGHT=800",
-						"SANDGATE_CDP_PORT=9222", "SANDGATE_VNC_PORT=5900"}}
+				s := kubeBrowserSpec(rt)
 				t1 := time.Now()
 				if err := kb.Create(ctx, s); err != nil {
 					b.Fatal(err)
@@ -587,9 +588,6 @@ func BenchmarkKubeColdStart(b *testing.B) {
 		})
 	}
 }
-
-// kubeNS is the namespace a test's backend works in.
-func kubeNS(b *kube.Backend) string { return b.Namespace() }
 
 // TestKubeLeases: a piece of work (a session's recording) is held by one
 // replica through a Lease on the real cluster; while the holder renews,

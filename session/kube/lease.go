@@ -132,19 +132,32 @@ func (l *Leases) holder(ctx context.Context, name string) (bool, string, error) 
 	return h == l.Identity, h, nil
 }
 
+// ours reads a lease this replica holds: ErrLeaseLost when another
+// replica holds it, the API's not-found error when there is none.
+func (l *Leases) ours(ctx context.Context, name string) (*coordinationv1.Lease, error) {
+	cur, err := l.Client.CoordinationV1().Leases(l.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get lease %s: %w", name, err)
+	}
+	if deref(cur.Spec.HolderIdentity) != l.Identity {
+		return nil, ErrLeaseLost
+	}
+	return cur, nil
+}
+
 // Renew extends a lease this replica holds; ErrLeaseLost when another
 // replica has taken it (this one was too slow to renew).
 func (l *Leases) Renew(ctx context.Context, name string) error {
 	leases := l.Client.CoordinationV1().Leases(l.Namespace)
-	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
+	cur, err := l.ours(ctx, name)
 	if apierrors.IsNotFound(err) {
 		return ErrLeaseLost
 	}
 	if err != nil {
-		return fmt.Errorf("get lease %s: %w", name, err)
-	}
-	if deref(cur.Spec.HolderIdentity) != l.Identity {
-		return ErrLeaseLost
+		return err
 	}
 	now := metav1.NewMicroTime(l.now())
 	next := cur.DeepCopy()
@@ -162,15 +175,12 @@ func (l *Leases) Renew(ctx context.Context, name string) error {
 // another replica holds is left alone.
 func (l *Leases) Release(ctx context.Context, name string) error {
 	leases := l.Client.CoordinationV1().Leases(l.Namespace)
-	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
+	cur, err := l.ours(ctx, name)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
 		return err
-	}
-	if deref(cur.Spec.HolderIdentity) != l.Identity {
-		return ErrLeaseLost
 	}
 	rv := cur.ResourceVersion
 	err = leases.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
