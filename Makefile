@@ -1,6 +1,9 @@
 # Sandgate. Both targets run as root on Debian bookworm and install what
 # they need themselves (deploy/setup.sh).
 export PATH := /usr/local/go/bin:$(PATH)
+# bash for pipefail: a test run piped through test/failures keeps its status.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 
 .PHONY: up test bench load build viewer
 
@@ -24,8 +27,12 @@ test:
 	# Every package but the end-to-end suite (a listed set once missed
 	# mcpserver, sdk and ids).
 	go test -count=1 $$(go list ./... | grep -v '/test$$')
-	# -v: every skip prints its reason (Kata, where it is not installed).
-	SANDGATE_E2E=1 go test -count=1 -v -timeout 75m ./test/
+	# -json through test/failures: printed as -v prints it (every skip
+	# with its reason: Kata, where it is not installed), and the failed
+	# tests' output repeated at the very end, where a CI log cut to its
+	# tail still shows it.
+	go build -o /tmp/sandgate-failures ./test/failures
+	SANDGATE_E2E=1 go test -count=1 -json -timeout 75m ./test/ 2>&1 | /tmp/sandgate-failures
 
 # Benchmarks, each beside its baseline: cold start, CDP round trip, VNC
 # frames, action round trip, exec, runtimes, page loads through the egress
