@@ -72,6 +72,7 @@ func (s *Server) shell() fiber.Handler {
 		if err != nil {
 			log.Warn("shell start", "err", err)
 			closeWS(ws, fws.CloseInternalServerErr, "the shell could not start")
+			drainWS(ws)
 			return
 		}
 		defer proc.Close()
@@ -83,11 +84,11 @@ func (s *Server) shell() fiber.Handler {
 		var once sync.Once
 		shut := func(code int, why string) {
 			once.Do(func() {
+				stdinW.Close()
+				proc.Signal(syscall.SIGKILL)
 				wmu.Lock()
 				closeWS(ws, code, why)
 				wmu.Unlock()
-				stdinW.Close()
-				proc.Signal(syscall.SIGKILL)
 			})
 		}
 		release, err := s.sessions.Track(tenant, id, "shell", closerFunc(func() error {
@@ -96,19 +97,26 @@ func (s *Server) shell() fiber.Handler {
 		}))
 		if err != nil {
 			shut(fws.CloseGoingAway, "the session ended")
+			drainWS(ws)
 			return
 		}
 		defer release()
 		start := time.Now()
 		s.sessions.Record(id, "shell_opened", nil)
 
+		// The reader runs until the client's close frame or an error: after
+		// the shell exits it drops what still arrives, until the client
+		// answers the close (closeWS).
+		readerDone := make(chan struct{})
 		go func() {
+			defer close(readerDone)
 			for {
 				mt, data, err := readMessage(ws, maxShellMessage)
 				if errors.Is(err, errMessageTooBig) {
 					log.Warn("shell client sent a message over the limit", "limit", maxShellMessage)
 					s.sessions.Record(id, "message_too_big", map[string]any{"scope": "shell", "limit": maxShellMessage})
 					shut(fws.CloseMessageTooBig, tooBigReason(maxShellMessage))
+					drainWS(ws)
 					return
 				}
 				if err != nil {
@@ -117,9 +125,7 @@ func (s *Server) shell() fiber.Handler {
 				}
 				s.sessions.Touch(id)
 				if mt == fws.BinaryMessage {
-					if _, err := stdinW.Write(data); err != nil {
-						return
-					}
+					stdinW.Write(data) // fails once the shell is gone; the reader goes on draining
 					continue
 				}
 				var ctl shellControl
@@ -135,6 +141,10 @@ func (s *Server) shell() fiber.Handler {
 		send(fws.TextMessage, msg)
 		shut(fws.CloseNormalClosure, "the shell exited")
 		s.sessions.Record(id, "shell_closed", map[string]any{"exit_code": code, "duration_ms": time.Since(start).Milliseconds()})
+		select { // the client's answer to the close, within closeLinger
+		case <-readerDone:
+		case <-time.After(closeLinger + time.Second):
+		}
 	})
 }
 

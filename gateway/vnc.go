@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	fws "github.com/fasthttp/websocket"
@@ -43,6 +44,7 @@ func (s *Server) vncProxy() fiber.Handler {
 		if err != nil {
 			log.Warn("vnc upstream unreachable", "err", err)
 			closeWS(client, fws.CloseTryAgainLater, "the session's display is not reachable")
+			drainWS(client)
 			return
 		}
 		s.pumpVNC(client, up, claims, log)
@@ -59,12 +61,14 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 }) {
 	var once sync.Once
 	var wmu sync.Mutex // one writer at a time on the client socket
+	var closing atomic.Bool
 	shut := func(code int, why string) {
 		once.Do(func() {
+			closing.Store(true)
+			up.Close() // first: nothing the viewer still sends reaches the session
 			wmu.Lock()
 			closeWS(client, code, why)
 			wmu.Unlock()
-			up.Close()
 			log.Info("vnc connection closing", "reason", why)
 		})
 	}
@@ -74,6 +78,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 	}))
 	if err != nil {
 		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		drainWS(client)
 		return
 	}
 	defer release()
@@ -94,6 +99,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 	info, err := s.sessions.Get(claims.Tenant, claims.Session)
 	if err != nil {
 		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
+		drainWS(client)
 		return
 	}
 	filter := &desktop.Filter{ViewOnly: claims.ViewOnly, MaxWidth: info.Screen.Width, MaxHeight: info.Screen.Height}
@@ -142,6 +148,8 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 		}
 	}()
 
+	// The viewer's messages, until an error or the end of the closing
+	// handshake (closeWS); after a close the rest is dropped (drainWS).
 	var lastTouch time.Time
 	for {
 		mt, data, err := readMessage(client, maxVNCMessage)
@@ -154,6 +162,9 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 		if err != nil {
 			shut(fws.CloseNormalClosure, "viewer closed the connection")
 			break
+		}
+		if closing.Load() {
+			continue // closed from elsewhere: dropped until the viewer answers
 		}
 		if mt != fws.BinaryMessage {
 			shut(fws.CloseUnsupportedData, "RFB must be sent as binary WebSocket messages")
@@ -176,6 +187,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 			}
 		}
 	}
+	drainWS(client)
 	<-done
 }
 

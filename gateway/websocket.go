@@ -46,10 +46,30 @@ func tooBigReason(limit int64) string {
 	return fmt.Sprintf("message larger than %d bytes", limit)
 }
 
+// closeLinger bounds how long a closed connection still reads, waiting for
+// the peer's answering close frame.
+const closeLinger = 2 * time.Second
+
 // closeWS sends a close frame with a code and a reason (at most 123 bytes
-// on the wire), and ends the connection.
+// on the wire) and starts the closing handshake: nothing more is written,
+// and reads go on for at most closeLinger, until the peer answers with its
+// own close frame. The connection's reader sees that answer as an error
+// and ends; the handler then returns and the socket closes. Closing at
+// once would leave the peer's last bytes unread, and Linux answers those
+// with a reset that can cost the peer what it had not read yet: the last
+// output, the exit code, this close frame itself.
 func closeWS(c *websocket.Conn, code int, reason string) {
 	c.WriteControl(fws.CloseMessage, fws.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
-	c.SetReadDeadline(time.Unix(1, 0))
-	c.Close()
+	c.SetReadDeadline(time.Now().Add(closeLinger))
+}
+
+// drainWS reads and drops messages until the peer's close frame, an error,
+// or the deadline closeWS set. For handlers that close a connection with
+// no reader of their own, and for readers that stopped mid-message.
+func drainWS(c *websocket.Conn) {
+	for {
+		if _, _, err := c.NextReader(); err != nil {
+			return
+		}
+	}
 }

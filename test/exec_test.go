@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -273,8 +274,8 @@ func TestShellResize(t *testing.T) {
 		t.Fatalf("shell: %v (%d)", err, status)
 	}
 	defer c.Close()
+	// The gateway applies a resize before it reads the next message.
 	c.WriteMessage(websocket.TextMessage, []byte(`{"type":"resize","cols":123,"rows":45}`))
-	time.Sleep(200 * time.Millisecond)
 	c.WriteMessage(websocket.BinaryMessage, []byte("stty size; exit 7\n"))
 	var screen strings.Builder
 	c.SetReadDeadline(time.Now().Add(15 * time.Second))
@@ -306,6 +307,80 @@ func TestShellResize(t *testing.T) {
 	if _, resp, err := websocket.DefaultDialer.Dial(u, nil); err == nil || resp == nil || resp.StatusCode != 401 {
 		t.Fatalf("shell without a key: %v", resp)
 	}
+}
+
+// TestShellCloseHandshake: a client still typing when the shell exits gets
+// the exit code and the close frame, and the connection then ends with the
+// closing handshake (RFC 6455 7.1.1: the server closes TCP after the
+// client's answering close), not a reset. The gateway's earlier close, at
+// once and with the reader stopped, passed this test too here: the reset it
+// risks (Linux resets a socket closed with bytes unread) needs bytes to
+// arrive in a narrow window, so this guards the handshake, not that race.
+func TestShellCloseHandshake(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	u := "ws://" + e.gwAddr + "/v1/sessions/" + s.ID + "/shell"
+	c, _, err := websocket.DefaultDialer.Dial(u, http.Header{"Authorization": {"Bearer " + e.keyA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WriteMessage(websocket.BinaryMessage, []byte("exit 3\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Keystrokes with no newline, sent until the gateway's close arrives:
+	// the terminal's line fills and the gateway's reads fall behind.
+	stop := make(chan struct{})
+	typed := make(chan int)
+	go func() {
+		junk, n := bytes.Repeat([]byte("x"), 16<<10), 0
+		defer func() { typed <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if c.WriteMessage(websocket.BinaryMessage, junk) != nil {
+				return
+			}
+			n += len(junk)
+		}
+	}()
+	c.SetReadDeadline(time.Now().Add(60 * time.Second))
+	c.SetWriteDeadline(time.Now().Add(60 * time.Second))
+	exit, closeCode, closeText := -1, 0, ""
+	for {
+		mt, data, err := c.ReadMessage()
+		var ce *websocket.CloseError
+		if errors.As(err, &ce) {
+			closeCode, closeText = ce.Code, ce.Text
+			break
+		}
+		if err != nil {
+			t.Fatalf("the shell's connection ended without a close frame (exit %d): %v", exit, err)
+		}
+		var ctl struct {
+			Type     string `json:"type"`
+			ExitCode int    `json:"exit_code"`
+		}
+		if mt == websocket.TextMessage && json.Unmarshal(data, &ctl) == nil && ctl.Type == "exit" {
+			exit = ctl.ExitCode
+		}
+	}
+	close(stop)
+	n := <-typed
+	if exit != 3 || closeCode != websocket.CloseNormalClosure || closeText != "the shell exited" {
+		t.Fatalf("exit %d, close %d %q; want 3, 1000 \"the shell exited\"", exit, closeCode, closeText)
+	}
+	// The library answered the close; the gateway closes the socket once
+	// it has read that answer: an orderly end of stream, not a reset.
+	raw := c.UnderlyingConn()
+	raw.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.Copy(io.Discard, raw); err != nil {
+		t.Fatalf("after the close handshake (%d bytes typed): %v, want the end of the stream", n, err)
+	}
+	t.Logf("%d bytes typed after the exit", n)
 }
 
 // TestShellSizeFromQuery: the size asked for in the query is the
