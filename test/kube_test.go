@@ -122,11 +122,7 @@ func kubeDown() {
 func kubeNamespace(t testing.TB, kubeconfig string) *kube.Backend {
 	t.Helper()
 	ns := "sandgate-test-" + strings.ToLower(ids.NewSession()[2:10])
-	b, err := kube.New(kube.Config{
-		Kubeconfig: kubeconfig, Namespace: ns, Image: images.SessionDefinition().Ref(), PullPolicy: corev1.PullNever,
-		RuntimeClasses: map[string]string{"kata": "kata", "gvisor": "gvisor", "runc": "sandgate-runc"},
-		Seccomp:        map[string]string{"gvisor": "sandgate/gvisor.json", "runc": "sandgate/runc.json"},
-	})
+	b, err := kube.New(kubeBackendConfig(kubeconfig, ns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,6 +181,15 @@ func kubeNamespace(t testing.TB, kubeconfig string) *kube.Backend {
 		}
 	})
 	return b
+}
+
+// kubeBackendConfig is the backend's configuration on the trial cluster.
+func kubeBackendConfig(kubeconfig, ns string) kube.Config {
+	return kube.Config{
+		Kubeconfig: kubeconfig, Namespace: ns, Image: images.SessionDefinition().Ref(), PullPolicy: corev1.PullNever,
+		RuntimeClasses: map[string]string{"kata": "kata", "gvisor": "gvisor", "runc": "sandgate-runc"},
+		Seccomp:        map[string]string{"gvisor": "sandgate/gvisor.json", "runc": "sandgate/runc.json"},
+	}
 }
 
 // kubeBrowserSpec is a browser session's Pod for the tests: an hour to
