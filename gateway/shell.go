@@ -57,6 +57,7 @@ func (s *Server) shell() fiber.Handler {
 		send := func(mt int, data []byte) error {
 			wmu.Lock()
 			defer wmu.Unlock()
+			ws.SetWriteDeadline(time.Now().Add(wsWriteTimeout))
 			return ws.WriteMessage(mt, data)
 		}
 		stdinR, stdinW := io.Pipe()
@@ -82,15 +83,23 @@ func (s *Server) shell() fiber.Handler {
 			log.Warn("shell resize at start", "err", err)
 		}
 		var once sync.Once
-		shut := func(code int, why string) {
+		// end closes the connection: with the closing handshake, or
+		// (abort) at once, for a client that broke the protocol.
+		end := func(code int, why string, abort bool) {
 			once.Do(func() {
 				stdinW.Close()
 				proc.Signal(syscall.SIGKILL)
+				unblockWrites(ws)
 				wmu.Lock()
-				closeWS(ws, code, why)
+				if abort {
+					abortWS(ws, code, why)
+				} else {
+					closeWS(ws, code, why)
+				}
 				wmu.Unlock()
 			})
 		}
+		shut := func(code int, why string) { end(code, why, false) }
 		release, err := s.sessions.Track(tenant, id, "shell", closerFunc(func() error {
 			shut(fws.CloseGoingAway, "the session ended")
 			return nil
@@ -115,8 +124,7 @@ func (s *Server) shell() fiber.Handler {
 				if errors.Is(err, errMessageTooBig) {
 					log.Warn("shell client sent a message over the limit", "limit", maxShellMessage)
 					s.sessions.Record(id, "message_too_big", map[string]any{"scope": "shell", "limit": maxShellMessage})
-					shut(fws.CloseMessageTooBig, tooBigReason(maxShellMessage))
-					drainWS(ws)
+					end(fws.CloseMessageTooBig, tooBigReason(maxShellMessage), true)
 					return
 				}
 				if err != nil {
@@ -144,6 +152,11 @@ func (s *Server) shell() fiber.Handler {
 		select { // the client's answer to the close, within closeLinger
 		case <-readerDone:
 		case <-time.After(closeLinger + time.Second):
+			// The reader is held elsewhere (a resize, at most seconds):
+			// its connection goes now, and the reader with it, before
+			// the connection is handed back for another client.
+			ws.NetConn().Close()
+			<-readerDone
 		}
 	})
 }

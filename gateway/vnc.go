@@ -62,16 +62,24 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 	var once sync.Once
 	var wmu sync.Mutex // one writer at a time on the client socket
 	var closing atomic.Bool
-	shut := func(code int, why string) {
+	// end closes the connection: with the closing handshake, or (abort)
+	// at once, for a viewer that broke the protocol.
+	end := func(code int, why string, abort bool) {
 		once.Do(func() {
 			closing.Store(true)
 			up.Close() // first: nothing the viewer still sends reaches the session
+			unblockWrites(client)
 			wmu.Lock()
-			closeWS(client, code, why)
+			if abort {
+				abortWS(client, code, why)
+			} else {
+				closeWS(client, code, why)
+			}
 			wmu.Unlock()
 			log.Info("vnc connection closing", "reason", why)
 		})
 	}
+	shut := func(code int, why string) { end(code, why, false) }
 	release, err := s.sessions.Track(claims.Tenant, claims.Session, claims.ID, closerFunc(func() error {
 		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
 		return nil
@@ -115,6 +123,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 					return
 				}
 				wmu.Lock()
+				client.SetWriteDeadline(time.Now().Add(wsWriteTimeout))
 				werr := client.WriteMessage(fws.BinaryMessage, buf[:n])
 				wmu.Unlock()
 				if werr != nil {
@@ -156,7 +165,8 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 		if errors.Is(err, errMessageTooBig) {
 			log.Warn("vnc viewer sent a message over the limit", "limit", maxVNCMessage)
 			s.sessions.Record(claims.Session, "message_too_big", map[string]any{"preview": claims.ID, "scope": claims.Scope, "limit": maxVNCMessage})
-			shut(fws.CloseMessageTooBig, tooBigReason(maxVNCMessage))
+			end(fws.CloseMessageTooBig, tooBigReason(maxVNCMessage), true)
+			client.SetReadDeadline(time.Unix(1, 0)) // also when closing already: not a byte more
 			break
 		}
 		if err != nil {
@@ -167,13 +177,13 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 			continue // closed from elsewhere: dropped until the viewer answers
 		}
 		if mt != fws.BinaryMessage {
-			shut(fws.CloseUnsupportedData, "RFB must be sent as binary WebSocket messages")
+			end(fws.CloseUnsupportedData, "RFB must be sent as binary WebSocket messages", true)
 			break
 		}
 		out, err := filter.Feed(data)
 		if err != nil {
 			log.Warn("vnc viewer sent a bad RFB stream", "err", err)
-			shut(fws.ClosePolicyViolation, rfbReason(err))
+			end(fws.ClosePolicyViolation, rfbReason(err), true)
 			break
 		}
 		if now := time.Now(); !claims.ViewOnly && now.Sub(lastTouch) > time.Second {

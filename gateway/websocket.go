@@ -50,6 +50,18 @@ func tooBigReason(limit int64) string {
 // the peer's answering close frame.
 const closeLinger = 2 * time.Second
 
+// wsWriteTimeout bounds one message written to a viewer or a terminal: a
+// client that stops reading is dropped then, rather than holding the
+// writer (and with it the connection's close) for as long as its TCP
+// connection stays open.
+const wsWriteTimeout = 30 * time.Second
+
+// unblockWrites makes a write blocked on a client that does not read
+// fail within a second, so that a close can take the writer's lock.
+func unblockWrites(c *websocket.Conn) {
+	c.NetConn().SetWriteDeadline(time.Now().Add(time.Second))
+}
+
 // closeWS sends a close frame with a code and a reason (at most 123 bytes
 // on the wire) and starts the closing handshake: nothing more is written,
 // and reads go on for at most closeLinger, until the peer answers with its
@@ -63,9 +75,18 @@ func closeWS(c *websocket.Conn, code int, reason string) {
 	c.SetReadDeadline(time.Now().Add(closeLinger))
 }
 
+// abortWS sends a close frame and ends reading at once, with no closing
+// handshake: for a client that broke the protocol (a message over the
+// limit, a malformed stream), which gets no more of the gateway's reading
+// time or bandwidth. The socket closes when the handler returns.
+func abortWS(c *websocket.Conn, code int, reason string) {
+	c.WriteControl(fws.CloseMessage, fws.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
+	c.SetReadDeadline(time.Unix(1, 0))
+}
+
 // drainWS reads and drops messages until the peer's close frame, an error,
-// or the deadline closeWS set. For handlers that close a connection with
-// no reader of their own, and for readers that stopped mid-message.
+// or the deadline closeWS (or abortWS) set. For handlers that close a
+// connection with no reader of their own, and for readers that stopped.
 func drainWS(c *websocket.Conn) {
 	for {
 		if _, _, err := c.NextReader(); err != nil {

@@ -23,7 +23,7 @@ func TestReadMessageLimit(t *testing.T) {
 		for {
 			mt, data, err := readMessage(c, limit)
 			if errors.Is(err, errMessageTooBig) {
-				closeWS(c, gws.CloseMessageTooBig, tooBigReason(limit))
+				abortWS(c, gws.CloseMessageTooBig, tooBigReason(limit))
 				return
 			}
 			if err != nil {
@@ -85,3 +85,4 @@ func TestReadMessageLimit(t *testing.T) {
 		})
 	}
 }
+
