@@ -102,7 +102,8 @@ func cut(s string, n int) string {
 // to the session's Chromium: it sends downloads to dir (a path inside the
 // session), named by their GUID so no name a site suggests can point
 // elsewhere, and calls done for each finished one, and for the ones it
-// refused. It reconnects when Chromium restarts and returns when ctx ends.
+// refused. It reconnects when Chromium restarts and returns when ctx ends,
+// handing over first what had finished by then.
 //
 // Clients that set their own download behaviour over the gateway's CDP
 // proxy keep dir (RewriteCommand), and the watcher sets its behaviour
@@ -292,20 +293,27 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 				return err
 			}
 		case <-lost:
+			w.deliver(w.take(time.Now())) // what finished before the loss
 			return nil
 		case <-ctx.Done():
+			w.deliver(w.take(time.Now()))
 			return nil
 		}
 		finished, refused, cancels := w.take(time.Now())
 		for _, guid := range cancels {
 			chromedp.CallBrowser(cctx, cdpbrowser.CancelDownload, cdpbrowser.CancelDownloadParams{GUID: guid})
 		}
-		for _, d := range refused {
-			w.done(d)
-		}
-		for _, d := range finished {
-			w.done(d)
-		}
-		w.handed(len(finished))
+		w.deliver(finished, refused, nil)
 	}
+}
+
+// deliver hands finished and refused downloads to done.
+func (w *watcher) deliver(finished, refused []Download, _ []string) {
+	for _, d := range refused {
+		w.done(d)
+	}
+	for _, d := range finished {
+		w.done(d)
+	}
+	w.handed(len(finished))
 }

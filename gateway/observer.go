@@ -27,6 +27,7 @@ type watchers struct {
 	mu       sync.Mutex
 	cancel   map[string]context.CancelFunc
 	reassert map[string]chan struct{} // tells a download watcher a client left
+	owner    map[string]session.Info  // a watched session's info, once it has a tenant
 	recorded map[string]bool          // sessions whose recording step is done
 }
 
@@ -68,21 +69,85 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 	if info.Kind != session.KindBrowser {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	s.watch.mu.Lock()
-	if old := s.watch.cancel[info.ID]; old != nil {
-		old()
+	defer s.watch.mu.Unlock()
+	if s.watch.cancel[info.ID] != nil && info.Profile == nil && info.Snapshot == "" {
+		s.watch.owner[info.ID] = info // watched since it was pooled
+		return
 	}
-	s.watch.cancel[info.ID] = cancel
+	// A claim that restored a profile or snapshot restarted Chromium: the
+	// pooled watcher's connection is gone, and it would reconnect only
+	// after a pause. A new one at once.
+	s.unwatch(info.ID)
+	s.watch.owner[info.ID] = info
+	s.watchDownloads(info.ID, ep)
+	// A session that ended before this call had its watcher stopped
+	// (SessionStopping) before this one started: stop this one too.
+	if i, err := s.sessions.Get(info.Tenant, info.ID); err != nil || i.State != session.StateRunning {
+		s.unwatch(info.ID)
+	}
+}
+
+// SessionPooled starts a pooled browser's download watcher, so that the
+// claim finds its connection made and its download behaviour set.
+func (o *observer) SessionPooled(info session.Info, ep session.Endpoint) {
+	s := (*Server)(o)
+	if info.Kind != session.KindBrowser {
+		return
+	}
+	s.watch.mu.Lock()
+	defer s.watch.mu.Unlock()
+	if s.watch.cancel[info.ID] == nil {
+		s.watchDownloads(info.ID, ep)
+	}
+}
+
+// SessionStopping stops the session's download watcher before its
+// address is released: a watcher that reconnected after that could reach
+// the next session given the address. Downloads already finished are
+// still stored.
+func (o *observer) SessionStopping(id string) {
+	s := (*Server)(o)
+	s.watch.mu.Lock()
+	defer s.watch.mu.Unlock()
+	s.unwatch(id)
+}
+
+var _ session.EarlyObserver = (*observer)(nil)
+
+// watchDownloads starts a session's download watcher. Each download is
+// stored as its owner's, the tenant the session had when it finished;
+// a session with none (pooled, never driven) stores nothing. A store
+// under way finishes when the watcher is stopped. s.watch.mu is held.
+func (s *Server) watchDownloads(id string, ep session.Endpoint) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.watch.cancel[id] = cancel
 	reassert := make(chan struct{}, 1)
-	s.watch.reassert[info.ID] = reassert
-	s.watch.mu.Unlock()
+	s.watch.reassert[id] = reassert
 	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, reassert, func(d browser.Download) {
-		if err := s.storeDownload(ctx, info, d); err != nil {
+		s.watch.mu.Lock()
+		info, owned := s.watch.owner[id]
+		s.watch.mu.Unlock()
+		log := s.log.With("session", id, "tenant", info.Tenant)
+		if !owned {
+			log.Warn("a download in a session with no tenant yet is not stored", "url", d.URL)
+			return
+		}
+		if err := s.storeDownload(context.WithoutCancel(ctx), info, d); err != nil {
 			log.Warn("download not stored", "err", err)
-			s.sessions.Record(info.ID, "download_failed", map[string]any{"url": d.URL})
+			s.sessions.Record(id, "download_failed", map[string]any{"url": d.URL})
 		}
 	})
+}
+
+// unwatch stops a session's download watcher; s.watch.mu is held.
+func (s *Server) unwatch(id string) {
+	if cancel := s.watch.cancel[id]; cancel != nil {
+		cancel()
+	}
+	delete(s.watch.cancel, id)
+	delete(s.watch.reassert, id)
+	delete(s.watch.owner, id)
 }
 
 // clientLeft tells the session's download watcher that a CDP client
@@ -155,11 +220,7 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 	log := s.log.With("session", info.ID, "tenant", info.Tenant)
 	s.forgetVersion(info.ID)
 	s.watch.mu.Lock()
-	if cancel := s.watch.cancel[info.ID]; cancel != nil {
-		cancel()
-		delete(s.watch.cancel, info.ID)
-	}
-	delete(s.watch.reassert, info.ID)
+	s.unwatch(info.ID)
 	recorded := s.watch.recorded[info.ID]
 	s.watch.recorded[info.ID] = true
 	s.watch.mu.Unlock()

@@ -149,6 +149,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	}
 	s.watch.cancel = map[string]context.CancelFunc{}
 	s.watch.reassert = map[string]chan struct{}{}
+	s.watch.owner = map[string]session.Info{}
 	s.versions.m = map[string][]byte{}
 	s.exits.reported = map[string]string{}
 	s.artifacts.m = map[string]artifactCount{}
@@ -471,6 +472,10 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 	s.exits.mu.Lock()
 	exits := s.exits.total
 	s.exits.mu.Unlock()
+	s.watch.mu.Lock()
+	watchers := len(s.watch.cancel)
+	s.watch.mu.Unlock()
+	fmt.Fprintf(&b, "# HELP sandgate_download_watchers Download watchers running: one per running browser session, claimed or pooled.\n# TYPE sandgate_download_watchers gauge\nsandgate_download_watchers %d\n", watchers)
 	fmt.Fprintf(&b, "# HELP sandgate_browser_exits_total Browsers that exited (crashed or were closed) under running sessions.\n# TYPE sandgate_browser_exits_total counter\nsandgate_browser_exits_total %d\n", exits)
 	if s.sessions != nil {
 		a := s.sessions.Admission()

@@ -247,6 +247,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
+		m.stopping(id)
 		for i := len(undo) - 1; i >= 0; i-- {
 			if uerr := undo[i](cctx); uerr != nil {
 				log.Error("rollback step failed", "err", uerr)
@@ -330,6 +331,14 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		step("restore")
 	}
 	m.mu.Lock()
+	o, pooled := m.observer, s.pool != nil
+	m.mu.Unlock()
+	if eo, ok := o.(EarlyObserver); ok && pooled && !m.poolLimits.Freeze {
+		// Before the session can be claimed: what needs no tenant starts
+		// now, so a claim does not wait for it.
+		eo.SessionPooled(copyInfo(info), ep)
+	}
+	m.mu.Lock()
 	if s.info.State != StateStarting {
 		m.mu.Unlock()
 		return errors.New("session was stopped while starting")
@@ -346,8 +355,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	m.wg.Add(1)
 	go m.watch(s, exited)
 	m.mu.Lock()
-	o, info := m.observer, copyInfo(s.info)
-	pooled := s.pool != nil
+	o, info, pooled = m.observer, copyInfo(s.info), s.pool != nil
 	m.mu.Unlock()
 	if o != nil && !pooled {
 		o.SessionRunning(info, ep)

@@ -315,6 +315,32 @@ type Observer interface {
 	SessionEnded(info Info, events []Event)
 }
 
+// EarlyObserver is an Observer that hears two things sooner.
+// SessionPooled: a warm pool session is ready and belongs to nobody yet
+// (not frozen: freezing pools keep their sessions untouched); it comes
+// before the session can be claimed, and SessionRunning follows at the
+// claim with the tenant's info. The gateway readies there what needs no
+// tenant (its download watcher's connection), so a claim does not wait
+// for it and the claimant's first requests do not compete with it.
+// SessionStopping: any session, pooled or not, is being torn down; it
+// comes before the session's address is released (and may be given to
+// another session), and before its finalisation, which may wait for a
+// slot or for the store.
+type EarlyObserver interface {
+	SessionPooled(info Info, ep Endpoint)
+	SessionStopping(id string)
+}
+
+// stopping tells an EarlyObserver that a session is being torn down.
+func (m *Manager) stopping(id string) {
+	m.mu.Lock()
+	o := m.observer
+	m.mu.Unlock()
+	if eo, ok := o.(EarlyObserver); ok {
+		eo.SessionStopping(id)
+	}
+}
+
 // SessionFinaliser is an Observer whose end-of-session work can fail
 // (the artifact store is away, say). The manager then calls
 // FinaliseSession instead of SessionEnded, again with backoff until it

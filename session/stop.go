@@ -88,6 +88,7 @@ func (m *Manager) teardown(ctx context.Context, s *sess, final State, failure st
 	m.save(ctx, s, c, final)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	m.stopping(s.info.ID)
 	if err := removeContainer(ctx, c); err != nil {
 		log.Error("remove container", "err", err)
 	}
