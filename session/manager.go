@@ -187,6 +187,9 @@ type sess struct {
 	claimFor string
 	frozen   bool       // its processes are frozen (a pooled session waiting)
 	freezeMu sync.Mutex // orders a freeze and the thaw of a claim
+	// claimStored, after a claim, is closed once containerd has the
+	// claimant's labels (see storeClaim); later label writes wait for it.
+	claimStored chan struct{}
 	// releaseProfile drops the session's profile hold once it has ended.
 	releaseProfile func()
 }
@@ -483,8 +486,15 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 		m.mu.Unlock()
 		return Info{}, publicf(ErrInvalid, fmt.Sprintf("the session may live until %s at most (the tenant's maximum TTL)", max.Format(time.RFC3339)), nil)
 	}
-	c := s.container
+	c, stored := s.container, s.claimStored
 	m.mu.Unlock()
+	if stored != nil {
+		select { // the claim's labels first: they hold the older expiry
+		case <-stored:
+		case <-ctx.Done():
+			return Info{}, fmt.Errorf("store expiry: %w", ctx.Err())
+		}
+	}
 	if _, err := c.SetLabels(m.ctx(ctx), map[string]string{labelExpires: exp.Format(time.RFC3339Nano)}); err != nil {
 		return Info{}, fmt.Errorf("store expiry: %w", err)
 	}

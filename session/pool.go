@@ -3,14 +3,19 @@ package session
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
 	"github.com/sandgate/sandgate/ids"
 )
 
@@ -212,17 +217,16 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	if info.Labels == nil {
 		info.Labels = map[string]string{}
 	}
-	// Thawing (a runtime command) and relabelling (a containerd write)
-	// take milliseconds each: at once.
-	thawed := make(chan error, 1)
-	go func() { thawed <- m.thaw(ctx, s) }()
-	labels, err := containerLabels(info, addr.String())
+	// The claim record is written once the session is known to answer
+	// (a frozen one is thawed first).
+	err := m.thaw(ctx, s)
+	var labels map[string]string
+	if err == nil {
+		labels, err = containerLabels(info, addr.String())
+	}
 	if err == nil {
 		labels[labelPool] = ""
-		_, err = c.SetLabels(m.ctx(ctx), labels)
-	}
-	if terr := <-thawed; err == nil {
-		err = terr
+		err = m.writeClaim(info.ID, labels)
 	}
 	m.mu.Lock()
 	if err == nil && m.disabled(spec.Tenant) {
@@ -234,11 +238,17 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 		s.claimFor = claimFailed
 		r.claiming = false
 		m.mu.Unlock()
+		// No record may outlive a failed claim: a restarted gateway
+		// would adopt a session nobody was given.
+		os.Remove(filepath.Join(m.workspaceDir(info.ID), claimFile))
 		m.log.Warn("warm session could not be claimed; taking the cold path", "session", info.ID, "pool", p.key(), "err", err)
 		m.stopAsync(s, StateFailed, "the claim failed")
 		return Info{}, false, nil
 	}
 	s.pool, s.claimFor = nil, ""
+	s.claimStored = make(chan struct{})
+	m.wg.Add(1)
+	go m.storeClaim(s.info.ID, c, labels, s.claimStored)
 	s.info = info
 	s.releaseProfile = releaseProfile
 	m.releaseLocked(r)
@@ -277,6 +287,79 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 		o.SessionRunning(out, ep)
 	}
 	return out, true, nil
+}
+
+// A claim is recorded in two places. Before it answers, the claimant's
+// labels go to a file in the session's host directory (which the session
+// cannot reach): a write and a rename, well under a millisecond. After
+// it answers, they go to containerd (a bolt transaction with fsync, a few
+// milliseconds), and the file goes. A gateway that dies in between finds
+// the file when it restarts and applies it before it adopts (adopt). The
+// file need not be synced to disk: it has to outlive the gateway's
+// process, which the page cache does; a crash of the host ends every
+// session anyway.
+const claimFile = "claim.json"
+
+// maxClaimBytes bounds a claim file read back.
+const maxClaimBytes = 64 << 10
+
+func (m *Manager) writeClaim(id string, labels map[string]string) error {
+	b, err := json.Marshal(labels)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(m.workspaceDir(id), claimFile)
+	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
+		return fmt.Errorf("claim record: %w", err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return fmt.Errorf("claim record: %w", err)
+	}
+	return nil
+}
+
+// readClaim reads a claim record left by a gateway that died mid-claim;
+// it must name the session it is in.
+func (m *Manager) readClaim(id string) (map[string]string, error) {
+	f, err := os.Open(filepath.Join(m.workspaceDir(id), claimFile))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var labels map[string]string
+	if err := json.NewDecoder(io.LimitReader(f, maxClaimBytes)).Decode(&labels); err != nil {
+		return nil, fmt.Errorf("claim record: %w", err)
+	}
+	if labels[labelSession] != id || labels[labelPool] != "" {
+		return nil, errors.New("claim record: not this session's claim")
+	}
+	return labels, nil
+}
+
+// storeClaim writes a claim's labels to containerd after the claim has
+// answered, then drops the claim file, trying again with backoff until
+// containerd takes them, the container is gone, or the manager closes
+// (the file then stays, and a restarted gateway applies it). done closes
+// at the end: later label writes (Extend) wait for it, so that a claim
+// written after them cannot undo them.
+func (m *Manager) storeClaim(id string, c containerd.Container, labels map[string]string, done chan struct{}) {
+	defer m.wg.Done()
+	defer close(done)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		ctx, cancel := context.WithTimeout(m.base, claimTimeout)
+		_, err := c.SetLabels(m.ctx(ctx), labels)
+		cancel()
+		if err == nil || errdefs.IsNotFound(err) {
+			os.Remove(filepath.Join(m.workspaceDir(id), claimFile))
+			return
+		}
+		m.log.Warn("a claimed session's labels are not in containerd yet; its claim record keeps them meanwhile", "session", id, "err", err, "retry_in", wait)
+		select {
+		case <-m.base.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
 }
 
 // kickRefill wakes the refiller without waiting for it.
@@ -553,6 +636,7 @@ func (m *Manager) removePooled() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(m.ctx(context.Background()), 20*time.Second)
 			defer cancel()
+			m.stopping(s.info.ID)
 			s.freezeMu.Lock()
 			err := removeContainer(ctx, s.container)
 			s.freezeMu.Unlock()

@@ -86,9 +86,19 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 		return nil, nil, "labels unreadable"
 	}
 	if labels[labelPool] != "" {
-		// Nobody claimed it: a pooled session is never adopted, so that
-		// nothing an earlier gateway started is handed out unseen.
-		return nil, nil, "a warm pool session of an earlier gateway"
+		// Claimed by a gateway that died before containerd had the claim
+		// (storeClaim): the claim record finishes it.
+		claimed, err := m.readClaim(c.ID())
+		if err != nil {
+			// Nobody claimed it: a pooled session is never adopted, so
+			// that nothing an earlier gateway started is handed out unseen.
+			return nil, nil, "a warm pool session of an earlier gateway"
+		}
+		if labels, err = c.SetLabels(ctx, claimed); err != nil {
+			return nil, nil, "its claim could not be stored"
+		}
+		os.Remove(filepath.Join(m.workspaceDir(c.ID()), claimFile))
+		m.log.Info("finished the claim of a warm session an earlier gateway handed out", "session", c.ID())
 	}
 	info, err := infoFromLabels(labels)
 	if err != nil {

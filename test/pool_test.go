@@ -526,3 +526,128 @@ func TestWarmPool(t *testing.T) {
 		}
 	})
 }
+
+// TestWarmPoolDownloads: an unfrozen pool's browser has its download
+// watcher from the moment it is ready (so a claim does not start one, and
+// the claimant's first requests do not compete with it); a download in
+// the claimed session is stored as the claimant's, and no one else's; and
+// a pooled browser that goes unclaimed takes its watcher with it.
+func TestWarmPoolDownloads(t *testing.T) {
+	e := needE2E(t)
+	e.withGatewayConfig(t, func(cfg map[string]any) {
+		cfg["pools"] = []map[string]any{{"runtime": "runc", "screen": poolShape["screen"], "size": 1}}
+		cfg["pool_limits"] = map[string]any{"max_sessions": 1, "freeze": false}
+	})
+	watchers := func() int { return int(e.metric(t, "sandgate_download_watchers")) }
+	e.waitPool(t, 1)
+	// The pooled browser's watcher, with no session of anyone's running.
+	waitFor(t, 30*time.Second, "the pooled browser's download watcher", func() bool { return watchers() == 1 })
+
+	// A pooled browser that dies unclaimed: its watcher stops with it
+	// (the refill's new one starts seconds later, when it is ready).
+	var dead string
+	for id := range e.pooledContainers(t) {
+		dead = id
+	}
+	c, err := e.client.LoadContainer(e.ctx(), dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Task(e.ctx(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := task.Kill(e.ctx(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the dead pooled browser's watcher to stop", func() bool { return watchers() == 0 })
+	e.waitPool(t, 1)
+	waitFor(t, 60*time.Second, "the refilled browser's download watcher", func() bool { return watchers() == 1 })
+
+	s, start, _ := e.claim(t, e.keyA, nil)
+	if start != "warm" {
+		t.Fatalf("a request of the pool's shape started %q", start)
+	}
+	t.Cleanup(func() { e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil) })
+	// The claim reuses the pooled watcher: still one, until the refill's.
+	if n := watchers(); n != 1 {
+		t.Errorf("%d download watchers after the claim, want the pooled one only", n)
+	}
+	ctx, done := e.cdpPage(t, s.ID)
+	pages := testPages(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate(pages+"/download.html"), chromedp.Click(chromedp.CSS("#dl"))); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	var dl *artifact
+	waitFor(t, 30*time.Second, "the download as the claimant's artifact", func() bool {
+		dl = findKind(e.artifacts(t, e.keyA, s.ID), "download", "")
+		return dl != nil
+	})
+	if dl.SHA256 != sha(downloadBody) {
+		t.Errorf("download artifact %+v, want sha256 %s", dl, sha(downloadBody))
+	}
+	if st, _ := e.api(t, e.keyB, "GET", "/v1/sessions/"+s.ID+"/artifacts", nil); st != 404 {
+		t.Errorf("another tenant lists the claimed session's artifacts: %d", st)
+	}
+
+	// A claim answers before containerd has the claimant's labels; a
+	// record in the session's host directory holds them meanwhile. Put
+	// the session back in that state (labels of the pool, the record
+	// written), kill the gateway, and the next one finishes the claim.
+	record := filepath.Join(e.dir, "state", "sessions", s.ID, "claim.json")
+	hc, err := e.client.LoadContainer(e.ctx(), s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var labels map[string]string
+	waitFor(t, 30*time.Second, "the claim in containerd and its record gone", func() bool {
+		labels, err = hc.Labels(e.ctx())
+		_, serr := os.Stat(record)
+		return err == nil && labels["sandgate.pool"] == "" && os.IsNotExist(serr)
+	})
+	e.waitPool(t, 1)
+	var poolKey string
+	var pooled []string
+	for id := range e.pooledContainers(t) {
+		pc, err := e.client.LoadContainer(e.ctx(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := pc.Labels(e.ctx())
+		if err != nil {
+			t.Fatal(err)
+		}
+		poolKey, pooled = l["sandgate.pool"], append(pooled, id)
+	}
+	if poolKey == "" {
+		t.Fatal("no pooled container to take the pool's label from")
+	}
+	raw, _ := json.Marshal(labels)
+	if err := os.WriteFile(record, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hc.SetLabels(e.ctx(), map[string]string{"sandgate.pool": poolKey}); err != nil {
+		t.Fatal(err)
+	}
+	e.stopGateway(syscall.SIGKILL)
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+	if st, body := e.api(t, e.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "state") != "running" {
+		t.Errorf("the half-stored claim after the restart: %d %s", st, body)
+	}
+	if l, err := hc.Labels(e.ctx()); err != nil || l["sandgate.pool"] != "" || l["sandgate.tenant"] != labels["sandgate.tenant"] {
+		t.Errorf("the claim was not finished in containerd: %v %v", l, err)
+	}
+	if _, err := os.Stat(record); !os.IsNotExist(err) {
+		t.Errorf("the claim record is still there: %v", err)
+	}
+	// Control: the pooled session of the killed gateway, with no record,
+	// is removed, not adopted.
+	for _, id := range pooled {
+		if _, err := e.client.LoadContainer(e.ctx(), id); err == nil {
+			t.Errorf("pooled container %s survived the restart", id)
+		}
+	}
+}
