@@ -9,11 +9,74 @@ import (
 )
 
 type previewResponse struct {
-	ID        string    `json:"id"`
-	URL       string    `json:"url"`
+	ID  string `json:"id"`
+	URL string `json:"url"`
+	// WSURL, for a CDP preview, is the browser's WebSocket endpoint: what
+	// Puppeteer's browserWSEndpoint or Playwright's connectOverCDP take,
+	// with no discovery request first.
+	WSURL     string    `json:"ws_url,omitempty"`
 	ExpiresAt time.Time `json:"expires_at"`
 	Scope     string    `json:"scope"`
 	ViewOnly  bool      `json:"view_only"`
+}
+
+// previewRequest asks for a preview URL, alone or with a create.
+type previewRequest struct {
+	Scope    string `json:"scope"`
+	TTL      *int64 `json:"ttl_seconds"`
+	ViewOnly bool   `json:"view_only"`
+}
+
+// check validates the request and returns its TTL.
+func (s *Server) checkPreview(req previewRequest) (time.Duration, error) {
+	switch req.Scope {
+	case ScopeCDP, ScopeVNC, ScopeView, ScopeReview:
+	default:
+		return 0, errInvalid(`scope must be one of "cdp", "vnc", "view", "review"`)
+	}
+	ttl, err := seconds("ttl_seconds", req.TTL)
+	if err != nil {
+		return 0, err
+	}
+	if ttl == 0 {
+		ttl = 5 * time.Minute
+	}
+	if req.ViewOnly && req.Scope == ScopeCDP {
+		return 0, errInvalid("view_only applies to vnc and view previews; CDP cannot be made read-only")
+	}
+	if req.ViewOnly && req.Scope == ScopeReview {
+		return 0, errInvalid("view_only applies to vnc and view previews")
+	}
+	if ttl > s.cfg.MaxPreviewTTL {
+		return 0, errInvalid(fmt.Sprintf("ttl_seconds must be at most %d", int(s.cfg.MaxPreviewTTL.Seconds())))
+	}
+	return ttl, nil
+}
+
+// issuePreview signs a preview of a session the caller owns and records
+// it in the session's trail.
+func (s *Server) issuePreview(tenant, id string, req previewRequest, ttl time.Duration) (previewResponse, error) {
+	now := time.Now().UTC().Truncate(time.Second)
+	pid := newPreviewID()
+	claims := previewClaims{Session: id, Tenant: tenant, Scope: req.Scope, ViewOnly: req.ViewOnly}
+	claims.ID = pid
+	claims.ExpiresAt = jwtTime(now.Add(ttl))
+	claims.IssuedAt = jwtTime(now)
+	tok, err := s.tokens.issue(claims)
+	if err != nil {
+		return previewResponse{}, fmt.Errorf("sign preview: %w", err)
+	}
+	s.sessions.Record(id, "preview_issued", map[string]any{"preview": pid, "scope": req.Scope, "view_only": req.ViewOnly, "expires_at": now.Add(ttl)})
+	out := previewResponse{
+		ID: pid, URL: s.cfg.PublicURL.String() + "/" + req.Scope + "/" + tok,
+		ExpiresAt: now.Add(ttl), Scope: req.Scope, ViewOnly: req.ViewOnly,
+	}
+	if req.Scope == ScopeCDP {
+		ws := *s.cfg.PublicURL
+		ws.Scheme = s.wsScheme
+		out.WSURL = ws.String() + "/cdp/" + tok
+	}
+	return out, nil
 }
 
 func (s *Server) createPreview(c *fiber.Ctx) error {
@@ -21,37 +84,16 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	var req struct {
-		Scope    string `json:"scope"`
-		TTL      *int64 `json:"ttl_seconds"`
-		ViewOnly bool   `json:"view_only"`
-	}
+	var req previewRequest
 	if err := decode(c, &req); err != nil {
 		return err
 	}
-	switch req.Scope {
-	case ScopeCDP, ScopeVNC, ScopeView, ScopeReview:
-	default:
-		return errInvalid(`scope must be one of "cdp", "vnc", "view", "review"`)
-	}
-	ttl, err := seconds("ttl_seconds", req.TTL)
+	ttl, err := s.checkPreview(req)
 	if err != nil {
 		return err
 	}
-	if ttl == 0 {
-		ttl = 5 * time.Minute
-	}
-	if req.ViewOnly && req.Scope == ScopeCDP {
-		return errInvalid("view_only applies to vnc and view previews; CDP cannot be made read-only")
-	}
-	if ttl > s.cfg.MaxPreviewTTL {
-		return errInvalid(fmt.Sprintf("ttl_seconds must be at most %d", int(s.cfg.MaxPreviewTTL.Seconds())))
-	}
 	tenant := tenantOf(c)
 	if req.Scope == ScopeReview {
-		if req.ViewOnly {
-			return errInvalid("view_only applies to vnc and view previews")
-		}
 		// A review outlives its session: it needs the session known to
 		// this gateway, or artifacts of it in the store.
 		if _, err := s.sessions.Get(tenant, id); err != nil {
@@ -68,21 +110,11 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 	} else if _, err := s.sessions.Endpoint(tenant, id); err != nil {
 		return err
 	}
-	now := time.Now().UTC().Truncate(time.Second)
-	pid := newPreviewID()
-	claims := previewClaims{Session: id, Tenant: tenant, Scope: req.Scope, ViewOnly: req.ViewOnly}
-	claims.ID = pid
-	claims.ExpiresAt = jwtTime(now.Add(ttl))
-	claims.IssuedAt = jwtTime(now)
-	tok, err := s.tokens.issue(claims)
+	out, err := s.issuePreview(tenant, id, req, ttl)
 	if err != nil {
-		return fmt.Errorf("sign preview: %w", err)
+		return err
 	}
-	s.sessions.Record(id, "preview_issued", map[string]any{"preview": pid, "scope": req.Scope, "view_only": req.ViewOnly, "expires_at": now.Add(ttl)})
-	return c.Status(fiber.StatusCreated).JSON(previewResponse{
-		ID: pid, URL: s.cfg.PublicURL.String() + "/" + req.Scope + "/" + tok,
-		ExpiresAt: now.Add(ttl), Scope: req.Scope, ViewOnly: req.ViewOnly,
-	})
+	return c.Status(fiber.StatusCreated).JSON(out)
 }
 
 func (s *Server) revokePreview(c *fiber.Ctx) error {

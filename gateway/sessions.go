@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -31,6 +32,15 @@ type createRequest struct {
 	// workspace snapshot to start from.
 	Profile  *session.ProfileUse `json:"profile"`
 	Snapshot string              `json:"snapshot"`
+	// Preview asks for a preview URL in the answer, saving the client a
+	// request before it connects.
+	Preview *previewRequest `json:"preview"`
+}
+
+// createResponse is the session, with the preview asked for.
+type createResponse struct {
+	session.Info
+	Preview *previewResponse `json:"preview,omitempty"`
 }
 
 // maxWaitSeconds bounds wait_seconds.
@@ -76,10 +86,19 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 		}
 		spec.Wait = time.Duration(*w) * time.Second
 	}
+	wait := c.Query("wait", "true") != "false"
+	var previewTTL time.Duration
+	if req.Preview != nil {
+		if previewTTL, err = s.checkPreview(*req.Preview); err != nil {
+			return err
+		}
+		if !wait {
+			return errInvalid("a preview comes with a create that waits for the session (not with wait=false)")
+		}
+	}
 	if err := s.checkArtifactQuota(c, spec.Tenant); err != nil {
 		return err
 	}
-	wait := c.Query("wait", "true") != "false"
 	ctx, cancel := reqCtx(c, 2*time.Minute+spec.Wait)
 	defer cancel()
 	if req.Profile != nil || req.Snapshot != "" {
@@ -104,7 +123,19 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 		}
 		return err
 	}
-	return c.Status(fiber.StatusCreated).JSON(info)
+	out := createResponse{Info: info}
+	if req.Preview != nil {
+		p, err := s.issuePreview(info.Tenant, info.ID, *req.Preview, previewTTL)
+		if err != nil {
+			// Nobody would know of the session: it goes.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			s.sessions.Delete(dctx, info.Tenant, info.ID)
+			return err
+		}
+		out.Preview = &p
+	}
+	return c.Status(fiber.StatusCreated).JSON(out)
 }
 
 func (s *Server) sessionID(c *fiber.Ctx) (string, error) {

@@ -2,10 +2,10 @@ package test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
-
 	"testing"
 	"time"
 
@@ -15,8 +15,11 @@ import (
 // BenchmarkWarmStart: POST /v1/sessions until a CDP client is connected
 // through the gateway and has its first answer (Browser.getVersion), for a
 // session claimed from a warm pool, beside the cold path of the same
-// runtime (a shape no pool has) in the same run. Between iterations the
-// pool is let refill, untimed, so that a claim never races a refill.
+// runtime (a shape no pool has) in the same run. Warm, two ways: with a
+// preview asked for apart and discovery (two calls, then /json/version),
+// and in one call (the create asks for the preview; the client dials its
+// ws_url). Between iterations the pool is let refill, untimed, so that a
+// claim never races a refill.
 func BenchmarkWarmStart(b *testing.B) {
 	e := needE2E(b)
 	runtimes := []string{"runc"}
@@ -35,13 +38,22 @@ func BenchmarkWarmStart(b *testing.B) {
 	})
 	b.Logf("pooled sessions frozen while they wait: %v", freeze)
 	// steps holds, per runtime and path, the time of each step of a
-	// connect: create, preview, discovery, upgrade, first answer.
+	// connect. Two calls: create, preview, discovery, upgrade, first
+	// answer. One call (a create that asks for a CDP preview, then its
+	// ws_url, the way a client in a hurry connects): create, upgrade,
+	// first answer.
 	steps := map[string]map[string][]time.Duration{}
+	twoCalls := []string{"create", "preview", "discovery", "upgrade", "answer"}
+	oneCall := []string{"create", "upgrade", "answer"}
 	connect := func(key string, req map[string]any, path string) (time.Duration, string) {
 		var marks []time.Duration
 		t0 := time.Now()
 		last := t0
 		mark := func() { marks = append(marks, time.Since(last)); last = time.Now() }
+		one := strings.HasSuffix(path, "one-call")
+		if one {
+			req["preview"] = map[string]any{"scope": "cdp", "ttl_seconds": 60}
+		}
 		st, body := e.api(b, key, "POST", "/v1/sessions", req)
 		if st != 201 {
 			b.Fatalf("create: %d %s", st, body)
@@ -49,10 +61,23 @@ func BenchmarkWarmStart(b *testing.B) {
 		mark()
 		id := jsonField(body, "id")
 		defer e.api(b, key, "DELETE", "/v1/sessions/"+id, nil)
-		p := e.preview(b, key, id, 60)
-		mark()
-		ws := browserWS(b, p.URL)
-		mark()
+		var ws string
+		if one {
+			var out struct {
+				Preview struct {
+					WSURL string `json:"ws_url"`
+				}
+			}
+			if err := json.Unmarshal(body, &out); err != nil || out.Preview.WSURL == "" {
+				b.Fatalf("no ws_url in %s", body)
+			}
+			ws = out.Preview.WSURL
+		} else {
+			p := e.preview(b, key, id, 60)
+			mark()
+			ws = browserWS(b, p.URL)
+			mark()
+		}
 		c, _, err := websocket.DefaultDialer.DialContext(context.Background(), ws, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -76,24 +101,35 @@ func BenchmarkWarmStart(b *testing.B) {
 		if steps[k] == nil {
 			steps[k] = map[string][]time.Duration{}
 		}
-		for i, name := range []string{"create", "preview", "discovery", "upgrade", "answer"} {
+		names := twoCalls
+		if one {
+			names = oneCall
+		}
+		for i, name := range names {
 			steps[k][name] = append(steps[k][name], marks[i])
 		}
 		return time.Since(t0), jsonField(body, "start")
 	}
 	warm := map[string][]time.Duration{}
+	warmOne := map[string][]time.Duration{}
 	cold := map[string][]time.Duration{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for _, rt := range runtimes {
-			b.StopTimer()
-			e.waitPools(b, len(runtimes))
-			b.StartTimer()
-			d, start := connect(e.keyA, map[string]any{"runtime": rt}, "warm")
-			if start != "warm" {
-				b.Fatalf("%s: a request of the pool's shape started %q", rt, start)
+			for _, path := range []string{"warm", "warm-one-call"} {
+				b.StopTimer()
+				e.waitPools(b, len(runtimes))
+				b.StartTimer()
+				d, start := connect(e.keyA, map[string]any{"runtime": rt}, path)
+				if start != "warm" {
+					b.Fatalf("%s: a request of the pool's shape started %q", rt, start)
+				}
+				if path == "warm" {
+					warm[rt] = append(warm[rt], d)
+				} else {
+					warmOne[rt] = append(warmOne[rt], d)
+				}
 			}
-			warm[rt] = append(warm[rt], d)
 		}
 	}
 	b.StopTimer()
@@ -111,7 +147,11 @@ func BenchmarkWarmStart(b *testing.B) {
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	for k, st := range steps {
 		var parts []string
-		for _, name := range []string{"create", "preview", "discovery", "upgrade", "answer"} {
+		names := twoCalls
+		if strings.HasSuffix(k, "one-call") {
+			names = oneCall
+		}
+		for _, name := range names {
 			parts = append(parts, fmt.Sprintf("%s %.1f ms", name, ms(percentile(st[name], 0.5))))
 		}
 		b.Logf("%s, p50 of each step: %s", k, strings.Join(parts, ", "))
@@ -119,6 +159,8 @@ func BenchmarkWarmStart(b *testing.B) {
 	for _, rt := range runtimes {
 		b.ReportMetric(ms(percentile(warm[rt], 0.5)), rt+"-warm-p50-ms")
 		b.ReportMetric(ms(percentile(warm[rt], 0.99)), rt+"-warm-p99-ms")
+		b.ReportMetric(ms(percentile(warmOne[rt], 0.5)), rt+"-warm-one-call-p50-ms")
+		b.ReportMetric(ms(percentile(warmOne[rt], 0.99)), rt+"-warm-one-call-p99-ms")
 		b.ReportMetric(ms(percentile(cold[rt], 0.5)), rt+"-cold-p50-ms")
 		b.ReportMetric(float64(percentile(cold[rt], 0.5))/float64(percentile(warm[rt], 0.5)), rt+"-cold/warm")
 	}

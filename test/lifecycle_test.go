@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/snapshots"
+	"github.com/gorilla/websocket"
 )
 
 func (e *testEnv) ctx() context.Context {
@@ -199,6 +200,12 @@ func TestBadInput(t *testing.T) {
 		{"unknown-session", e.keyA, "GET", "/v1/sessions/s-0000000000000000", "", 404, "not_found"},
 		{"malformed-session-id", e.keyA, "GET", "/v1/sessions/..%2f..%2fetc", "", 404, "not_found"},
 		{"preview-unknown-scope", e.keyA, "POST", "/v1/sessions/s-0000000000000000/previews", `{"scope":"root"}`, 400, "invalid_argument"},
+		{"create-preview-unknown-scope", e.keyA, "POST", "/v1/sessions", `{"preview":{"scope":"root"}}`, 400, "invalid_argument"},
+		{"create-preview-no-scope", e.keyA, "POST", "/v1/sessions", `{"preview":{}}`, 400, "invalid_argument"},
+		{"create-preview-view-only-cdp", e.keyA, "POST", "/v1/sessions", `{"preview":{"scope":"cdp","view_only":true}}`, 400, "invalid_argument"},
+		{"create-preview-long-ttl", e.keyA, "POST", "/v1/sessions", `{"preview":{"scope":"cdp","ttl_seconds":99999999}}`, 400, "invalid_argument"},
+		{"create-preview-unknown-field", e.keyA, "POST", "/v1/sessions", `{"preview":{"scope":"cdp","colour":"red"}}`, 400, "invalid_argument"},
+		{"create-preview-no-wait", e.keyA, "POST", "/v1/sessions?wait=false", `{"preview":{"scope":"cdp"}}`, 400, "invalid_argument"},
 		{"unknown-artifact", e.keyA, "GET", "/v1/artifacts/s-0000000000000000.0000000000000000", "", 404, "not_found"},
 		{"malformed-artifact", e.keyA, "GET", "/v1/artifacts/..", "", 404, "not_found"},
 		{"unknown-route", e.keyA, "GET", "/v1/nothing", "", 404, "not_found"},
@@ -364,5 +371,71 @@ func TestCLI(t *testing.T) {
 	out, _ = run("session", "delete", id)
 	if jsonField([]byte(out), "state") != "stopped" {
 		t.Fatalf("delete: %s", out)
+	}
+}
+
+// TestCreateWithPreview: a create can ask for a preview, and a client
+// connects to its ws_url at once, with no discovery request; a vnc
+// preview has no ws_url. (TestBadInput has the refusals, none of which
+// leaves a session.)
+func TestCreateWithPreview(t *testing.T) {
+	e := needE2E(t)
+	st, body := e.api(t, e.keyA, "POST", "/v1/sessions", map[string]any{"preview": map[string]any{"scope": "cdp", "ttl_seconds": 120}})
+	if st != 201 {
+		t.Fatalf("create: %d %s", st, body)
+	}
+	var s struct {
+		ID, State string
+		Preview   *struct {
+			ID, URL, Scope string
+			WSURL          string    `json:"ws_url"`
+			ExpiresAt      time.Time `json:"expires_at"`
+		}
+	}
+	if err := json.Unmarshal(body, &s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil) })
+	if s.State != "running" || s.Preview == nil || s.Preview.Scope != "cdp" || s.Preview.WSURL == "" {
+		t.Fatalf("the answer: %s", body)
+	}
+	if left := time.Until(s.Preview.ExpiresAt); left < 100*time.Second || left > 121*time.Second {
+		t.Errorf("the preview expires in %v, want about 120 s", left)
+	}
+	c, _, err := websocket.DefaultDialer.Dial(s.Preview.WSURL, nil)
+	if err != nil {
+		t.Fatalf("dial ws_url %s: %v", s.Preview.WSURL, err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if err := c.WriteJSON(map[string]any{"id": 1, "method": "Browser.getVersion"}); err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		ID     int
+		Result struct{ Product string }
+	}
+	if err := c.ReadJSON(&m); err != nil || m.ID != 1 || m.Result.Product == "" {
+		t.Fatalf("Browser.getVersion over ws_url: %+v %v", m, err)
+	}
+	// The preview is the session's like any other: in its trail, and
+	// listed URL-for-URL the same as one asked for apart.
+	e.waitEvent(t, s.ID, "preview_issued", 5*time.Second)
+	if ws := browserWS(t, s.Preview.URL); !strings.HasPrefix(ws, strings.TrimSuffix(s.Preview.WSURL, "/")) {
+		t.Errorf("discovery through the preview URL gives %s, not under ws_url %s", ws, s.Preview.WSURL)
+	}
+	// A vnc preview with a create has no ws_url.
+	st, body = e.api(t, e.keyA, "POST", "/v1/sessions", map[string]any{"preview": map[string]any{"scope": "vnc", "view_only": true}})
+	if st != 201 {
+		t.Fatalf("create with a vnc preview: %d %s", st, body)
+	}
+	var v struct {
+		ID      string
+		Preview map[string]any
+	}
+	json.Unmarshal(body, &v)
+	t.Cleanup(func() { e.api(t, e.keyA, "DELETE", "/v1/sessions/"+v.ID, nil) })
+	if v.Preview["scope"] != "vnc" || v.Preview["view_only"] != true || v.Preview["ws_url"] != nil {
+		t.Errorf("the vnc preview: %v", v.Preview)
 	}
 }

@@ -35,22 +35,16 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	s, err := c.CreateSession(ctx, sandgate.SessionRequest{Kind: "browser", TTLSeconds: 300})
+	// The session comes with a CDP preview; chromedp takes its ws_url,
+	// the browser's WebSocket endpoint, as it is (NoModifyURL: no
+	// discovery request, which chromedp would send to the host's root).
+	s, err := c.CreateSession(ctx, sandgate.SessionRequest{Kind: "browser", TTLSeconds: 300,
+		Preview: &sandgate.PreviewRequest{Scope: "cdp", TTLSeconds: 300}})
 	if err != nil {
 		return err
 	}
 	defer c.DeleteSession(context.WithoutCancel(ctx), s.ID)
-	p, err := c.CreatePreview(ctx, s.ID, sandgate.PreviewRequest{Scope: "cdp", TTLSeconds: 300})
-	if err != nil {
-		return err
-	}
-	// chromedp takes the browser's WebSocket URL, which the preview's
-	// /json/version names (with the token in its path).
-	ws, err := c.BrowserWebSocketURL(ctx, p)
-	if err != nil {
-		return err
-	}
-	actx, cancelA := remote.NewAllocator(ctx, ws)
+	actx, cancelA := remote.NewAllocator(ctx, s.Preview.WSURL, remote.NoModifyURL)
 	defer cancelA()
 	bctx, cancelB := chromedp.NewContext(actx)
 	defer cancelB()

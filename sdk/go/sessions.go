@@ -68,6 +68,9 @@ type SessionRequest struct {
 	// Snapshot starts the session from a workspace snapshot
 	// (CreateSnapshot): its files, not its processes.
 	Snapshot string `json:"snapshot,omitempty"`
+	// Preview issues a preview URL with the session (Session.Preview),
+	// saving a request before the client connects. Not with NoWait.
+	Preview *PreviewRequest `json:"preview,omitempty"`
 	// NoWait returns as soon as the session is created, in state
 	// "starting"; WaitRunning waits for it.
 	NoWait bool `json:"-"`
@@ -97,6 +100,9 @@ type Session struct {
 	Profile     *ProfileUse       `json:"profile,omitempty"`
 	Snapshot    string            `json:"snapshot,omitempty"`
 	Failure     string            `json:"failure,omitempty"`
+	// Preview is the preview SessionRequest.Preview asked for; only in
+	// CreateSession's answer.
+	Preview *Preview `json:"preview,omitempty"`
 }
 
 // ProfileUse names the profile a session starts with.
@@ -189,11 +195,13 @@ type PreviewRequest struct {
 }
 
 // Preview is a signed, expiring URL for one capability of a session.
-// For scope cdp, URL is the endpoint a CDP client connects to; for view,
-// a page a person opens in their browser.
+// For scope cdp, URL is the endpoint a CDP client connects to, and WSURL
+// the browser's WebSocket endpoint (no discovery request first); for
+// view, URL is a page a person opens in their browser.
 type Preview struct {
 	ID        string    `json:"id"`
 	URL       string    `json:"url"`
+	WSURL     string    `json:"ws_url,omitempty"`
 	ExpiresAt time.Time `json:"expires_at"`
 	Scope     string    `json:"scope"`
 	ViewOnly  bool      `json:"view_only"`

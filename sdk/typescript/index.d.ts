@@ -111,6 +111,11 @@ export interface CreateSessionRequest {
   profile?: { id: string; persist?: boolean };
   /** Start from this workspace snapshot (its files; no processes). */
   snapshot?: string;
+  /**
+   * Issue a preview with the session (in the answer's preview), saving a
+   * request before the client connects. Not with wait: false.
+   */
+  preview?: CreatePreviewRequest;
 }
 
 /** A browser profile kept for the tenant, sealed, with versions. */
@@ -190,6 +195,8 @@ export interface Session {
   profile?: { id: string; persist: boolean };
   snapshot?: string;
   failure?: string;
+  /** Only in the answer to a create that asked for a preview. */
+  preview?: Preview;
 }
 
 export type PreviewScope = "cdp" | "vnc" | "view" | "review";
@@ -204,6 +211,8 @@ export interface CreatePreviewRequest {
 export interface Preview {
   id: string;
   url: string;
+  /** cdp only: the browser's WebSocket endpoint, for clients that connect with no discovery request. */
+  ws_url?: string;
   expires_at: string;
   scope: PreviewScope;
   view_only: boolean;

@@ -294,7 +294,8 @@ export class Sandgate {
     const p = await this.previews.create(s, { scope: "cdp", ...(ttl_seconds ? { ttl_seconds } : {}) });
     let browser;
     try {
-      browser = await chromium.connectOverCDP(p.url, connectOpts);
+      // ws_url: the browser's endpoint itself, no discovery request first.
+      browser = await chromium.connectOverCDP(p.ws_url ?? p.url, connectOpts);
     } catch (err) {
       await this.previews.revoke(s, p).catch(() => {});
       throw err;
@@ -315,7 +316,7 @@ export class Sandgate {
     const p = await this.previews.create(s, { scope: "cdp", ...(ttl_seconds ? { ttl_seconds } : {}) });
     let browser;
     try {
-      browser = await puppeteer.connect({ ...connectOpts, browserWSEndpoint: p.url.replace(/^http/, "ws") });
+      browser = await puppeteer.connect({ ...connectOpts, browserWSEndpoint: p.ws_url ?? p.url.replace(/^http/, "ws") });
     } catch (err) {
       await this.previews.revoke(s, p).catch(() => {});
       throw err;
