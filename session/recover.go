@@ -94,6 +94,7 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 			// that nothing an earlier gateway started is handed out unseen.
 			return nil, nil, "a warm pool session of an earlier gateway"
 		}
+		claimed[labelPool] = "" // cleared whatever the record says
 		if labels, err = c.SetLabels(ctx, claimed); err != nil {
 			return nil, nil, "its claim could not be stored"
 		}
