@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // cgroupRoot is where the cgroup hierarchies are mounted.
@@ -57,4 +59,34 @@ func rmdirTree(dir string) error {
 		return err
 	}
 	return nil
+}
+
+// sweepCgroups removes the cgroups of this manager's namespace that no
+// live session owns: those a runtime left after its container was
+// deleted, when removeContainer's own removal had already run (gVisor
+// sandboxes were seen leaving an empty one per controller). Only empty
+// cgroups go (rmdir refuses any with a process), and only those of
+// sessions that are not starting, running or stopping.
+func (m *Manager) sweepCgroups() {
+	a, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", m.cfg.Namespace, "s-*"))
+	b, _ := filepath.Glob(filepath.Join(cgroupRoot, m.cfg.Namespace, "s-*"))
+	var stale []string
+	m.mu.Lock()
+	for _, d := range append(a, b...) {
+		id := filepath.Base(d)
+		if !ids.IsSession(id) {
+			continue
+		}
+		if s, ok := m.sessions[id]; ok {
+			switch s.info.State {
+			case StateStarting, StateRunning, StateStopping:
+				continue
+			}
+		}
+		stale = append(stale, d)
+	}
+	m.mu.Unlock()
+	for _, d := range stale {
+		rmdirTree(d)
+	}
 }

@@ -406,6 +406,7 @@ func (m *Manager) Close() {
 	m.cancel()
 	m.wg.Wait()
 	m.removePooled()
+	m.sweepCgroups()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, s := range m.sessions {

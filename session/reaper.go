@@ -34,6 +34,7 @@ func (m *Manager) reap() {
 			return
 		case <-health.C:
 			m.probe()
+			m.sweepCgroups()
 		case now := <-tick.C:
 			var due []*sess
 			var why []string

@@ -76,6 +76,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			}
 		}
 	}
+	m.sweepCgroups() // those of containers an earlier gateway's runtime left
 	return nil
 }
 
