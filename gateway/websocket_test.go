@@ -85,4 +85,3 @@ func TestReadMessageLimit(t *testing.T) {
 		})
 	}
 }
-
