@@ -91,11 +91,7 @@ func (s *Server) shell() fiber.Handler {
 				proc.Signal(syscall.SIGKILL)
 				unblockWrites(ws)
 				wmu.Lock()
-				if abort {
-					abortWS(ws, code, why)
-				} else {
-					closeWS(ws, code, why)
-				}
+				endWS(ws, code, why, abort)
 				wmu.Unlock()
 			})
 		}

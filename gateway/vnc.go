@@ -70,11 +70,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 			up.Close() // first: nothing the viewer still sends reaches the session
 			unblockWrites(client)
 			wmu.Lock()
-			if abort {
-				abortWS(client, code, why)
-			} else {
-				closeWS(client, code, why)
-			}
+			endWS(client, code, why, abort)
 			wmu.Unlock()
 			log.Info("vnc connection closing", "reason", why)
 		})

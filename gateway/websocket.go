@@ -84,6 +84,16 @@ func abortWS(c *websocket.Conn, code int, reason string) {
 	c.SetReadDeadline(time.Unix(1, 0))
 }
 
+// endWS closes with the handshake (closeWS) or, for a client that broke
+// the protocol, at once (abortWS).
+func endWS(c *websocket.Conn, code int, reason string, abort bool) {
+	if abort {
+		abortWS(c, code, reason)
+	} else {
+		closeWS(c, code, reason)
+	}
+}
+
 // drainWS reads and drops messages until the peer's close frame, an error,
 // or the deadline closeWS (or abortWS) set. For handlers that close a
 // connection with no reader of their own, and for readers that stopped.
