@@ -445,6 +445,14 @@ func needE2E(t testing.TB) *testEnv {
 	if env == nil {
 		t.Skip("end-to-end: run with `make test`")
 	}
+	// A test that failed between stopping the gateway and starting it
+	// again must not fail every test after it.
+	if env.gw == nil || env.gw.Process.Signal(syscall.Signal(0)) != nil {
+		t.Logf("the gateway is not running (a test before this one stopped it): starting it")
+		if err := env.startGateway(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return env
 }
 
