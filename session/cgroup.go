@@ -5,7 +5,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandgate/sandgate/ids"
 )
@@ -89,4 +91,28 @@ func (m *Manager) sweepCgroups() {
 	for _, d := range stale {
 		rmdirTree(d)
 	}
+}
+
+// cgroupCPU reads the CPU time a session's cgroup has used so far (v1
+// cpuacct.usage, else v2 cpu.stat). Under gVisor the sandbox (sentry,
+// gofer, systrap stubs) runs in the container's cgroup, so it counts too.
+func cgroupCPU(namespace, id string) (time.Duration, bool) {
+	path := filepath.Join(namespace, id)
+	for _, dir := range []string{"cpuacct", "cpu,cpuacct"} {
+		if raw, err := os.ReadFile(filepath.Join(cgroupRoot, dir, path, "cpuacct.usage")); err == nil {
+			n, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+			return time.Duration(n), err == nil
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join(cgroupRoot, path, "cpu.stat"))
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			return time.Duration(n) * time.Microsecond, err == nil
+		}
+	}
+	return 0, false
 }

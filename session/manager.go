@@ -185,7 +185,10 @@ type sess struct {
 	// names the tenant of a claim in progress.
 	pool     *pool
 	claimFor string
-	frozen   bool       // its processes are frozen (a pooled session waiting)
+	frozen   bool // its processes are frozen (a pooled session waiting)
+	// settled: a pooled session whose start has quietened (see quiesce);
+	// a claim prefers one.
+	settled  bool
 	freezeMu sync.Mutex // orders a freeze and the thaw of a claim
 	// claimStored, after a claim, is closed once containerd has the
 	// claimant's labels (see storeClaim); later label writes wait for it.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -128,6 +129,9 @@ type PoolStats struct {
 	// Frozen are the available ones whose processes are stopped while
 	// they wait (they use no CPU).
 	Frozen int `json:"frozen"`
+	// Settling are the available ones whose start is still busy (see
+	// quiesce); a claim takes one only when no settled one is there.
+	Settling int `json:"settling"`
 	// Claims are creates served from the pool, Misses creates that fit
 	// it but found it empty (they took the cold path).
 	Claims int64 `json:"claims"`
@@ -183,8 +187,11 @@ func (m *Manager) takePooled(p *pool, tenant string) *sess {
 	var best *sess
 	for _, s := range m.sessions {
 		if s.pool == p && s.claimFor == "" && s.info.State == StateRunning {
-			// The oldest first: it has the least time left.
-			if best == nil || s.info.CreatedAt.Before(best.info.CreatedAt) {
+			// A settled one first (see quiesce), then the oldest: it
+			// has the least time left. One still settling is better than
+			// the cold path.
+			if best == nil || (s.settled && !best.settled) ||
+				(s.settled == best.settled && s.info.CreatedAt.Before(best.info.CreatedAt)) {
 				best = s
 			}
 		}
@@ -473,9 +480,59 @@ func (m *Manager) fill(p *pool) {
 	p.refillTotal += took
 	p.lastRefill = took
 	log.Info("warm pool refilled", "took", took.Round(time.Millisecond))
+	m.wg.Add(1)
+	go m.quiesce(s, log)
+}
+
+// A pooled browser answers CDP seconds before Chromium has finished
+// starting: it goes on loading and compiling for a while, and a claim
+// made at once waited 200 ms (runc) and 1.6 s (gVisor) for its first CDP
+// answer (measured). quiesce watches the session's cgroup until it uses
+// less than settleCPU of a core over a settleWindow, for at most
+// settleLimit, and marks it settled; a claim prefers a settled session.
+// Only then is a pool that freezes frozen: the start's work is done
+// while the session waits, not after the claim.
+const (
+	settleWindow = 500 * time.Millisecond
+	settleCPU    = 0.2 // cores; above an idle gVisor sandbox's floor (0.115)
+	settleLimit  = time.Minute
+)
+
+func (m *Manager) quiesce(s *sess, log *slog.Logger) {
+	defer m.wg.Done()
+	t0 := time.Now()
+	prev, ok := cgroupCPU(m.cfg.Namespace, s.info.ID)
+	at := time.Now()
+	quiet := false
+	for ok && !quiet && time.Since(t0) < settleLimit {
+		select {
+		case <-s.done:
+			return
+		case <-m.base.Done():
+			return
+		case <-time.After(settleWindow):
+		}
+		var cur time.Duration
+		if cur, ok = cgroupCPU(m.cfg.Namespace, s.info.ID); ok {
+			now := time.Now()
+			quiet = float64(cur-prev) < settleCPU*float64(now.Sub(at))
+			prev, at = cur, now
+		}
+	}
+	m.mu.Lock()
+	s.settled = true
+	m.mu.Unlock()
+	switch {
+	case quiet:
+		log.Debug("pooled session settled", "took", time.Since(t0).Round(time.Millisecond))
+	case ok:
+		log.Warn("pooled session still busy; handed out as settled all the same", "waited", settleLimit)
+	default:
+		log.Warn("pooled session's CPU use cannot be read; taken as settled", "cgroup", filepath.Join(m.cfg.Namespace, s.info.ID))
+	}
 	if m.poolLimits.Freeze {
 		m.wg.Add(1)
-		go m.freeze(s)
+		m.freeze(s)
 	}
 }
 
@@ -549,7 +606,7 @@ func (m *Manager) thaw(ctx context.Context, s *sess) error {
 func (m *Manager) Pools() []PoolStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	avail, starting, frozen := map[*pool]int{}, map[*pool]int{}, map[*pool]int{}
+	avail, starting, frozen, settling := map[*pool]int{}, map[*pool]int{}, map[*pool]int{}, map[*pool]int{}
 	for _, s := range m.sessions {
 		switch {
 		case s.pool == nil:
@@ -558,6 +615,9 @@ func (m *Manager) Pools() []PoolStats {
 			if s.frozen {
 				frozen[s.pool]++
 			}
+			if !s.settled {
+				settling[s.pool]++
+			}
 		case s.info.State == StateStarting:
 			starting[s.pool]++
 		}
@@ -565,7 +625,7 @@ func (m *Manager) Pools() []PoolStats {
 	out := make([]PoolStats, 0, len(m.pools))
 	for _, p := range m.pools {
 		st := PoolStats{Key: p.key(), Kind: p.kind, Runtime: p.runtime, Screen: p.screen, Resources: p.resources,
-			Size: p.size, Available: avail[p], Starting: starting[p], Frozen: frozen[p], Claims: p.claims, Misses: p.misses,
+			Size: p.size, Available: avail[p], Starting: starting[p], Frozen: frozen[p], Settling: settling[p], Claims: p.claims, Misses: p.misses,
 			Refills: p.refills, RefillErrors: p.refillErrors, LastRefillMs: p.lastRefill.Milliseconds()}
 		if p.refills > 0 {
 			avg := p.refillTotal / time.Duration(p.refills)

@@ -172,3 +172,32 @@ func TestNormalizeRefusesWhatLabelsCannotHold(t *testing.T) {
 		t.Fatalf("32 large labels: %v", err)
 	}
 }
+
+// TestTakePooledPrefersSettled: a claim takes a settled pooled session
+// before one whose start is still busy, the oldest among equals, and a
+// busy one rather than none.
+func TestTakePooledPrefersSettled(t *testing.T) {
+	m, ps := testPools(t, PoolLimits{}, 3)
+	old := addPooled(m, ps[0], StateRunning)
+	old.info.CreatedAt = time.Now().Add(-time.Minute)
+	settled := addPooled(m, ps[0], StateRunning)
+	settled.settled = true
+	younger := addPooled(m, ps[0], StateRunning)
+	younger.settled = true
+	if got := m.Pools()[0]; got.Available != 3 || got.Settling != 1 {
+		t.Fatalf("pool stats: %+v, want 3 available and 1 settling", got)
+	}
+	// The busy one is the oldest: by age alone it would go first.
+	if s := m.takePooled(ps[0], "a"); s != settled {
+		t.Fatalf("first claim took %s, want the oldest settled (%s)", s.info.ID, settled.info.ID)
+	}
+	if s := m.takePooled(ps[0], "a"); s != younger {
+		t.Fatalf("second claim took %s, want the other settled (%s)", s.info.ID, younger.info.ID)
+	}
+	if s := m.takePooled(ps[0], "a"); s != old {
+		t.Fatalf("third claim took %v, want the busy one rather than none", s)
+	}
+	if s := m.takePooled(ps[0], "a"); s != nil {
+		t.Fatalf("fourth claim took %s from an empty pool", s.info.ID)
+	}
+}

@@ -29,6 +29,7 @@ type poolStats struct {
 	Size      int    `json:"size"`
 	Available int    `json:"available"`
 	Starting  int    `json:"starting"`
+	Settling  int    `json:"settling"`
 	Claims    int64  `json:"claims"`
 	Misses    int64  `json:"misses"`
 	Refills   int64  `json:"refills"`
@@ -240,7 +241,8 @@ func TestWarmPool(t *testing.T) {
 	t.Run("frozen-while-waiting", func(t *testing.T) {
 		e.waitPool(t, poolSize)
 		pooled := e.pooledContainers(t)
-		deadline := time.Now().Add(60 * time.Second)
+		// Frozen once settled, which takes at most a minute.
+		deadline := time.Now().Add(2 * time.Minute)
 		for id := range pooled {
 			for {
 				if _, st := e.taskCPU(t, id); st == "paused" {
@@ -563,6 +565,29 @@ func TestWarmPoolDownloads(t *testing.T) {
 	waitFor(t, 60*time.Second, "the dead pooled browser's watcher to stop", func() bool { return watchers() == 0 })
 	e.waitPool(t, 1)
 	waitFor(t, 60*time.Second, "the refilled browser's download watcher", func() bool { return watchers() == 1 })
+	// The refilled browser counts as settling until its start's CPU use
+	// has died down; then it is idle, as the pool's own measure says.
+	settleFrom, sawSettling := time.Now(), false
+	waitFor(t, 2*time.Minute, "the pooled browser to settle", func() bool {
+		n := e.pools(t)[0].Settling
+		sawSettling = sawSettling || n > 0
+		return n == 0
+	})
+	t.Logf("pooled browser settled %v after the pool was full again (seen settling: %v)", time.Since(settleFrom).Round(100*time.Millisecond), sawSettling)
+	for id := range e.pooledContainers(t) {
+		before, _ := e.taskCPU(t, id)
+		const window = 2 * time.Second
+		time.Sleep(window)
+		after, _ := e.taskCPU(t, id)
+		cores := (after - before).Seconds() / window.Seconds()
+		t.Logf("settled pooled browser %s: %.4f cores", id, cores)
+		if after <= 0 {
+			t.Errorf("no CPU use read for %s: the measure cannot tell", id)
+		}
+		if cores >= 0.2 {
+			t.Errorf("settled pooled browser %s uses %.3f cores", id, cores)
+		}
+	}
 
 	s, start, _ := e.claim(t, e.keyA, nil)
 	if start != "warm" {

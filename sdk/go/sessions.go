@@ -251,6 +251,7 @@ type Pool struct {
 	Available        int       `json:"available"`
 	Starting         int       `json:"starting"`
 	Frozen           int       `json:"frozen"`
+	Settling         int       `json:"settling"`
 	Claims           int64     `json:"claims"`
 	Misses           int64     `json:"misses"`
 	Refills          int64     `json:"refills"`

@@ -411,6 +411,8 @@ export interface Pool {
   available: number;
   starting: number;
   frozen: number;
+  /** Available sessions whose start is still busy; a claim prefers settled ones. */
+  settling: number;
   claims: number;
   misses: number;
   refills: number;
