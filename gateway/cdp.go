@@ -214,9 +214,17 @@ func (s *Server) cdpProxy() fiber.Handler {
 	return websocket.New(func(client *websocket.Conn) {
 		target := client.Locals(localUpstream).(string)
 		claims := client.Locals(localClaims).(*previewClaims)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		up, upr, err := dialBrowser(ctx, target)
-		cancel()
+		live := func() bool {
+			_, err := s.sessions.Endpoint(claims.Tenant, claims.Session)
+			return err == nil
+		}
+		up, upr, ok := s.takeSpare(claims.Session, target, live)
+		var err error
+		if !ok {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			up, upr, err = dialBrowser(ctx, target)
+			cancel()
+		}
 		if err != nil {
 			// A kept browser id may be stale: the next client fetches.
 			s.staleVersion(claims.Tenant, claims.Session)

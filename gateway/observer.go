@@ -69,6 +69,13 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 	if info.Kind != session.KindBrowser {
 		return
 	}
+	// The first client's connection, made now (a pooled one has had its
+	// own since it was ready; a restore restarted the browser, and its new
+	// target gets a new one).
+	s.prepareSpare(info.ID, spareTarget(ep), func() bool {
+		_, err := s.sessions.Endpoint(info.Tenant, info.ID)
+		return err == nil
+	})
 	s.watch.mu.Lock()
 	defer s.watch.mu.Unlock()
 	if s.watch.cancel[info.ID] != nil && info.Profile == nil && info.Snapshot == "" {
@@ -95,6 +102,9 @@ func (o *observer) SessionPooled(info session.Info, ep session.Endpoint) {
 	if info.Kind != session.KindBrowser {
 		return
 	}
+	// Called while the session starts: a stop after this point drops it
+	// (SessionStopping).
+	s.prepareSpare(info.ID, spareTarget(ep), nil)
 	s.watch.mu.Lock()
 	defer s.watch.mu.Unlock()
 	if s.watch.cancel[info.ID] == nil {
@@ -108,6 +118,7 @@ func (o *observer) SessionPooled(info session.Info, ep session.Endpoint) {
 // still stored.
 func (o *observer) SessionStopping(id string) {
 	s := (*Server)(o)
+	s.dropSpare(id)
 	s.watch.mu.Lock()
 	defer s.watch.mu.Unlock()
 	s.unwatch(id)
@@ -219,6 +230,7 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 	s := (*Server)(o)
 	log := s.log.With("session", info.ID, "tenant", info.Tenant)
 	s.forgetVersion(info.ID)
+	s.dropSpare(info.ID)
 	s.watch.mu.Lock()
 	s.unwatch(info.ID)
 	recorded := s.watch.recorded[info.ID]

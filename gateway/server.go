@@ -90,6 +90,7 @@ type Server struct {
 	janitorEvery time.Duration
 	watch        watchers
 	versions     versions
+	spares       spares
 	exits        browserExits
 	artifacts    artifactCounts
 	profiles     *profile.Store // nil: no profiles
@@ -151,6 +152,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	s.watch.reassert = map[string]chan struct{}{}
 	s.watch.owner = map[string]session.Info{}
 	s.versions.m = map[string][]byte{}
+	s.spares.m = map[string]*spare{}
 	s.exits.reported = map[string]string{}
 	s.artifacts.m = map[string]artifactCount{}
 	s.exits.checking = map[string]bool{}
@@ -476,6 +478,10 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 	watchers := len(s.watch.cancel)
 	s.watch.mu.Unlock()
 	fmt.Fprintf(&b, "# HELP sandgate_download_watchers Download watchers running: one per running browser session, claimed or pooled.\n# TYPE sandgate_download_watchers gauge\nsandgate_download_watchers %d\n", watchers)
+	spares, sparesUsed, sparesDiscarded := s.spareCounts()
+	fmt.Fprintf(&b, "# HELP sandgate_cdp_spares CDP connections dialled into sessions' browsers ahead of their clients (one per browser session at most).\n# TYPE sandgate_cdp_spares gauge\nsandgate_cdp_spares %d\n", spares)
+	fmt.Fprintf(&b, "# HELP sandgate_cdp_spares_used_total CDP clients that got a connection dialled ahead.\n# TYPE sandgate_cdp_spares_used_total counter\nsandgate_cdp_spares_used_total %d\n", sparesUsed)
+	fmt.Fprintf(&b, "# HELP sandgate_cdp_spares_discarded_total Connections dialled ahead found closed or not idle when a client came (it dialled anew).\n# TYPE sandgate_cdp_spares_discarded_total counter\nsandgate_cdp_spares_discarded_total %d\n", sparesDiscarded)
 	fmt.Fprintf(&b, "# HELP sandgate_browser_exits_total Browsers that exited (crashed or were closed) under running sessions.\n# TYPE sandgate_browser_exits_total counter\nsandgate_browser_exits_total %d\n", exits)
 	if s.sessions != nil {
 		a := s.sessions.Admission()
@@ -490,6 +496,7 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 		gauge("sandgate_pool_size", "Sessions a warm pool keeps started.", func(p session.PoolStats) any { return p.Size })
 		gauge("sandgate_pool_available", "Started, unclaimed sessions of a warm pool.", func(p session.PoolStats) any { return p.Available })
 		gauge("sandgate_pool_frozen", "Available sessions of a warm pool whose processes are frozen.", func(p session.PoolStats) any { return p.Frozen })
+		gauge("sandgate_pool_settling", "Available sessions of a warm pool whose start is still busy.", func(p session.PoolStats) any { return p.Settling })
 		gauge("sandgate_pool_starting", "Sessions of a warm pool on their way.", func(p session.PoolStats) any { return p.Starting })
 		counter("sandgate_pool_claims_total", "Creates served from a warm pool.", func(p session.PoolStats) int64 { return p.Claims })
 		counter("sandgate_pool_misses_total", "Creates that fit a warm pool and found it empty.", func(p session.PoolStats) int64 { return p.Misses })

@@ -1,0 +1,194 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/session"
+)
+
+// spares hold, per browser session, one CDP connection to its Chromium's
+// browser target, dialled and upgraded before any client asks for it.
+// A client that connects to that target through the gateway gets it, so
+// its first answer does not wait for a TCP connect and a WebSocket
+// handshake into the sandbox (under gVisor's netstack each is slow), and
+// another is dialled for the next client. A pooled browser gets its spare
+// while it waits, so a claimant's connect is bytes on a ready connection.
+//
+// A spare is the session's browser and nothing else: it is taken only by
+// a client whose token grants that session's browser target (checked at
+// the upgrade, as for a dialled connection), and it is closed when its
+// session stops, before the session's address can go to another session.
+// Nothing is sent on it before a client has it.
+type spares struct {
+	mu sync.Mutex
+	m  map[string]*spare // by session id
+	// used counts spares handed to clients; discarded those found closed
+	// or not idle when a client came (it dialled instead).
+	used, discarded int64
+}
+
+type spare struct {
+	target string // ws://addr:port/devtools/browser/<id>
+	conn   net.Conn
+	br     *bufio.Reader // nil while the dial is under way
+}
+
+// spareDial bounds the dial of a spare.
+const spareDial = 10 * time.Second
+
+// spareTarget is the browser target a session's spare connects to, from
+// its readiness answer; "" when that does not name one.
+func spareTarget(ep session.Endpoint) string {
+	bid, err := browser.VersionID(ep.Version)
+	if err != nil {
+		return ""
+	}
+	return "ws://" + ep.CDP.String() + "/devtools/browser/" + bid
+}
+
+// prepareSpare dials a spare to target for a session that has none to
+// it, in the background. live, when set, is asked under the spares' lock
+// whether the session still runs: a session stops (its state changes)
+// before dropSpare runs, so no spare is made for one that stopped.
+func (s *Server) prepareSpare(id, target string, live func() bool) {
+	if target == "" {
+		return
+	}
+	s.spares.mu.Lock()
+	if live != nil && !live() {
+		s.spares.mu.Unlock()
+		return
+	}
+	if old := s.spares.m[id]; old != nil {
+		if old.target == target {
+			s.spares.mu.Unlock()
+			return
+		}
+		closeSpare(old) // the browser restarted: its old target is gone
+	}
+	sp := &spare{target: target}
+	s.spares.m[id] = sp
+	s.spares.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), spareDial)
+		defer cancel()
+		conn, br, err := dialBrowser(ctx, target)
+		s.spares.mu.Lock()
+		defer s.spares.mu.Unlock()
+		if s.spares.m[id] != sp {
+			// Dropped or replaced meanwhile.
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		if err != nil {
+			delete(s.spares.m, id)
+			return
+		}
+		sp.conn, sp.br = conn, br
+	}()
+}
+
+// takeSpare hands over the session's spare to target, when it has a
+// ready one that is still open, and starts the next while the session
+// runs (live). ok false: dial.
+func (s *Server) takeSpare(id, target string, live func() bool) (net.Conn, *bufio.Reader, bool) {
+	s.spares.mu.Lock()
+	sp := s.spares.m[id]
+	switch {
+	case sp != nil && sp.target == target && sp.br == nil:
+		s.spares.mu.Unlock()
+		return nil, nil, false // still dialling: the client dials too
+	case sp == nil || sp.target != target:
+		// None yet, or one to a browser that has since restarted: the
+		// next client gets one to this target.
+		s.spares.mu.Unlock()
+		s.prepareSpare(id, target, live)
+		return nil, nil, false
+	}
+	delete(s.spares.m, id)
+	s.spares.mu.Unlock()
+	defer s.prepareSpare(id, target, live)
+	ok := idleOpen(sp.conn, sp.br)
+	s.spares.mu.Lock()
+	if ok {
+		s.spares.used++
+	} else {
+		s.spares.discarded++
+	}
+	s.spares.mu.Unlock()
+	if !ok {
+		sp.conn.Close()
+		return nil, nil, false
+	}
+	return sp.conn, sp.br, true
+}
+
+// idleOpen says whether a spare is as it was left: open, with nothing
+// received. Chromium sends nothing unasked on a browser connection; a
+// closed one (a browser that restarted or went away) has its end queued,
+// and one that sent anything is not handed to a client mid-stream. The
+// socket is peeked without waiting (a read deadline in the past fails
+// before it looks).
+func idleOpen(conn net.Conn, br *bufio.Reader) bool {
+	if br.Buffered() > 0 {
+		return false
+	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	idle := false
+	err = rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		idle = errors.Is(rerr, unix.EAGAIN)
+		return true // done, whatever it found
+	})
+	return err == nil && idle
+}
+
+// dropSpare closes the session's spare, ready or not.
+func (s *Server) dropSpare(id string) {
+	s.spares.mu.Lock()
+	sp := s.spares.m[id]
+	delete(s.spares.m, id)
+	s.spares.mu.Unlock()
+	if sp != nil {
+		closeSpare(sp)
+	}
+}
+
+// closeSpare closes a ready spare; one still dialling closes itself when
+// its dial ends and finds it is no longer the session's.
+func closeSpare(sp *spare) {
+	if sp.conn != nil {
+		sp.conn.Close()
+	}
+}
+
+// spareCounts are the spares open, used and discarded, for /metrics.
+func (s *Server) spareCounts() (open int, used, discarded int64) {
+	s.spares.mu.Lock()
+	defer s.spares.mu.Unlock()
+	for _, sp := range s.spares.m {
+		if sp.conn != nil {
+			open++
+		}
+	}
+	return open, s.spares.used, s.spares.discarded
+}
