@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,8 +27,11 @@ import (
 // A spare is the session's browser and nothing else: it is taken only by
 // a client whose token grants that session's browser target (checked at
 // the upgrade, as for a dialled connection), and it is closed when its
-// session stops, before the session's address can go to another session.
-// Nothing is sent on it before a client has it.
+// session stops, before the session's address can go to another session:
+// a dial under way then is cancelled and waited for. Nothing is sent on
+// it before a client has it. Page targets get none.
+//
+// Lock order: spares.mu, then the session manager's lock (live asks it).
 type spares struct {
 	mu sync.Mutex
 	m  map[string]*spare // by session id
@@ -39,7 +43,9 @@ type spares struct {
 type spare struct {
 	target string // ws://addr:port/devtools/browser/<id>
 	conn   net.Conn
-	br     *bufio.Reader // nil while the dial is under way
+	br     *bufio.Reader      // nil while the dial is under way
+	cancel context.CancelFunc // ends the dial
+	dialed chan struct{}      // closed when the dial has ended
 }
 
 // spareDial bounds the dial of a spare.
@@ -55,12 +61,17 @@ func spareTarget(ep session.Endpoint) string {
 	return "ws://" + ep.CDP.String() + "/devtools/browser/" + bid
 }
 
+// isBrowserTarget: spares are for the browser target only.
+func isBrowserTarget(target string) bool {
+	return strings.Contains(target, "/devtools/browser/")
+}
+
 // prepareSpare dials a spare to target for a session that has none to
 // it, in the background. live, when set, is asked under the spares' lock
 // whether the session still runs: a session stops (its state changes)
 // before dropSpare runs, so no spare is made for one that stopped.
 func (s *Server) prepareSpare(id, target string, live func() bool) {
-	if target == "" {
+	if !isBrowserTarget(target) {
 		return
 	}
 	s.spares.mu.Lock()
@@ -75,11 +86,12 @@ func (s *Server) prepareSpare(id, target string, live func() bool) {
 		}
 		closeSpare(old) // the browser restarted: its old target is gone
 	}
-	sp := &spare{target: target}
+	ctx, cancel := context.WithTimeout(context.Background(), spareDial)
+	sp := &spare{target: target, cancel: cancel, dialed: make(chan struct{})}
 	s.spares.m[id] = sp
 	s.spares.mu.Unlock()
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), spareDial)
+		defer close(sp.dialed)
 		defer cancel()
 		conn, br, err := dialBrowser(ctx, target)
 		s.spares.mu.Lock()
@@ -103,6 +115,9 @@ func (s *Server) prepareSpare(id, target string, live func() bool) {
 // ready one that is still open, and starts the next while the session
 // runs (live). ok false: dial.
 func (s *Server) takeSpare(id, target string, live func() bool) (net.Conn, *bufio.Reader, bool) {
+	if !isBrowserTarget(target) {
+		return nil, nil, false
+	}
 	s.spares.mu.Lock()
 	sp := s.spares.m[id]
 	switch {
@@ -162,7 +177,9 @@ func idleOpen(conn net.Conn, br *bufio.Reader) bool {
 	return err == nil && idle
 }
 
-// dropSpare closes the session's spare, ready or not.
+// dropSpare closes the session's spare. One still dialling is cancelled
+// and waited for (a cancelled dial ends at once), so that no connection
+// into the session's address is made after this returns.
 func (s *Server) dropSpare(id string) {
 	s.spares.mu.Lock()
 	sp := s.spares.m[id]
@@ -170,12 +187,15 @@ func (s *Server) dropSpare(id string) {
 	s.spares.mu.Unlock()
 	if sp != nil {
 		closeSpare(sp)
+		<-sp.dialed
 	}
 }
 
-// closeSpare closes a ready spare; one still dialling closes itself when
-// its dial ends and finds it is no longer the session's.
+// closeSpare ends a spare: its dial is cancelled, and a ready one is
+// closed (a dial that ends after this finds the spare is no longer the
+// session's, and closes what it made).
 func closeSpare(sp *spare) {
+	sp.cancel()
 	if sp.conn != nil {
 		sp.conn.Close()
 	}

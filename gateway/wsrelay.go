@@ -431,7 +431,12 @@ func dialBrowser(ctx context.Context, target string) (net.Conn, *bufio.Reader, e
 	if err != nil {
 		return nil, nil, err
 	}
+	// A cancel ends the handshake too, not only its deadline.
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	br, err := handshake(ctx, conn, u)
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
 	if err != nil {
 		conn.Close()
 		return nil, nil, err

@@ -143,6 +143,7 @@ type Manager struct {
 	pools      []*pool
 	poolLimits PoolLimits
 	refillNow  chan struct{}
+	cgroupWarn sync.Once // sessions' CPU use cannot be read (said once)
 
 	// tenantMu guards cfg.Tenants, which SetTenant replaces whole.
 	tenantMu sync.RWMutex

@@ -512,6 +512,12 @@ func (m *Manager) quiesce(s *sess, log *slog.Logger) {
 			return
 		case <-time.After(settleWindow):
 		}
+		m.mu.Lock()
+		claimed := s.pool == nil || s.claimFor != ""
+		m.mu.Unlock()
+		if claimed {
+			return // the claimant's session now; nothing to prefer
+		}
 		var cur time.Duration
 		if cur, ok = cgroupCPU(m.cfg.Namespace, s.info.ID); ok {
 			now := time.Now()
@@ -520,15 +526,25 @@ func (m *Manager) quiesce(s *sess, log *slog.Logger) {
 		}
 	}
 	m.mu.Lock()
-	s.settled = true
+	// Claimed or stopping meanwhile (a teardown removes the cgroup before
+	// the session is done): nothing left to mark.
+	waiting := s.pool != nil && s.claimFor == "" && s.info.State == StateRunning
+	if waiting {
+		s.settled = true
+	}
 	m.mu.Unlock()
+	if !waiting {
+		return
+	}
 	switch {
 	case quiet:
 		log.Debug("pooled session settled", "took", time.Since(t0).Round(time.Millisecond))
 	case ok:
-		log.Warn("pooled session still busy; handed out as settled all the same", "waited", settleLimit)
+		log.Warn("pooled session still busy; taken as settled all the same", "waited", settleLimit)
 	default:
-		log.Warn("pooled session's CPU use cannot be read; taken as settled", "cgroup", filepath.Join(m.cfg.Namespace, s.info.ID))
+		m.cgroupWarn.Do(func() {
+			m.log.Warn("pooled sessions' CPU use cannot be read: they are taken as settled at once", "cgroup", filepath.Join(cgroupRoot, "*", m.cfg.Namespace, s.info.ID))
+		})
 	}
 	if m.poolLimits.Freeze {
 		m.wg.Add(1)
