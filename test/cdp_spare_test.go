@@ -45,6 +45,10 @@ func gatewayConnsTo(t testing.TB, addr string, port uint16) int {
 // address is left.
 func TestCDPSpare(t *testing.T) {
 	e := needE2E(t)
+	// Spares other sessions hold do not change while no client of theirs
+	// connects: this session's is the one more.
+	spares := func() float64 { return e.metric(t, "sandgate_cdp_spares") }
+	before := spares()
 	s := e.createSession(t, e.keyA, map[string]any{"runtime": "runc"})
 	c, err := e.client.LoadContainer(e.ctx(), s.ID)
 	if err != nil {
@@ -53,9 +57,13 @@ func TestCDPSpare(t *testing.T) {
 	labels, _ := c.Labels(e.ctx())
 	addr := labels["sandgate.addr"]
 	conns := func() int { return gatewayConnsTo(t, addr, 9222) }
-	// The download watcher's connection and the spare.
-	waitFor(t, 60*time.Second, "the download watcher's and the spare's connections", func() bool { return conns() >= 2 })
-	base := conns()
+	// The spare is dialled once the session is ready; a browser that has
+	// only just started answers its handshake slowly.
+	waitFor(t, 60*time.Second, "the session's spare", func() bool { return spares() == before+1 })
+	base := conns() // the download watcher's and the spare
+	if base < 2 {
+		t.Fatalf("%d connections into the session with its spare ready: the count cannot tell", base)
+	}
 	st, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+s.ID+"/previews", map[string]any{"scope": "cdp", "ttl_seconds": 600})
 	ws := jsonField(body, "ws_url")
 	if st != 201 || ws == "" {
@@ -68,17 +76,18 @@ func TestCDPSpare(t *testing.T) {
 		t.Fatalf("spares used: %v after the first client, want %v", got, used+1)
 	}
 	// The next spare is dialled beside the client's connection.
-	waitFor(t, 60*time.Second, "the next spare", func() bool { return conns() == base+1 })
+	waitFor(t, 60*time.Second, "the next spare", func() bool { return spares() == before+1 && conns() == base+1 })
 	client.Close()
 	second := wsDial(t, ws)
+	defer second.Close()
 	cdpPing(t, second, 1)
-	second.Close()
 	if got := e.metric(t, "sandgate_cdp_spares_used_total"); got != used+2 {
 		t.Fatalf("spares used: %v after the second client, want %v", got, used+2)
 	}
 
-	// Chromium restarts: its connections close with it. Clients reach the
-	// new browser, and a spare follows it.
+	// Chromium restarts: its connections close with it (the open client's
+	// tells the gateway it exited). Clients reach the new browser, and a
+	// spare follows it.
 	out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "pkill -KILL -o -x chromium && echo killed"}})
 	if string(out.Stdout) != "killed\n" {
 		t.Fatalf("kill chromium: %+v", out)
@@ -101,7 +110,7 @@ func TestCDPSpare(t *testing.T) {
 		return c.ReadJSON(&m) == nil && m.ID == 1
 	})
 	used = e.metric(t, "sandgate_cdp_spares_used_total")
-	waitFor(t, 60*time.Second, "a spare to the new browser", func() bool { return conns() >= 2 })
+	waitFor(t, 60*time.Second, "a spare to the new browser", func() bool { return spares() == before+1 })
 	third := wsDial(t, ws)
 	cdpPing(t, third, 1)
 	third.Close()
@@ -115,4 +124,7 @@ func TestCDPSpare(t *testing.T) {
 		t.Fatalf("delete: %d %s", st, body)
 	}
 	waitFor(t, 60*time.Second, "no connection into the ended session's address", func() bool { return conns() == 0 })
+	if got := spares(); got != before {
+		t.Errorf("%v spares after the session ended, %v before it", got, before)
+	}
 }
