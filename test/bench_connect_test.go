@@ -52,7 +52,7 @@ func BenchmarkCDPConnect(b *testing.B) {
 			b.Fatal(err)
 		}
 		var m struct {
-			ID     int `json:"id"`
+			ID     int                      `json:"id"`
 			Result struct{ Product string } `json:"result"`
 		}
 		if err := conn.ReadJSON(&m); err != nil || m.ID != 1 || m.Result.Product == "" {
