@@ -168,8 +168,16 @@ func (s *Server) cdpUpgrade(c *fiber.Ctx) error {
 			return errUnauthenticated("the preview token does not grant this target")
 		}
 	}
-	c.Locals(localUpstream, "ws://"+ep.CDP.String()+"/devtools/"+m[1]+"/"+m[2])
+	c.Locals(localUpstream, devtoolsTarget(ep, m[1], m[2]))
 	return c.Next()
+}
+
+// devtoolsTarget is the WebSocket address of a CDP target (kind browser
+// or page) in the session's Chromium: the upstream of a client's
+// connection, and of the spare that may stand in for its dial (the two
+// must be spelt the same).
+func devtoolsTarget(ep session.Endpoint, kind, id string) string {
+	return "ws://" + ep.CDP.String() + "/devtools/" + kind + "/" + id
 }
 
 type closerFunc func() error

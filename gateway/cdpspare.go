@@ -7,7 +7,6 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -58,7 +57,7 @@ func spareTarget(ep session.Endpoint) string {
 	if err != nil {
 		return ""
 	}
-	return "ws://" + ep.CDP.String() + "/devtools/browser/" + bid
+	return devtoolsTarget(ep, "browser", bid)
 }
 
 // isBrowserTarget: spares are for the browser target only.
@@ -152,29 +151,13 @@ func (s *Server) takeSpare(id, target string, live func() bool) (net.Conn, *bufi
 // idleOpen says whether a spare is as it was left: open, with nothing
 // received. Chromium sends nothing unasked on a browser connection; a
 // closed one (a browser that restarted or went away) has its end queued,
-// and one that sent anything is not handed to a client mid-stream. The
-// socket is peeked without waiting (a read deadline in the past fails
-// before it looks).
+// and one that sent anything is not handed to a client mid-stream.
 func idleOpen(conn net.Conn, br *bufio.Reader) bool {
 	if br.Buffered() > 0 {
 		return false
 	}
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	idle := false
-	err = rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		_, _, rerr := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		idle = errors.Is(rerr, unix.EAGAIN)
-		return true // done, whatever it found
-	})
-	return err == nil && idle
+	_, err := peekNow(conn)
+	return errors.Is(err, unix.EAGAIN)
 }
 
 // dropSpare closes the session's spare. One still dialling is cancelled

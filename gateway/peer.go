@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -44,20 +45,32 @@ func watchPeer(c *fiber.Ctx, cancel func()) (stop func(), gone func() bool) {
 // peerGone reports whether the other end closed conn, by peeking at it:
 // nothing is read, so a pipelined request stays where it is.
 func peerGone(conn net.Conn) bool {
+	n, err := peekNow(conn)
+	return n == 0 && err == nil
+}
+
+// errNoSocket: a connection with no socket to peek at.
+var errNoSocket = errors.New("no socket to peek at")
+
+// peekNow peeks at one byte of conn's socket without waiting and without
+// reading it (a read deadline in the past fails before it looks): n 1 and
+// no error, something came; n 0 and no error, the peer closed; EAGAIN,
+// nothing yet.
+func peekNow(conn net.Conn) (n int, err error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return false
+		return 0, errNoSocket
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
+	rc, rerr := sc.SyscallConn()
+	if rerr != nil {
+		return 0, errNoSocket
 	}
-	gone := false
-	rc.Read(func(fd uintptr) bool {
+	if rerr = rc.Read(func(fd uintptr) bool {
 		var b [1]byte
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		gone = n == 0 && err == nil
-		return true
-	})
-	return gone
+		n, _, err = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return true // done, whatever it found
+	}); rerr != nil {
+		return 0, errNoSocket
+	}
+	return n, err
 }
