@@ -178,17 +178,17 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 		s.sessions.Record(info.ID, "download_refused", map[string]any{"reason": d.Refused, "url": d.URL})
 		return nil
 	}
-	f, err := s.sessions.OpenDownload(info.Tenant, info.ID, d.GUID)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	// Chromium's count of the size is the session's word: the copy is
 	// bounded by the gateway's own limit all the same.
 	limit := s.cfg.Downloads.Bytes
 	if limit <= 0 {
 		limit = browser.DefaultDownloadBytes
 	}
+	f, err := s.sessions.OpenDownload(info.Tenant, info.ID, d.GUID, limit)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
 	body := &limitedReader{r: f, limit: limit, left: limit}
 	name := d.Name
 	if !utf8.ValidString(name) || name == "" || len(name) > 255 || strings.ContainsAny(name, "/\\\x00") {

@@ -417,12 +417,16 @@ func reqCtx(c *fiber.Ctx, d time.Duration) (context.Context, context.CancelFunc)
 	return context.WithTimeout(c.UserContext(), d)
 }
 
-// readyz answers 200 when containerd and MinIO answer, else 503.
+// readyz answers 200 when the session backend and MinIO answer, else 503.
 func (s *Server) readyz(c *fiber.Ctx) error {
 	ctx, cancel := reqCtx(c, 5*time.Second)
 	defer cancel()
 	if err := s.sessions.Ready(ctx); err != nil {
-		return &apiError{status: 503, code: "unavailable", msg: "containerd is not answering", err: err}
+		msg := "the session backend is not answering"
+		if pe := (*session.PublicError)(nil); errors.As(err, &pe) {
+			msg = pe.Msg // "containerd is not answering", say
+		}
+		return &apiError{status: 503, code: "unavailable", msg: msg, err: err}
 	}
 	if err := s.store.Ready(ctx); err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}

@@ -63,33 +63,34 @@ func rmdirTree(dir string) error {
 	return nil
 }
 
-// sweepCgroups removes the cgroups of this manager's namespace that no
-// live session owns: those a runtime left after its container was
-// deleted, when removeContainer's own removal had already run (gVisor
-// sandboxes were seen leaving an empty one per controller). Only empty
-// cgroups go (rmdir refuses any with a process), and only those of
-// sessions that are not starting, running or stopping.
-func (m *Manager) sweepCgroups() {
-	a, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", m.cfg.Namespace, "s-*"))
-	b, _ := filepath.Glob(filepath.Join(cgroupRoot, m.cfg.Namespace, "s-*"))
-	var stale []string
-	m.mu.Lock()
-	for _, d := range append(a, b...) {
-		id := filepath.Base(d)
-		if !ids.IsSession(id) {
-			continue
-		}
+// sweep has the backend remove what removed sandboxes left behind,
+// sparing sessions that are starting, running or stopping.
+func (m *Manager) sweep() {
+	m.backend.Sweep(func(id string) bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
 		if s, ok := m.sessions[id]; ok {
 			switch s.info.State {
 			case StateStarting, StateRunning, StateStopping:
-				continue
+				return true
 			}
 		}
-		stale = append(stale, d)
-	}
-	m.mu.Unlock()
-	for _, d := range stale {
-		rmdirTree(d)
+		return false
+	})
+}
+
+// sweepCgroups removes the cgroups of a containerd namespace that live
+// does not claim: those a runtime left after its container was deleted,
+// when Remove's own removal had already run (gVisor sandboxes were seen
+// leaving an empty one per controller). Only empty cgroups go (rmdir
+// refuses any with a process).
+func sweepCgroups(namespace string, live func(id string) bool) {
+	a, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", namespace, "s-*"))
+	b, _ := filepath.Glob(filepath.Join(cgroupRoot, namespace, "s-*"))
+	for _, d := range append(a, b...) {
+		if id := filepath.Base(d); ids.IsSession(id) && !live(id) {
+			rmdirTree(d)
+		}
 	}
 }
 

@@ -1,24 +1,18 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/cio"
-	"github.com/containerd/containerd/containers"
-	"github.com/containerd/containerd/contrib/seccomp"
-	"github.com/containerd/containerd/errdefs"
-	"github.com/containerd/containerd/namespaces"
-	"github.com/containerd/containerd/oci"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,6 +27,11 @@ const (
 	labelInfo    = "sandgate.info"
 	labelRevoked = "sandgate.revoked." // + preview id; value: unix expiry
 )
+
+// RecordAddr is the key of the sandbox's address in a session's record.
+// A backend that gives sandboxes their own network fills it in when the
+// record is read (Sandbox.Record), once it knows the address.
+const RecordAddr = labelAddr
 
 // Session processes run as this user, created in the image.
 const sessionUID, sessionGID = 1000, 1000
@@ -104,44 +103,24 @@ func revokedFromLabels(l map[string]string) map[string]time.Time {
 	return out
 }
 
-// withOOMScoreAdj raises the session's OOM score so that under memory
-// pressure sessions go before the gateway. (Lowering it is refused on
-// some hosts and makes runc fail.)
-func withOOMScoreAdj(score int) oci.SpecOpts {
-	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
-		s.Process.OOMScoreAdj = &score
-		return nil
-	}
-}
-
-// withRlimit sets one resource limit, soft and hard, for every process.
-func withRlimit(kind string, n uint64) oci.SpecOpts {
-	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
-		for i, r := range s.Process.Rlimits {
-			if r.Type == kind {
-				s.Process.Rlimits[i].Soft, s.Process.Rlimits[i].Hard = n, n
-				return nil
-			}
-		}
-		s.Process.Rlimits = append(s.Process.Rlimits, specs.POSIXRlimit{Type: kind, Soft: n, Hard: n})
-		return nil
-	}
-}
-
 // sessionEnv is the environment of every session process: what the
 // session shows, and the egress proxy as the way out for Chromium and
 // command-line tools.
 func (m *Manager) sessionEnv(info Info) []string {
-	proxy := "http://" + m.ProxyAddr().String()
 	env := []string{
 		"SANDGATE_KIND=" + string(info.Kind),
 		"SANDGATE_SCREEN_WIDTH=" + strconv.Itoa(info.Screen.Width),
 		"SANDGATE_SCREEN_HEIGHT=" + strconv.Itoa(info.Screen.Height),
 		"SANDGATE_CDP_PORT=" + strconv.Itoa(CDPPort),
 		"SANDGATE_VNC_PORT=" + strconv.Itoa(VNCPort),
-		"SANDGATE_PROXY=" + proxy,
-		"http_proxy=" + proxy, "https_proxy=" + proxy, "HTTP_PROXY=" + proxy, "HTTPS_PROXY=" + proxy,
-		"no_proxy=localhost,127.0.0.1", "NO_PROXY=localhost,127.0.0.1",
+	}
+	// No proxy under a backend with its own network: the cluster's
+	// NetworkPolicy is what bounds the session's egress there.
+	if pa := m.ProxyAddr(); pa.IsValid() {
+		proxy := "http://" + pa.String()
+		env = append(env, "SANDGATE_PROXY="+proxy,
+			"http_proxy="+proxy, "https_proxy="+proxy, "HTTP_PROXY="+proxy, "HTTPS_PROXY="+proxy,
+			"no_proxy=localhost,127.0.0.1", "NO_PROXY=localhost,127.0.0.1")
 	}
 	if info.Profile != nil {
 		// The browser waits for its profile: it starts once, on it,
@@ -152,97 +131,6 @@ func (m *Manager) sessionEnv(info Info) []string {
 		env = append(env, m.cfg.Env(info)...)
 	}
 	return env
-}
-
-// newContainer creates the session's container (not its task).
-func (m *Manager) newContainer(ctx context.Context, info Info, rt *Runtime, addr string, workspace string, extraLabels map[string]string) (containerd.Container, error) {
-	image, err := m.client.GetImage(ctx, m.cfg.Image)
-	if err != nil {
-		return nil, fmt.Errorf("session image %s: %w", m.cfg.Image, err)
-	}
-	labels, err := containerLabels(info, addr)
-	if err != nil {
-		return nil, err
-	}
-	for k, v := range extraLabels {
-		labels[k] = v
-	}
-	res := info.Resources
-	period := uint64(100000)
-	quota := int64(res.CPUs * float64(period))
-	specOpts := []oci.SpecOpts{
-		oci.WithImageConfig(image),
-		oci.WithHostname("sandgate"),
-		oci.WithUIDGID(sessionUID, sessionGID),
-		oci.WithEnv(m.sessionEnv(info)),
-		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: m.net.nsPath(info.ID)}),
-		oci.WithCapabilities(nil),
-		oci.WithAmbientCapabilities(nil),
-		oci.WithNoNewPrivileges,
-		seccomp.WithDefaultProfile(),
-		withSessionSeccomp(rt.Name),
-		oci.WithMemoryLimit(uint64(res.MemoryMB) << 20),
-		oci.WithCPUCFS(quota, period),
-		oci.WithPidsLimit(int64(res.Pids)),
-		withOOMScoreAdj(500),
-		withRlimit("RLIMIT_NOFILE", 4096),
-		// The image is read-only; what a session writes goes to bounded
-		// tmpfs (charged to the session's memory) or its workspace.
-		oci.WithRootFSReadonly(),
-		oci.WithMounts([]specs.Mount{
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "size=1g"}},
-			{Destination: "/home/sandgate", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0755", "uid=1000", "gid=1000", "size=256m"}},
-			{Destination: "/home/sandgate/workspace", Type: "bind", Source: workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
-		}),
-	}
-	return m.client.NewContainer(ctx, info.ID,
-		containerd.WithImage(image),
-		containerd.WithSnapshotter(m.cfg.Snapshotter),
-		containerd.WithNewSnapshot(info.ID, image),
-		containerd.WithRuntime(rt.shim, rt.options),
-		containerd.WithContainerLabels(labels),
-		containerd.WithNewSpec(specOpts...),
-	)
-}
-
-// removeContainer kills the task and deletes the container and its
-// snapshot; anything already gone counts as done.
-func removeContainer(ctx context.Context, c containerd.Container) error {
-	spec, _ := c.Spec(ctx) // for its cgroups, after the delete
-	if t, err := c.Task(ctx, nil); err == nil {
-		// A frozen task (a warm pool's) takes no signal until thawed.
-		if st, err := t.Status(ctx); err == nil && (st.Status == containerd.Paused || st.Status == containerd.Pausing) {
-			t.Resume(ctx)
-		}
-		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			// A gVisor sandbox whose control server died (after an OOM
-			// kill, say) cannot be signalled through runsc any more: kill
-			// its process from the host, then delete what is left.
-			if pid := t.Pid(); pid > 0 {
-				if exited, werr := t.Wait(ctx); werr == nil {
-					unix.Kill(int(pid), unix.SIGKILL)
-					select {
-					case <-exited:
-					case <-time.After(10 * time.Second):
-					}
-				}
-			}
-			if _, err2 := t.Delete(ctx); err2 != nil && !errdefs.IsNotFound(err2) {
-				return fmt.Errorf("delete task: %w (and after killing its process: %v)", err, err2)
-			}
-		}
-	} else if !errdefs.IsNotFound(err) {
-		return fmt.Errorf("task: %w", err)
-	}
-	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("delete container: %w", err)
-	}
-	if ns, ok := namespaces.Namespace(ctx); ok && spec != nil && spec.Linux != nil {
-		if err := removeCgroups(ns, spec.Linux.CgroupsPath); err != nil {
-			return fmt.Errorf("remove cgroups: %w", err)
-		}
-	}
-	return nil
 }
 
 func (m *Manager) workspaceDir(id string) string {
@@ -259,13 +147,19 @@ const (
 // OpenDownload opens a finished download of a session from the host side.
 // The workspace belongs to the session, so the file is opened beneath it
 // with no symlink followed: a session cannot point the gateway at a host
-// file.
-func (m *Manager) OpenDownload(tenant, id, guid string) (*os.File, error) {
+// file. Under a backend with its own network there is no workspace on
+// this host: at most limit+1 bytes of the file are read inside the
+// session into an unlinked file here (see spoolInside). The caller
+// bounds what it reads either way.
+func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, error) {
 	if _, err := m.lookup(tenant, id); err != nil {
 		return nil, err
 	}
 	if guid == "" || strings.ContainsAny(guid, "/\\") || guid == "." || guid == ".." {
 		return nil, publicf(ErrInvalid, "bad download id", nil)
+	}
+	if m.net == nil {
+		return m.spoolInside(tenant, id, DownloadDir+"/"+guid, limit)
 	}
 	root, err := os.Open(filepath.Join(m.workspaceDir(id), "workspace"))
 	if err != nil {
@@ -285,6 +179,78 @@ func (m *Manager) OpenDownload(tenant, id, guid string) (*os.File, error) {
 		return nil, errors.New("download is not a regular file")
 	}
 	return f, nil
+}
+
+// spoolInside copies a file out of a session through exec, as the
+// session's user (what it reads is the session's own, which it could
+// write anyway), into an unlinked file in the state directory, and
+// returns that file at its start. It copies at most limit+1 bytes, so
+// that a caller bounding at limit sees the file is too large, and gives
+// up after spoolTimeout.
+func (m *Manager) spoolInside(tenant, id, path string, limit int64) (*os.File, error) {
+	f, err := os.CreateTemp(m.cfg.StateDir, "spool-")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(f.Name())
+	ctx, cancel := context.WithTimeout(m.base, spoolTimeout)
+	defer cancel()
+	w := &cappedWriter{w: f, left: limit + 1, cancel: cancel}
+	stderr := &limitedBuffer{max: 1024}
+	p, err := m.Start(ctx, tenant, id, ExecSpec{Args: []string{"cat", "--", path}, Stdout: w, Stderr: stderr})
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	code, err := p.Wait(ctx)
+	p.Close()
+	switch {
+	case w.full:
+		// Cut at the cap: what was read is what the caller refuses.
+	case err != nil:
+		f.Close()
+		return nil, fmt.Errorf("reading %s in the session: %w", path, err)
+	case code != 0:
+		f.Close()
+		return nil, fmt.Errorf("reading %s in the session: exit %d: %s", path, code, bytes.TrimSpace(stderr.Bytes()))
+	}
+	if w.err != nil {
+		f.Close()
+		return nil, w.err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// spoolTimeout bounds a copy out of a session.
+const spoolTimeout = 5 * time.Minute
+
+// cappedWriter writes at most left bytes, then stops the copy.
+type cappedWriter struct {
+	w      io.Writer
+	left   int64
+	full   bool
+	err    error
+	cancel context.CancelFunc
+}
+
+func (c *cappedWriter) Write(p []byte) (int, error) {
+	if c.full || c.err != nil {
+		return len(p), nil
+	}
+	if int64(len(p)) >= c.left {
+		p, c.full = p[:c.left], true
+		defer c.cancel()
+	}
+	n, err := c.w.Write(p)
+	c.left -= int64(n)
+	if err != nil {
+		c.err = err
+	}
+	return len(p), nil
 }
 
 // workspaceBytes bounds what a session can write to its workspace.
@@ -313,6 +279,16 @@ func (m *Manager) makeWorkspace(id string) (workspace string, console string, er
 	return workspace, filepath.Join(dir, "console.log"), nil
 }
 
+// removeHostParts removes what the manager made on this host for a
+// session's sandbox: its network namespace (releasing its address) and
+// its workspace. Nothing when the backend brings its own network.
+func (m *Manager) removeHostParts(ctx context.Context, id string) error {
+	if m.net == nil {
+		return nil
+	}
+	return errors.Join(m.net.remove(ctx, id), m.removeWorkspace(id))
+}
+
 // removeWorkspace unmounts and deletes the session's directory.
 func (m *Manager) removeWorkspace(id string) error {
 	dir := m.workspaceDir(id)
@@ -320,8 +296,4 @@ func (m *Manager) removeWorkspace(id string) error {
 		return fmt.Errorf("unmount workspace: %w", err)
 	}
 	return os.RemoveAll(dir)
-}
-
-func newTask(ctx context.Context, c containerd.Container, console string) (containerd.Task, error) {
-	return c.NewTask(ctx, cio.LogFile(console))
 }

@@ -11,8 +11,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/errdefs"
 	"github.com/sandgate/sandgate/ids"
 )
 
@@ -34,6 +32,10 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	}
 	if spec.IdleTimeout < 0 || (lim.MaxIdle > 0 && spec.IdleTimeout > lim.MaxIdle) {
 		return nil, publicf(ErrInvalid, fmt.Sprintf("idle_timeout_seconds must be between 0 and %d", int(lim.MaxIdle.Seconds())), nil)
+	}
+	if m.net == nil && (len(spec.Egress.Allow) > 0 || len(spec.Egress.Credentials) > 0) {
+		// Nothing here would enforce them: say so rather than pretend.
+		return nil, publicf(ErrInvalid, fmt.Sprintf("egress allow lists and credential bindings need the containerd backend for now; under the %s backend a session reaches what the cluster's NetworkPolicy allows", m.backend.Name()), nil)
 	}
 	if len(spec.Labels) > 32 {
 		return nil, publicf(ErrInvalid, "at most 32 labels", nil)
@@ -273,46 +275,53 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		steps[name] = now.Sub(last).Milliseconds()
 		last = now
 	}
-	addr, err := m.net.create(ctx, id)
-	if err != nil {
-		return err
-	}
-	step("network")
-	m.mu.Lock()
-	s.addr = addr
-	m.byAddr[addr] = s
-	m.mu.Unlock()
-	undo = append(undo, func(c context.Context) error { return m.net.remove(c, id) })
-	undo = append(undo, func(context.Context) error { return m.removeWorkspace(id) })
-	workspace, console, err := m.makeWorkspace(id)
-	if err != nil {
-		return fmt.Errorf("workspace: %w", err)
-	}
 	m.mu.Lock()
 	info := s.info
 	m.mu.Unlock()
-	var extra map[string]string
+	host := Host{Env: m.sessionEnv(info), Step: step}
+	if lim, ok := m.Limits(info.Tenant); ok { // a pooled session has no tenant yet
+		host.Deadline = info.CreatedAt.Add(lim.MaxTTL)
+	}
+	var addr netip.Addr
+	if m.net != nil {
+		// The containerd backend's network and workspace, made here.
+		if addr, err = m.net.create(ctx, id); err != nil {
+			return err
+		}
+		step("network")
+		m.mu.Lock()
+		s.addr = addr
+		m.byAddr[addr] = s
+		m.mu.Unlock()
+		undo = append(undo, func(c context.Context) error { return m.net.remove(c, id) })
+		undo = append(undo, func(context.Context) error { return m.removeWorkspace(id) })
+		if host.Workspace, host.Console, err = m.makeWorkspace(id); err != nil {
+			return fmt.Errorf("workspace: %w", err)
+		}
+		host.NetNS = m.net.nsPath(id)
+	}
+	record, err := containerLabels(info, addrString(addr))
+	if err != nil {
+		return err
+	}
 	if s.pool != nil {
-		extra = map[string]string{labelPool: s.pool.key()}
+		record[labelPool] = s.pool.key()
 	}
-	c, err := m.newContainer(ctx, info, rt, addr.String(), workspace, extra)
+	sb, exited, err := m.backend.Create(ctx, info, rt, record, host)
 	if err != nil {
-		return fmt.Errorf("create container: %w", err)
+		return err
 	}
-	undo = append(undo, func(c2 context.Context) error { return removeContainer(c2, c) })
-	step("container")
-	task, err := newTask(ctx, c, console)
-	if err != nil {
-		return fmt.Errorf("create task: %w", err)
+	undo = append(undo, sb.Remove)
+	if m.net == nil {
+		// The backend's network: the sandbox's own address.
+		if addr = sb.Addr(); !addr.IsValid() {
+			return fmt.Errorf("the %s backend gave the sandbox no address", m.backend.Name())
+		}
+		m.mu.Lock()
+		s.addr = addr
+		m.byAddr[addr] = s
+		m.mu.Unlock()
 	}
-	exited, err := task.Wait(m.base)
-	if err != nil {
-		return fmt.Errorf("wait task: %w", err)
-	}
-	if err := task.Start(ctx); err != nil {
-		return fmt.Errorf("start task: %w", err)
-	}
-	step("task")
 	ep := endpointOf(addr)
 	// A browser that waits for its profile answers CDP after the restore.
 	ready, version, err := waitReady(ctx, ep, info.Kind == KindBrowser && info.Profile == nil, exited, m.cfg.ReadyTimeout)
@@ -325,7 +334,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	}
 	if info.Profile != nil || info.Snapshot != "" {
 		last = time.Now()
-		if ep.Version, err = m.restore(ctx, info, c, ep); err != nil {
+		if ep.Version, err = m.restore(ctx, info, sb, ep); err != nil {
 			return err
 		}
 		step("restore")
@@ -347,7 +356,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	took := time.Since(t0)
 	s.record("started", map[string]any{"took_ms": took.Milliseconds(), "steps_ms": steps})
 	s.ep = ep
-	s.container = c
+	s.box = sb
 	s.lastActive = time.Now()
 	s.cancel = nil
 	m.mu.Unlock()
@@ -406,6 +415,15 @@ func failureText(ctx context.Context, err error) string {
 // (Chromium's is under 1 KiB).
 const maxVersionBytes = 16 << 10
 
+// addrString is an address as the session's record keeps it; empty
+// when the backend records it itself.
+func addrString(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
 func endpointOf(a netip.Addr) Endpoint {
 	return Endpoint{Addr: a, CDP: netip.AddrPortFrom(a, CDPPort), VNC: netip.AddrPortFrom(a, VNCPort)}
 }
@@ -414,7 +432,7 @@ func endpointOf(a netip.Addr) Endpoint {
 // browser sessions, Chromium answers CDP discovery. It returns how long
 // each took to become true ("vnc", "cdp"), counted from its call, and
 // Chromium's answer (nil if it was over maxVersionBytes).
-func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan containerd.ExitStatus, limit time.Duration) (map[string]time.Duration, []byte, error) {
+func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan Exit, limit time.Duration) (map[string]time.Duration, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	t0 := time.Now()
@@ -451,7 +469,7 @@ func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan con
 		}
 		select {
 		case st := <-exited:
-			return nil, nil, publicf(ErrUnavailable, fmt.Sprintf("the session exited while starting (status %d)", st.ExitCode()), nil)
+			return nil, nil, publicf(ErrUnavailable, fmt.Sprintf("the session exited while starting (status %d)", st.Code), nil)
 		case <-ctx.Done():
 			return nil, nil, fmt.Errorf("waiting for CDP and VNC: %w", ctx.Err())
 		case <-time.After(20 * time.Millisecond):
@@ -462,12 +480,12 @@ func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan con
 // watch marks a session failed when its processes exit on their own.
 // A wait that ends because containerd went away (a restart: the task
 // runs on under its shim) is taken up again once containerd answers.
-func (m *Manager) watch(s *sess, exited <-chan containerd.ExitStatus) {
+func (m *Manager) watch(s *sess, exited <-chan Exit) {
 	defer m.wg.Done()
 	for {
 		select {
 		case st := <-exited:
-			if err := st.Error(); err != nil && m.base.Err() == nil {
+			if err := st.Err; err != nil && m.base.Err() == nil {
 				m.log.Warn("lost the wait on the session's task; taking it up again when containerd answers", "session", s.info.ID, "err", err)
 				ch, rerr := m.rewait(s)
 				if rerr == nil {
@@ -484,11 +502,11 @@ func (m *Manager) watch(s *sess, exited <-chan containerd.ExitStatus) {
 			running := s.info.State == StateRunning
 			m.mu.Unlock()
 			if running {
-				msg := fmt.Sprintf("the session's processes exited (status %d)", st.ExitCode())
-				if st.Error() != nil {
+				msg := fmt.Sprintf("the session's processes exited (status %d)", st.Code)
+				if st.Err != nil {
 					msg = "the session's task was lost while containerd was away"
 				}
-				m.log.Warn("session exited", "session", s.info.ID, "status", st.ExitCode())
+				m.log.Warn("session exited", "session", s.info.ID, "status", st.Code)
 				m.stop(m.base, s, StateFailed, msg)
 			}
 			return
@@ -506,26 +524,23 @@ const rewaitFor = 2 * time.Minute
 // rewait waits until containerd answers again and returns a new wait on
 // the session's task, or an error when the task is gone or containerd
 // stays away.
-func (m *Manager) rewait(s *sess) (<-chan containerd.ExitStatus, error) {
+func (m *Manager) rewait(s *sess) (<-chan Exit, error) {
 	m.mu.Lock()
-	c := s.container
+	sb := s.box
 	m.mu.Unlock()
 	deadline := time.Now().Add(rewaitFor)
 	delay := 100 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(m.base, 5*time.Second)
-		task, err := c.Task(ctx, nil)
+		_, err := sb.Running(ctx) // answers only once the backend does
+		cancel()
 		if err == nil {
-			var ch <-chan containerd.ExitStatus
-			ch, err = task.Wait(m.base)
-			cancel()
-			if err == nil {
+			var ch <-chan Exit
+			if ch, err = sb.Wait(m.base); err == nil {
 				return ch, nil
 			}
-		} else {
-			cancel()
 		}
-		if errdefs.IsNotFound(err) {
+		if errors.Is(err, ErrSandboxGone) {
 			return nil, err
 		}
 		select {

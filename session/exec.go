@@ -5,15 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/cio"
-	"github.com/containerd/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // ExecSpec is a command to run in a session.
@@ -32,13 +26,8 @@ type ExecSpec struct {
 
 // Process is a command running in a session.
 type Process struct {
-	ns      func(context.Context) context.Context // adds the containerd namespace
-	proc    containerd.Process
-	statusC <-chan containerd.ExitStatus
-	started time.Time
-	once    sync.Once
-	closed  chan struct{} // closed by Close
-	log     func(error)
+	p   ExecProc
+	log func(error)
 }
 
 var execSeq atomic.Uint64
@@ -46,7 +35,7 @@ var execSeq atomic.Uint64
 // homeDir is the session user's home inside every session.
 const homeDir = "/home/sandgate"
 
-// Start runs a command in the session through containerd's exec, so it
+// Start runs a command in the session through its backend's exec, so it
 // works the same under every runtime handler. The caller must Wait and
 // then Close.
 func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (*Process, error) {
@@ -58,113 +47,34 @@ func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (
 		return nil, err
 	}
 	m.mu.Lock()
-	c, state := s.container, s.info.State
+	sb, state := s.box, s.info.State
 	m.mu.Unlock()
 	if state != StateRunning {
 		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
 	}
-	return m.startIn(ctx, c, id, spec)
+	return m.startIn(ctx, sb, id, spec)
 }
 
-// startIn is Start in a container, whatever its session's state.
-func (m *Manager) startIn(ctx context.Context, c containerd.Container, id string, spec ExecSpec) (*Process, error) {
-	ctx = m.ctx(ctx)
-	cspec, err := c.Spec(ctx)
+// startIn is Start in a sandbox, whatever its session's state.
+func (m *Manager) startIn(ctx context.Context, sb Sandbox, id string, spec ExecSpec) (*Process, error) {
+	if spec.Cwd == "" {
+		spec.Cwd = homeDir
+	}
+	if spec.Stdin == nil {
+		spec.Stdin = bytes.NewReader(nil)
+	}
+	if spec.Stdout == nil {
+		spec.Stdout = io.Discard
+	}
+	if spec.Stderr == nil {
+		spec.Stderr = io.Discard
+	}
+	env := append([]string{"DISPLAY=:0", "HOME=" + homeDir, "USER=sandgate", "TERM=xterm-256color"}, spec.Env...)
+	p, err := sb.Exec(ctx, spec, env)
 	if err != nil {
-		return nil, fmt.Errorf("container spec: %w", err)
+		return nil, err
 	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("task: %w", err)
-	}
-	p := *cspec.Process
-	p.Args = spec.Args
-	p.Terminal = spec.Terminal
-	p.Cwd = homeDir
-	if spec.Cwd != "" {
-		p.Cwd = spec.Cwd
-	}
-	p.Env = append(append([]string{}, cspec.Process.Env...), "DISPLAY=:0", "HOME="+homeDir, "USER=sandgate", "TERM=xterm-256color")
-	p.Env = append(p.Env, spec.Env...)
-	if spec.Root {
-		p.User = specs.User{UID: 0, GID: 0}
-	}
-	if spec.Terminal {
-		p.ConsoleSize = &specs.Box{Width: uint(max(spec.Cols, 1)), Height: uint(max(spec.Rows, 1))}
-	}
-
-	stdin := spec.Stdin
-	if stdin == nil {
-		stdin = bytes.NewReader(nil)
-	}
-	stdout, stderr := spec.Stdout, spec.Stderr
-	if stdout == nil {
-		stdout = io.Discard
-	}
-	if stderr == nil {
-		stderr = io.Discard
-	}
-	er := &eofReader{r: stdin, eof: make(chan struct{})}
-	opts := []cio.Opt{cio.WithStreams(er, stdout, stderr)}
-	if spec.Terminal {
-		opts = []cio.Opt{cio.WithStreams(er, stdout, nil), cio.WithTerminal}
-	}
-	execID := fmt.Sprintf("x%d-%d", time.Now().UnixNano(), execSeq.Add(1))
-	proc, err := task.Exec(ctx, execID, &p, cio.NewCreator(opts...))
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return nil, publicf(ErrConflict, "the session is not running", err)
-		}
-		return nil, fmt.Errorf("exec: %w", err)
-	}
-	pr := &Process{proc: proc, ns: m.ctx, closed: make(chan struct{}), log: func(err error) { m.log.Warn("exec", "session", id, "err", err) }}
-	statusC, err := proc.Wait(ctx)
-	if err != nil {
-		pr.Close()
-		return nil, fmt.Errorf("exec wait: %w", err)
-	}
-	pr.statusC = statusC
-	if err := proc.Start(ctx); err != nil {
-		pr.Close()
-		if errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err) {
-			return nil, publicf(ErrInvalid, fmt.Sprintf("cannot run %q in the session: no such program, or cwd missing", spec.Args[0]), err)
-		}
-		return nil, fmt.Errorf("exec start: %w", err)
-	}
-	pr.started = time.Now()
-	// The shim keeps the process's stdin open until told: pass EOF on,
-	// but only once the process has started. Stdin is copied from the
-	// moment Exec made its pipes, so an empty or tiny stdin is often done
-	// before that, and a close sent then was lost (cat > file waited
-	// forever on a 0- or 1-byte upload).
-	go func() {
-		select {
-		case <-er.eof:
-		case <-pr.closed:
-			return
-		}
-		cctx, cancel := context.WithTimeout(m.ctx(context.Background()), 5*time.Second)
-		defer cancel()
-		if err := proc.CloseIO(cctx, containerd.WithStdinCloser); err != nil && !errdefs.IsNotFound(err) {
-			pr.log(fmt.Errorf("closing stdin: %w", err))
-		}
-	}()
-	return pr, nil
-}
-
-// eofReader closes eof once its reader is exhausted.
-type eofReader struct {
-	r    io.Reader
-	once sync.Once
-	eof  chan struct{}
-}
-
-func (e *eofReader) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	if err != nil {
-		e.once.Do(func() { close(e.eof) })
-	}
-	return n, err
+	return &Process{p: p, log: func(err error) { m.log.Warn("exec", "session", id, "err", err) }}, nil
 }
 
 // Wait waits for the process to exit and for its output to be copied, and
@@ -173,29 +83,23 @@ func (e *eofReader) Read(p []byte) (int, error) {
 // process left behind holds it), the copy is cut off.
 func (p *Process) Wait(ctx context.Context) (int, error) {
 	select {
-	case st := <-p.statusC:
-		copied := make(chan struct{})
-		go func() {
-			p.proc.IO().Wait()
-			close(copied)
-		}()
+	case st := <-p.p.Exited():
+		copied := p.p.Copied()
 		select {
 		case <-copied:
 		case <-ctx.Done():
-			p.proc.IO().Cancel()
-			p.proc.IO().Close()
+			p.p.CancelIO()
 			select {
 			case <-copied:
 			case <-time.After(5 * time.Second):
 			}
 			return -1, fmt.Errorf("the output stayed open after the command exited: %w", ctx.Err())
 		}
-		code, _, err := st.Result()
-		return int(code), err
+		return st.Code, st.Err
 	case <-ctx.Done():
 		p.Signal(syscall.SIGKILL)
 		select {
-		case <-p.statusC:
+		case <-p.p.Exited():
 		case <-time.After(5 * time.Second):
 		}
 		return -1, ctx.Err()
@@ -204,26 +108,23 @@ func (p *Process) Wait(ctx context.Context) (int, error) {
 
 // Signal sends sig to the process.
 func (p *Process) Signal(sig syscall.Signal) error {
-	ctx, cancel := context.WithTimeout(p.ns(context.Background()), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return p.proc.Kill(ctx, sig)
+	return p.p.Signal(ctx, sig)
 }
 
 // Resize sets the terminal size of a Terminal process.
 func (p *Process) Resize(ctx context.Context, cols, rows uint16) error {
-	return p.proc.Resize(p.ns(ctx), uint32(cols), uint32(rows))
+	return p.p.Resize(ctx, cols, rows)
 }
 
-// Close removes the process from containerd, killing it if it still runs.
+// Close removes the process, killing it if it still runs.
 func (p *Process) Close() {
-	p.once.Do(func() {
-		close(p.closed)
-		ctx, cancel := context.WithTimeout(p.ns(context.Background()), 10*time.Second)
-		defer cancel()
-		if _, err := p.proc.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			p.log(err)
-		}
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.p.Delete(ctx); err != nil {
+		p.log(err)
+	}
 }
 
 // ExecResult is how a command in a session ended.

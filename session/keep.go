@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/containerd/containerd"
 )
 
 // What a session keeps between runs, on request: a browser profile it
@@ -28,11 +26,11 @@ type Keeper interface {
 	Save(ctx context.Context, info Info, in *Inside)
 }
 
-// Inside runs commands in one session's container whatever the session's
+// Inside runs commands in one session's sandbox whatever the session's
 // state, for a Keeper.
 type Inside struct {
 	m  *Manager
-	c  containerd.Container
+	sb Sandbox
 	id string
 	ep Endpoint
 }
@@ -43,7 +41,7 @@ func (in *Inside) Endpoint() Endpoint { return in.ep }
 // Run runs spec in the session and returns its exit code once it has
 // exited and its output is copied.
 func (in *Inside) Run(ctx context.Context, spec ExecSpec) (int, error) {
-	p, err := in.m.startIn(ctx, in.c, in.id, spec)
+	p, err := in.m.startIn(ctx, in.sb, in.id, spec)
 	if err != nil {
 		return -1, err
 	}
@@ -64,12 +62,12 @@ func (m *Manager) keeper() (Keeper, bool) {
 // restore has the Keeper write a starting session's profile and
 // snapshot in and, when a profile restarted the browser, waits for it
 // again and returns its new /json/version answer.
-func (m *Manager) restore(ctx context.Context, info Info, c containerd.Container, ep Endpoint) ([]byte, error) {
+func (m *Manager) restore(ctx context.Context, info Info, sb Sandbox, ep Endpoint) ([]byte, error) {
 	k, ok := m.keeper()
 	if !ok {
 		return nil, publicf(ErrUnavailable, "this gateway keeps no profiles or snapshots", nil)
 	}
-	if err := k.Restore(ctx, info, &Inside{m: m, c: c, id: info.ID, ep: ep}); err != nil {
+	if err := k.Restore(ctx, info, &Inside{m: m, sb: sb, id: info.ID, ep: ep}); err != nil {
 		return nil, err
 	}
 	if info.Profile == nil {
@@ -83,11 +81,11 @@ func (m *Manager) restore(ctx context.Context, info Info, c containerd.Container
 }
 
 // save has the Keeper write a cleanly stopped session's profile back.
-func (m *Manager) save(ctx context.Context, s *sess, c containerd.Container, final State) {
+func (m *Manager) save(ctx context.Context, s *sess, sb Sandbox, final State) {
 	m.mu.Lock()
 	info, ep := copyInfo(s.info), s.ep
 	m.mu.Unlock()
-	if final != StateStopped || info.Profile == nil || !info.Profile.Persist || c == nil {
+	if final != StateStopped || info.Profile == nil || !info.Profile.Persist || sb == nil {
 		return
 	}
 	k, ok := m.keeper()
@@ -96,7 +94,7 @@ func (m *Manager) save(ctx context.Context, s *sess, c containerd.Container, fin
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SaveTimeout)
 	defer cancel()
-	k.Save(ctx, info, &Inside{m: m, c: c, id: info.ID, ep: ep})
+	k.Save(ctx, info, &Inside{m: m, sb: sb, id: info.ID, ep: ep})
 }
 
 // Profile holds: a session that writes its profile back holds it alone;

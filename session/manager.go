@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/namespaces"
 )
 
 // Config is what the manager needs; cmd/sandgate fills it from the
@@ -51,6 +50,13 @@ type Config struct {
 	// Pools are the warm pools, bounded together by PoolLimits.
 	Pools      []PoolConfig
 	PoolLimits PoolLimits
+	// Backend, when set, runs the sessions' sandboxes instead of
+	// containerd (the Kubernetes backend, session/kube). It gives each
+	// sandbox its own network: the manager then makes no network
+	// namespace, firewall or workspace on this host, and Network,
+	// ProxyPort, Image, Snapshotter and Runtimes are not used. Warm pools
+	// and egress allow lists need the containerd backend for now.
+	Backend Backend
 	// Finalisers bounds how many ended sessions are finalised (their
 	// observer told, artifacts stored) at once (default 4). Finalisation
 	// runs apart from the reaper, so a slow store never delays a stop.
@@ -127,7 +133,7 @@ type TenantLimits struct {
 
 // Manager runs sessions. It is safe for concurrent use.
 type Manager struct {
-	client   *containerd.Client
+	backend  Backend
 	cfg      Config
 	log      *slog.Logger
 	net      *network
@@ -172,7 +178,7 @@ type sess struct {
 	info       Info
 	addr       netip.Addr // on the bridge, once the network exists
 	ep         Endpoint
-	container  containerd.Container
+	box        Sandbox // its sandbox, once created
 	lastActive time.Time
 	conns      map[*tracked]struct{}
 	cancel     context.CancelFunc // cancels a create in progress
@@ -245,19 +251,34 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	if err != nil {
 		return nil, err
 	}
-	n, err := newNetwork(cfg.Network, cfg.Namespace+"-")
-	if err != nil {
-		return nil, err
+	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	backend, n := cfg.Backend, (*network)(nil)
+	if backend == nil {
+		if n, err = newNetwork(cfg.Network, cfg.Namespace+"-"); err != nil {
+			cancel()
+			return nil, err
+		}
+		fw := newFirewall(cfg.Namespace, cfg.Network.Bridge, netip.AddrPortFrom(n.gateway, cfg.ProxyPort))
+		if err := fw.install(); err != nil {
+			cancel()
+			return nil, err
+		}
+		backend = newContainerdBackend(base, client, cfg, log)
+	} else if len(cfg.Pools) > 0 {
+		cancel()
+		return nil, fmt.Errorf("warm pools need the containerd backend for now, not %s", backend.Name())
 	}
-	fw := newFirewall(cfg.Namespace, cfg.Network.Bridge, netip.AddrPortFrom(n.gateway, cfg.ProxyPort))
-	if err := fw.install(); err != nil {
-		return nil, err
-	}
-	base, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), cfg.Namespace))
-	m := &Manager{client: client, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
+	m := &Manager{backend: backend, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
 		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
-	m.runtimes = probeRuntimes(ctx, cfg.Runtimes)
+	if m.runtimes = backend.Runtimes(ctx); m.runtimes == nil {
+		m.runtimes = map[string]*Runtime{}
+	}
+	for _, name := range runtimeOrder {
+		if m.runtimes[name] == nil {
+			m.runtimes[name] = &Runtime{Name: name, Reason: backend.Name() + " does not offer it"}
+		}
+	}
 	if cfg.DefaultRuntime != "" {
 		if rt := m.runtimes[cfg.DefaultRuntime]; rt == nil || !rt.Usable {
 			cancel()
@@ -314,19 +335,26 @@ func (m *Manager) Runtimes() []Runtime {
 	return out
 }
 
-// Ready tells whether containerd answers.
+// Ready tells whether the backend answers.
 func (m *Manager) Ready(ctx context.Context) error {
-	if _, err := m.client.Version(ctx); err != nil {
-		return publicf(ErrUnavailable, "containerd is not answering", err)
+	if err := m.backend.Ready(ctx); err != nil {
+		return publicf(ErrUnavailable, m.backend.Name()+" is not answering", err)
 	}
 	return nil
 }
 
 // ProxyAddr is where sessions reach the egress proxy: the bridge's own
-// address. The proxy must listen there.
+// address. The proxy must listen there. Invalid when the backend gives
+// sandboxes their own network: there is no egress proxy then.
 func (m *Manager) ProxyAddr() netip.AddrPort {
+	if m.net == nil {
+		return netip.AddrPort{}
+	}
 	return netip.AddrPortFrom(m.net.gateway, m.cfg.ProxyPort)
 }
+
+// Backend names the backend that runs the sessions' sandboxes.
+func (m *Manager) Backend() string { return m.backend.Name() }
 
 // BySource finds the live session holding a bridge address, for the
 // egress proxy.
@@ -410,7 +438,7 @@ func (m *Manager) Close() {
 	m.cancel()
 	m.wg.Wait()
 	m.removePooled()
-	m.sweepCgroups()
+	m.sweep()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, s := range m.sessions {
@@ -491,7 +519,7 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 		m.mu.Unlock()
 		return Info{}, publicf(ErrInvalid, fmt.Sprintf("the session may live until %s at most (the tenant's maximum TTL)", max.Format(time.RFC3339)), nil)
 	}
-	c, stored := s.container, s.claimStored
+	sb, stored := s.box, s.claimStored
 	m.mu.Unlock()
 	if stored != nil {
 		select { // the claim's labels first: they hold the older expiry
@@ -500,7 +528,7 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 			return Info{}, fmt.Errorf("store expiry: %w", ctx.Err())
 		}
 	}
-	if _, err := c.SetLabels(m.ctx(ctx), map[string]string{labelExpires: exp.Format(time.RFC3339Nano)}); err != nil {
+	if _, err := sb.SetRecord(ctx, map[string]string{labelExpires: exp.Format(time.RFC3339Nano)}); err != nil {
 		return Info{}, fmt.Errorf("store expiry: %w", err)
 	}
 	m.mu.Lock()
@@ -508,10 +536,6 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 	info := copyInfo(s.info)
 	m.mu.Unlock()
 	return info, nil
-}
-
-func (m *Manager) ctx(ctx context.Context) context.Context {
-	return namespaces.WithNamespace(ctx, m.cfg.Namespace)
 }
 
 // Endpoint returns where a running session answers.

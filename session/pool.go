@@ -15,8 +15,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/errdefs"
 	"github.com/sandgate/sandgate/ids"
 )
 
@@ -215,7 +213,7 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	now := time.Now().UTC()
 	m.mu.Lock()
 	info := s.info
-	pooledAt, p, c, addr := info.CreatedAt, s.pool, s.container, s.addr
+	pooledAt, p, sb, addr := info.CreatedAt, s.pool, s.box, s.addr
 	m.mu.Unlock()
 	info.Tenant, info.CreatedAt, info.ExpiresAt = spec.Tenant, now, now.Add(spec.TTL)
 	info.IdleTimeout, info.Record, info.Labels, info.Egress = int(spec.IdleTimeout.Seconds()), spec.Record, spec.Labels, spec.Egress
@@ -255,7 +253,7 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	s.pool, s.claimFor = nil, ""
 	s.claimStored = make(chan struct{})
 	m.wg.Add(1)
-	go m.storeClaim(s.info.ID, c, labels, s.claimStored)
+	go m.storeClaim(s.info.ID, sb, labels, s.claimStored)
 	s.info = info
 	s.releaseProfile = releaseProfile
 	m.releaseLocked(r)
@@ -277,7 +275,7 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 		// create (the session is the tenant's now; it is not handed out).
 		t1 := time.Now()
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+SaveTimeout)
-		version, err := m.restore(rctx, out, c, ep)
+		version, err := m.restore(rctx, out, sb, ep)
 		cancel()
 		if err != nil {
 			m.log.Warn("restore into a claimed session failed", "session", info.ID, "tenant", info.Tenant, "err", err)
@@ -349,7 +347,7 @@ func (m *Manager) readClaim(id string) (map[string]string, error) {
 // (the file then stays, and a restarted gateway applies it). done closes
 // at the end: later label writes (Extend) wait for it, so that a claim
 // written after them cannot undo them.
-func (m *Manager) storeClaim(id string, c containerd.Container, labels map[string]string, done chan struct{}) {
+func (m *Manager) storeClaim(id string, sb Sandbox, labels map[string]string, done chan struct{}) {
 	defer m.wg.Done()
 	defer close(done)
 	// Not while the claimant connects (its first exchanges follow the
@@ -364,9 +362,9 @@ func (m *Manager) storeClaim(id string, c containerd.Container, labels map[strin
 	}
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 		ctx, cancel := context.WithTimeout(m.base, claimTimeout)
-		_, err := c.SetLabels(m.ctx(ctx), labels)
+		_, err := sb.SetRecord(ctx, labels)
 		cancel()
-		if err == nil || errdefs.IsNotFound(err) {
+		if err == nil || errors.Is(err, ErrSandboxGone) {
 			os.Remove(filepath.Join(m.workspaceDir(id), claimFile))
 			return
 		}
@@ -514,7 +512,10 @@ const (
 func (m *Manager) quiesce(s *sess, log *slog.Logger) {
 	defer m.wg.Done()
 	t0 := time.Now()
-	prev, ok := cgroupCPU(m.cfg.Namespace, s.info.ID)
+	m.mu.Lock()
+	sb := s.box
+	m.mu.Unlock()
+	prev, ok := sb.CPU()
 	at := time.Now()
 	quiet := false
 	for ok && !quiet && time.Since(t0) < settleLimit {
@@ -532,7 +533,7 @@ func (m *Manager) quiesce(s *sess, log *slog.Logger) {
 			return // the claimant's session now; nothing to prefer
 		}
 		var cur time.Duration
-		if cur, ok = cgroupCPU(m.cfg.Namespace, s.info.ID); ok {
+		if cur, ok = sb.CPU(); ok {
 			now := time.Now()
 			quiet = float64(cur-prev) < settleCPU*float64(now.Sub(at))
 			prev, at = cur, now
@@ -556,7 +557,7 @@ func (m *Manager) quiesce(s *sess, log *slog.Logger) {
 		log.Warn("pooled session still busy; taken as settled all the same", "waited", settleLimit)
 	default:
 		m.cgroupWarn.Do(func() {
-			m.log.Warn("pooled sessions' CPU use cannot be read: they are taken as settled at once", "cgroup", filepath.Join(cgroupRoot, "*", m.cfg.Namespace, s.info.ID))
+			m.log.Warn("pooled sessions' CPU use cannot be read: they are taken as settled at once", "backend", m.backend.Name(), "session", s.info.ID)
 		})
 	}
 	if m.poolLimits.Freeze {
@@ -575,7 +576,7 @@ func (m *Manager) freeze(s *sess) {
 	s.freezeMu.Lock()
 	defer s.freezeMu.Unlock()
 	m.mu.Lock()
-	c, ok := s.container, s.pool != nil && s.claimFor == "" && s.info.State == StateRunning
+	sb, ok := s.box, s.pool != nil && s.claimFor == "" && s.info.State == StateRunning
 	if ok {
 		s.frozen = true
 	}
@@ -585,11 +586,7 @@ func (m *Manager) freeze(s *sess) {
 	}
 	ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
 	defer cancel()
-	t, err := c.Task(ctx, nil)
-	if err == nil {
-		err = t.Pause(ctx)
-	}
-	if err != nil {
+	if err := sb.Freeze(ctx); err != nil {
 		m.log.Warn("pooled session not frozen; it waits running", "session", s.info.ID, "err", err)
 		m.mu.Lock()
 		s.frozen = false
@@ -603,21 +600,12 @@ func (m *Manager) thaw(ctx context.Context, s *sess) error {
 	s.freezeMu.Lock()
 	defer s.freezeMu.Unlock()
 	m.mu.Lock()
-	frozen, c, ep, kind := s.frozen, s.container, s.ep, s.info.Kind
+	frozen, sb, ep, kind := s.frozen, s.box, s.ep, s.info.Kind
 	m.mu.Unlock()
 	if !frozen {
 		return nil
 	}
-	ctx = m.ctx(ctx)
-	t, err := c.Task(ctx, nil)
-	if err == nil {
-		if st, serr := t.Status(ctx); serr == nil && st.Status == containerd.Running {
-			// The pause failed or never ran.
-		} else {
-			err = t.Resume(ctx)
-		}
-	}
-	if err != nil {
+	if err := sb.Thaw(ctx); err != nil {
 		return fmt.Errorf("thaw: %w", err)
 	}
 	m.mu.Lock()
@@ -723,17 +711,14 @@ func (m *Manager) removePooled() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(m.ctx(context.Background()), 20*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			m.stopping(s.info.ID)
 			s.freezeMu.Lock()
-			err := removeContainer(ctx, s.container)
+			err := s.box.Remove(ctx)
 			s.freezeMu.Unlock()
 			if err == nil {
-				err = m.net.remove(ctx, s.info.ID)
-			}
-			if err == nil {
-				err = m.removeWorkspace(s.info.ID)
+				err = m.removeHostParts(ctx, s.info.ID)
 			}
 			if err != nil {
 				m.log.Warn("pooled session not removed at shutdown; the next gateway removes it", "session", s.info.ID, "err", err)

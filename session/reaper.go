@@ -34,7 +34,7 @@ func (m *Manager) reap() {
 			return
 		case <-health.C:
 			m.probe()
-			m.sweepCgroups()
+			m.sweep()
 		case now := <-tick.C:
 			var due []*sess
 			var why []string

@@ -3,14 +3,11 @@ package session
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/errdefs"
 	"github.com/sandgate/sandgate/ids"
 )
 
@@ -18,19 +15,19 @@ import (
 // previous gateway left in containerd, and removes everything else it
 // owns: other containers, namespaces and workspaces nobody holds.
 func (m *Manager) recover(ctx context.Context) error {
-	containers, err := m.client.Containers(ctx, fmt.Sprintf("labels.%q", labelSession))
+	boxes, err := m.backend.List(ctx)
 	if err != nil {
-		return fmt.Errorf("list containers: %w", err)
+		return err
 	}
 	kept := map[string]bool{}
-	for _, c := range containers {
-		id := c.ID()
+	for _, sb := range boxes {
+		id := sb.ID()
 		log := m.log.With("session", id)
-		s, exited, why := m.adopt(ctx, c)
+		s, exited, why := m.adopt(ctx, sb)
 		if s == nil {
 			log.Info("removing orphaned session", "reason", why)
-			if err := removeContainer(ctx, c); err != nil {
-				log.Error("remove orphan container", "err", err)
+			if err := sb.Remove(ctx); err != nil {
+				log.Error("remove orphan sandbox", "backend", m.backend.Name(), "err", err)
 			}
 			continue
 		}
@@ -55,6 +52,10 @@ func (m *Manager) recover(ctx context.Context) error {
 		m.wg.Add(1)
 		go m.watch(s, exited)
 	}
+	if m.net == nil {
+		m.sweep()
+		return nil
+	}
 	for _, id := range m.net.leftovers() {
 		if !kept[id] {
 			m.log.Info("removing orphaned network namespace", "session", id)
@@ -76,31 +77,31 @@ func (m *Manager) recover(ctx context.Context) error {
 			}
 		}
 	}
-	m.sweepCgroups() // those of containers an earlier gateway's runtime left
+	m.sweep() // those of containers an earlier gateway's runtime left
 	return nil
 }
 
-// adopt rebuilds a session from its container, or says why it cannot.
-func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-chan containerd.ExitStatus, string) {
-	labels, err := c.Labels(ctx)
+// adopt rebuilds a session from its sandbox, or says why it cannot.
+func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, string) {
+	labels, err := sb.Record(ctx)
 	if err != nil {
 		return nil, nil, "labels unreadable"
 	}
 	if labels[labelPool] != "" {
 		// Claimed by a gateway that died before containerd had the claim
 		// (storeClaim): the claim record finishes it.
-		claimed, err := m.readClaim(c.ID())
+		claimed, err := m.readClaim(sb.ID())
 		if err != nil {
 			// Nobody claimed it: a pooled session is never adopted, so
 			// that nothing an earlier gateway started is handed out unseen.
 			return nil, nil, "a warm pool session of an earlier gateway"
 		}
 		claimed[labelPool] = "" // cleared whatever the record says
-		if labels, err = c.SetLabels(ctx, claimed); err != nil {
+		if labels, err = sb.SetRecord(ctx, claimed); err != nil {
 			return nil, nil, "its claim could not be stored"
 		}
-		os.Remove(filepath.Join(m.workspaceDir(c.ID()), claimFile))
-		m.log.Info("finished the claim of a warm session an earlier gateway handed out", "session", c.ID())
+		os.Remove(filepath.Join(m.workspaceDir(sb.ID()), claimFile))
+		m.log.Info("finished the claim of a warm session an earlier gateway handed out", "session", sb.ID())
 	}
 	info, err := infoFromLabels(labels)
 	if err != nil {
@@ -120,20 +121,18 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 	if err != nil {
 		return nil, nil, "no address"
 	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return nil, nil, "no task"
-		}
-		return nil, nil, "task unreadable"
+	running, err := sb.Running(ctx)
+	switch {
+	case errors.Is(err, ErrSandboxGone):
+		return nil, nil, "no processes"
+	case err != nil:
+		return nil, nil, "state unreadable"
+	case !running:
+		return nil, nil, "not running"
 	}
-	st, err := task.Status(ctx)
-	if err != nil || st.Status != containerd.Running {
-		return nil, nil, "task not running"
-	}
-	exited, err := task.Wait(m.base)
+	exited, err := sb.Wait(m.base)
 	if err != nil {
-		return nil, nil, "task cannot be watched"
+		return nil, nil, "cannot be watched"
 	}
 	ep := endpointOf(addr)
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -153,7 +152,7 @@ func (m *Manager) adopt(ctx context.Context, c containerd.Container) (*sess, <-c
 		info.Labels = map[string]string{}
 	}
 	s := newSess(info)
-	s.addr, s.ep, s.container = addr, ep, c
+	s.addr, s.ep, s.box = addr, ep, sb
 	// Containers of gateways before the revocations file kept their
 	// revocations in labels.
 	for preview, until := range revokedFromLabels(labels) {

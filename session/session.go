@@ -1,7 +1,8 @@
 // Package session owns the life of sandbox sessions: their state, the
-// containerd containers and runtime handlers that run them, their network
-// namespaces, the reaper that ends them and the recovery that rebuilds them
-// after a gateway restart. It knows nothing of HTTP.
+// backend that runs their sandboxes (Backend; containerd containers under
+// a runtime handler by default), their network namespaces, the reaper
+// that ends them and the recovery that rebuilds them after a gateway
+// restart. It knows nothing of HTTP.
 package session
 
 import (

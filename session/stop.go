@@ -28,7 +28,7 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) (Info, error) {
 		m.mu.Unlock()
 		return m.snapshot(s), nil
 	}
-	m.stop(m.ctx(ctx), s, StateStopped, "")
+	m.stop(ctx, s, StateStopped, "")
 	select {
 	case <-s.final:
 	case <-ctx.Done():
@@ -76,27 +76,24 @@ func (m *Manager) beginStop(s *sess) bool {
 
 func (m *Manager) teardown(ctx context.Context, s *sess, final State, failure string) {
 	m.mu.Lock()
-	c := s.container
+	sb := s.box
 	m.mu.Unlock()
 	log := m.log.With("session", s.info.ID, "tenant", s.info.Tenant)
 	// Not while a pooled session's pause is under way: it is finished
-	// first, and removeContainer thaws what it froze.
+	// first, and Remove thaws what it froze.
 	s.freezeMu.Lock()
 	defer s.freezeMu.Unlock()
 	// A clean end writes the session's profile back first, within its own
 	// bound; the removal's bound starts after it.
-	m.save(ctx, s, c, final)
+	m.save(ctx, s, sb, final)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	m.stopping(s.info.ID)
-	if err := removeContainer(ctx, c); err != nil {
-		log.Error("remove container", "err", err)
+	if err := sb.Remove(ctx); err != nil {
+		log.Error("remove sandbox", "backend", m.backend.Name(), "err", err)
 	}
-	if err := m.net.remove(ctx, s.info.ID); err != nil {
-		log.Error("remove network", "err", err)
-	}
-	if err := m.removeWorkspace(s.info.ID); err != nil {
-		log.Error("remove workspace", "err", err)
+	if err := m.removeHostParts(ctx, s.info.ID); err != nil {
+		log.Error("remove network and workspace", "err", err)
 	}
 	m.settle(s, final, failure)
 	log.Info("session stopped", "state", final, "failure", failure)

@@ -2,7 +2,11 @@ package test
 
 import (
 	"encoding/json"
+	"go/parser"
+	"go/token"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -65,6 +69,44 @@ func TestArchitecture(t *testing.T) {
 					t.Errorf("%s depends on %s", p.ImportPath, dep)
 				}
 			}
+		}
+	}
+}
+
+// TestSessionBackendBoundary keeps containerd behind session's Backend
+// interface: of the manager's files, only the containerd backend and the
+// few that say how containerd is driven (runtime handlers, seccomp, the
+// client New is given) import containerd, so that another backend
+// (Kubernetes) can run sessions without the manager knowing.
+func TestSessionBackendBoundary(t *testing.T) {
+	allowed := map[string]bool{"containerd.go": true, "runtime.go": true, "seccomp.go": true, "manager.go": true}
+	files, err := filepath.Glob("../session/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("session sources: %v (%d files)", err, len(files))
+	}
+	importers := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		ast, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range ast.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if strings.HasPrefix(path, "github.com/containerd/containerd") {
+				importers[filepath.Base(f)] = true
+			}
+		}
+	}
+	// Control: the containerd backend itself is seen importing it.
+	if !importers["containerd.go"] {
+		t.Fatalf("session/containerd.go is not seen importing containerd (importers: %v): the check reads nothing", importers)
+	}
+	for f := range importers {
+		if !allowed[f] {
+			t.Errorf("session/%s imports containerd: go through the Backend interface (session/backend.go)", f)
 		}
 	}
 }

@@ -1,0 +1,455 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/contrib/seccomp"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/containerd/containerd/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// containerdBackend runs each session as a containerd container and its
+// task, under the runtime handler of the session's runtime, in the
+// manager's containerd namespace. The session's record is the
+// container's labels.
+type containerdBackend struct {
+	client      *containerd.Client
+	namespace   string
+	image       string
+	snapshotter string
+	runtimes    RuntimeConfig
+	// base outlives requests: the waits on tasks use it.
+	base context.Context
+	log  *slog.Logger
+}
+
+var _ Backend = (*containerdBackend)(nil)
+
+func newContainerdBackend(base context.Context, client *containerd.Client, cfg Config, log *slog.Logger) *containerdBackend {
+	return &containerdBackend{client: client, namespace: cfg.Namespace, image: cfg.Image, snapshotter: cfg.Snapshotter,
+		runtimes: cfg.Runtimes, base: namespaces.WithNamespace(base, cfg.Namespace), log: log}
+}
+
+// Runtimes probes the runtime handlers' binaries on this host.
+func (b *containerdBackend) Runtimes(ctx context.Context) map[string]*Runtime {
+	return probeRuntimes(ctx, b.runtimes)
+}
+
+func (b *containerdBackend) Name() string { return "containerd" }
+
+func (b *containerdBackend) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, b.namespace)
+}
+
+func (b *containerdBackend) Ready(ctx context.Context) error {
+	_, err := b.client.Version(ctx)
+	return err
+}
+
+// Create creates the session's container and task and starts the task.
+func (b *containerdBackend) Create(ctx context.Context, info Info, rt *Runtime, record map[string]string, host Host) (Sandbox, <-chan Exit, error) {
+	ctx = b.ctx(ctx)
+	c, err := b.newContainer(ctx, info, rt, record, host)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create container: %w", err)
+	}
+	if host.Step != nil {
+		host.Step("container")
+	}
+	sb := &container{b: b, c: c}
+	fail := func(err error) (Sandbox, <-chan Exit, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if rerr := sb.Remove(cctx); rerr != nil {
+			err = fmt.Errorf("%w (and removing the container: %v)", err, rerr)
+		}
+		return nil, nil, err
+	}
+	task, err := c.NewTask(ctx, cio.LogFile(host.Console))
+	if err != nil {
+		return fail(fmt.Errorf("create task: %w", err))
+	}
+	exited, err := task.Wait(b.base)
+	if err != nil {
+		return fail(fmt.Errorf("wait task: %w", err))
+	}
+	if err := task.Start(ctx); err != nil {
+		return fail(fmt.Errorf("start task: %w", err))
+	}
+	if host.Step != nil {
+		host.Step("task")
+	}
+	return sb, exits(exited), nil
+}
+
+// exits turns a containerd wait into an Exit channel.
+func exits(ch <-chan containerd.ExitStatus) <-chan Exit {
+	out := make(chan Exit, 1)
+	go func() {
+		st := <-ch
+		out <- Exit{Code: int(st.ExitCode()), Err: st.Error()}
+	}()
+	return out
+}
+
+// newContainer creates the session's container (not its task).
+func (b *containerdBackend) newContainer(ctx context.Context, info Info, rt *Runtime, labels map[string]string, host Host) (containerd.Container, error) {
+	image, err := b.client.GetImage(ctx, b.image)
+	if err != nil {
+		return nil, fmt.Errorf("session image %s: %w", b.image, err)
+	}
+	res := info.Resources
+	period := uint64(100000)
+	quota := int64(res.CPUs * float64(period))
+	specOpts := []oci.SpecOpts{
+		oci.WithImageConfig(image),
+		oci.WithHostname("sandgate"),
+		oci.WithUIDGID(sessionUID, sessionGID),
+		oci.WithEnv(host.Env),
+		oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: host.NetNS}),
+		oci.WithCapabilities(nil),
+		oci.WithAmbientCapabilities(nil),
+		oci.WithNoNewPrivileges,
+		seccomp.WithDefaultProfile(),
+		withSessionSeccomp(rt.Name),
+		oci.WithMemoryLimit(uint64(res.MemoryMB) << 20),
+		oci.WithCPUCFS(quota, period),
+		oci.WithPidsLimit(int64(res.Pids)),
+		withOOMScoreAdj(500),
+		withRlimit("RLIMIT_NOFILE", 4096),
+		// The image is read-only; what a session writes goes to bounded
+		// tmpfs (charged to the session's memory) or its workspace.
+		oci.WithRootFSReadonly(),
+		oci.WithMounts([]specs.Mount{
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "size=1g"}},
+			{Destination: "/home/sandgate", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0755", "uid=1000", "gid=1000", "size=256m"}},
+			{Destination: "/home/sandgate/workspace", Type: "bind", Source: host.Workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		}),
+	}
+	return b.client.NewContainer(ctx, info.ID,
+		containerd.WithImage(image),
+		containerd.WithSnapshotter(b.snapshotter),
+		containerd.WithNewSnapshot(info.ID, image),
+		containerd.WithRuntime(rt.shim, rt.options),
+		containerd.WithContainerLabels(labels),
+		containerd.WithNewSpec(specOpts...),
+	)
+}
+
+// withOOMScoreAdj raises the session's OOM score so that under memory
+// pressure sessions go before the gateway. (Lowering it is refused on
+// some hosts and makes runc fail.)
+func withOOMScoreAdj(score int) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		s.Process.OOMScoreAdj = &score
+		return nil
+	}
+}
+
+// withRlimit sets one resource limit, soft and hard, for every process.
+func withRlimit(kind string, n uint64) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		for i, r := range s.Process.Rlimits {
+			if r.Type == kind {
+				s.Process.Rlimits[i].Soft, s.Process.Rlimits[i].Hard = n, n
+				return nil
+			}
+		}
+		s.Process.Rlimits = append(s.Process.Rlimits, specs.POSIXRlimit{Type: kind, Soft: n, Hard: n})
+		return nil
+	}
+}
+
+func (b *containerdBackend) List(ctx context.Context) ([]Sandbox, error) {
+	cs, err := b.client.Containers(b.ctx(ctx), fmt.Sprintf("labels.%q", labelSession))
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	out := make([]Sandbox, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, &container{b: b, c: c})
+	}
+	return out, nil
+}
+
+// Sweep removes the cgroups of the namespace that no live session owns:
+// those a runtime left after its container was deleted, when Remove's
+// own removal had already run (gVisor sandboxes were seen leaving an
+// empty one per controller). Only empty cgroups go (rmdir refuses any
+// with a process).
+func (b *containerdBackend) Sweep(live func(id string) bool) {
+	sweepCgroups(b.namespace, live)
+}
+
+// container is a session's containerd container.
+type container struct {
+	b *containerdBackend
+	c containerd.Container
+}
+
+func (sb *container) ID() string { return sb.c.ID() }
+
+// Addr is invalid: the manager gave the container its network namespace.
+func (sb *container) Addr() netip.Addr { return netip.Addr{} }
+
+func (sb *container) Record(ctx context.Context) (map[string]string, error) {
+	return sb.c.Labels(sb.b.ctx(ctx))
+}
+
+func (sb *container) SetRecord(ctx context.Context, record map[string]string) (map[string]string, error) {
+	l, err := sb.c.SetLabels(sb.b.ctx(ctx), record)
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: %v", ErrSandboxGone, err)
+	}
+	return l, err
+}
+
+// task returns the container's task, wrapping ErrSandboxGone when it has
+// none.
+func (sb *container) task(ctx context.Context) (containerd.Task, error) {
+	t, err := sb.c.Task(sb.b.ctx(ctx), nil)
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: %v", ErrSandboxGone, err)
+	}
+	return t, err
+}
+
+func (sb *container) Running(ctx context.Context) (bool, error) {
+	t, err := sb.task(ctx)
+	if err != nil {
+		return false, err
+	}
+	st, err := t.Status(sb.b.ctx(ctx))
+	if err != nil {
+		return false, err
+	}
+	return st.Status == containerd.Running, nil
+}
+
+func (sb *container) Wait(ctx context.Context) (<-chan Exit, error) {
+	t, err := sb.task(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := t.Wait(sb.b.ctx(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return exits(ch), nil
+}
+
+func (sb *container) Freeze(ctx context.Context) error {
+	t, err := sb.task(ctx)
+	if err != nil {
+		return err
+	}
+	return t.Pause(sb.b.ctx(ctx))
+}
+
+func (sb *container) Thaw(ctx context.Context) error {
+	ctx = sb.b.ctx(ctx)
+	t, err := sb.task(ctx)
+	if err != nil {
+		return err
+	}
+	if st, err := t.Status(ctx); err == nil && st.Status == containerd.Running {
+		return nil // the pause failed or never ran
+	}
+	return t.Resume(ctx)
+}
+
+// CPU reads the container's cgroup. Under gVisor the sandbox (sentry,
+// gofer, systrap stubs) runs in the container's cgroup, so it counts too.
+func (sb *container) CPU() (time.Duration, bool) {
+	return cgroupCPU(sb.b.namespace, sb.c.ID())
+}
+
+// Remove kills the task and deletes the container and its snapshot;
+// anything already gone counts as done.
+func (sb *container) Remove(ctx context.Context) error {
+	ctx = sb.b.ctx(ctx)
+	c := sb.c
+	spec, _ := c.Spec(ctx) // for its cgroups, after the delete
+	if t, err := c.Task(ctx, nil); err == nil {
+		// A frozen task (a warm pool's) takes no signal until thawed.
+		if st, err := t.Status(ctx); err == nil && (st.Status == containerd.Paused || st.Status == containerd.Pausing) {
+			t.Resume(ctx)
+		}
+		if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			// A gVisor sandbox whose control server died (after an OOM
+			// kill, say) cannot be signalled through runsc any more: kill
+			// its process from the host, then delete what is left.
+			if pid := t.Pid(); pid > 0 {
+				if exited, werr := t.Wait(ctx); werr == nil {
+					unix.Kill(int(pid), unix.SIGKILL)
+					select {
+					case <-exited:
+					case <-time.After(10 * time.Second):
+					}
+				}
+			}
+			if _, err2 := t.Delete(ctx); err2 != nil && !errdefs.IsNotFound(err2) {
+				return fmt.Errorf("delete task: %w (and after killing its process: %v)", err, err2)
+			}
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return fmt.Errorf("task: %w", err)
+	}
+	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete container: %w", err)
+	}
+	if spec != nil && spec.Linux != nil {
+		if err := removeCgroups(sb.b.namespace, spec.Linux.CgroupsPath); err != nil {
+			return fmt.Errorf("remove cgroups: %w", err)
+		}
+	}
+	return nil
+}
+
+// Exec runs a command through containerd's exec, so it works the same
+// under every runtime handler. The process is the container's own (user,
+// capabilities, limits) with the command's arguments, directory and
+// terminal, and env added to its environment.
+func (sb *container) Exec(ctx context.Context, spec ExecSpec, env []string) (ExecProc, error) {
+	ctx = sb.b.ctx(ctx)
+	cspec, err := sb.c.Spec(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("container spec: %w", err)
+	}
+	task, err := sb.task(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("task: %w", err)
+	}
+	p := *cspec.Process
+	p.Args = spec.Args
+	p.Terminal = spec.Terminal
+	p.Cwd = spec.Cwd
+	p.Env = append(append([]string{}, cspec.Process.Env...), env...)
+	if spec.Root {
+		p.User = specs.User{UID: 0, GID: 0}
+	}
+	if spec.Terminal {
+		p.ConsoleSize = &specs.Box{Width: uint(max(spec.Cols, 1)), Height: uint(max(spec.Rows, 1))}
+	}
+	er := &eofReader{r: spec.Stdin, eof: make(chan struct{})}
+	opts := []cio.Opt{cio.WithStreams(er, spec.Stdout, spec.Stderr)}
+	if spec.Terminal {
+		opts = []cio.Opt{cio.WithStreams(er, spec.Stdout, nil), cio.WithTerminal}
+	}
+	execID := fmt.Sprintf("x%d-%d", time.Now().UnixNano(), execSeq.Add(1))
+	proc, err := task.Exec(ctx, execID, &p, cio.NewCreator(opts...))
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, publicf(ErrConflict, "the session is not running", err)
+		}
+		return nil, fmt.Errorf("exec: %w", err)
+	}
+	cp := &containerProc{b: sb.b, proc: proc, closed: make(chan struct{})}
+	statusC, err := proc.Wait(ctx)
+	if err != nil {
+		cp.Delete(ctx)
+		return nil, fmt.Errorf("exec wait: %w", err)
+	}
+	cp.exited = exits(statusC)
+	if err := proc.Start(ctx); err != nil {
+		cp.Delete(ctx)
+		if errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err) {
+			return nil, publicf(ErrInvalid, fmt.Sprintf("cannot run %q in the session: no such program, or cwd missing", spec.Args[0]), err)
+		}
+		return nil, fmt.Errorf("exec start: %w", err)
+	}
+	// The shim keeps the process's stdin open until told: pass EOF on,
+	// but only once the process has started. Stdin is copied from the
+	// moment Exec made its pipes, so an empty or tiny stdin is often done
+	// before that, and a close sent then was lost (cat > file waited
+	// forever on a 0- or 1-byte upload).
+	go func() {
+		select {
+		case <-er.eof:
+		case <-cp.closed:
+			return
+		}
+		cctx, cancel := context.WithTimeout(sb.b.ctx(context.Background()), 5*time.Second)
+		defer cancel()
+		if err := proc.CloseIO(cctx, containerd.WithStdinCloser); err != nil && !errdefs.IsNotFound(err) {
+			sb.b.log.Warn("exec: closing stdin", "session", sb.c.ID(), "err", err)
+		}
+	}()
+	return cp, nil
+}
+
+// containerProc is a command run through containerd's exec.
+type containerProc struct {
+	b        *containerdBackend
+	proc     containerd.Process
+	exited   <-chan Exit
+	once     sync.Once
+	closed   chan struct{} // closed by Delete
+	copied   chan struct{}
+	copyOnce sync.Once
+}
+
+func (p *containerProc) Exited() <-chan Exit { return p.exited }
+
+func (p *containerProc) Copied() <-chan struct{} {
+	p.copyOnce.Do(func() {
+		p.copied = make(chan struct{})
+		go func() {
+			p.proc.IO().Wait()
+			close(p.copied)
+		}()
+	})
+	return p.copied
+}
+
+func (p *containerProc) CancelIO() {
+	p.proc.IO().Cancel()
+	p.proc.IO().Close()
+}
+
+func (p *containerProc) Signal(ctx context.Context, sig syscall.Signal) error {
+	return p.proc.Kill(p.b.ctx(ctx), sig)
+}
+
+func (p *containerProc) Resize(ctx context.Context, cols, rows uint16) error {
+	return p.proc.Resize(p.b.ctx(ctx), uint32(cols), uint32(rows))
+}
+
+func (p *containerProc) Delete(ctx context.Context) error {
+	var err error
+	p.once.Do(func() {
+		close(p.closed)
+		if _, derr := p.proc.Delete(p.b.ctx(ctx), containerd.WithProcessKill); derr != nil && !errdefs.IsNotFound(derr) {
+			err = derr
+		}
+	})
+	return err
+}
+
+// eofReader closes eof once its reader is exhausted.
+type eofReader struct {
+	r    io.Reader
+	once sync.Once
+	eof  chan struct{}
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil {
+		e.once.Do(func() { close(e.eof) })
+	}
+	return n, err
+}
