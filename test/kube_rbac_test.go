@@ -42,81 +42,11 @@ func TestKubeRBAC(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	// The manifests, in this test's namespace; the cluster-wide objects
-	// under a name of their own, removed after.
-	suffix := "-" + ns
-	for _, obj := range kubeManifest(t, "../deploy/kubernetes/rbac.yaml") {
-		var err error
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			o.Namespace = ns
-			_, err = c.CoreV1().ServiceAccounts(ns).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			o.Namespace = ns
-			_, err = c.RbacV1().Roles(ns).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			o.Namespace = ns
-			setSubjects(o.Subjects, ns)
-			_, err = c.RbacV1().RoleBindings(ns).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			o.Name += suffix
-			_, err = c.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-			name := o.Name
-			t.Cleanup(func() { c.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{}) })
-		case *rbacv1.ClusterRoleBinding:
-			o.Name += suffix
-			o.RoleRef.Name += suffix
-			setSubjects(o.Subjects, ns)
-			_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-			name := o.Name
-			t.Cleanup(func() { c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{}) })
-		default:
-			t.Fatalf("rbac.yaml: unexpected %T", obj)
-		}
-		if err != nil {
-			t.Fatalf("rbac.yaml: %v", err)
-		}
-	}
-	for _, obj := range kubeManifest(t, "../deploy/kubernetes/networkpolicies.yaml") {
-		np, ok := obj.(*networkingv1.NetworkPolicy)
-		if !ok {
-			t.Fatalf("networkpolicies.yaml: unexpected %T", obj)
-		}
-		np.Namespace = ns
-		if _, err := c.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("networkpolicies.yaml: %v", err)
-		}
-	}
-
-	// The gateway's credentials: a token of its ServiceAccount, as a Pod
-	// of the Deployment would have mounted.
-	secs := int64(600)
-	tr, err := c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "sandgate-gateway",
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := clientcmd.LoadFromFile(kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range cfg.AuthInfos {
-		*a = clientcmdapi.AuthInfo{Token: tr.Status.Token}
-	}
-	gwKubeconfig := filepath.Join(t.TempDir(), "gateway.kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, gwKubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	gw, err := kube.New(kubeBackendConfig(gwKubeconfig, ns))
+	gw, err := kube.New(kubeBackendConfig(kubeGatewayIdentity(t, admin, kubeconfig), ns))
 	if err != nil {
 		t.Fatal(err)
 	}
 	gc := gw.Client()
-	// Bindings reach the authorizer through its cache: wait for them.
-	waitFor(t, time.Minute, "the gateway's Role in effect", func() bool {
-		_, err := gc.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		return err == nil
-	})
 
 	// What the gateway does, as the gateway.
 	if err := gw.Create(ctx, kubeBrowserSpec("kata")); !errors.Is(err, kube.ErrRuntimeMissing) {
@@ -248,4 +178,91 @@ func setSubjects(subjects []rbacv1.Subject, ns string) {
 	for i := range subjects {
 		subjects[i].Namespace = ns
 	}
+}
+
+// kubeGatewayIdentity installs deploy/kubernetes/rbac.yaml and
+// networkpolicies.yaml in admin's namespace (the cluster-wide objects
+// under names of their own, removed after) and returns a kubeconfig with
+// a token of the gateway's ServiceAccount, as a Pod of the Deployment
+// would have mounted, once its Role is in effect.
+func kubeGatewayIdentity(t *testing.T, admin *kube.Backend, kubeconfig string) string {
+	t.Helper()
+	ns, c := admin.Namespace(), admin.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	// The manifests, in this test's namespace; the cluster-wide objects
+	// under a name of their own, removed after.
+	suffix := "-" + ns
+	for _, obj := range kubeManifest(t, "../deploy/kubernetes/rbac.yaml") {
+		var err error
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			o.Namespace = ns
+			_, err = c.CoreV1().ServiceAccounts(ns).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			o.Namespace = ns
+			_, err = c.RbacV1().Roles(ns).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			o.Namespace = ns
+			setSubjects(o.Subjects, ns)
+			_, err = c.RbacV1().RoleBindings(ns).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			o.Name += suffix
+			_, err = c.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+			name := o.Name
+			t.Cleanup(func() { c.RbacV1().ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		case *rbacv1.ClusterRoleBinding:
+			o.Name += suffix
+			o.RoleRef.Name += suffix
+			setSubjects(o.Subjects, ns)
+			_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+			name := o.Name
+			t.Cleanup(func() { c.RbacV1().ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		default:
+			t.Fatalf("rbac.yaml: unexpected %T", obj)
+		}
+		if err != nil {
+			t.Fatalf("rbac.yaml: %v", err)
+		}
+	}
+	for _, obj := range kubeManifest(t, "../deploy/kubernetes/networkpolicies.yaml") {
+		np, ok := obj.(*networkingv1.NetworkPolicy)
+		if !ok {
+			t.Fatalf("networkpolicies.yaml: unexpected %T", obj)
+		}
+		np.Namespace = ns
+		if _, err := c.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("networkpolicies.yaml: %v", err)
+		}
+	}
+
+	// The gateway's credentials: a token of its ServiceAccount, as a Pod
+	// of the Deployment would have mounted.
+	secs := int64(600)
+	tr, err := c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "sandgate-gateway",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.LoadFromFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range cfg.AuthInfos {
+		*a = clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	}
+	gwKubeconfig := filepath.Join(t.TempDir(), "gateway.kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, gwKubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := kube.New(kubeBackendConfig(gwKubeconfig, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Bindings reach the authorizer through its cache: wait for them.
+	waitFor(t, time.Minute, "the gateway's Role in effect", func() bool {
+		_, err := gw.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		return err == nil
+	})
+	return gwKubeconfig
 }

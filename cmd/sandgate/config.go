@@ -53,6 +53,28 @@ type Config struct {
 		Snapshotter string `json:"snapshotter"`
 	} `json:"containerd"`
 
+	// Backend runs the sessions' sandboxes: "containerd" (the default,
+	// on this host) or "kubernetes" (Pods in Kubernetes.Namespace; see
+	// deploy/kubernetes/README.md). Under kubernetes, warm pools and
+	// per-session egress allow lists are refused for now: a session
+	// reaches what the cluster's NetworkPolicy allows.
+	Backend    string `json:"backend"`
+	Kubernetes struct {
+		// Kubeconfig: a path; empty means in-cluster.
+		Kubeconfig string `json:"kubeconfig"`
+		Namespace  string `json:"namespace"`
+		// Image is the session image as the nodes know it (default:
+		// the image `sandgate image build` makes).
+		Image      string `json:"image"`
+		PullPolicy string `json:"pull_policy"` // Always, IfNotPresent (default), Never
+		// RuntimeClasses maps kata, gvisor and runc to the RuntimeClass
+		// their Pods name (default kata: kata, gvisor: gvisor; runc has
+		// none unless named). Seccomp maps a runtime to the Localhost
+		// profile its Pods run under (`sandgate seccomp-profile`).
+		RuntimeClasses map[string]string `json:"runtime_classes"`
+		Seccomp        map[string]string `json:"seccomp"`
+	} `json:"kubernetes"`
+
 	// StateDir holds per-session workspaces.
 	StateDir string `json:"state_dir"`
 	// Sessions bounds what the gateway remembers of ended sessions: they
@@ -281,6 +303,9 @@ func defaultConfig() *Config {
 	c.Containerd.Address = "/run/containerd/containerd.sock"
 	c.Containerd.Namespace = "sandgate"
 	c.Containerd.Snapshotter = "overlayfs"
+	c.Backend = "containerd"
+	c.Kubernetes.PullPolicy = "IfNotPresent"
+	c.Kubernetes.RuntimeClasses = map[string]string{"kata": "kata", "gvisor": "gvisor"}
 	c.Network.Bridge = "sandgate0"
 	c.Network.Subnet = "10.231.0.0/16"
 	c.Network.PluginDir = "/usr/lib/cni"
@@ -382,6 +407,23 @@ func (c *Config) check() error {
 	case "", "runc", "gvisor", "kata":
 	default:
 		errs = append(errs, fmt.Errorf("default_runtime %q is not one of kata, gvisor, runc", c.DefaultRuntime))
+	}
+	switch c.Backend {
+	case "containerd":
+	case "kubernetes":
+		if c.Kubernetes.Namespace == "" {
+			errs = append(errs, errors.New("kubernetes.namespace is required with backend kubernetes"))
+		}
+		if len(c.Pools) > 0 {
+			errs = append(errs, errors.New("pools need backend containerd for now"))
+		}
+		switch c.Kubernetes.PullPolicy {
+		case "Always", "IfNotPresent", "Never":
+		default:
+			errs = append(errs, fmt.Errorf("kubernetes.pull_policy %q is not one of Always, IfNotPresent, Never", c.Kubernetes.PullPolicy))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("backend %q is not one of containerd, kubernetes", c.Backend))
 	}
 	for i, p := range c.Pools {
 		if p.Size < 0 || p.Size > 64 {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/mcpserver"
+	"github.com/sandgate/sandgate/session/kube"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/namespaces"
@@ -44,17 +46,34 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return fmt.Errorf("config: public_url %q must be an http(s) URL", cfg.PublicURL)
 	}
 
-	client, err := containerd.New(cfg.Containerd.Address, containerd.WithTimeout(10*time.Second))
-	if err != nil {
-		return fmt.Errorf("connect to containerd at %s: %w", cfg.Containerd.Address, err)
-	}
-	defer client.Close()
-
-	def := images.SessionDefinition()
-	b := &images.Builder{Client: client, CacheDir: cfg.CacheDir, Snapshotter: cfg.Containerd.Snapshotter, Log: log}
-	ref, err := b.Ensure(namespaces.WithNamespace(ctx, cfg.Containerd.Namespace), def)
-	if err != nil {
-		return fmt.Errorf("session image: %w", err)
+	// The backend: containerd on this host, with the session image
+	// built into it, or Pods on a cluster whose nodes have the image.
+	var client *containerd.Client
+	var backend session.Backend
+	ref := images.SessionDefinition().Ref()
+	if cfg.Backend == "kubernetes" {
+		if cfg.Kubernetes.Image != "" {
+			ref = cfg.Kubernetes.Image
+		}
+		kb, err := kube.New(kube.Config{
+			Kubeconfig: cfg.Kubernetes.Kubeconfig, Namespace: cfg.Kubernetes.Namespace, Image: ref,
+			PullPolicy: corev1.PullPolicy(cfg.Kubernetes.PullPolicy), RuntimeClasses: cfg.Kubernetes.RuntimeClasses,
+			Seccomp: cfg.Kubernetes.Seccomp,
+		})
+		if err != nil {
+			return err
+		}
+		backend = kube.NewSessions(ctx, kb)
+	} else {
+		client, err = containerd.New(cfg.Containerd.Address, containerd.WithTimeout(10*time.Second))
+		if err != nil {
+			return fmt.Errorf("connect to containerd at %s: %w", cfg.Containerd.Address, err)
+		}
+		defer client.Close()
+		b := &images.Builder{Client: client, CacheDir: cfg.CacheDir, Snapshotter: cfg.Containerd.Snapshotter, Log: log}
+		if ref, err = b.Ensure(namespaces.WithNamespace(ctx, cfg.Containerd.Namespace), images.SessionDefinition()); err != nil {
+			return fmt.Errorf("session image: %w", err)
+		}
 	}
 
 	store, err := recordings.New(ctx, recordings.Config{
@@ -120,6 +139,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			NetNSDir: cfg.Network.NetNSDir, IPAMDir: filepath.Join(cfg.StateDir, "ipam"),
 		},
 		Runtimes:       session.RuntimeConfig{Runsc: cfg.Runtimes.Gvisor.Runsc},
+		Backend:        backend,
 		DefaultRuntime: cfg.DefaultRuntime,
 		Tenants:        tenants,
 		MaxSessions:    cfg.Capacity.MaxSessions,
@@ -139,11 +159,15 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	defer mgr.Close()
-	proxy, err := startEgress(cfg, mgr, v, ca, log)
-	if err != nil {
-		return err
+	if mgr.ProxyAddr().IsValid() {
+		proxy, err := startEgress(cfg, mgr, v, ca, log)
+		if err != nil {
+			return err
+		}
+		defer proxy.Close()
+	} else {
+		log.Warn("no egress proxy: sessions of this backend reach what the cluster's NetworkPolicy allows (deploy/kubernetes/networkpolicies.yaml)", "backend", mgr.Backend())
 	}
-	defer proxy.Close()
 
 	opts := []gateway.Option{gateway.WithVault(v), gateway.WithTenants(reg)}
 	if vkey != nil {

@@ -4,8 +4,8 @@
 // through the Pod exec API. It uses client-go only: scheduling, restarts
 // and garbage collection are the cluster's.
 //
-// The session manager does not use it yet (issue 13's backend interface
-// is the next step); its tests drive it against a real cluster.
+// Sessions (sessions.go) is this backend behind the session manager's
+// Backend interface: `backend: kubernetes` in the gateway's config.
 package kube
 
 import (
@@ -492,6 +492,16 @@ func (b *Backend) Run(ctx context.Context, id string, e Exec) (int, error) {
 		argv = append(argv, kv)
 	}
 	argv = append(argv, e.Args...)
+	if e.Stdin != nil && !e.Terminal {
+		// The command reads its input from a cat that the shell forks at
+		// once, not from the exec's stdin itself: a command that replaced
+		// its shell (`exec cat > file`) before it read got 192 KiB of a
+		// 3 MiB upload and exit 0, over SPDY and WebSocket alike, while
+		// the same command forked from its shell got all of it
+		// (measured on the trial cluster's containerd 1.6 CRI). The exit
+		// code is the command's, the pipeline's last.
+		argv = append([]string{"/bin/sh", "-c", `/bin/cat | "$@"`, "sandgate-stdin"}, argv...)
+	}
 	req := b.client.CoreV1().RESTClient().Post().Resource("pods").Namespace(b.cfg.Namespace).
 		Name(podName(id)).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestBackendConfig: containerd by default; kubernetes with its
+// namespace, the RuntimeClasses it was given on top of the defaults; and
+// what the kubernetes backend cannot honour refused with the reason.
+func TestBackendConfig(t *testing.T) {
+	c, err := loadConfig(t, "")
+	if err != nil || c.Backend != "containerd" {
+		t.Fatalf("default backend %q, %v", c.Backend, err)
+	}
+	c, err = loadConfig(t, `, "backend": "kubernetes", "kubernetes": {"namespace": "sandgate", "runtime_classes": {"runc": "dev-runc"}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc := c.Kubernetes.RuntimeClasses; rc["runc"] != "dev-runc" || rc["gvisor"] != "gvisor" || rc["kata"] != "kata" || c.Kubernetes.PullPolicy != "IfNotPresent" {
+		t.Fatalf("kubernetes defaults: %+v", c.Kubernetes)
+	}
+	for extra, want := range map[string]string{
+		`, "backend": "nomad"`:      "not one of containerd, kubernetes",
+		`, "backend": "kubernetes"`: "kubernetes.namespace is required",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "pull_policy": "Sometimes"}`: "pull_policy",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "pools": [{"size": 1}]`:     "pools need backend containerd",
+	} {
+		if _, err := loadConfig(t, extra); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming %q", extra, err, want)
+		}
+	}
+}

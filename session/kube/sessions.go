@@ -1,0 +1,413 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/sandgate/sandgate/session"
+)
+
+// Sessions is the backend as the session manager drives it
+// (session.Backend): each session's sandbox is a Pod, its record the
+// Pod's info annotation, its address the Pod's IP.
+//
+// What it does not do (yet): freeze a sandbox (warm pools need the
+// containerd backend), run a command as root (session Pods run as
+// non-root), bound a Pod's process count (that is the kubelet's
+// podPidsLimit, set per node), or kill a command whose exec stream it
+// closed (the exec API has no signal: the stream ends, and a command
+// with a terminal gets SIGHUP).
+type Sessions struct {
+	b *Backend
+	// base outlives requests: the waits on Pods use it.
+	base context.Context
+}
+
+var _ session.Backend = (*Sessions)(nil)
+
+// NewSessions drives b for the session manager; base bounds its waits.
+func NewSessions(base context.Context, b *Backend) *Sessions {
+	return &Sessions{b: b, base: base}
+}
+
+func (s *Sessions) Name() string { return "kubernetes" }
+
+// Ready asks the API server for its version.
+func (s *Sessions) Ready(ctx context.Context) error {
+	_, err := s.b.client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw()
+	return err
+}
+
+// isolation is what each runtime isolates with, as the containerd
+// backend reports it.
+var isolation = map[string]string{"kata": "vm", "gvisor": "kernel", "runc": "container"}
+
+// Runtimes reports a runtime usable when the configuration names a
+// RuntimeClass for it and the cluster has that class.
+func (s *Sessions) Runtimes(ctx context.Context) map[string]*session.Runtime {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out := map[string]*session.Runtime{}
+	for name, iso := range isolation {
+		rt := &session.Runtime{Name: name, Isolation: iso}
+		if class, err := s.b.RuntimeClass(ctx, name); err != nil {
+			rt.Reason = err.Error()
+		} else {
+			rt.Usable, rt.Version = true, "RuntimeClass "+class
+		}
+		out[name] = rt
+	}
+	return out
+}
+
+// Create creates the session's Pod and waits until it runs.
+func (s *Sessions) Create(ctx context.Context, info session.Info, rt *session.Runtime, record map[string]string, host session.Host) (session.Sandbox, <-chan session.Exit, error) {
+	raw, err := json.Marshal(record)
+	if err != nil {
+		return nil, nil, err
+	}
+	spec := Spec{ID: info.ID, Tenant: info.Tenant, Runtime: rt.Name, Expires: info.ExpiresAt, Deadline: host.Deadline,
+		CPUs: info.Resources.CPUs, MemoryMB: info.Resources.MemoryMB, Env: host.Env, Info: string(raw)}
+	if err := s.b.Create(ctx, spec); err != nil {
+		switch {
+		case errors.Is(err, ErrRuntimeMissing):
+			return nil, nil, &session.PublicError{Class: session.ErrUnavailableRuntime, Msg: fmt.Sprintf("runtime %q is not available on this cluster", rt.Name), Err: err}
+		case errors.Is(err, ErrInvalid):
+			return nil, nil, &session.PublicError{Class: session.ErrInvalid, Msg: "the session cannot run as a Pod", Err: err}
+		}
+		return nil, nil, err
+	}
+	step(host, "pod")
+	sb := &pod{s: s, id: info.ID}
+	fail := func(err error) (session.Sandbox, <-chan session.Exit, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if rerr := sb.Remove(cctx); rerr != nil {
+			err = fmt.Errorf("%w (and removing the Pod: %v)", err, rerr)
+		}
+		return nil, nil, err
+	}
+	p, err := s.b.Wait(ctx, info.ID)
+	if err != nil {
+		return fail(err)
+	}
+	sb.addr = p.Addr
+	step(host, "running")
+	// Where Chromium saves downloads, which the gateway reads through
+	// exec; the containerd backend's manager makes it on the host.
+	var stderr limited
+	if code, err := s.b.Run(ctx, info.ID, Exec{Args: []string{"mkdir", "-p", session.DownloadDir}, Stderr: &stderr}); err != nil || code != 0 {
+		return fail(fmt.Errorf("make the downloads directory: exit %d, %v: %s", code, err, stderr.b))
+	}
+	exited, err := sb.Wait(s.base)
+	if err != nil {
+		return fail(err)
+	}
+	return sb, exited, nil
+}
+
+func step(h session.Host, name string) {
+	if h.Step != nil {
+		h.Step(name)
+	}
+}
+
+// limited keeps the first KiB written to it.
+type limited struct{ b []byte }
+
+func (l *limited) Write(p []byte) (int, error) {
+	if room := 1024 - len(l.b); room > 0 {
+		l.b = append(l.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+// List returns the session Pods of the namespace.
+func (s *Sessions) List(ctx context.Context) ([]session.Sandbox, error) {
+	pods, err := s.b.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	out := make([]session.Sandbox, 0, len(pods))
+	for _, p := range pods {
+		out = append(out, &pod{s: s, id: p.ID, addr: p.Addr})
+	}
+	return out, nil
+}
+
+// Sweep has nothing to do: the kubelet removes what a Pod held.
+func (s *Sessions) Sweep(func(string) bool) {}
+
+// pod is one session's Pod.
+type pod struct {
+	s    *Sessions
+	id   string
+	addr netip.Addr
+}
+
+func (p *pod) ID() string                 { return p.id }
+func (p *pod) Addr() netip.Addr           { return p.addr }
+func (p *pod) CPU() (time.Duration, bool) { return 0, false }
+
+func (p *pod) get(ctx context.Context) (*corev1.Pod, error) {
+	o, err := p.s.b.client.CoreV1().Pods(p.s.b.cfg.Namespace).Get(ctx, podName(p.id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: %v", session.ErrSandboxGone, err)
+	}
+	return o, err
+}
+
+// Record reads the session's record from the Pod's info annotation, with
+// the Pod's IP as its address.
+func (p *pod) Record(ctx context.Context) (map[string]string, error) {
+	o, err := p.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return record(o)
+}
+
+func record(o *corev1.Pod) (map[string]string, error) {
+	r := map[string]string{}
+	if err := json.Unmarshal([]byte(o.Annotations[AnnInfo]), &r); err != nil {
+		return nil, fmt.Errorf("pod %s: annotation %s: %w", o.Name, AnnInfo, err)
+	}
+	if a, err := netip.ParseAddr(o.Status.PodIP); err == nil {
+		r[session.RecordAddr] = a.String()
+	}
+	return r, nil
+}
+
+// SetRecord changes the keys given (an empty value removes one), as a
+// write conditional on the Pod's version, retried on conflict.
+func (p *pod) SetRecord(ctx context.Context, change map[string]string) (map[string]string, error) {
+	var out map[string]string
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		o, err := p.get(ctx)
+		if err != nil {
+			return err
+		}
+		r, err := record(o)
+		if err != nil {
+			return err
+		}
+		for k, v := range change {
+			if v == "" {
+				delete(r, k)
+			} else {
+				r[k] = v
+			}
+		}
+		delete(r, session.RecordAddr) // the Pod's IP, read afresh each time
+		raw, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		o.Annotations[AnnInfo] = string(raw)
+		if _, err := p.s.b.client.CoreV1().Pods(p.s.b.cfg.Namespace).Update(ctx, o, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		out, err = record(o)
+		return err
+	})
+	return out, err
+}
+
+func (p *pod) Running(ctx context.Context) (bool, error) {
+	o, err := p.get(ctx)
+	if err != nil {
+		return false, err
+	}
+	return o.Status.Phase == corev1.PodRunning && o.DeletionTimestamp == nil, nil
+}
+
+// ended says whether a Pod has ended, and its container's exit code.
+func ended(o *corev1.Pod) (int, bool) {
+	if o.Status.Phase != corev1.PodFailed && o.Status.Phase != corev1.PodSucceeded {
+		return 0, false
+	}
+	for _, c := range o.Status.ContainerStatuses {
+		if t := c.State.Terminated; t != nil {
+			return int(t.ExitCode), true
+		}
+	}
+	return -1, true
+}
+
+// Wait watches the Pod until it ends or goes: a watch the API server
+// closes (they time out) is opened again from where it was.
+func (p *pod) Wait(ctx context.Context) (<-chan session.Exit, error) {
+	o, err := p.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan session.Exit, 1)
+	if code, done := ended(o); done {
+		out <- session.Exit{Code: code}
+		return out, nil
+	}
+	go func() {
+		version := o.ResourceVersion
+		for {
+			w, err := p.s.b.client.CoreV1().Pods(p.s.b.cfg.Namespace).Watch(ctx, metav1.ListOptions{
+				FieldSelector: fields.OneTermEqualSelector("metadata.name", podName(p.id)).String(), ResourceVersion: version})
+			if err != nil {
+				out <- session.Exit{Err: fmt.Errorf("watch pod: %w", err)}
+				return
+			}
+			for ev := range w.ResultChan() {
+				switch ev.Type {
+				case watch.Deleted:
+					w.Stop()
+					out <- session.Exit{Code: -1}
+					return
+				case watch.Error:
+					continue // the channel closes next; opened again below
+				}
+				if o, ok := ev.Object.(*corev1.Pod); ok {
+					version = o.ResourceVersion
+					if code, done := ended(o); done {
+						w.Stop()
+						out <- session.Exit{Code: code}
+						return
+					}
+				}
+			}
+			if ctx.Err() != nil {
+				out <- session.Exit{Err: ctx.Err()}
+				return
+			}
+			// Closed by the server: from where it was, or, if that is
+			// too old now, from the Pod as it is.
+			o, err := p.get(ctx)
+			switch {
+			case errors.Is(err, session.ErrSandboxGone):
+				out <- session.Exit{Code: -1}
+				return
+			case err != nil:
+				out <- session.Exit{Err: err}
+				return
+			}
+			if code, done := ended(o); done {
+				out <- session.Exit{Code: code}
+				return
+			}
+			version = o.ResourceVersion
+		}
+	}()
+	return out, nil
+}
+
+var errNoFreeze = errors.New("the kubernetes backend cannot freeze a Pod")
+
+func (p *pod) Freeze(context.Context) error { return errNoFreeze }
+func (p *pod) Thaw(context.Context) error   { return nil } // never frozen
+
+// Remove deletes the Pod and waits until it is gone (its containers
+// stopped), within ctx.
+func (p *pod) Remove(ctx context.Context) error {
+	if err := p.s.b.Delete(ctx, p.id, time.Second); err != nil {
+		return err
+	}
+	return p.s.b.Gone(ctx, p.id)
+}
+
+// Exec runs a command through the Pod exec API, as the session's user.
+func (p *pod) Exec(ctx context.Context, spec session.ExecSpec, env []string) (session.ExecProc, error) {
+	if spec.Root {
+		return nil, &session.PublicError{Class: session.ErrInvalid, Msg: "commands cannot run as root under the kubernetes backend: session Pods run as non-root"}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	pp := &podProc{exited: make(chan session.Exit, 1), done: make(chan struct{}), cancel: cancel}
+	e := Exec{Args: spec.Args, Env: env, Cwd: spec.Cwd, Stdin: spec.Stdin, Stdout: spec.Stdout, Stderr: spec.Stderr, Terminal: spec.Terminal}
+	if spec.Terminal {
+		pp.sizes = make(chan TermSize, 4)
+		pp.sizes <- TermSize{Cols: max(spec.Cols, 1), Rows: max(spec.Rows, 1)}
+		e.Sizes = pp.sizes
+	}
+	go func() {
+		defer close(pp.done)
+		defer cancel() // ends the terminal size queue with the stream
+		code, err := p.s.b.Run(ctx, p.id, e)
+		if errors.Is(err, ErrInvalid) {
+			err = &session.PublicError{Class: session.ErrInvalid, Msg: "the command cannot run in the session", Err: err}
+		}
+		pp.exited <- session.Exit{Code: code, Err: err}
+	}()
+	return pp, nil
+}
+
+// podProc is a command run through the exec API: its stream is the
+// command, as far as the API lets the gateway see it.
+type podProc struct {
+	exited chan session.Exit
+	done   chan struct{} // closed when the stream has ended
+	cancel context.CancelFunc
+	sizes  chan TermSize
+	mu     sync.Mutex
+}
+
+func (pp *podProc) Exited() <-chan session.Exit { return pp.exited }
+
+// Copied: the stream carries the output, so it is copied once it ends.
+func (pp *podProc) Copied() <-chan struct{} { return pp.done }
+func (pp *podProc) CancelIO()               { pp.cancel() }
+
+// Signal closes the stream for SIGKILL and SIGTERM; the exec API carries
+// no signals.
+func (pp *podProc) Signal(_ context.Context, sig syscall.Signal) error {
+	if sig != syscall.SIGKILL && sig != syscall.SIGTERM {
+		return fmt.Errorf("the kubernetes backend cannot send %v to a command", sig)
+	}
+	pp.cancel()
+	return nil
+}
+
+// Resize passes the terminal's new size on, dropping one not yet sent.
+func (pp *podProc) Resize(_ context.Context, cols, rows uint16) error {
+	if pp.sizes == nil {
+		return errors.New("the command has no terminal")
+	}
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	select {
+	case <-pp.done:
+		return errors.New("the command has ended")
+	default:
+	}
+	for {
+		select {
+		case pp.sizes <- TermSize{Cols: cols, Rows: rows}:
+			return nil
+		default:
+			select {
+			case <-pp.sizes:
+			default:
+			}
+		}
+	}
+}
+
+// Delete ends the stream and waits for it, within ctx.
+func (pp *podProc) Delete(ctx context.Context) error {
+	pp.cancel()
+	select {
+	case <-pp.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

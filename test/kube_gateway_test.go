@@ -1,0 +1,244 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/remote"
+
+	"github.com/sandgate/sandgate/images"
+	"github.com/sandgate/sandgate/session/kube"
+)
+
+// kubeGateway starts a second gateway, with `backend: kubernetes`, whose
+// sessions are Pods in the namespace of b on the trial cluster. It shares
+// the suite's MinIO and tenant-a's key; it stops when the test ends.
+func kubeGateway(t *testing.T, e *testEnv, kubeconfig string, b *kube.Backend) *testEnv {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	k := &testEnv{dir: dir, bin: e.bin, gwAddr: fmt.Sprintf("127.0.0.1:%d", port), gwLog: filepath.Join(dir, "gateway.log"),
+		keyA: e.keyA, minioAddr: e.minioAddr, tokenKey: e.tokenKey, vaultKey: e.vaultKey}
+	k.gwURL = "http://" + k.gwAddr
+	sum := sha256.Sum256([]byte(e.keyA))
+	cfg := map[string]any{
+		"listen": k.gwAddr, "public_url": k.gwURL, "hosts": []string{fmt.Sprintf("localhost:%d", port)},
+		"state_dir": filepath.Join(dir, "state"), "cache_dir": cacheDir(),
+		"minio":   map[string]any{"endpoint": e.minioAddr, "access_key": "sandgate", "secret_key": "sandgate-test-secret"},
+		"tokens":  map[string]any{"active_key": "k1", "keys": map[string]string{"k1": e.tokenKey}},
+		"vault":   map[string]any{"key": e.vaultKey},
+		"backend": "kubernetes",
+		"kubernetes": map[string]any{
+			"kubeconfig": kubeconfig, "namespace": b.Namespace(), "image": images.SessionDefinition().Ref(), "pull_policy": "Never",
+			"runtime_classes": map[string]string{"runc": "sandgate-runc"},
+			"seccomp":         map[string]string{"gvisor": "sandgate/gvisor.json", "runc": "sandgate/runc.json"},
+		},
+		// The sessions of this test run under the runc RuntimeClass: a
+		// gVisor Pod runs on this cluster, but its termination takes from
+		// 30 s to minutes here (see TestKubeBackend), too long to wait
+		// for at every delete.
+		"default_runtime": "runc",
+		"tenants": []map[string]any{
+			{"name": "tenant-a", "api_key_sha256": []string{hex.EncodeToString(sum[:])}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h"},
+		},
+	}
+	raw, _ := json.MarshalIndent(cfg, "", "  ")
+	k.cfgPath = filepath.Join(dir, "config.json")
+	if err := os.WriteFile(k.cfgPath, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := k.startGateway(); err != nil {
+		log, _ := os.ReadFile(k.gwLog)
+		t.Fatalf("kubernetes gateway: %v\n%s", err, log)
+	}
+	t.Cleanup(func() {
+		k.stopGateway(syscall.SIGTERM)
+		if t.Failed() {
+			log, _ := os.ReadFile(k.gwLog)
+			t.Logf("the kubernetes gateway's log:\n%s", log)
+		}
+		if secrets := k.secretsInLogs(); len(secrets) > 0 {
+			t.Errorf("secrets in the kubernetes gateway's log: %v", secrets)
+		}
+	})
+	return k
+}
+
+// TestKubeGateway drives the gateway with sessions as Pods, through the
+// same API as the containerd backend: a create answered once Chromium
+// answers, CDP with a real client through the gateway, exec, files, the
+// audit trail, a download; a runtime the cluster lacks and an egress
+// allow list (nothing would enforce it) refused; a session adopted by a
+// restarted gateway from its Pod alone; and its Pod gone once it is
+// deleted. The gateway has the cluster credentials of rbac.yaml only.
+func TestKubeGateway(t *testing.T) {
+	e := needE2E(t)
+	kubeconfig := needKube(t)
+	b := kubeNamespace(t, kubeconfig)
+	// The gateway runs as deploy/kubernetes/rbac.yaml allows, no more.
+	k := kubeGateway(t, e, kubeGatewayIdentity(t, b, kubeconfig), b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	// Refused with the reason, and nothing made.
+	for name, c := range map[string]struct {
+		req    map[string]any
+		status int
+		want   string
+	}{
+		"kata, which the cluster lacks":  {map[string]any{"runtime": "kata"}, 422, "not usable"},
+		"an allow list nothing enforces": {map[string]any{"egress": map[string]any{"allow": []string{"example.com:443"}}}, 400, "NetworkPolicy"},
+	} {
+		status, body := k.api(t, k.keyA, "POST", "/v1/sessions", c.req)
+		if status != c.status || !strings.Contains(string(body), c.want) {
+			t.Errorf("%s: %d %s, want %d naming %q", name, status, body, c.status, c.want)
+		}
+	}
+	if pods, err := b.List(ctx); err != nil || len(pods) != 0 {
+		t.Fatalf("after the refusals: %d pods, %v", len(pods), err)
+	}
+
+	// A session: its Pod is the record.
+	t0 := time.Now()
+	s := k.createSession(t, k.keyA, map[string]any{"runtime": "runc"})
+	created := time.Since(t0)
+	t.Logf("create answered (Chromium answering) after %.1f s under the runc RuntimeClass", created.Seconds())
+	pods, err := b.List(ctx)
+	if err != nil || len(pods) != 1 || pods[0].ID != s.ID || pods[0].Tenant != "tenant-a" || !pods[0].Addr.IsValid() {
+		t.Fatalf("the session's Pod: %+v, %v", pods, err)
+	}
+	if s.Runtime != "runc" {
+		t.Errorf("runtime %q", s.Runtime)
+	}
+
+	// CDP through the gateway, with chromedp.
+	p := k.preview(t, k.keyA, s.ID, 300)
+	cdp := func() {
+		t.Helper()
+		actx, acancel := remote.NewAllocator(ctx, browserWS(t, p.URL))
+		defer acancel()
+		cctx, ccancel := chromedp.NewContext(actx)
+		defer ccancel()
+		if err := chromedp.Do(cctx, chromedp.Navigate(`data:text/html,<title>k</title><script>window.answer=6*7</script>`)); err != nil {
+			t.Fatalf("chromedp through the gateway: navigate: %v", err)
+		}
+		if answer, err := chromedp.Run(cctx, chromedp.Evaluate[int](`window.answer`)); err != nil || answer != 42 {
+			t.Fatalf("chromedp through the gateway: answer %d, %v", answer, err)
+		}
+	}
+	cdp()
+
+	// Exec, as the session's user, with the exit code passed through.
+	out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "id -u; echo err >&2; exit 3"}})
+	if out.ExitCode != 3 || string(out.Stdout) != "1000\n" || string(out.Stderr) != "err\n" {
+		t.Fatalf("exec: exit %d, stdout %q, stderr %q", out.ExitCode, out.Stdout, out.Stderr)
+	}
+	// Root is refused: session Pods run as non-root.
+	if status, body := k.api(t, k.keyA, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"cmd": []string{"id"}, "root": true}); status < 400 || status >= 500 {
+		t.Errorf("exec as root: %d %s", status, body)
+	}
+
+	// Files, both ways, byte for byte.
+	blob := make([]byte, 3<<20)
+	rand.Read(blob)
+	path := "/home/sandgate/workspace/k.bin"
+	req, _ := http.NewRequest("PUT", k.gwURL+"/v1/sessions/"+s.ID+"/files?path="+url.QueryEscape(path), bytes.NewReader(blob))
+	req.Header.Set("Authorization", "Bearer "+k.keyA)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	sum := sha256.Sum256(blob)
+	if resp.StatusCode != 201 || jsonField(up, "sha256") != hex.EncodeToString(sum[:]) {
+		t.Fatalf("upload: %d %s", resp.StatusCode, up)
+	}
+	if out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"wc", "-c", path}}); string(out.Stdout) != fmt.Sprintf("%d %s\n", len(blob), path) {
+		t.Fatalf("the upload in the session: %q", out.Stdout)
+	}
+	req, _ = http.NewRequest("GET", k.gwURL+"/v1/sessions/"+s.ID+"/files?path="+url.QueryEscape(path), nil)
+	req.Header.Set("Authorization", "Bearer "+k.keyA)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Equal(got, blob) {
+		t.Fatalf("download of the upload: %d, %d bytes, equal %v", resp.StatusCode, len(got), bytes.Equal(got, blob))
+	}
+
+	// A download in the browser reaches the store, read out of the Pod.
+	kubeDownload(t, ctx, k, s.ID, p.URL)
+
+	// The gateway restarts: the session comes back from its Pod.
+	k.stopGateway(syscall.SIGKILL)
+	if err := k.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+	status, body := k.api(t, k.keyA, "GET", "/v1/sessions/"+s.ID, nil)
+	if status != 200 || jsonField(body, "state") != "running" {
+		t.Fatalf("after the restart: %d %s", status, body)
+	}
+	cdp() // the same preview: verified by the shared signing key
+	if out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"cat", path}}); out.ExitCode != 0 || !bytes.Equal(out.Stdout, blob) {
+		t.Fatalf("after the restart, the file: exit %d, %d bytes", out.ExitCode, len(out.Stdout))
+	}
+
+	// Deleted: the Pod goes, and the audit trail is stored.
+	if status, body := k.api(t, k.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); status != 200 {
+		t.Fatalf("delete: %d %s", status, body)
+	}
+	waitFor(t, 2*time.Minute, "the session's Pod to go", func() bool {
+		pods, err := b.List(ctx)
+		return err == nil && len(pods) == 0
+	})
+	status, body = k.api(t, k.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
+	for _, want := range []string{`"created"`, `"started"`, `"adopted"`, `"download"`, `"stopped"`} {
+		if status != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("audit trail: %d, no %s in %s", status, want, body)
+		}
+	}
+}
+
+// kubeDownload has the session's browser download a file it makes itself
+// (a blob: nothing leaves the Pod) and waits for the gateway to store it.
+func kubeDownload(t *testing.T, ctx context.Context, k *testEnv, id, previewURL string) {
+	t.Helper()
+	actx, acancel := remote.NewAllocator(ctx, browserWS(t, previewURL))
+	defer acancel()
+	cctx, ccancel := chromedp.NewContext(actx)
+	defer ccancel()
+	const page = `data:text/html,<a id="a" download="k.txt">x</a><script>` +
+		`document.getElementById("a").href=URL.createObjectURL(new Blob(["kube download"]))</script>`
+	if err := chromedp.Do(cctx, chromedp.Navigate(page), chromedp.Click(chromedp.CSS("#a"))); err != nil {
+		t.Fatalf("download click: %v", err)
+	}
+	waitFor(t, 2*time.Minute, "the download in the audit trail", func() bool {
+		status, body := k.api(t, k.keyA, "GET", "/v1/sessions/"+id+"/events", nil)
+		return status == 200 && strings.Contains(string(body), `"download"`)
+	})
+	status, body := k.api(t, k.keyA, "GET", "/v1/sessions/"+id+"/artifacts", nil)
+	if status != 200 || !strings.Contains(string(body), "k.txt") {
+		t.Fatalf("artifacts: %d %s", status, body)
+	}
+}
