@@ -27,6 +27,8 @@ type watchers struct {
 	mu       sync.Mutex
 	cancel   map[string]context.CancelFunc
 	reassert map[string]chan struct{} // tells a download watcher a client left
+	done     map[string]chan struct{} // closed when a watcher has stored what it had
+	gen      map[string]uint64        // the session's latest watcher
 	owner    map[string]session.Info  // a watched session's info, once it has a tenant
 	recorded map[string]bool          // sessions whose recording step is done
 }
@@ -115,14 +117,28 @@ func (o *observer) SessionPooled(info session.Info, ep session.Endpoint) {
 // SessionStopping stops the session's download watcher before its
 // address is released: a watcher that reconnected after that could reach
 // the next session given the address. Downloads already finished are
-// still stored.
+// still stored: the teardown waits for them (at most downloadFlush),
+// since it is about to remove the files (the workspace, or the Pod they
+// are read out of).
 func (o *observer) SessionStopping(id string) {
 	s := (*Server)(o)
 	s.dropSpare(id)
 	s.watch.mu.Lock()
-	defer s.watch.mu.Unlock()
-	s.unwatch(id)
+	done := s.unwatch(id)
+	s.watch.mu.Unlock()
+	if done == nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-time.After(downloadFlush):
+		s.log.Warn("downloads of a stopping session still being stored; its teardown goes on", "session", id, "waited", downloadFlush)
+	}
 }
+
+// downloadFlush bounds how long a teardown waits for the downloads that
+// finished before it to be stored.
+const downloadFlush = 2 * time.Minute
 
 var _ session.EarlyObserver = (*observer)(nil)
 
@@ -135,7 +151,29 @@ func (s *Server) watchDownloads(id string, ep session.Endpoint) {
 	s.watch.cancel[id] = cancel
 	reassert := make(chan struct{}, 1)
 	s.watch.reassert[id] = reassert
-	go browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, reassert, func(d browser.Download) {
+	done := make(chan struct{})
+	s.watch.done[id] = done
+	s.watch.gen[id]++
+	gen := s.watch.gen[id]
+	go func() {
+		defer close(done)
+		s.runWatcher(ctx, id, ep, reassert)
+		// The owner stays until then: what finished before the stop is
+		// stored as the owner's. Not if a newer watcher has it.
+		s.watch.mu.Lock()
+		if s.watch.gen[id] == gen {
+			delete(s.watch.owner, id)
+			delete(s.watch.gen, id)
+		}
+		s.watch.mu.Unlock()
+	}()
+}
+
+// runWatcher runs a session's download watcher until ctx ends, storing
+// each download as it finishes (and, at the end, those that finished
+// before it).
+func (s *Server) runWatcher(ctx context.Context, id string, ep session.Endpoint, reassert chan struct{}) {
+	browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, reassert, func(d browser.Download) {
 		s.watch.mu.Lock()
 		info, owned := s.watch.owner[id]
 		s.watch.mu.Unlock()
@@ -151,14 +189,21 @@ func (s *Server) watchDownloads(id string, ep session.Endpoint) {
 	})
 }
 
-// unwatch stops a session's download watcher; s.watch.mu is held.
-func (s *Server) unwatch(id string) {
+// unwatch stops a session's download watcher and returns what closes
+// once it has stored what it had (nil: there was none); s.watch.mu is
+// held.
+func (s *Server) unwatch(id string) <-chan struct{} {
 	if cancel := s.watch.cancel[id]; cancel != nil {
 		cancel()
 	}
+	done := s.watch.done[id]
 	delete(s.watch.cancel, id)
 	delete(s.watch.reassert, id)
-	delete(s.watch.owner, id)
+	delete(s.watch.done, id)
+	if done == nil {
+		delete(s.watch.owner, id)
+	} // else the watcher drops it once it has stored what it had
+	return done
 }
 
 // clientLeft tells the session's download watcher that a CDP client

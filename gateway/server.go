@@ -150,6 +150,8 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	}
 	s.watch.cancel = map[string]context.CancelFunc{}
 	s.watch.reassert = map[string]chan struct{}{}
+	s.watch.done = map[string]chan struct{}{}
+	s.watch.gen = map[string]uint64{}
 	s.watch.owner = map[string]session.Info{}
 	s.versions.m = map[string][]byte{}
 	s.spares.m = map[string]*spare{}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -152,14 +153,15 @@ const (
 // session into an unlinked file here (see spoolInside). The caller
 // bounds what it reads either way.
 func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, error) {
-	if _, err := m.lookup(tenant, id); err != nil {
+	s, err := m.lookup(tenant, id)
+	if err != nil {
 		return nil, err
 	}
 	if guid == "" || strings.ContainsAny(guid, "/\\") || guid == "." || guid == ".." {
 		return nil, publicf(ErrInvalid, "bad download id", nil)
 	}
 	if m.net == nil {
-		return m.spoolInside(tenant, id, DownloadDir+"/"+guid, limit)
+		return m.spoolInside(s, DownloadDir+"/"+guid, limit)
 	}
 	root, err := os.Open(filepath.Join(m.workspaceDir(id), "workspace"))
 	if err != nil {
@@ -181,13 +183,20 @@ func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, 
 	return f, nil
 }
 
-// spoolInside copies a file out of a session through exec, as the
-// session's user (what it reads is the session's own, which it could
+// spoolInside copies a regular file out of a session through exec, as
+// the session's user (what it reads is the session's own, which it could
 // write anyway), into an unlinked file in the state directory, and
 // returns that file at its start. It copies at most limit+1 bytes, so
 // that a caller bounding at limit sees the file is too large, and gives
-// up after spoolTimeout.
-func (m *Manager) spoolInside(tenant, id, path string, limit int64) (*os.File, error) {
+// up after spoolTimeout. It works while the session is being torn down
+// too: the downloads that finished before the stop are read then.
+func (m *Manager) spoolInside(s *sess, path string, limit int64) (*os.File, error) {
+	m.mu.Lock()
+	sb, state := s.box, s.info.State
+	m.mu.Unlock()
+	if sb == nil || (state != StateRunning && state != StateStopping) {
+		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
+	}
 	f, err := os.CreateTemp(m.cfg.StateDir, "spool-")
 	if err != nil {
 		return nil, err
@@ -197,19 +206,26 @@ func (m *Manager) spoolInside(tenant, id, path string, limit int64) (*os.File, e
 	defer cancel()
 	w := &cappedWriter{w: f, left: limit + 1, cancel: cancel}
 	stderr := &limitedBuffer{max: 1024}
-	p, err := m.Start(ctx, tenant, id, ExecSpec{Args: []string{"cat", "--", path}, Stdout: w, Stderr: stderr})
+	// Not a FIFO or a device, which would hold the copy open: a
+	// regular file, no symlink, as the host side opens it.
+	p, err := m.startIn(ctx, sb, s.info.ID, ExecSpec{Args: []string{"sh", "-c", `[ -f "$1" ] && [ ! -L "$1" ] || exit 66; exec cat -- "$1"`, "sandgate", path},
+		Stdout: w, Stderr: stderr})
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	code, err := p.Wait(ctx)
 	p.Close()
+	w.stop() // nothing the exec still copies reaches f after this
 	switch {
 	case w.full:
 		// Cut at the cap: what was read is what the caller refuses.
 	case err != nil:
 		f.Close()
 		return nil, fmt.Errorf("reading %s in the session: %w", path, err)
+	case code == 66:
+		f.Close()
+		return nil, errors.New("download is not a regular file")
 	case code != 0:
 		f.Close()
 		return nil, fmt.Errorf("reading %s in the session: exit %d: %s", path, code, bytes.TrimSpace(stderr.Bytes()))
@@ -230,15 +246,27 @@ const spoolTimeout = 5 * time.Minute
 
 // cappedWriter writes at most left bytes, then stops the copy.
 type cappedWriter struct {
-	w      io.Writer
-	left   int64
-	full   bool
-	err    error
-	cancel context.CancelFunc
+	mu      sync.Mutex
+	w       io.Writer
+	left    int64
+	full    bool
+	stopped bool
+	err     error
+	cancel  context.CancelFunc
+}
+
+// stop drops what is written from now on (a backend's copy can outlive
+// the command's end by a little).
+func (c *cappedWriter) stop() {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
 }
 
 func (c *cappedWriter) Write(p []byte) (int, error) {
-	if c.full || c.err != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.full || c.err != nil || c.stopped {
 		return len(p), nil
 	}
 	if int64(len(p)) >= c.left {

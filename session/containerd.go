@@ -358,14 +358,19 @@ func (sb *container) Exec(ctx context.Context, spec ExecSpec, env []string) (Exe
 		return nil, fmt.Errorf("exec: %w", err)
 	}
 	cp := &containerProc{b: sb.b, proc: proc, closed: make(chan struct{})}
+	cleanup := func() { // the caller's context may be what ended
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cp.Delete(cctx)
+	}
 	statusC, err := proc.Wait(ctx)
 	if err != nil {
-		cp.Delete(ctx)
+		cleanup()
 		return nil, fmt.Errorf("exec wait: %w", err)
 	}
 	cp.exited = exits(statusC)
 	if err := proc.Start(ctx); err != nil {
-		cp.Delete(ctx)
+		cleanup()
 		if errdefs.IsNotFound(err) || errdefs.IsFailedPrecondition(err) {
 			return nil, publicf(ErrInvalid, fmt.Sprintf("cannot run %q in the session: no such program, or cwd missing", spec.Args[0]), err)
 		}

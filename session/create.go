@@ -216,6 +216,12 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		if ctx.Err() != nil {
 			return Info{}, fmt.Errorf("client went away: %w", ctx.Err())
 		}
+		// What the backend refused for the request's sake keeps its
+		// class (a runtime the cluster no longer has: 422).
+		var pe *PublicError
+		if errors.As(err, &pe) && (errors.Is(pe.Class, ErrInvalid) || errors.Is(pe.Class, ErrUnavailableRuntime)) {
+			return Info{}, pe
+		}
 		return Info{}, publicf(ErrUnavailable, "the session could not be started: "+m.snapshot(s).Failure, err)
 	}
 	if m.stopIfDisabled(s) {

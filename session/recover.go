@@ -26,9 +26,13 @@ func (m *Manager) recover(ctx context.Context) error {
 		s, exited, why := m.adopt(ctx, sb)
 		if s == nil {
 			log.Info("removing orphaned session", "reason", why)
-			if err := sb.Remove(ctx); err != nil {
-				log.Error("remove orphan sandbox", "backend", m.backend.Name(), "err", err)
+			// Bounded: a Pod on a lost node can stay terminating for
+			// good, and the gateway must start all the same.
+			rctx, cancel := context.WithTimeout(ctx, orphanRemoval)
+			if err := sb.Remove(rctx); err != nil {
+				log.Error("remove orphan sandbox; the next start tries again", "backend", m.backend.Name(), "err", err)
 			}
+			cancel()
 			continue
 		}
 		kept[id] = true
@@ -80,6 +84,9 @@ func (m *Manager) recover(ctx context.Context) error {
 	m.sweep() // those of containers an earlier gateway's runtime left
 	return nil
 }
+
+// orphanRemoval bounds the removal of one orphan at startup.
+const orphanRemoval = 30 * time.Second
 
 // adopt rebuilds a session from its sandbox, or says why it cannot.
 func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, string) {

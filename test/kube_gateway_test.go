@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -28,7 +29,29 @@ import (
 // kubeGateway starts a second gateway, with `backend: kubernetes`, whose
 // sessions are Pods in the namespace of b on the trial cluster. It shares
 // the suite's MinIO and tenant-a's key; it stops when the test ends.
-func kubeGateway(t *testing.T, e *testEnv, kubeconfig string, b *kube.Backend) *testEnv {
+func kubeGateway(t testing.TB, e *testEnv, kubeconfig string, b *kube.Backend) *testEnv {
+	t.Helper()
+	k := kubeGatewayConfig(t, e, kubeconfig, b)
+	if err := k.startGateway(); err != nil {
+		log, _ := os.ReadFile(k.gwLog)
+		t.Fatalf("kubernetes gateway: %v\n%s", err, log)
+	}
+	t.Cleanup(func() {
+		k.stopGateway(syscall.SIGTERM)
+		if t.Failed() {
+			log, _ := os.ReadFile(k.gwLog)
+			t.Logf("the kubernetes gateway's log:\n%s", log)
+		}
+		if secrets := k.secretsInLogs(); len(secrets) > 0 {
+			t.Errorf("secrets in the kubernetes gateway's log: %v", secrets)
+		}
+	})
+	return k
+}
+
+// kubeGatewayConfig writes the config of a gateway with backend
+// kubernetes on b's namespace, on a port and state directory of its own.
+func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Backend) *testEnv {
 	t.Helper()
 	port, err := freePort()
 	if err != nil {
@@ -65,20 +88,6 @@ func kubeGateway(t *testing.T, e *testEnv, kubeconfig string, b *kube.Backend) *
 	if err := os.WriteFile(k.cfgPath, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := k.startGateway(); err != nil {
-		log, _ := os.ReadFile(k.gwLog)
-		t.Fatalf("kubernetes gateway: %v\n%s", err, log)
-	}
-	t.Cleanup(func() {
-		k.stopGateway(syscall.SIGTERM)
-		if t.Failed() {
-			log, _ := os.ReadFile(k.gwLog)
-			t.Logf("the kubernetes gateway's log:\n%s", log)
-		}
-		if secrets := k.secretsInLogs(); len(secrets) > 0 {
-			t.Errorf("secrets in the kubernetes gateway's log: %v", secrets)
-		}
-	})
 	return k
 }
 
@@ -94,7 +103,8 @@ func TestKubeGateway(t *testing.T) {
 	kubeconfig := needKube(t)
 	b := kubeNamespace(t, kubeconfig)
 	// The gateway runs as deploy/kubernetes/rbac.yaml allows, no more.
-	k := kubeGateway(t, e, kubeGatewayIdentity(t, b, kubeconfig), b)
+	gwKubeconfig := kubeGatewayIdentity(t, b, kubeconfig)
+	k := kubeGateway(t, e, gwKubeconfig, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
@@ -129,6 +139,19 @@ func TestKubeGateway(t *testing.T) {
 		t.Errorf("runtime %q", s.Runtime)
 	}
 
+	// A second gateway on the namespace is refused while this one runs
+	// (it would adopt this one's Pods), once it has waited in vain for
+	// the namespace's lease to run out; this one goes on.
+	second := kubeGatewayConfig(t, e, gwKubeconfig, b)
+	cmd := exec.Command(second.bin, "serve", "-config", second.cfgPath)
+	refusal, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(refusal), "another gateway") {
+		t.Fatalf("a second gateway on the namespace: %v\n%s", err, refusal)
+	}
+	if status, body := k.api(t, k.keyA, "GET", "/v1/sessions/"+s.ID, nil); status != 200 || jsonField(body, "state") != "running" {
+		t.Fatalf("the first gateway's session after the second was refused: %d %s", status, body)
+	}
+
 	// CDP through the gateway, with chromedp.
 	p := k.preview(t, k.keyA, s.ID, 300)
 	cdp := func() {
@@ -150,6 +173,16 @@ func TestKubeGateway(t *testing.T) {
 	out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "id -u; echo err >&2; exit 3"}})
 	if out.ExitCode != 3 || string(out.Stdout) != "1000\n" || string(out.Stderr) != "err\n" {
 		t.Fatalf("exec: exit %d, stdout %q, stderr %q", out.ExitCode, out.Stdout, out.Stderr)
+	}
+	// A working directory given loosely is cleaned, as the containerd
+	// backend takes it.
+	if out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"pwd"}, "cwd": "/tmp/"}); out.ExitCode != 0 || string(out.Stdout) != "/tmp\n" {
+		t.Errorf("exec in /tmp/: exit %d, %q", out.ExitCode, out.Stdout)
+	}
+	// Environment values would travel in the exec request's URL, which
+	// the API server logs: refused, with the reason.
+	if status, body := k.api(t, k.keyA, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"cmd": []string{"env"}, "env": map[string]string{"TOKEN": "x"}}); status != 400 || !strings.Contains(string(body), "URL") {
+		t.Errorf("exec with env: %d %s", status, body)
 	}
 	// Root is refused: session Pods run as non-root.
 	if status, body := k.api(t, k.keyA, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"cmd": []string{"id"}, "root": true}); status < 400 || status >= 500 {

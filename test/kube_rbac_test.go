@@ -137,8 +137,9 @@ func TestKubeRBAC(t *testing.T) {
 			t.Errorf("the gateway could %s: want Forbidden, got %v", ch.what, err)
 		}
 	}
-	// Changing a live Pod (its labels are the session's record) is not
-	// granted either; the admin's control is the same patch.
+	// A patch of a live Pod is not granted; the admin's control is the
+	// same patch. (update is: the gateway writes the session's record,
+	// its info annotation, with it; TestKubeGateway uses it.)
 	s2 := kubeBrowserSpec("runc")
 	if err := gw.Create(ctx, s2); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -61,6 +62,19 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			Seccomp: cfg.Kubernetes.Seccomp,
 		})
 		if err != nil {
+			return err
+		}
+		// One gateway per namespace for now: it holds the namespace's
+		// lease while it runs (given back as serve returns), and stops if
+		// it loses it.
+		host, _ := os.Hostname()
+		identity := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomHex(4))
+		holdCtx, endHold := context.WithCancel(context.WithoutCancel(ctx))
+		defer endHold()
+		var lose context.CancelFunc
+		ctx, lose = context.WithCancel(ctx)
+		defer lose()
+		if err := kb.Hold(holdCtx, identity, 3*kube.HoldDuration, log, lose); err != nil {
 			return err
 		}
 		backend = kube.NewSessions(ctx, kb)
@@ -270,4 +284,11 @@ func sessionLimits(t tenant.Tenant) session.TenantLimits {
 		EgressAllow: t.EgressAllow, Disabled: t.Disabled,
 		MaxRecordings: t.MaxRecordings, MaxCreatesPerMinute: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
 	}.WithDefaults()
+}
+
+// randomHex is n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }

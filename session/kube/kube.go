@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -246,7 +247,6 @@ func (b *Backend) pod(s Spec, runtimeClass string) *corev1.Pod {
 			Labels: map[string]string{
 				LabelManaged: managedBy,
 				LabelSession: s.ID,
-				LabelTenant:  s.Tenant,
 				LabelExpires: strconv.FormatInt(s.Expires.Unix(), 10),
 			},
 			Annotations: map[string]string{AnnInfo: s.Info},
@@ -292,6 +292,11 @@ func (b *Backend) pod(s Spec, runtimeClass string) *corev1.Pod {
 				{Name: "workspace", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &workspace}}},
 			},
 		},
+	}
+	// A tenant name that is no label value (one ending in "-") is in
+	// the record only.
+	if len(validation.IsValidLabelValue(s.Tenant)) == 0 {
+		pod.Labels[LabelTenant] = s.Tenant
 	}
 	if !s.Deadline.IsZero() {
 		secs := int64(time.Until(s.Deadline).Seconds()) + 60
@@ -454,6 +459,29 @@ type Exec struct {
 	Sizes <-chan TermSize
 }
 
+// Check refuses a command Run would not run (ErrInvalid).
+func (e Exec) Check() error {
+	if len(e.Args) == 0 || e.Args[0] == "" {
+		return fmt.Errorf("%w: a command must name a program", ErrInvalid)
+	}
+	// The exec API has no environment or working directory: env sets
+	// both, then runs the command without a shell. A program named like
+	// an assignment would be taken for one, and a lone "-" for env's
+	// option to clear the environment.
+	if strings.Contains(e.Args[0], "=") || e.Args[0] == "-" {
+		return fmt.Errorf("%w: program %q cannot be run through env", ErrInvalid, e.Args[0])
+	}
+	if e.Cwd != "" && (!strings.HasPrefix(e.Cwd, "/") || path.Clean(e.Cwd) != e.Cwd) {
+		return fmt.Errorf("%w: working directory %q is not a clean absolute path", ErrInvalid, e.Cwd)
+	}
+	for _, kv := range e.Env {
+		if !strings.Contains(kv, "=") || strings.HasPrefix(kv, "=") {
+			return fmt.Errorf("%w: environment entry %q is not KEY=VALUE", ErrInvalid, kv)
+		}
+	}
+	return nil
+}
+
 // TermSize is a terminal's size.
 type TermSize struct{ Cols, Rows uint16 }
 
@@ -464,18 +492,8 @@ func (b *Backend) Run(ctx context.Context, id string, e Exec) (int, error) {
 	if !ids.IsSession(id) {
 		return -1, fmt.Errorf("%w: %q is not a session id", ErrInvalid, id)
 	}
-	if len(e.Args) == 0 || e.Args[0] == "" {
-		return -1, fmt.Errorf("%w: a command must name a program", ErrInvalid)
-	}
-	// The exec API has no environment or working directory: env sets
-	// both, then runs the command without a shell. A program named like
-	// an assignment would be taken for one, and a lone "-" for env's
-	// option to clear the environment.
-	if strings.Contains(e.Args[0], "=") || e.Args[0] == "-" {
-		return -1, fmt.Errorf("%w: program %q cannot be run through env", ErrInvalid, e.Args[0])
-	}
-	if e.Cwd != "" && (!strings.HasPrefix(e.Cwd, "/") || path.Clean(e.Cwd) != e.Cwd) {
-		return -1, fmt.Errorf("%w: working directory %q is not a clean absolute path", ErrInvalid, e.Cwd)
+	if err := e.Check(); err != nil {
+		return -1, err
 	}
 	// env's own failures (a directory that is not there: 125; a
 	// program that cannot run: 126, 127) come back as exit codes, as
@@ -485,12 +503,7 @@ func (b *Backend) Run(ctx context.Context, id string, e Exec) (int, error) {
 		argv = append(argv, "--chdir="+e.Cwd)
 	}
 	argv = append(argv, "--")
-	for _, kv := range e.Env {
-		if !strings.Contains(kv, "=") || strings.HasPrefix(kv, "=") {
-			return -1, fmt.Errorf("%w: environment entry %q is not KEY=VALUE", ErrInvalid, kv)
-		}
-		argv = append(argv, kv)
-	}
+	argv = append(argv, e.Env...)
 	argv = append(argv, e.Args...)
 	if e.Stdin != nil && !e.Terminal {
 		// The command reads its input from a cat that the shell forks at

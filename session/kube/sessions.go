@@ -1,11 +1,14 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
+	"path"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -81,16 +84,6 @@ func (s *Sessions) Create(ctx context.Context, info session.Info, rt *session.Ru
 	}
 	spec := Spec{ID: info.ID, Tenant: info.Tenant, Runtime: rt.Name, Expires: info.ExpiresAt, Deadline: host.Deadline,
 		CPUs: info.Resources.CPUs, MemoryMB: info.Resources.MemoryMB, Env: host.Env, Info: string(raw)}
-	if err := s.b.Create(ctx, spec); err != nil {
-		switch {
-		case errors.Is(err, ErrRuntimeMissing):
-			return nil, nil, &session.PublicError{Class: session.ErrUnavailableRuntime, Msg: fmt.Sprintf("runtime %q is not available on this cluster", rt.Name), Err: err}
-		case errors.Is(err, ErrInvalid):
-			return nil, nil, &session.PublicError{Class: session.ErrInvalid, Msg: "the session cannot run as a Pod", Err: err}
-		}
-		return nil, nil, err
-	}
-	step(host, "pod")
 	sb := &pod{s: s, id: info.ID}
 	fail := func(err error) (session.Sandbox, <-chan session.Exit, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -100,6 +93,18 @@ func (s *Sessions) Create(ctx context.Context, info session.Info, rt *session.Ru
 		}
 		return nil, nil, err
 	}
+	if err := s.b.Create(ctx, spec); err != nil {
+		switch {
+		case errors.Is(err, ErrRuntimeMissing):
+			return nil, nil, &session.PublicError{Class: session.ErrUnavailableRuntime, Msg: fmt.Sprintf("runtime %q is not available on this cluster", rt.Name), Err: err}
+		case errors.Is(err, ErrInvalid):
+			return nil, nil, &session.PublicError{Class: session.ErrInvalid, Msg: "the session cannot run as a Pod", Err: err}
+		}
+		// The API server may have stored the Pod all the same (a create
+		// cancelled on the way back): it goes too.
+		return fail(err)
+	}
+	step(host, "pod")
 	p, err := s.b.Wait(ctx, info.ID)
 	if err != nil {
 		return fail(err)
@@ -259,56 +264,108 @@ func (p *pod) Wait(ctx context.Context) (<-chan session.Exit, error) {
 		out <- session.Exit{Code: code}
 		return out, nil
 	}
-	go func() {
-		version := o.ResourceVersion
-		for {
-			w, err := p.s.b.client.CoreV1().Pods(p.s.b.cfg.Namespace).Watch(ctx, metav1.ListOptions{
-				FieldSelector: fields.OneTermEqualSelector("metadata.name", podName(p.id)).String(), ResourceVersion: version})
-			if err != nil {
-				out <- session.Exit{Err: fmt.Errorf("watch pod: %w", err)}
-				return
+	go func() { out <- p.follow(ctx, o.ResourceVersion) }()
+	return out, nil
+}
+
+// Bounds of follow: the back-off between failed looks at a Pod, and how
+// long they may fail before the wait is reported lost.
+const (
+	followBackoff = 10 * time.Second
+	followLost    = 2 * time.Minute
+)
+
+// follow watches the Pod from version until it ends or goes. A watch the
+// server closes (they time out) is opened again where it was; one that
+// cannot be opened (refused, say: a Role without watch) gives way to a
+// look every followBackoff. Only failures for followLost in a row report
+// the wait lost, so a broken watch never turns into a busy loop.
+func (p *pod) follow(ctx context.Context, version string) session.Exit {
+	poll := false
+	var failingSince time.Time
+	delay := 100 * time.Millisecond
+	for {
+		var werr error
+		brief := false // a watch that closed at once is not opened again at once
+		if !poll {
+			var code int
+			var done bool
+			t0 := time.Now()
+			code, done, werr = p.watchOnce(ctx, &version)
+			brief = time.Since(t0) < time.Second
+			if done {
+				return session.Exit{Code: code}
 			}
-			for ev := range w.ResultChan() {
-				switch ev.Type {
-				case watch.Deleted:
-					w.Stop()
-					out <- session.Exit{Code: -1}
-					return
-				case watch.Error:
-					continue // the channel closes next; opened again below
-				}
-				if o, ok := ev.Object.(*corev1.Pod); ok {
-					version = o.ResourceVersion
-					if code, done := ended(o); done {
-						w.Stop()
-						out <- session.Exit{Code: code}
-						return
-					}
-				}
+			if apierrors.IsForbidden(werr) {
+				poll = true
 			}
-			if ctx.Err() != nil {
-				out <- session.Exit{Err: ctx.Err()}
-				return
-			}
-			// Closed by the server: from where it was, or, if that is
-			// too old now, from the Pod as it is.
-			o, err := p.get(ctx)
-			switch {
-			case errors.Is(err, session.ErrSandboxGone):
-				out <- session.Exit{Code: -1}
-				return
-			case err != nil:
-				out <- session.Exit{Err: err}
-				return
-			}
+		}
+		if ctx.Err() != nil {
+			return session.Exit{Err: ctx.Err()}
+		}
+		o, err := p.get(ctx)
+		switch {
+		case errors.Is(err, session.ErrSandboxGone):
+			return session.Exit{Code: -1}
+		case err == nil:
 			if code, done := ended(o); done {
-				out <- session.Exit{Code: code}
-				return
+				return session.Exit{Code: code}
 			}
 			version = o.ResourceVersion
 		}
-	}()
-	return out, nil
+		if err == nil && (werr == nil || poll) {
+			failingSince = time.Time{}
+			switch {
+			case poll:
+				delay = followBackoff
+			case brief:
+				delay = min(2*delay, followBackoff)
+			default:
+				delay = 100 * time.Millisecond
+				continue // closed by the server after a while: opened again at once
+			}
+		} else {
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			}
+			if time.Since(failingSince) > followLost {
+				return session.Exit{Err: fmt.Errorf("the Pod could not be followed for %s: %v", followLost, errors.Join(werr, err))}
+			}
+			delay = min(2*delay, followBackoff)
+		}
+		select {
+		case <-ctx.Done():
+			return session.Exit{Err: ctx.Err()}
+		case <-time.After(delay):
+		}
+	}
+}
+
+// watchOnce watches the Pod from *version until the watch closes: done
+// with the exit code when the Pod ended or went, an error when the
+// watch could not be opened.
+func (p *pod) watchOnce(ctx context.Context, version *string) (int, bool, error) {
+	w, err := p.s.b.client.CoreV1().Pods(p.s.b.cfg.Namespace).Watch(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("metadata.name", podName(p.id)).String(), ResourceVersion: *version})
+	if err != nil {
+		return 0, false, fmt.Errorf("watch pod: %w", err)
+	}
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		switch ev.Type {
+		case watch.Deleted:
+			return -1, true, nil
+		case watch.Error:
+			continue // the channel closes next (a version too old, say)
+		}
+		if o, ok := ev.Object.(*corev1.Pod); ok {
+			*version = o.ResourceVersion
+			if code, done := ended(o); done {
+				return code, true, nil
+			}
+		}
+	}
+	return 0, false, nil
 }
 
 var errNoFreeze = errors.New("the kubernetes backend cannot freeze a Pod")
@@ -330,9 +387,24 @@ func (p *pod) Exec(ctx context.Context, spec session.ExecSpec, env []string) (se
 	if spec.Root {
 		return nil, &session.PublicError{Class: session.ErrInvalid, Msg: "commands cannot run as root under the kubernetes backend: session Pods run as non-root"}
 	}
+	if len(spec.Env) > 0 {
+		// The exec API takes no environment: it would travel in the exec
+		// request's URL, which the API server's audit log keeps.
+		return nil, &session.PublicError{Class: session.ErrInvalid, Msg: "env is not passed to commands under the kubernetes backend: it would travel in the Pod exec request's URL, which the API server logs; write it to a file in the session instead"}
+	}
+	cwd := spec.Cwd
+	if strings.HasPrefix(cwd, "/") {
+		cwd = path.Clean(cwd)
+	}
+	e := Exec{Args: spec.Args, Env: env, Cwd: cwd, Stdin: spec.Stdin, Stdout: spec.Stdout, Stderr: spec.Stderr, Terminal: spec.Terminal}
+	if r, ok := e.Stdin.(*bytes.Reader); ok && r.Len() == 0 {
+		e.Stdin = nil // nothing to send: no stdin stream, and no wrapper for it
+	}
+	if err := e.Check(); err != nil { // refused now, not as the command's end
+		return nil, &session.PublicError{Class: session.ErrInvalid, Msg: "the command cannot run in the session: " + strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "), Err: err}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	pp := &podProc{exited: make(chan session.Exit, 1), done: make(chan struct{}), cancel: cancel}
-	e := Exec{Args: spec.Args, Env: env, Cwd: spec.Cwd, Stdin: spec.Stdin, Stdout: spec.Stdout, Stderr: spec.Stderr, Terminal: spec.Terminal}
 	if spec.Terminal {
 		pp.sizes = make(chan TermSize, 4)
 		pp.sizes <- TermSize{Cols: max(spec.Cols, 1), Rows: max(spec.Rows, 1)}
