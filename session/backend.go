@@ -57,8 +57,16 @@ type Host struct {
 	// when no gateway is left to stop it (a Pod's activeDeadlineSeconds).
 	Deadline time.Time
 	// Step is told as each part of the start is done (containerd:
-	// "container", "task"), for the session's started event.
+	// "container", "task"), for the session's started event; a backend
+	// calls Done.
 	Step func(name string)
+}
+
+// Done tells Step, if set, that a part of the start is done.
+func (h Host) Done(step string) {
+	if h.Step != nil {
+		h.Step(step)
+	}
 }
 
 // Sandbox is one session's sandbox.

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -66,9 +67,7 @@ func (b *containerdBackend) Create(ctx context.Context, info Info, rt *Runtime, 
 	if err != nil {
 		return nil, nil, fmt.Errorf("create container: %w", err)
 	}
-	if host.Step != nil {
-		host.Step("container")
-	}
+	host.Done("container")
 	sb := &container{b: b, c: c}
 	fail := func(err error) (Sandbox, <-chan Exit, error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -89,9 +88,7 @@ func (b *containerdBackend) Create(ctx context.Context, info Info, rt *Runtime, 
 	if err := task.Start(ctx); err != nil {
 		return fail(fmt.Errorf("start task: %w", err))
 	}
-	if host.Step != nil {
-		host.Step("task")
-	}
+	host.Done("task")
 	return sb, exits(exited), nil
 }
 
@@ -344,7 +341,11 @@ func (sb *container) Exec(ctx context.Context, spec ExecSpec, env []string) (Exe
 	if spec.Terminal {
 		p.ConsoleSize = &specs.Box{Width: uint(max(spec.Cols, 1)), Height: uint(max(spec.Rows, 1))}
 	}
-	er := &eofReader{r: spec.Stdin, eof: make(chan struct{})}
+	stdin := spec.Stdin
+	if stdin == nil {
+		stdin = bytes.NewReader(nil) // the shim wants a stream: an empty one
+	}
+	er := &eofReader{r: stdin, eof: make(chan struct{})}
 	opts := []cio.Opt{cio.WithStreams(er, spec.Stdout, spec.Stderr)}
 	if spec.Terminal {
 		opts = []cio.Opt{cio.WithStreams(er, spec.Stdout, nil), cio.WithTerminal}

@@ -60,9 +60,6 @@ func (m *Manager) startIn(ctx context.Context, sb Sandbox, id string, spec ExecS
 	if spec.Cwd == "" {
 		spec.Cwd = homeDir
 	}
-	if spec.Stdin == nil {
-		spec.Stdin = bytes.NewReader(nil)
-	}
 	if spec.Stdout == nil {
 		spec.Stdout = io.Discard
 	}

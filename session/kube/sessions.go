@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -104,13 +103,13 @@ func (s *Sessions) Create(ctx context.Context, info session.Info, rt *session.Ru
 		// cancelled on the way back): it goes too.
 		return fail(err)
 	}
-	step(host, "pod")
+	host.Done("pod")
 	p, err := s.b.Wait(ctx, info.ID)
 	if err != nil {
 		return fail(err)
 	}
 	sb.addr = p.Addr
-	step(host, "running")
+	host.Done("running")
 	// Where Chromium saves downloads, which the gateway reads through
 	// exec; the containerd backend's manager makes it on the host.
 	var stderr limited
@@ -122,12 +121,6 @@ func (s *Sessions) Create(ctx context.Context, info session.Info, rt *session.Ru
 		return fail(err)
 	}
 	return sb, exited, nil
-}
-
-func step(h session.Host, name string) {
-	if h.Step != nil {
-		h.Step(name)
-	}
 }
 
 // limited keeps the first KiB written to it.
@@ -397,9 +390,6 @@ func (p *pod) Exec(ctx context.Context, spec session.ExecSpec, env []string) (se
 		cwd = path.Clean(cwd)
 	}
 	e := Exec{Args: spec.Args, Env: env, Cwd: cwd, Stdin: spec.Stdin, Stdout: spec.Stdout, Stderr: spec.Stderr, Terminal: spec.Terminal}
-	if r, ok := e.Stdin.(*bytes.Reader); ok && r.Len() == 0 {
-		e.Stdin = nil // nothing to send: no stdin stream, and no wrapper for it
-	}
 	if err := e.Check(); err != nil { // refused now, not as the command's end
 		return nil, &session.PublicError{Class: session.ErrInvalid, Msg: "the command cannot run in the session: " + strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "), Err: err}
 	}
