@@ -315,8 +315,11 @@ func TestProxyIdleTimeout(t *testing.T) {
 	port := portOf(echo)
 
 	busy, busyR := tunnel(t, srcA, addr, port)
-	quiet, quietR := tunnel(t, srcA, addr, port)
+	// The quiet tunnel's last traffic is its CONNECT exchange, which
+	// starts after this; measuring from after the reply would count
+	// the exchange's own time as idle.
 	start := time.Now()
+	quiet, quietR := tunnel(t, srcA, addr, port)
 	closed := make(chan time.Duration, 1)
 	go func() {
 		quiet.SetReadDeadline(time.Now().Add(20 * time.Second))
