@@ -108,6 +108,12 @@ func TestKubeGateway(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
+	// The namespace has the policy (kubeGatewayIdentity applied it), and
+	// the gateway, which may list policies, found it: no warning.
+	if raw, _ := os.ReadFile(k.gwLog); bytes.Contains(raw, []byte("NetworkPolicies")) || bytes.Contains(raw, []byte("no NetworkPolicy")) {
+		t.Errorf("the gateway warned about the namespace's NetworkPolicy, which is there:\n%s", raw)
+	}
+
 	// Refused with the reason, and nothing made.
 	for name, c := range map[string]struct {
 		req    map[string]any

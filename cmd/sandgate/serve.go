@@ -77,6 +77,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		if err := kb.Hold(holdCtx, identity, 3*kube.HoldDuration, log, lose); err != nil {
 			return err
 		}
+		// Sessions are kept apart by the namespace's NetworkPolicy, not
+		// by anything of the gateway's: say so when none is there.
+		if iso, err := kb.Isolation(ctx); err != nil {
+			log.Warn("cannot read the namespace's NetworkPolicies; session Pods may be open to each other", "namespace", kb.Namespace(), "err", err)
+		} else if !iso.Ingress || !iso.Egress {
+			log.Warn("no NetworkPolicy of the namespace governs session Pods' traffic in every direction: they can reach, and be reached by, what the cluster's network allows; apply deploy/kubernetes/networkpolicies.yaml",
+				"namespace", kb.Namespace(), "ingress", iso.Ingress, "egress", iso.Egress)
+		}
 		backend = kube.NewSessions(ctx, kb)
 	} else {
 		client, err = containerd.New(cfg.Containerd.Address, containerd.WithTimeout(10*time.Second))
