@@ -136,6 +136,11 @@ func (h *testHosts) close() {
 // listenIn opens a listener inside the hosts namespace: the socket keeps
 // its namespace after the thread returns to the host's.
 func listenIn(network, addr string) (net.Listener, net.PacketConn, error) {
+	return listenInNS(hostsNS, network, addr)
+}
+
+// listenInNS opens a listener inside the named network namespace.
+func listenInNS(name, network, addr string) (net.Listener, net.PacketConn, error) {
 	type result struct {
 		l   net.Listener
 		pc  net.PacketConn
@@ -149,7 +154,7 @@ func listenIn(network, addr string) (net.Listener, net.PacketConn, error) {
 			ch <- result{err: err}
 			return
 		}
-		target, err := netns.GetFromName(hostsNS)
+		target, err := netns.GetFromName(name)
 		if err != nil {
 			ch <- result{err: err}
 			return

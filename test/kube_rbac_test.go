@@ -32,8 +32,7 @@ import (
 // nothing else asked of it here (Secrets, Nodes, another namespace,
 // changing a Pod, making RuntimeClasses), where the cluster's admin can.
 // The NetworkPolicies of deploy/kubernetes/networkpolicies.yaml are
-// accepted by the API; the trial cluster's bridge plugin enforces none
-// (see its README), so their effect is not tested here.
+// accepted by the API; TestKubeNetworkPolicy tests what they hold.
 func TestKubeRBAC(t *testing.T) {
 	needE2E(t)
 	kubeconfig := needKube(t)

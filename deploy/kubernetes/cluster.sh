@@ -4,7 +4,8 @@
 # at the cluster you already run (see README.md here).
 #
 #   cluster.sh build   build etcd, kube-apiserver, kube-controller-manager,
-#                      kube-scheduler and kubelet (cached, keyed by version)
+#                      kube-scheduler, kubelet and the NetworkPolicy
+#                      enforcer (cached, keyed by version)
 #   cluster.sh up      build, then start the cluster unless it runs; prints
 #                      the admin kubeconfig's path
 #   cluster.sh down    stop it, its Pods' containers and its network; keep
@@ -23,6 +24,15 @@
 # failCgroupV1: false and cgroupsPerQOS: false; the API server advertises a
 # non-loopback address, held by an empty bridge made here (these kernels
 # have no dummy interface driver).
+#
+# The bridge plugin enforces no NetworkPolicy, so the cluster runs
+# kube-network-policies (SIG Network's reference enforcer, ./build/netpol)
+# on the node, and every new connection a Pod opens goes to it through an
+# nfqueue: it decides, and while it is not there the connection is
+# dropped. The enforcer's own nftables rules do not load on these
+# kernels, which lack nftables' queue expression ("syncing nftables rules
+# ... no such file or directory" in its log); the queue is reached with
+# iptables' NFQUEUE target instead, which they have.
 set -Eeuo pipefail
 trap 'status=$?; echo "cluster.sh: line $LINENO: \`$BASH_COMMAND\` failed with exit status $status" >&2' ERR
 
@@ -36,6 +46,7 @@ NODE_IP=${SANDGATE_KUBE_NODE_IP:-10.97.0.1}
 POD_CIDR=${SANDGATE_KUBE_POD_CIDR:-10.98.0.0/24}
 SERVICE_CIDR=10.99.0.0/24
 API_PORT=16443
+NETPOL_QUEUE=100
 ETCD_PORT=23790
 HERE=$(cd "$(dirname "$0")" && pwd)
 export PATH=/usr/local/go/bin:$PATH
@@ -49,6 +60,12 @@ bindir() {
 	local key
 	key=$( (cat "$HERE/build/go.mod" "$HERE/build/go.sum"; go version) | sha256sum | cut -c1-12)
 	echo "$CACHE/kubernetes-$KUBE_VERSION-$key"
+}
+
+netpoldir() {
+	local key
+	key=$( (cat "$HERE/build/netpol/go.mod" "$HERE/build/netpol/go.sum" "$HERE/build/netpol/main.go"; go version) | sha256sum | cut -c1-12)
+	echo "$CACHE/netpol-$key"
 }
 
 etcddir() {
@@ -83,6 +100,17 @@ build() {
 			exit 1
 		}
 		mv "$etcd.tmp" "$etcd"
+	fi
+	local netpol
+	netpol=$(netpoldir)/netpol
+	if [ ! -x "$netpol" ]; then
+		step "building the NetworkPolicy enforcer (once; a few minutes)"
+		mkdir -p "$(netpoldir)"
+		(cd "$HERE/build/netpol" && CGO_ENABLED=0 go build -trimpath -o "$netpol.tmp" .) >"$LOGS/netpol-build.log" 2>&1 || {
+			tail -20 "$LOGS/netpol-build.log" >&2
+			exit 1
+		}
+		mv "$netpol.tmp" "$netpol"
 	fi
 	local pause="$CACHE/kube-pause.oci.tar"
 	local pkey
@@ -201,7 +229,7 @@ wait_for() {
 
 up() {
 	build
-	if api_ok && all_alive; then
+	if api_ok && all_alive && netpol_rule -C 2>/dev/null; then
 		echo "$STATE/pki/admin.kubeconfig"
 		return
 	fi
@@ -219,9 +247,11 @@ up() {
 	ip addr replace "$NODE_IP/32" dev sgk0
 	ip link set sgk0 up
 
-	# Pods answer the host and reach nothing: not the host's services,
-	# not another machine (the NetworkPolicy a real cluster would hold
-	# is not enforced by this CNI bridge).
+	# Pods have a default route through the node, as in any cluster, and
+	# the node lets them answer it, reach each other (where NetworkPolicy
+	# lets them) and reach network namespaces the tests make (host side
+	# of their veth named sgkt*), and nothing else: not the host's
+	# services, not another machine.
 	nft -f - <<EOF
 table inet sandgate_kube
 delete table inet sandgate_kube
@@ -233,14 +263,19 @@ table inet sandgate_kube {
 	}
 	chain forward {
 		type filter hook forward priority 0; policy accept;
+		iifname "sgkbr0" oifname "sgkbr0" accept
+		iifname "sgkbr0" oifname "sgkt*" accept
 		iifname "sgkbr0" drop
+		oifname "sgkbr0" ct state established,related accept
+		oifname "sgkbr0" drop
 	}
 }
 EOF
 	cat >"$STATE/cni/10-sandgate-kube.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "sandgate-kube", "plugins": [
   {"type": "bridge", "bridge": "sgkbr0", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "dataDir": "$STATE/cni-ipam"}}
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": "$STATE/cni-ipam"}}
 ]}
 EOF
 	cat >"$STATE/containerd.toml" <<EOF
@@ -294,6 +329,11 @@ EOF
 		--use-service-account-credentials=true --leader-elect=false --bind-address 127.0.0.1 --secure-port 0
 	start scheduler "$bin/kube-scheduler" --kubeconfig "$p/scheduler.kubeconfig" \
 		--leader-elect=false --bind-address 127.0.0.1 --secure-port 0
+	# It watches every namespace's policies and Pods: the admin's
+	# credentials, as befits a part of the trial cluster itself.
+	start netpol "$(netpoldir)/netpol" -kubeconfig "$p/admin.kubeconfig" -node "$NODE" -nfqueue-id "$NETPOL_QUEUE"
+	wait_for "the NetworkPolicy enforcer" 60 netpol_ok
+	netpol_rule -C 2>/dev/null || netpol_rule -I
 
 	cat >"$STATE/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -335,7 +375,7 @@ EOF
 	echo "$p/admin.kubeconfig"
 }
 
-PARTS="containerd etcd apiserver controller-manager scheduler kubelet"
+PARTS="containerd etcd apiserver controller-manager scheduler netpol kubelet"
 
 # all_alive: every part runs; else $dead names one that does not.
 all_alive() {
@@ -353,6 +393,20 @@ get() {
 	local p=$STATE/pki
 	curl -sf --max-time 2 --cacert "$p/ca.crt" --cert "$p/admin.crt" --key "$p/admin.key" \
 		"https://$NODE_IP:$API_PORT$1" 2>/dev/null
+}
+
+# netpol_rule -C|-I|-D: checks, inserts or deletes the rule that sends
+# Pods' new connections (to each other and out; not the node's own to
+# them) to the enforcer's queue. Without --queue-bypass: none while the
+# enforcer is gone.
+netpol_rule() {
+	iptables -w "$1" FORWARD -i sgkbr0 -m conntrack --ctstate NEW -m comment --comment sandgate-kube-netpol \
+		-j NFQUEUE --queue-num "$NETPOL_QUEUE"
+}
+
+# netpol_ok: the enforcer listens on its queue.
+netpol_ok() {
+	awk -v q="$NETPOL_QUEUE" '$1 == q {found = 1} END {exit !found}' /proc/net/netfilter/nfnetlink_queue
 }
 
 sa_ready() {
@@ -393,6 +447,9 @@ down() {
 		done
 	fi
 	stop kubelet
+	while netpol_rule -D 2>/dev/null; do :; done
+	stop netpol
+	nft delete table inet kube-network-policies 2>/dev/null || true
 	stop scheduler
 	stop controller-manager
 	stop apiserver
