@@ -504,7 +504,7 @@ case ${1:-} in
 build) build ;;
 up) up ;;
 down) down ;;
-status) api_ok ;;
+status) api_ok || exit 1 ;;
 import)
 	ctr -a "$RUN/containerd.sock" -n k8s.io images import --all-platforms "$2" >/dev/null
 	;;
