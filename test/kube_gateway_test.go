@@ -110,7 +110,9 @@ func TestKubeGateway(t *testing.T) {
 
 	// The namespace has the policy (kubeGatewayIdentity applied it), and
 	// the gateway, which may list policies, found it: no warning.
-	if raw, _ := os.ReadFile(k.gwLog); bytes.Contains(raw, []byte("NetworkPolicies")) || bytes.Contains(raw, []byte("no NetworkPolicy")) {
+	if raw, err := os.ReadFile(k.gwLog); err != nil || len(raw) == 0 {
+		t.Errorf("the gateway's log: %d bytes, %v", len(raw), err)
+	} else if bytes.Contains(raw, []byte("NetworkPolicies")) || bytes.Contains(raw, []byte("no NetworkPolicy")) {
 		t.Errorf("the gateway warned about the namespace's NetworkPolicy, which is there:\n%s", raw)
 	}
 

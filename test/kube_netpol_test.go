@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"net"
+	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
@@ -140,6 +141,14 @@ func TestKubeNetworkPolicy(t *testing.T) {
 			t.Errorf("%s Pod to %s:%s, %s: %s, want %s", ch.from, ip, ch.port, ch.why, got, ch.want)
 		}
 	}
+	// Every Pod also has an IPv6 link-local address, which no IPv4
+	// policy sees: one session must not reach another's by it (VNC
+	// takes any client). Reached or refused would mean a packet got there.
+	if ll := netpolLinkLocal(t, b, pods["session2"]); ll == "" {
+		t.Log("the Pods have no IPv6 link-local address: no IPv6 path to check")
+	} else if got := probe("session", ll+"%eth0", "5900"); got == reached || got == refused {
+		t.Errorf("session Pod to the other session's VNC at %s%%eth0: %s, want no packet through", ll, got)
+	}
 	// The node itself (where the trial's gateway runs, as root) reaches
 	// a session: the policy governs Pods, not the host.
 	conn, err := net.DialTimeout("tcp", net.JoinHostPort(addr("session"), "9222"), 10*time.Second)
@@ -153,8 +162,8 @@ func TestKubeNetworkPolicy(t *testing.T) {
 	if err := c.NetworkingV1().NetworkPolicies(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the refused path open again without the policy", func() bool {
-		return probe("session", addr("session2"), "9222") == reached
+	waitFor(t, time.Minute, "the refused paths open again without the policy", func() bool {
+		return probe("session", addr("session2"), "9222") == reached && probe("session", target, netpolPort) == reached
 	})
 }
 
@@ -164,7 +173,33 @@ const (
 	reached probeResult = "reached"
 	refused probeResult = "refused"
 	dropped probeResult = "dropped"
+	// unreachable: an IPv6 link-local address whose owner cannot be
+	// found (its neighbour solicitation dropped too).
+	unreachable probeResult = "unreachable"
 )
+
+// netpolLinkLocal is the IPv6 link-local address of a Pod's eth0, or ""
+// when it has none.
+func netpolLinkLocal(t *testing.T, b *kube.Backend, p kube.Pod) string {
+	t.Helper()
+	out, _, code := kubeRun(t, b, p.ID, kube.Exec{Args: []string{"cat", "/proc/net/if_inet6"}})
+	if code != 0 {
+		return ""
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 6 && f[5] == "eth0" && strings.HasPrefix(f[0], "fe80") && len(f[0]) == 32 {
+			var groups []string
+			for i := 0; i < 32; i += 4 {
+				groups = append(groups, f[0][i:i+4])
+			}
+			if a, err := netip.ParseAddr(strings.Join(groups, ":")); err == nil {
+				return a.String()
+			}
+		}
+	}
+	return ""
+}
 
 // netpolProbe opens a TCP connection from inside a Pod: reached when it
 // is accepted, refused when a reset answers (the packet got there),
@@ -181,6 +216,9 @@ func netpolProbe(t *testing.T, b *kube.Backend, from kube.Pod, ip, port string) 
 		return refused
 	case code == 124:
 		return dropped
+	case code == 1 && (strings.Contains(stderr, "No route to host") || strings.Contains(stderr, "Network is unreachable")) && strings.Contains(ip, "%"):
+		// A link-local neighbour that never answers its solicitation.
+		return unreachable
 	}
 	t.Fatalf("probe to %s:%s: exit %d: %s", ip, port, code, stderr)
 	return ""

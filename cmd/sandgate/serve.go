@@ -78,8 +78,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			return err
 		}
 		// Sessions are kept apart by the namespace's NetworkPolicy, not
-		// by anything of the gateway's: say so when none is there.
-		if iso, err := kb.Isolation(ctx); err != nil {
+		// by anything of the gateway's: say so when none governs them.
+		isoCtx, isoDone := context.WithTimeout(ctx, 30*time.Second)
+		iso, err := kb.Isolation(isoCtx)
+		isoDone()
+		if err != nil {
 			log.Warn("cannot read the namespace's NetworkPolicies; session Pods may be open to each other", "namespace", kb.Namespace(), "err", err)
 		} else if !iso.Ingress || !iso.Egress {
 			log.Warn("no NetworkPolicy of the namespace governs session Pods' traffic in every direction: they can reach, and be reached by, what the cluster's network allows; apply deploy/kubernetes/networkpolicies.yaml",

@@ -27,9 +27,10 @@
 #
 # The bridge plugin enforces no NetworkPolicy, so the cluster runs
 # kube-network-policies (SIG Network's reference enforcer, ./build/netpol)
-# on the node, and every new connection a Pod opens goes to it through an
-# nfqueue: it decides, and while it is not there the connection is
-# dropped. The enforcer's own nftables rules do not load on these
+# on the node, and every new IPv4 connection a Pod opens goes to it
+# through an nfqueue: it decides, and while it is not there the
+# connection is dropped (Pods have no IPv6 path but to the node's input,
+# which drops it). The enforcer's own nftables rules do not load on these
 # kernels, which lack nftables' queue expression ("syncing nftables rules
 # ... no such file or directory" in its log); the queue is reached with
 # iptables' NFQUEUE target instead, which they have.
@@ -242,16 +243,27 @@ up() {
 	local p=$STATE/pki
 
 	step "starting a single-node Kubernetes $KUBE_VERSION at https://$NODE_IP:$API_PORT"
+	# Traffic between Pods is bridged: the node's filters (and so the
+	# NetworkPolicy enforcer) see it only through br_netfilter.
+	modprobe br_netfilter 2>/dev/null || true
+	[ -s "$STATE/bridge-nf.saved" ] || sysctl -e net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables >"$STATE/bridge-nf.saved"
+	sysctl -q -w net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1 || {
+		echo "cluster.sh: br_netfilter is not available: traffic between Pods would pass no filter" >&2
+		exit 1
+	}
 	# No dummy driver on these kernels: an empty bridge holds the address.
 	ip link show sgk0 >/dev/null 2>&1 || ip link add sgk0 type bridge
 	ip addr replace "$NODE_IP/32" dev sgk0
 	ip link set sgk0 up
 
 	# Pods have a default route through the node, as in any cluster, and
-	# the node lets them answer it, reach each other (where NetworkPolicy
-	# lets them) and reach network namespaces the tests make (host side
-	# of their veth named sgkt*), and nothing else: not the host's
-	# services, not another machine.
+	# the node lets them answer it, reach each other over IPv4 (where
+	# NetworkPolicy lets them) and reach network namespaces the tests make
+	# (host side of their veth named sgkt*), and nothing else: not the
+	# host's services, not another machine, not each other over IPv6 (the
+	# link-local addresses every Pod has, which the enforcer's IPv4 queue
+	# would not see). Bridged traffic passes these hooks only with
+	# br_netfilter's bridge-nf-call-* on, which up makes sure of.
 	nft -f - <<EOF
 table inet sandgate_kube
 delete table inet sandgate_kube
@@ -263,6 +275,8 @@ table inet sandgate_kube {
 	}
 	chain forward {
 		type filter hook forward priority 0; policy accept;
+		meta nfproto ipv6 iifname "sgkbr0" drop
+		meta nfproto ipv6 oifname "sgkbr0" drop
 		iifname "sgkbr0" oifname "sgkbr0" accept
 		iifname "sgkbr0" oifname "sgkt*" accept
 		iifname "sgkbr0" drop
@@ -396,11 +410,11 @@ get() {
 }
 
 # netpol_rule -C|-I|-D: checks, inserts or deletes the rule that sends
-# Pods' new connections (to each other and out; not the node's own to
-# them) to the enforcer's queue. Without --queue-bypass: none while the
-# enforcer is gone.
+# Pods' IPv4 packets that start a connection, or belong to none, (to each
+# other and out; not the node's own to them) to the enforcer's queue.
+# Without --queue-bypass: dropped while the enforcer is gone.
 netpol_rule() {
-	iptables -w "$1" FORWARD -i sgkbr0 -m conntrack --ctstate NEW -m comment --comment sandgate-kube-netpol \
+	iptables -w "$1" FORWARD -i sgkbr0 -m conntrack ! --ctstate ESTABLISHED,RELATED -m comment --comment sandgate-kube-netpol \
 		-j NFQUEUE --queue-num "$NETPOL_QUEUE"
 }
 
@@ -447,9 +461,6 @@ down() {
 		done
 	fi
 	stop kubelet
-	while netpol_rule -D 2>/dev/null; do :; done
-	stop netpol
-	nft delete table inet kube-network-policies 2>/dev/null || true
 	stop scheduler
 	stop controller-manager
 	stop apiserver
@@ -471,6 +482,11 @@ down() {
 	stop containerd
 	pkill -9 -f "containerd-shim-runc-v2 .*-address $RUN/containerd.sock" 2>/dev/null || true
 	pkill -9 -f "runsc-(sandbox|gofer) .*--root=$RUN/" 2>/dev/null || true
+	# The enforcement goes last, once no Pod runs: until here a Pod's new
+	# connections are still decided (or dropped, the enforcer stopped).
+	while netpol_rule -D 2>/dev/null; do :; done
+	stop netpol
+	nft delete table inet kube-network-policies 2>/dev/null || true
 	local m
 	for m in $(awk -v d="$RUN/" '$2 ~ "^"d {print $2}' /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
 	for m in $(awk -v d="$STATE/" '$2 ~ "^"d {print $2}' /proc/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
@@ -486,10 +502,13 @@ down() {
 	ip link del sgkbr0 2>/dev/null || true
 	ip link del sgk0 2>/dev/null || true
 	nft delete table inet sandgate_kube 2>/dev/null || true
-	if [ -s "$STATE/sysctl.saved" ]; then
-		sysctl -q -p "$STATE/sysctl.saved" || true
-		rm -f "$STATE/sysctl.saved"
-	fi
+	local saved
+	for saved in "$STATE/sysctl.saved" "$STATE/bridge-nf.saved"; do
+		if [ -s "$saved" ]; then
+			sysctl -q -p "$saved" || true
+			rm -f "$saved"
+		fi
+	done
 	# The cluster's objects and Pod state go; the PKI (so the
 	# kubeconfig stays valid) and the imported images stay for the next up.
 	rm -rf --one-file-system "$STATE/kubelet" "$STATE/cni-ipam" "$STATE/etcd"

@@ -18,7 +18,10 @@ type Isolation struct {
 }
 
 // Isolation reads the namespace's NetworkPolicies and reports those
-// that select a session Pod's labels.
+// that select the labels every session Pod has. It tells whether a
+// policy governs them, not what it allows (one allowing everything
+// counts), and a policy that needs more of a Pod than those labels (a
+// tenant's) is counted as if it held for all.
 func (b *Backend) Isolation(ctx context.Context) (Isolation, error) {
 	list, err := b.client.NetworkingV1().NetworkPolicies(b.cfg.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {

@@ -2,10 +2,11 @@
 // cluster.sh: the plain bridge plugin there does not. It runs
 // sigs.k8s.io/kube-network-policies (the reference implementation kept
 // by SIG Network) on the node, against the API through a kubeconfig
-// rather than a DaemonSet's service account. New connections to and
-// from Pods that a policy selects go through an nfqueue, where the
-// controller decides them; traffic the node's root user starts (the
-// kubelet's probes, a gateway on the host) is let through.
+// rather than a DaemonSet's service account. It decides the packets
+// that reach its nfqueue: cluster.sh sends there every new IPv4
+// connection a Pod opens (the library's own nftables rules, which would
+// send those of Pods a policy selects, do not load on kernels without
+// nftables' queue expression).
 package main
 
 import (
