@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -101,13 +100,7 @@ func TestKubeNetworkPolicy(t *testing.T) {
 		t.Fatalf("before the policy, a session Pod to %s:%s: %s (the path itself is broken)", target, netpolPort, r)
 	}
 
-	for _, obj := range kubeManifest(t, "../deploy/kubernetes/networkpolicies.yaml") {
-		np := obj.(*networkingv1.NetworkPolicy)
-		np.Namespace = ns
-		if _, err := c.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("networkpolicies.yaml: %v", err)
-		}
-	}
+	applyNetworkPolicies(t, b)
 	if iso, err := b.Isolation(ctx); err != nil || !iso.Ingress || !iso.Egress {
 		t.Fatalf("with the policy, the backend does not see session Pods governed both ways: %+v, %v", iso, err)
 	}

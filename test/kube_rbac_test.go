@@ -174,6 +174,23 @@ func kubeManifest(t *testing.T, path string) []runtime.Object {
 	return objs
 }
 
+// applyNetworkPolicies creates deploy/kubernetes/networkpolicies.yaml in
+// b's namespace.
+func applyNetworkPolicies(t *testing.T, b *kube.Backend) {
+	t.Helper()
+	ns := b.Namespace()
+	for _, obj := range kubeManifest(t, "../deploy/kubernetes/networkpolicies.yaml") {
+		np, ok := obj.(*networkingv1.NetworkPolicy)
+		if !ok {
+			t.Fatalf("networkpolicies.yaml: unexpected %T", obj)
+		}
+		np.Namespace = ns
+		if _, err := b.Client().NetworkingV1().NetworkPolicies(ns).Create(context.Background(), np, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("networkpolicies.yaml: %v", err)
+		}
+	}
+}
+
 func setSubjects(subjects []rbacv1.Subject, ns string) {
 	for i := range subjects {
 		subjects[i].Namespace = ns
@@ -225,16 +242,7 @@ func kubeGatewayIdentity(t *testing.T, admin *kube.Backend, kubeconfig string) s
 			t.Fatalf("rbac.yaml: %v", err)
 		}
 	}
-	for _, obj := range kubeManifest(t, "../deploy/kubernetes/networkpolicies.yaml") {
-		np, ok := obj.(*networkingv1.NetworkPolicy)
-		if !ok {
-			t.Fatalf("networkpolicies.yaml: unexpected %T", obj)
-		}
-		np.Namespace = ns
-		if _, err := c.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("networkpolicies.yaml: %v", err)
-		}
-	}
+	applyNetworkPolicies(t, admin)
 
 	// The gateway's credentials: a token of its ServiceAccount, as a Pod
 	// of the Deployment would have mounted.
