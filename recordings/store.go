@@ -385,3 +385,92 @@ func fileSHA256(path string) (string, error) {
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
+
+// Audit trails of running sessions are kept as pieces under a prefix no
+// tenant name can take ("~" is not in tenantChars): they are the
+// gateway's, not artifacts, until the session's log artifact replaces
+// them.
+const (
+	trailPrefix   = "~trails/"
+	maxTrailPiece = 64 << 20
+)
+
+func trailKey(tenant, session string, start int) string {
+	return fmt.Sprintf("%s%s/%s/%010d.jsonl", trailPrefix, tenant, session, start)
+}
+
+func validTrail(tenant, session string) bool {
+	return tenantChars.MatchString(tenant) && ids.IsSession(session)
+}
+
+// PutTrail stores the piece of a session's audit trail that starts at
+// event start (session.TrailStore).
+func (s *Store) PutTrail(ctx context.Context, tenant, session string, start int, lines []byte) error {
+	if !validTrail(tenant, session) || start < 0 || len(lines) > maxTrailPiece {
+		return fmt.Errorf("recordings: bad tenant, session or trail piece")
+	}
+	_, err := s.client.PutObject(ctx, s.cfg.Bucket, trailKey(tenant, session, start), bytes.NewReader(lines), int64(len(lines)),
+		minio.PutObjectOptions{ContentType: "application/x-ndjson", SendContentMd5: true})
+	if err != nil {
+		return fmt.Errorf("store audit trail piece: %w", err)
+	}
+	return nil
+}
+
+// ReadTrail calls each with the session's trail pieces in order of their
+// start, each read at most maxTrailPiece bytes (session.TrailStore).
+func (s *Store) ReadTrail(ctx context.Context, tenant, session string, each func(start int, r io.Reader) error) error {
+	if !validTrail(tenant, session) {
+		return ErrNotFound
+	}
+	prefix := trailPrefix + tenant + "/" + session + "/"
+	type piece struct {
+		start int
+		key   string
+	}
+	var pieces []piece
+	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if obj.Err != nil {
+			return fmt.Errorf("list audit trail pieces: %w", obj.Err)
+		}
+		var start int
+		name := strings.TrimPrefix(obj.Key, prefix)
+		if len(name) != len("0000000000.jsonl") {
+			continue
+		}
+		if _, err := fmt.Sscanf(name, "%010d.jsonl", &start); err != nil {
+			continue
+		}
+		pieces = append(pieces, piece{start, obj.Key})
+	}
+	sort.Slice(pieces, func(i, j int) bool { return pieces[i].start < pieces[j].start })
+	for _, p := range pieces {
+		obj, err := s.client.GetObject(ctx, s.cfg.Bucket, p.key, minio.GetObjectOptions{})
+		if err != nil {
+			return fmt.Errorf("read audit trail piece: %w", err)
+		}
+		err = each(p.start, io.LimitReader(obj, maxTrailPiece))
+		obj.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DropTrail removes a session's trail pieces (session.TrailStore).
+func (s *Store) DropTrail(ctx context.Context, tenant, session string) error {
+	if !validTrail(tenant, session) {
+		return ErrNotFound
+	}
+	prefix := trailPrefix + tenant + "/" + session + "/"
+	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if obj.Err != nil {
+			return fmt.Errorf("list audit trail pieces: %w", obj.Err)
+		}
+		if err := s.client.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}); err != nil {
+			return fmt.Errorf("remove audit trail piece: %w", err)
+		}
+	}
+	return nil
+}

@@ -188,7 +188,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	s.releaseProfile = releaseProfile
 	m.sessions[info.ID] = s
 	m.releaseLocked(r)
-	s.trail = m.openTrail(info.Tenant, info.ID)
+	s.trail = m.liveTrail(info.Tenant, info.ID, true)
 	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record})
 	m.mu.Unlock()
 

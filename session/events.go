@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -55,6 +56,17 @@ type trail struct {
 	noisy   map[string]int // noisy events kept, by type
 	dropped map[string]int // events counted, not kept, by type
 	mem     []Event        // events the file could not take
+	// With a TrailStore (journal.go): journal is set while the trail is
+	// stored as it is written; stored events of it are in the store (a
+	// prefix), pending ones are not yet; synced says stored is known;
+	// fileBase is how many events the host file had when the trail was
+	// opened; kick asks for a flush.
+	journal  bool
+	synced   bool
+	stored   int
+	pending  []Event
+	fileBase int
+	kick     func()
 }
 
 // Record appends an event to the audit trail of a session the manager
@@ -130,6 +142,12 @@ func (t *trail) summarise(now time.Time) {
 }
 
 func (t *trail) write(ev Event) {
+	if t.journal {
+		t.pending = append(t.pending, ev)
+		if t.kick != nil {
+			t.kick()
+		}
+	}
 	if t.path != "" {
 		if line, err := json.Marshal(ev); err == nil && appendLine(t.path, line) == nil {
 			return
@@ -177,10 +195,13 @@ func readTrail(path string) []Event {
 	return readEvents(f)
 }
 
-func readEvents(f *os.File) []Event {
-	limit := maxEvents + len(noisyEvents)*maxNoisy + maxDropTypes + 16
+func readEvents(f *os.File) []Event { return readEventsFrom(f, trailLimit()) }
+
+// readEventsFrom reads at most limit events, a JSON object a line; lines
+// that do not parse are skipped.
+func readEventsFrom(r io.Reader, limit int) []Event {
 	var out []Event
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxTrailLine)
 	for sc.Scan() && len(out) < limit {
 		var ev Event
@@ -278,7 +299,27 @@ func (m *Manager) openTrail(tenant, id string) trail {
 		return trail{}
 	}
 	t := trail{path: p, noisy: map[string]int{}}
-	for _, ev := range readTrail(p) {
+	have := readTrail(p)
+	t.count(have)
+	t.fileBase = len(have)
+	return t
+}
+
+// liveTrail opens the trail of a session the manager runs: stored as it
+// is written when there is a TrailStore. A fresh session's trail is new,
+// so the store has nothing of it; an adopted one's is matched with the
+// store before its first flush (syncTrail).
+func (m *Manager) liveTrail(tenant, id string, fresh bool) trail {
+	t := m.openTrail(tenant, id)
+	if m.journalOn() {
+		t.journal, t.synced, t.kick = true, fresh, m.kickJournal
+	}
+	return t
+}
+
+// count takes up the counts of events already in the trail.
+func (t *trail) count(events []Event) {
+	for _, ev := range events {
 		switch {
 		case ev.Type == "audit_truncated":
 			if typ, ok := ev.Fields["type"].(string); ok {
@@ -293,7 +334,6 @@ func (m *Manager) openTrail(tenant, id string) trail {
 			t.kept++
 		}
 	}
-	return t
 }
 
 // dropEndedTrails removes the trail files of sessions a previous gateway
@@ -392,7 +432,25 @@ func (m *Manager) endOrphanTrails(o Observer) {
 		now := time.Now().UTC()
 		t.record(now, "ended_unobserved", map[string]any{"note": "the session ended while no gateway was running"})
 		t.summarise(now)
-		o.SessionEnded(info, t.events())
+		if fin, ok := o.(SessionFinaliser); ok {
+			ctx, cancel := context.WithTimeout(m.base, 2*time.Minute)
+			err := fin.FinaliseSession(ctx, info, t.events())
+			cancel()
+			if err != nil {
+				// The file stays: the next start reports it again.
+				m.log.Error("the trail of a session that ended while no gateway ran was not stored; kept for the next start", "session", id, "err", err)
+				continue
+			}
+		} else {
+			o.SessionEnded(info, t.events())
+		}
+		if m.journalOn() {
+			ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
+			if err := m.cfg.Trails.DropTrail(ctx, tenant, id); err != nil {
+				m.log.Warn("the stored pieces of a finalised audit trail were not removed", "session", id, "err", err)
+			}
+			cancel()
+		}
 		os.Remove(f)
 	}
 }
@@ -447,6 +505,8 @@ func (m *Manager) ended(s *sess) {
 	case o != nil:
 		o.SessionEnded(info, m.trailEvents(s))
 	}
+	// The log artifact has the whole trail: the pieces can go.
+	m.dropStoredTrail(s)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s.trail.path != "" {

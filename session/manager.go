@@ -61,6 +61,11 @@ type Config struct {
 	// observer told, artifacts stored) at once (default 4). Finalisation
 	// runs apart from the reaper, so a slow store never delays a stop.
 	Finalisers int
+	// Trails, when set, keeps every session's audit trail in a store
+	// as it is written, TrailFlush (DefaultTrailFlush) after an event at
+	// most, so that the trail outlives the gateway's host.
+	Trails     TrailStore
+	TrailFlush time.Duration
 }
 
 // Defaults of the manager's own bookkeeping.
@@ -172,6 +177,10 @@ type Manager struct {
 	// and replaced whenever one is dropped.
 	profiles     map[string]*profileHold
 	profileFreed chan struct{}
+
+	// The journal (journal.go) stores trails as they are written.
+	journalKick chan struct{}
+	journalMu   sync.Mutex
 }
 
 type sess struct {
@@ -247,6 +256,9 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	if cfg.Finalisers <= 0 {
 		cfg.Finalisers = 4
 	}
+	if cfg.TrailFlush <= 0 {
+		cfg.TrailFlush = DefaultTrailFlush
+	}
 	revs, err := loadRevocations(filepath.Join(cfg.StateDir, "revocations.jsonl"), time.Now())
 	if err != nil {
 		return nil, err
@@ -269,7 +281,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		return nil, fmt.Errorf("warm pools need the containerd backend for now, not %s", backend.Name())
 	}
 	m := &Manager{backend: backend, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
-		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
+		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
 	if m.runtimes = backend.Runtimes(ctx); m.runtimes == nil {
 		m.runtimes = map[string]*Runtime{}
@@ -319,6 +331,10 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	m.poolLimits, m.refillNow = cfg.PoolLimits.withDefaults(m.pools), make(chan struct{}, 1)
 	m.wg.Add(1)
 	go m.reap()
+	if m.journalOn() {
+		m.wg.Add(1)
+		go m.journal()
+	}
 	if len(m.pools) > 0 {
 		m.wg.Add(1)
 		go m.refill()
@@ -435,6 +451,7 @@ func (m *Manager) StopTenant(tenant, reason string) int {
 // containerd, for the next gateway to adopt. Pooled sessions nobody
 // claimed are removed (the next gateway would remove them anyway).
 func (m *Manager) Close() {
+	m.lastFlush()
 	m.cancel()
 	m.wg.Wait()
 	m.removePooled()

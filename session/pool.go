@@ -262,7 +262,7 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	if now := time.Now(); !now.Before(p.nextTry) {
 		p.nextTry = now.Add(m.poolLimits.RefillDelay)
 	}
-	s.trail = m.openTrail(info.Tenant, info.ID)
+	s.trail = m.liveTrail(info.Tenant, info.ID, true)
 	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record, "start": StartWarm})
 	s.record("started", map[string]any{"took_ms": time.Since(t0).Milliseconds(), "start": StartWarm,
 		"pooled_ms": now.Sub(pooledAt).Milliseconds(), "pool": p.key()})

@@ -26,6 +26,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		s, exited, why := m.adopt(ctx, sb)
 		if s == nil {
 			log.Info("removing orphaned session", "reason", why)
+			m.recoverStoredTrail(ctx, sb)
 			// Bounded: a Pod on a lost node can stay terminating for
 			// good, and the gateway must start all the same.
 			rctx, cancel := context.WithTimeout(ctx, orphanRemoval)
@@ -167,7 +168,15 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 			m.revocations.add(info.ID, preview, until, time.Now())
 		}
 	}
-	s.trail = m.openTrail(info.Tenant, info.ID)
+	s.trail = m.liveTrail(info.Tenant, info.ID, false)
+	if m.journalOn() {
+		// Before the first new event: a host that lost the file gets
+		// the trail back from the store. If the store does not answer,
+		// the journal tries again before its first flush.
+		if err := m.syncTrail(ctx, s); err != nil {
+			m.log.Warn("the stored audit trail of an adopted session could not be read yet", "session", info.ID, "err", err)
+		}
+	}
 	s.record("adopted", map[string]any{"note": "the gateway restarted and took the session over"})
 	return s, exited, ""
 }

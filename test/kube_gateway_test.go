@@ -96,8 +96,8 @@ func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Back
 // answers, CDP with a real client through the gateway, exec, files, the
 // audit trail, a download; a runtime the cluster lacks and an egress
 // allow list (nothing would enforce it) refused; a session adopted by a
-// restarted gateway from its Pod alone; and its Pod gone once it is
-// deleted. The gateway has the cluster credentials of rbac.yaml only.
+// restarted gateway from its Pod alone (its trail from MinIO alone); and
+// its Pod gone once it is deleted. The gateway has the cluster credentials of rbac.yaml only.
 func TestKubeGateway(t *testing.T) {
 	e := needE2E(t)
 	kubeconfig := needKube(t)
@@ -231,8 +231,16 @@ func TestKubeGateway(t *testing.T) {
 	// A download in the browser reaches the store, read out of the Pod.
 	kubeDownload(t, ctx, k, s.ID, p.URL)
 
-	// The gateway restarts: the session comes back from its Pod.
+	// The gateway restarts as if on another node, without the host's
+	// trail files: the session comes back from its Pod, its trail from
+	// MinIO (checked at the end: created, started, download).
+	waitFor(t, 30*time.Second, "the download in the stored trail", func() bool {
+		return bytes.Contains(storedTrail(t, k.profileBucket(t), "tenant-a", s.ID), []byte(`"download"`))
+	})
 	k.stopGateway(syscall.SIGKILL)
+	if err := os.RemoveAll(filepath.Join(k.dir, "state", "audit")); err != nil {
+		t.Fatal(err)
+	}
 	if err := k.startGateway(); err != nil {
 		t.Fatal(err)
 	}

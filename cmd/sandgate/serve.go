@@ -172,6 +172,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		ProxyPort:      cfg.Egress.ProxyPort,
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,
+		Trails:         store,
 		Env:            sessionCAEnv(ca),
 		Pools:          poolConfigs(cfg),
 		PoolLimits: session.PoolLimits{

@@ -1,0 +1,209 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+)
+
+// pieceStore is a TrailStore in memory, for the manager's side of the
+// journal; TestAuditTrailOutlivesHost (test/) runs it against MinIO.
+type pieceStore struct {
+	mu     sync.Mutex
+	pieces map[string]map[int][]byte
+	fail   error
+}
+
+func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, lines []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fail != nil {
+		return p.fail
+	}
+	if p.pieces == nil {
+		p.pieces = map[string]map[int][]byte{}
+	}
+	if p.pieces[tenant+"/"+id] == nil {
+		p.pieces[tenant+"/"+id] = map[int][]byte{}
+	}
+	p.pieces[tenant+"/"+id][start] = append([]byte(nil), lines...)
+	return nil
+}
+
+func (p *pieceStore) ReadTrail(_ context.Context, tenant, id string, each func(int, io.Reader) error) error {
+	p.mu.Lock()
+	got := p.pieces[tenant+"/"+id]
+	var starts []int
+	for s := range got {
+		starts = append(starts, s)
+	}
+	p.mu.Unlock()
+	sort.Ints(starts)
+	for _, s := range starts {
+		if err := each(s, bytes.NewReader(got[s])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *pieceStore) DropTrail(_ context.Context, tenant, id string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.pieces, tenant+"/"+id)
+	return nil
+}
+
+func journalManager(t *testing.T, store *pieceStore) *Manager {
+	m := testManager(t)
+	m.cfg.Trails = store
+	m.base = context.Background()
+	m.journalKick = make(chan struct{}, 1)
+	return m
+}
+
+func types(evs []Event) []string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Type)
+	}
+	return out
+}
+
+func eq(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// The store holds what was flushed, in pieces that follow on; a store
+// that refuses keeps the events pending, and the next flush writes them
+// after what is already there.
+func TestJournalFlush(t *testing.T) {
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	s := newSess(Info{ID: "s-0123456789abcdef", Tenant: "acme"})
+	s.trail = m.liveTrail("acme", s.info.ID, true)
+	m.sessions[s.info.ID] = s
+	s.record("created", nil)
+	s.record("exec", nil)
+	select {
+	case <-m.journalKick:
+	default:
+		t.Fatal("an event did not ask for a flush")
+	}
+	if !m.flushTrails(context.Background()) {
+		t.Fatal("flush failed")
+	}
+	stored, err := m.readStoredTrail(context.Background(), "acme", s.info.ID)
+	if err != nil || !eq(types(stored), []string{"created", "exec"}) {
+		t.Fatalf("stored %v, %v", types(stored), err)
+	}
+	store.fail = errors.New("away")
+	s.record("download", nil)
+	if m.flushTrails(context.Background()) {
+		t.Fatal("a refused flush said it was done")
+	}
+	store.fail = nil
+	s.record("preview", nil)
+	if !m.flushTrails(context.Background()) {
+		t.Fatal("flush failed")
+	}
+	stored, _ = m.readStoredTrail(context.Background(), "acme", s.info.ID)
+	if want := []string{"created", "exec", "download", "preview"}; !eq(types(stored), want) {
+		t.Fatalf("stored %v, want %v", types(stored), want)
+	}
+	if len(store.pieces["acme/"+s.info.ID]) != 2 {
+		t.Errorf("want 2 pieces, got %d", len(store.pieces["acme/"+s.info.ID]))
+	}
+	m.dropStoredTrail(s)
+	s.record("late", nil)
+	m.flushTrails(context.Background())
+	if len(store.pieces["acme/"+s.info.ID]) != 0 {
+		t.Errorf("pieces left or written after the drop: %d", len(store.pieces["acme/"+s.info.ID]))
+	}
+}
+
+// An adopted session's trail is matched with the store: a host file that
+// holds more than the store (the interval before a gateway died) has the
+// rest flushed; a host that lost the file gets the store's events back,
+// with what was recorded since after them.
+func TestJournalSync(t *testing.T) {
+	ctx := context.Background()
+	const id = "s-0123456789abcdef"
+	put := func(store *pieceStore, start int, typs ...string) {
+		var b bytes.Buffer
+		for _, typ := range typs {
+			json.NewEncoder(&b).Encode(Event{Time: time.Now(), Type: typ})
+		}
+		store.PutTrail(ctx, "acme", id, start, b.Bytes())
+	}
+	t.Run("host holds more", func(t *testing.T) {
+		store := &pieceStore{}
+		m := journalManager(t, store)
+		put(store, 0, "created", "exec")
+		old := m.openTrail("acme", id)
+		for _, typ := range []string{"created", "exec", "download"} {
+			old.record(time.Now(), typ, nil)
+		}
+		s := newSess(Info{ID: id, Tenant: "acme"})
+		s.trail = m.liveTrail("acme", id, false)
+		m.sessions[id] = s
+		if err := m.syncTrail(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		s.record("adopted", nil)
+		m.flushTrails(ctx)
+		stored, _ := m.readStoredTrail(ctx, "acme", id)
+		if want := []string{"created", "exec", "download", "adopted"}; !eq(types(stored), want) {
+			t.Fatalf("stored %v, want %v", types(stored), want)
+		}
+	})
+	t.Run("host lost the file", func(t *testing.T) {
+		store := &pieceStore{}
+		m := journalManager(t, store)
+		put(store, 0, "created", "exec")
+		put(store, 2, "download")
+		s := newSess(Info{ID: id, Tenant: "acme"})
+		s.trail = m.liveTrail("acme", id, false)
+		m.sessions[id] = s
+		// The store did not answer at the adoption: the event recorded
+		// meanwhile goes after what the store has.
+		s.record("adopted", nil)
+		m.flushTrails(ctx)
+		want := []string{"created", "exec", "download", "adopted"}
+		if got := types(s.trail.events()); !eq(got, want) {
+			t.Fatalf("host trail %v, want %v", got, want)
+		}
+		if _, err := os.Stat(s.trail.path); err != nil {
+			t.Fatalf("the host file was not made again: %v", err)
+		}
+		stored, _ := m.readStoredTrail(ctx, "acme", id)
+		if !eq(types(stored), want) {
+			t.Fatalf("stored %v, want %v", types(stored), want)
+		}
+	})
+	t.Run("a gap", func(t *testing.T) {
+		store := &pieceStore{}
+		m := journalManager(t, store)
+		put(store, 0, "created")
+		put(store, 5, "far")
+		stored, err := m.readStoredTrail(ctx, "acme", id)
+		if err != nil || !eq(types(stored), []string{"created"}) {
+			t.Fatalf("read past a gap: %v, %v", types(stored), err)
+		}
+	})
+}

@@ -1,0 +1,138 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+)
+
+const artifactsBucket = "sandgate-artifacts"
+
+// storedTrail reads what MinIO holds of a running session's audit trail
+// (its pieces, in order) as the gateway wrote it.
+func storedTrail(t testing.TB, mc *minio.Client, tenant, id string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var all []byte
+	for obj := range mc.ListObjects(ctx, artifactsBucket, minio.ListObjectsOptions{Prefix: "~trails/" + tenant + "/" + id + "/", Recursive: true}) {
+		if obj.Err != nil {
+			t.Fatalf("list trail pieces: %v", obj.Err)
+		}
+		o, err := mc.GetObject(ctx, artifactsBucket, obj.Key, minio.GetObjectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(o)
+		o.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, b...)
+	}
+	return all
+}
+
+// TestAuditTrailOutlivesHost: a session's audit trail is in MinIO while
+// the session runs, a second or so behind, so a gateway that comes back
+// without the host's trail file (a replica on another node, a lost disk)
+// carries the trail on. Session A's trail is read back from the store
+// after its host file is removed; session B, the control, loses both its
+// host file and its stored pieces, and comes back without its past,
+// which shows that the store is all A's past came from. At A's end the
+// log artifact has the whole trail and the pieces are gone.
+func TestAuditTrailOutlivesHost(t *testing.T) {
+	e := needE2E(t)
+	mc := e.profileBucket(t)
+	a := e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "labels": map[string]string{"test": t.Name()}})
+	b := e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "labels": map[string]string{"test": t.Name()}})
+	markA, markB := "trail-mark-"+randHex(6), "trail-mark-"+randHex(6)
+	for id, mark := range map[string]string{a.ID: markA, b.ID: markB} {
+		if out := e.execIn(t, e.keyA, id, map[string]any{"cmd": []string{"echo", mark}}); out.ExitCode != 0 {
+			t.Fatalf("exec: %s", out.Stderr)
+		}
+	}
+	waitFor(t, 30*time.Second, "both trails' exec in MinIO", func() bool {
+		return bytes.Contains(storedTrail(t, mc, "tenant-a", a.ID), []byte(markA)) &&
+			bytes.Contains(storedTrail(t, mc, "tenant-a", b.ID), []byte(markB))
+	})
+
+	e.stopGateway(syscall.SIGKILL)
+	for _, id := range []string{a.ID, b.ID} {
+		f := filepath.Join(e.dir, "state", "audit", "tenant-a", id+".jsonl")
+		if _, err := os.Stat(f); err != nil {
+			t.Fatalf("the host trail file is not where the test looks: %v", err)
+		}
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	for obj := range mc.ListObjects(ctx, artifactsBucket, minio.ListObjectsOptions{Prefix: "~trails/tenant-a/" + b.ID + "/", Recursive: true}) {
+		if obj.Err == nil {
+			mc.RemoveObject(ctx, artifactsBucket, obj.Key, minio.RemoveObjectOptions{})
+		}
+	}
+	cancel()
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+
+	trail := func(id string) string {
+		var typs []string
+		for _, ev := range e.events(t, e.keyA, id) {
+			j, _ := json.Marshal(ev.Fields)
+			typs = append(typs, ev.Type+string(j))
+		}
+		return strings.Join(typs, "\n")
+	}
+	ta, tb := trail(a.ID), trail(b.ID)
+	for _, want := range []string{`created{`, markA, `adopted{`} {
+		if !strings.Contains(ta, want) {
+			t.Errorf("A's trail after the restart lacks %q:\n%s", want, ta)
+		}
+	}
+	if !strings.Contains(tb, `adopted{`) {
+		t.Errorf("B's trail after the restart lacks its adoption:\n%s", tb)
+	}
+	if strings.Contains(tb, markB) || strings.Contains(tb, `created{`) {
+		t.Errorf("B kept its past with neither its host file nor its pieces: the test does not see where A's came from:\n%s", tb)
+	}
+	if n := strings.Index(ta, markA); n < 0 || n > strings.Index(ta, `adopted{`) {
+		t.Errorf("A's past is not before its adoption:\n%s", ta)
+	}
+	// What is recorded after the adoption is stored too.
+	markA2 := "trail-mark-" + randHex(6)
+	if out := e.execIn(t, e.keyA, a.ID, map[string]any{"cmd": []string{"echo", markA2}}); out.ExitCode != 0 {
+		t.Fatalf("exec: %s", out.Stderr)
+	}
+	waitFor(t, 30*time.Second, "A's exec after the adoption in MinIO", func() bool {
+		return bytes.Contains(storedTrail(t, mc, "tenant-a", a.ID), []byte(markA2))
+	})
+
+	for _, id := range []string{a.ID, b.ID} {
+		e.stopSession(t, e.keyA, id)
+	}
+	log := findKind(e.artifacts(t, e.keyA, a.ID), "log", "")
+	if log == nil {
+		t.Fatal("no stored audit log for A")
+	}
+	whole := e.fetchArtifact(t, e.keyA, log.ID)
+	for _, want := range []string{markA, markA2, `"adopted"`, `"stopped"`} {
+		if !bytes.Contains(whole, []byte(want)) {
+			t.Errorf("A's audit log lacks %s", want)
+		}
+	}
+	waitFor(t, 30*time.Second, "the trail pieces removed once the log is stored", func() bool {
+		return len(storedTrail(t, mc, "tenant-a", a.ID)) == 0 && len(storedTrail(t, mc, "tenant-a", b.ID)) == 0
+	})
+}
