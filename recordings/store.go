@@ -18,6 +18,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -471,6 +472,46 @@ func (s *Store) DropTrail(ctx context.Context, tenant, session string) error {
 		if err := s.client.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}); err != nil {
 			return fmt.Errorf("remove audit trail piece: %w", err)
 		}
+	}
+	return nil
+}
+
+// Revoked previews are kept as empty objects whose key says it all,
+// ~revocations/<session>/<preview>.<until, unix seconds>, so that one
+// listing reads them (session.RevocationStore).
+const revocationPrefix = "~revocations/"
+
+// PutRevocation stores a preview's revocation until its expiry.
+func (s *Store) PutRevocation(ctx context.Context, session, preview string, until time.Time) error {
+	if !ids.IsSession(session) || !ids.IsPreview(preview) {
+		return fmt.Errorf("recordings: bad session or preview id")
+	}
+	k := fmt.Sprintf("%s%s/%s.%d", revocationPrefix, session, preview, until.Unix())
+	if _, err := s.client.PutObject(ctx, s.cfg.Bucket, k, bytes.NewReader(nil), 0, minio.PutObjectOptions{}); err != nil {
+		return fmt.Errorf("store revocation: %w", err)
+	}
+	return nil
+}
+
+// Revocations calls each with the stored revocations that hold at now,
+// and removes those that do not (a failed removal is tried again at the
+// next reading).
+func (s *Store) Revocations(ctx context.Context, now time.Time, each func(session, preview string, until time.Time)) error {
+	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: revocationPrefix, Recursive: true}) {
+		if obj.Err != nil {
+			return fmt.Errorf("list revocations: %w", obj.Err)
+		}
+		session, rest, ok := strings.Cut(strings.TrimPrefix(obj.Key, revocationPrefix), "/")
+		preview, unix, ok2 := strings.Cut(rest, ".")
+		sec, err := strconv.ParseInt(unix, 10, 64)
+		if !ok || !ok2 || err != nil || !ids.IsSession(session) || !ids.IsPreview(preview) {
+			continue
+		}
+		if until := time.Unix(sec, 0); until.After(now) {
+			each(session, preview, until)
+			continue
+		}
+		s.client.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{})
 	}
 	return nil
 }

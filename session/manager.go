@@ -66,6 +66,9 @@ type Config struct {
 	// most, so that the trail outlives the gateway's host.
 	Trails     TrailStore
 	TrailFlush time.Duration
+	// Revocations, when set, keeps revoked previews beside the host's
+	// file, where a gateway on another host finds them.
+	Revocations RevocationStore
 }
 
 // Defaults of the manager's own bookkeeping.
@@ -283,6 +286,10 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	m := &Manager{backend: backend, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
 		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
+	if err := m.loadStoredRevocations(ctx); err != nil {
+		cancel()
+		return nil, err
+	}
 	if m.runtimes = backend.Runtimes(ctx); m.runtimes == nil {
 		m.runtimes = map[string]*Runtime{}
 	}

@@ -83,6 +83,53 @@ func (m *Manager) RevokePreview(ctx context.Context, tenant, id, preview string,
 	if err != nil {
 		return fmt.Errorf("store revocation: %w", err)
 	}
+	if st := m.cfg.Revocations; st != nil {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := st.PutRevocation(sctx, id, preview, until); err != nil {
+			return publicf(ErrUnavailable, "the preview is revoked on this gateway, but the revocation could not be stored for the others and for a restart; revoke it again", err)
+		}
+	}
+	return nil
+}
+
+// RevocationStore keeps revoked previews where every gateway of the
+// deployment reads them (MinIO): a revocation then holds on a gateway
+// that comes back on another host, without this host's file.
+type RevocationStore interface {
+	PutRevocation(ctx context.Context, session, preview string, until time.Time) error
+	// Revocations calls each with the stored revocations that hold at
+	// now; it may remove those that do not.
+	Revocations(ctx context.Context, now time.Time, each func(session, preview string, until time.Time)) error
+}
+
+// loadStoredRevocations takes up the store's revocations. A gateway that
+// cannot read them does not start: it would take revoked links.
+func (m *Manager) loadStoredRevocations(ctx context.Context) error {
+	st := m.cfg.Revocations
+	if st == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	now, n := time.Now(), 0
+	r := m.revocations
+	err := st.Revocations(ctx, now, func(session, preview string, until time.Time) {
+		r.mu.Lock()
+		if _, ok := r.m[revocation{session, preview}]; !ok {
+			r.m[revocation{session, preview}] = until
+			n++
+		}
+		r.mu.Unlock()
+	})
+	if err != nil {
+		return fmt.Errorf("read the stored preview revocations: %w", err)
+	}
+	if n > 0 {
+		m.log.Info("took up preview revocations from the store that this host did not have", "count", n)
+		// Into the host's file too, in one write.
+		return r.rewrite()
+	}
 	return nil
 }
 
@@ -138,19 +185,31 @@ func loadRevocations(path string, now time.Time) (*revocations, error) {
 		}
 		f.Close()
 	}
+	if err := r.rewrite(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// rewrite writes the file anew with what is in memory.
+func (r *revocations) rewrite() error {
+	r.fmu.Lock()
+	defer r.fmu.Unlock()
 	var b bytes.Buffer
+	r.mu.Lock()
 	for k, until := range r.m {
 		line, _ := json.Marshal(revocationLine{k.Session, k.Preview, until.Unix()})
 		b.Write(append(line, '\n'))
 	}
-	tmp := path + ".tmp"
+	r.mu.Unlock()
+	tmp := r.path + ".tmp"
 	if err := writeSynced(tmp, b.Bytes()); err != nil {
-		return nil, fmt.Errorf("revocations: %w", err)
+		return fmt.Errorf("revocations: %w", err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return nil, fmt.Errorf("revocations: %w", err)
+	if err := os.Rename(tmp, r.path); err != nil {
+		return fmt.Errorf("revocations: %w", err)
 	}
-	return r, nil
+	return nil
 }
 
 func writeSynced(path string, b []byte) error {

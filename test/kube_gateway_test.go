@@ -231,15 +231,24 @@ func TestKubeGateway(t *testing.T) {
 	// A download in the browser reaches the store, read out of the Pod.
 	kubeDownload(t, ctx, k, s.ID, p.URL)
 
+	// A preview revoked before the restart.
+	revoked := k.preview(t, k.keyA, s.ID, 300)
+	if st, body := k.api(t, k.keyA, "DELETE", "/v1/sessions/"+s.ID+"/previews/"+revoked.ID, nil); st != 204 {
+		t.Fatalf("revoke: %d %s", st, body)
+	}
+
 	// The gateway restarts as if on another node, without the host's
-	// trail files: the session comes back from its Pod, its trail from
-	// MinIO (checked at the end: created, started, download).
+	// trail files and revocations: the session comes back from its Pod,
+	// its trail and revocations from MinIO (the trail checked at the
+	// end: created, started, download).
 	waitFor(t, 30*time.Second, "the download in the stored trail", func() bool {
 		return bytes.Contains(storedTrail(t, k.profileBucket(t), "tenant-a", s.ID), []byte(`"download"`))
 	})
 	k.stopGateway(syscall.SIGKILL)
-	if err := os.RemoveAll(filepath.Join(k.dir, "state", "audit")); err != nil {
-		t.Fatal(err)
+	for _, f := range []string{"audit", "revocations.jsonl"} {
+		if err := os.RemoveAll(filepath.Join(k.dir, "state", f)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := k.startGateway(); err != nil {
 		t.Fatal(err)
@@ -249,6 +258,9 @@ func TestKubeGateway(t *testing.T) {
 		t.Fatalf("after the restart: %d %s", status, body)
 	}
 	cdp() // the same preview: verified by the shared signing key
+	if previewAnswers(t, revoked.URL) {
+		t.Error("a preview revoked before the restart is taken after it")
+	}
 	if out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"cat", path}}); out.ExitCode != 0 || !bytes.Equal(out.Stdout, blob) {
 		t.Fatalf("after the restart, the file: exit %d, %d bytes", out.ExitCode, len(out.Stdout))
 	}

@@ -173,6 +173,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,
 		Trails:         store,
+		Revocations:    store,
 		Env:            sessionCAEnv(ca),
 		Pools:          poolConfigs(cfg),
 		PoolLimits: session.PoolLimits{

@@ -136,3 +136,69 @@ func TestAuditTrailOutlivesHost(t *testing.T) {
 		return len(storedTrail(t, mc, "tenant-a", a.ID)) == 0 && len(storedTrail(t, mc, "tenant-a", b.ID)) == 0
 	})
 }
+
+// previewAnswers tells whether a CDP preview link is taken: its
+// /json/version answers 200.
+func previewAnswers(t testing.TB, url string) bool {
+	t.Helper()
+	_, err := browserWSErr(url)
+	return err == nil
+}
+
+// TestRevocationOutlivesHost: a revoked preview stays revoked on a
+// gateway that comes back without the host's revocations file (a
+// replica on another node): the revocation is in MinIO too. p1 is
+// revoked and stays refused; p2, never revoked, is taken (control);
+// p3 is revoked and the test removes its stored revocation as well, so
+// it is taken again, which shows the store is what kept p1 refused.
+func TestRevocationOutlivesHost(t *testing.T) {
+	e := needE2E(t)
+	mc := e.profileBucket(t)
+	s := e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "labels": map[string]string{"test": t.Name()}})
+	p1, p2, p3 := e.preview(t, e.keyA, s.ID, 600), e.preview(t, e.keyA, s.ID, 600), e.preview(t, e.keyA, s.ID, 600)
+	for _, p := range []previewInfo{p1, p2, p3} {
+		if !previewAnswers(t, p.URL) {
+			t.Fatalf("preview %s refused before any revocation", p.ID)
+		}
+	}
+	for _, p := range []previewInfo{p1, p3} {
+		if st, body := e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID+"/previews/"+p.ID, nil); st != 204 {
+			t.Fatalf("revoke: %d %s", st, body)
+		}
+		if previewAnswers(t, p.URL) {
+			t.Fatalf("preview %s taken right after its revocation", p.ID)
+		}
+	}
+	e.stopGateway(syscall.SIGKILL)
+	f := filepath.Join(e.dir, "state", "revocations.jsonl")
+	if raw, err := os.ReadFile(f); err != nil || !bytes.Contains(raw, []byte(p1.ID)) {
+		t.Fatalf("the host revocations file is not where the test looks: %v", err)
+	}
+	if err := os.Remove(f); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	removed := 0
+	for obj := range mc.ListObjects(ctx, artifactsBucket, minio.ListObjectsOptions{Prefix: "~revocations/" + s.ID + "/" + p3.ID + ".", Recursive: true}) {
+		if obj.Err == nil && mc.RemoveObject(ctx, artifactsBucket, obj.Key, minio.RemoveObjectOptions{}) == nil {
+			removed++
+		}
+	}
+	cancel()
+	if removed != 1 {
+		t.Fatalf("removed %d stored revocations of p3, want 1", removed)
+	}
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+	if previewAnswers(t, p1.URL) {
+		t.Error("a revoked preview is taken again after a restart without the host's revocations file")
+	}
+	if !previewAnswers(t, p2.URL) {
+		t.Error("a preview never revoked is refused after the restart")
+	}
+	if !previewAnswers(t, p3.URL) {
+		t.Error("p3, whose stored revocation the test removed, is still refused: the test does not see where p1's refusal came from")
+	}
+	e.stopSession(t, e.keyA, s.ID)
+}
