@@ -115,10 +115,13 @@ func (m *Manager) sessionEnv(info Info) []string {
 		"SANDGATE_CDP_PORT=" + strconv.Itoa(CDPPort),
 		"SANDGATE_VNC_PORT=" + strconv.Itoa(VNCPort),
 	}
-	// No proxy under a backend with its own network: the cluster's
-	// NetworkPolicy is what bounds the session's egress there.
+	// Under a backend with its own network, the proxy the gateway serves
+	// there, if it does; the cluster's NetworkPolicy keeps the session to it.
+	proxy := m.cfg.ProxyURL
 	if pa := m.ProxyAddr(); pa.IsValid() {
-		proxy := "http://" + pa.String()
+		proxy = "http://" + pa.String()
+	}
+	if proxy != "" {
 		env = append(env, "SANDGATE_PROXY="+proxy,
 			"http_proxy="+proxy, "https_proxy="+proxy, "HTTP_PROXY="+proxy, "HTTPS_PROXY="+proxy,
 			"no_proxy=localhost,127.0.0.1", "NO_PROXY=localhost,127.0.0.1")

@@ -33,9 +33,9 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	if spec.IdleTimeout < 0 || (lim.MaxIdle > 0 && spec.IdleTimeout > lim.MaxIdle) {
 		return nil, publicf(ErrInvalid, fmt.Sprintf("idle_timeout_seconds must be between 0 and %d", int(lim.MaxIdle.Seconds())), nil)
 	}
-	if m.net == nil && (len(spec.Egress.Allow) > 0 || len(spec.Egress.Credentials) > 0) {
+	if m.net == nil && m.cfg.ProxyURL == "" && (len(spec.Egress.Allow) > 0 || len(spec.Egress.Credentials) > 0) {
 		// Nothing here would enforce them: say so rather than pretend.
-		return nil, publicf(ErrInvalid, fmt.Sprintf("egress allow lists and credential bindings need the containerd backend for now; under the %s backend a session reaches what the cluster's NetworkPolicy allows", m.backend.Name()), nil)
+		return nil, publicf(ErrInvalid, fmt.Sprintf("egress allow lists and credential bindings need an egress proxy, which this gateway does not serve under the %s backend (egress.listen); a session reaches what the cluster's NetworkPolicy allows", m.backend.Name()), nil)
 	}
 	if len(spec.Labels) > 32 {
 		return nil, publicf(ErrInvalid, "at most 32 labels", nil)

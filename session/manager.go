@@ -38,6 +38,10 @@ type Config struct {
 	// ProxyPort is where the egress proxy listens on the bridge's
 	// address (default 3128); the kernel rules let sessions reach only it.
 	ProxyPort uint16
+	// ProxyURL is where the sessions of a backend with its own network
+	// reach the egress proxy ("http://host:port"); empty: no proxy, and
+	// allow lists and credential bindings are refused.
+	ProxyURL string
 	// Env adds environment variables to a new session (the egress CA's
 	// key hashes, say). Nothing secret may go there: it is the sandbox's.
 	Env func(Info) []string

@@ -59,7 +59,7 @@ func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Back
 	}
 	dir := t.TempDir()
 	k := &testEnv{dir: dir, bin: e.bin, gwAddr: fmt.Sprintf("127.0.0.1:%d", port), gwLog: filepath.Join(dir, "gateway.log"),
-		keyA: e.keyA, minioAddr: e.minioAddr, tokenKey: e.tokenKey, vaultKey: e.vaultKey}
+		keyA: e.keyA, minioAddr: e.minioAddr, tokenKey: e.tokenKey, vaultKey: e.vaultKey, canary: e.canary}
 	k.gwURL = "http://" + k.gwAddr
 	sum := sha256.Sum256([]byte(e.keyA))
 	cfg := map[string]any{
@@ -69,6 +69,10 @@ func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Back
 		"tokens":  map[string]any{"active_key": "k1", "keys": map[string]string{"k1": e.tokenKey}},
 		"vault":   map[string]any{"key": e.vaultKey},
 		"backend": "kubernetes",
+		// The egress proxy on the trial cluster's bridge address, which
+		// cluster.sh opens to Pods (the stand-in for the proxy's Service);
+		// it resolves the suite's test hosts as the suite's gateway does.
+		"egress": map[string]any{"listen": kubeEgressAddr, "advertise": kubeEgressAddr, "hosts": testHostNames, "upstream_ca_file": e.hosts.caFile},
 		"kubernetes": map[string]any{
 			"kubeconfig": kubeconfig, "namespace": b.Namespace(), "image": images.SessionDefinition().Ref(), "pull_policy": "Never",
 			"runtime_classes": map[string]string{"runc": "sandgate-runc"},
@@ -122,8 +126,8 @@ func TestKubeGateway(t *testing.T) {
 		status int
 		want   string
 	}{
-		"kata, which the cluster lacks":  {map[string]any{"runtime": "kata"}, 422, "not usable"},
-		"an allow list nothing enforces": {map[string]any{"egress": map[string]any{"allow": []string{"example.com:443"}}}, 400, "NetworkPolicy"},
+		"kata, which the cluster lacks": {map[string]any{"runtime": "kata"}, 422, "not usable"},
+		"a bad allow list":              {map[string]any{"egress": map[string]any{"allow": []string{"*"}}}, 400, "host:port"},
 	} {
 		status, body := k.api(t, k.keyA, "POST", "/v1/sessions", c.req)
 		if status != c.status || !strings.Contains(string(body), c.want) {
@@ -136,7 +140,16 @@ func TestKubeGateway(t *testing.T) {
 
 	// A session: its Pod is the record.
 	t0 := time.Now()
-	s := k.createSession(t, k.keyA, map[string]any{"runtime": "runc"})
+	st, body := k.api(t, k.keyA, "POST", "/v1/credentials", map[string]any{"name": "kube token", "kind": "bearer", "secret": e.canary})
+	if st != 201 {
+		t.Fatalf("credential: %d %s", st, body)
+	}
+	bearer := jsonField(body, "id")
+	t.Cleanup(func() { k.api(t, k.keyA, "DELETE", "/v1/credentials/"+bearer, nil) })
+	s := k.createSession(t, k.keyA, map[string]any{"runtime": "runc",
+		"egress":      map[string]any{"allow": []string{"pages.sandgate.test:80"}},
+		"credentials": []map[string]any{{"credential": bearer, "scheme": "https", "host": "bearer.sandgate.test", "path_prefix": "/"}},
+	})
 	created := time.Since(t0)
 	t.Logf("create answered (Chromium answering) after %.1f s under the runc RuntimeClass", created.Seconds())
 	pods, err := b.List(ctx)
@@ -195,6 +208,42 @@ func TestKubeGateway(t *testing.T) {
 	// Root is refused: session Pods run as non-root.
 	if status, body := k.api(t, k.keyA, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"cmd": []string{"id"}, "root": true}); status < 400 || status >= 500 {
 		t.Errorf("exec as root: %d %s", status, body)
+	}
+
+	// Egress: the gateway's proxy knows the session by its Pod address.
+	// Its allow list holds there, for the browser and for commands; an
+	// address on it is not reached around the proxy.
+	func() {
+		actx, acancel := remote.NewAllocator(ctx, browserWS(t, p.URL))
+		defer acancel()
+		cctx, ccancel := chromedp.NewContext(actx)
+		defer ccancel()
+		if title, err := navigateTitle(cctx, "http://pages.sandgate.test/hello.html"); err != nil || title != "Sandgate test page" {
+			t.Fatalf("the browser, through the egress proxy, to a host on the allow list: %q, %v", title, err)
+		}
+		// The bound credential is added by the proxy, under the session's
+		// own CA, which the Pod's Chromium trusts by key hash.
+		if title, err := navigateTitle(cctx, "https://bearer.sandgate.test/"); err != nil || title != "bearer ok" {
+			t.Fatalf("the browser, through the egress proxy, to a host behind the bound bearer token: %q, %v", title, err)
+		}
+	}()
+	sh := func(script string) execOut {
+		return k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"bash", "-c", script}, "timeout_seconds": 30})
+	}
+	if out := sh("curl -sS --max-time 10 http://pages.sandgate.test/hello.html"); out.ExitCode != 0 || !strings.Contains(string(out.Stdout), "Sandgate test page") {
+		t.Fatalf("curl through the egress proxy to a host on the allow list: exit %d %q %q", out.ExitCode, out.Stdout, out.Stderr)
+	}
+	for name, script := range map[string]string{
+		"off the allow list, through the proxy": "curl -sf --max-time 10 http://other.sandgate.test/",
+		"the allowed host's address, directly":  fmt.Sprintf(`perl -MIO::Socket::IP -e 'IO::Socket::IP->new(PeerAddr => "%s:80", Timeout => 3) or exit 1; exit 0'`, sitesIP),
+	} {
+		if out := sh(script); out.ExitCode == 0 {
+			t.Errorf("%s: reached from the session Pod (stdout %q)", name, out.Stdout)
+		}
+	}
+	evs := k.events(t, k.keyA, s.ID)
+	if !hasEvent(evs, "egress_allowed", "pages.sandgate.test", "") || !hasEvent(evs, "egress_denied", "other.sandgate.test", "allow list") {
+		t.Errorf("the egress events are not in the session's trail: %v", evs)
 	}
 
 	// Files, both ways, byte for byte.

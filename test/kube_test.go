@@ -49,6 +49,9 @@ var kubeState struct {
 const (
 	kubeSock   = "/run/sandgate-kube/containerd.sock"
 	kubeletDir = "/var/lib/sandgate-kube/kubelet"
+	// kubeEgressAddr is the Pods' bridge address, where cluster.sh lets
+	// Pods reach an egress proxy served by a gateway on the node.
+	kubeEgressAddr = "10.98.0.1:3128"
 )
 
 // needKube brings the cluster up and imports the session image into its

@@ -20,11 +20,22 @@ func TestBackendConfig(t *testing.T) {
 	if rc := c.Kubernetes.RuntimeClasses; rc["runc"] != "dev-runc" || rc["gvisor"] != "gvisor" || rc["kata"] != "kata" || c.Kubernetes.PullPolicy != "IfNotPresent" {
 		t.Fatalf("kubernetes defaults: %+v", c.Kubernetes)
 	}
+	c, err = loadConfig(t, `, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": ":3128", "advertise": "10.96.0.12:3128"}`)
+	if err != nil || proxyURL(c) != "http://10.96.0.12:3128" {
+		t.Fatalf("kubernetes with an egress proxy: %v, %q", err, proxyURL(c))
+	}
+	if c, err := loadConfig(t, ""); err != nil || proxyURL(c) != "" {
+		t.Fatalf("containerd: proxy URL %q, %v (its sessions are told the bridge's address)", proxyURL(c), err)
+	}
 	for extra, want := range map[string]string{
 		`, "backend": "nomad"`:      "not one of containerd, kubernetes",
 		`, "backend": "kubernetes"`: "kubernetes.namespace is required",
-		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "pull_policy": "Sometimes"}`: "pull_policy",
-		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "pools": [{"size": 1}]`:     "pools need backend containerd",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "pull_policy": "Sometimes"}`:                                    "pull_policy",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "pools": [{"size": 1}]`:                                        "pools need backend containerd",
+		`, "egress": {"listen": ":3128", "advertise": "10.0.0.1:3128"}`:                                                              "for backend kubernetes",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": ":3128"}`:                                 "go together",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": ":3128", "advertise": "proxy.svc:3128"}`:  "not ip:port",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": "nowhere", "advertise": "10.0.0.1:3128"}`: "egress.listen",
 	} {
 		if _, err := loadConfig(t, extra); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error naming %q", extra, err, want)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -55,9 +56,9 @@ type Config struct {
 
 	// Backend runs the sessions' sandboxes: "containerd" (the default,
 	// on this host) or "kubernetes" (Pods in Kubernetes.Namespace; see
-	// deploy/kubernetes/README.md). Under kubernetes, warm pools and
-	// per-session egress allow lists are refused for now: a session
-	// reaches what the cluster's NetworkPolicy allows.
+	// deploy/kubernetes/README.md). Under kubernetes, warm pools are
+	// refused for now, and so are per-session egress allow lists unless
+	// the gateway serves its egress proxy to the cluster (egress.listen).
 	Backend    string `json:"backend"`
 	Kubernetes struct {
 		// Kubeconfig: a path; empty means in-cluster.
@@ -153,6 +154,14 @@ type Config struct {
 	Egress struct {
 		// ProxyPort is the egress proxy's port on the bridge's address.
 		ProxyPort uint16 `json:"proxy_port"`
+		// Under backend kubernetes: Listen is where the proxy listens
+		// (":3128" in a gateway Pod) and Advertise the ip:port its
+		// sessions are told (the cluster IP of the proxy's Service, say
+		// "10.96.12.34:3128"). Without them there is no
+		// proxy there, and allow lists and credential bindings are
+		// refused. The containerd backend's proxy is on its bridge.
+		Listen    string `json:"listen"`
+		Advertise string `json:"advertise"`
 		// DNS is the resolver the proxy asks ("ip:53"); empty: the host's.
 		DNS string `json:"dns"`
 		// Hosts pins names to addresses, before DNS.
@@ -410,7 +419,23 @@ func (c *Config) check() error {
 	}
 	switch c.Backend {
 	case "containerd":
+		if c.Egress.Listen != "" || c.Egress.Advertise != "" {
+			errs = append(errs, errors.New("egress.listen and egress.advertise are for backend kubernetes; the containerd backend's proxy listens on its bridge (egress.proxy_port)"))
+		}
 	case "kubernetes":
+		if (c.Egress.Listen == "") != (c.Egress.Advertise == "") {
+			errs = append(errs, errors.New("egress.listen and egress.advertise go together: where the proxy listens and where sessions reach it"))
+		}
+		if c.Egress.Advertise != "" {
+			// An address, not a name: session Pods reach nothing but the
+			// proxy, no DNS (the proxy's Service's cluster IP, say).
+			if _, err := netip.ParseAddrPort(c.Egress.Advertise); err != nil {
+				errs = append(errs, fmt.Errorf("egress.advertise %q is not ip:port (sessions reach no DNS to look a name up)", c.Egress.Advertise))
+			}
+			if _, err := net.ResolveTCPAddr("tcp", c.Egress.Listen); err != nil {
+				errs = append(errs, fmt.Errorf("egress.listen %q: %v", c.Egress.Listen, err))
+			}
+		}
 		if c.Kubernetes.Namespace == "" {
 			errs = append(errs, errors.New("kubernetes.namespace is required with backend kubernetes"))
 		}

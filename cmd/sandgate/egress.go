@@ -157,8 +157,11 @@ func startEgress(cfg *Config, m *session.Manager, v *vault.Vault, ca []byte, log
 		}
 		ec.UpstreamRoots = pool
 	}
-	addr := m.ProxyAddr()
-	l, err := net.Listen("tcp", addr.String())
+	addr := m.ProxyAddr().String()
+	if !m.ProxyAddr().IsValid() {
+		addr = cfg.Egress.Listen // a backend with its own network
+	}
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("egress proxy on %s: %w", addr, err)
 	}
@@ -168,7 +171,16 @@ func startEgress(cfg *Config, m *session.Manager, v *vault.Vault, ca []byte, log
 			log.Error("egress proxy stopped", "err", err)
 		}
 	}()
-	log.Info("egress proxy listening", "addr", addr.String(), "max_conns", ec.Limits.MaxConns,
+	log.Info("egress proxy listening", "addr", addr, "max_conns", ec.Limits.MaxConns,
 		"session_max_conns", ec.Limits.SessionConns, "session_bytes_per_second", ec.Limits.SessionBytesPerSecond, "idle_timeout", ec.Limits.IdleTimeout)
 	return p, nil
+}
+
+// proxyURL is where sessions of the kubernetes backend reach the egress
+// proxy; empty when the gateway serves none there.
+func proxyURL(cfg *Config) string {
+	if cfg.Backend != "kubernetes" || cfg.Egress.Advertise == "" {
+		return ""
+	}
+	return "http://" + cfg.Egress.Advertise
 }

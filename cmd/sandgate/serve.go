@@ -170,6 +170,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		MaxSessions:    cfg.Capacity.MaxSessions,
 		MinFreeDiskMB:  cfg.Capacity.MinFreeDiskMB,
 		ProxyPort:      cfg.Egress.ProxyPort,
+		ProxyURL:       proxyURL(cfg),
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,
 		Trails:         store,
@@ -186,7 +187,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	defer mgr.Close()
-	if mgr.ProxyAddr().IsValid() {
+	if mgr.ProxyAddr().IsValid() || cfg.Egress.Listen != "" {
 		proxy, err := startEgress(cfg, mgr, v, ca, log)
 		if err != nil {
 			return err

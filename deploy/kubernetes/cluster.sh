@@ -45,6 +45,9 @@ RUN=/run/sandgate-kube
 NODE=sandgate-node
 NODE_IP=${SANDGATE_KUBE_NODE_IP:-10.97.0.1}
 POD_CIDR=${SANDGATE_KUBE_POD_CIDR:-10.98.0.0/24}
+POD_BASE=${POD_CIDR%/*}
+POD_GW=${POD_BASE%.*}.$((${POD_BASE##*.} + 1)) # the bridge's address: the Pods' gateway
+EGRESS_PORT=3128
 SERVICE_CIDR=10.99.0.0/24
 API_PORT=16443
 NETPOL_QUEUE=100
@@ -255,6 +258,12 @@ up() {
 	ip link show sgk0 >/dev/null 2>&1 || ip link add sgk0 type bridge
 	ip addr replace "$NODE_IP/32" dev sgk0
 	ip link set sgk0 up
+	# The Pods' bridge, with its address, before the first Pod (the CNI
+	# plugin would make it then, and takes it as it finds it): a gateway
+	# on the node can serve its egress proxy there from the start.
+	ip link show sgkbr0 >/dev/null 2>&1 || ip link add sgkbr0 type bridge
+	ip addr replace "$POD_GW/${POD_CIDR#*/}" dev sgkbr0
+	ip link set sgkbr0 up
 
 	# Pods have a default route through the node, as in any cluster, and
 	# the node lets them answer it, reach each other over IPv4 (where
@@ -262,7 +271,11 @@ up() {
 	# (host side of their veth named sgkt*), and nothing else: not the
 	# host's services, not another machine, not each other over IPv6 (the
 	# link-local addresses every Pod has, which the enforcer's IPv4 queue
-	# would not see). Bridged traffic passes these hooks only with
+	# would not see). One host service is open to them: a gateway run on
+	# the node serves its egress proxy on the bridge's address ($POD_GW,
+	# port $EGRESS_PORT), the trial's stand-in for the proxy's Service; it
+	# serves sessions only, known by their Pod addresses. Bridged traffic
+	# passes these hooks only with
 	# br_netfilter's bridge-nf-call-* on, which up makes sure of.
 	nft -f - <<EOF
 table inet sandgate_kube
@@ -271,6 +284,7 @@ table inet sandgate_kube {
 	chain input {
 		type filter hook input priority 0; policy accept;
 		iifname "sgkbr0" ct state established,related accept
+		iifname "sgkbr0" ip daddr $POD_GW tcp dport $EGRESS_PORT accept
 		iifname "sgkbr0" drop
 	}
 	chain forward {
