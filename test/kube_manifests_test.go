@@ -1,0 +1,160 @@
+package test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+)
+
+// manifestDocs reads a manifest's objects as the API server would get
+// them, unknown fields and all.
+func manifestDocs(t *testing.T, path string) []*unstructured.Unstructured {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*unstructured.Unstructured
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		var m map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		out = append(out, &unstructured.Unstructured{Object: m})
+	}
+	return out
+}
+
+// TestKubeManifests: every object of deploy/kubernetes's gateway.yaml and
+// minio-trial.yaml passes the real API server's validation (a dry-run
+// create with strict field validation, in a test namespace), and the
+// pieces agree: the gateway's Pods run as rbac.yaml's ServiceAccount,
+// carry the label networkpolicies.yaml lets reach session Pods, and are
+// what both Services select, on the ports the policy and the config name.
+// The control: the same Deployment with a misspelt field is refused.
+func TestKubeManifests(t *testing.T) {
+	needE2E(t)
+	kubeconfig := needKube(t)
+	b := kubeNamespace(t, kubeconfig)
+	ns := b.Namespace()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := restmapper.GetAPIGroupResources(b.Client().Discovery())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDiscoveryRESTMapper(groups)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dryRun := func(obj *unstructured.Unstructured) error {
+		gvk := obj.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return err
+		}
+		obj.SetNamespace(ns)
+		_, err = dyn.Resource(m.Resource).Namespace(ns).Create(ctx, obj, metav1.CreateOptions{
+			DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
+		return err
+	}
+	kinds := map[string]int{}
+	for _, path := range []string{"../deploy/kubernetes/gateway.yaml", "../deploy/kubernetes/minio-trial.yaml"} {
+		for _, obj := range manifestDocs(t, path) {
+			if obj.GetNamespace() != "sandgate" {
+				t.Errorf("%s: %s %s is in namespace %q, not sandgate", path, obj.GetKind(), obj.GetName(), obj.GetNamespace())
+			}
+			if err := dryRun(obj); err != nil {
+				t.Errorf("%s: %s %s refused by the API server: %v", path, obj.GetKind(), obj.GetName(), err)
+			}
+			kinds[obj.GetKind()]++
+		}
+	}
+	if kinds["Deployment"] != 2 || kinds["Service"] != 3 || kinds["Secret"] != 1 {
+		t.Errorf("objects found: %v", kinds)
+	}
+
+	// The control: a misspelt field is refused.
+	bad := manifestDocs(t, "../deploy/kubernetes/gateway.yaml")[0]
+	unstructured.SetNestedField(bad.Object, int64(1), "spec", "replica")
+	if err := dryRun(bad); err == nil || !strings.Contains(err.Error(), "replica") {
+		t.Errorf("a Deployment with a misspelt field: %v, want it refused naming the field", err)
+	}
+
+	// The pieces agree.
+	var gw *appsv1.Deployment
+	var services []*corev1.Service
+	for _, obj := range kubeManifest(t, "../deploy/kubernetes/gateway.yaml") {
+		switch o := obj.(type) {
+		case *appsv1.Deployment:
+			gw = o
+		case *corev1.Service:
+			services = append(services, o)
+		}
+	}
+	if gw == nil || len(services) != 2 {
+		t.Fatalf("gateway.yaml: deployment %v, %d services", gw != nil, len(services))
+	}
+	pod := labels.Set(gw.Spec.Template.Labels)
+	var sa string
+	for _, obj := range kubeManifest(t, "../deploy/kubernetes/rbac.yaml") {
+		if o, ok := obj.(*corev1.ServiceAccount); ok {
+			sa = o.Name
+		}
+	}
+	if gw.Spec.Template.Spec.ServiceAccountName != sa || sa == "" {
+		t.Errorf("the gateway runs as %q, rbac.yaml's ServiceAccount is %q", gw.Spec.Template.Spec.ServiceAccountName, sa)
+	}
+	ports := map[string]int32{}
+	for _, p := range gw.Spec.Template.Spec.Containers[0].Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	for _, svc := range services {
+		if !labels.SelectorFromSet(svc.Spec.Selector).Matches(pod) || len(svc.Spec.Selector) == 0 {
+			t.Errorf("Service %s does not select the gateway's Pods", svc.Name)
+		}
+		for _, p := range svc.Spec.Ports {
+			if _, ok := ports[p.TargetPort.StrVal]; !ok {
+				t.Errorf("Service %s targets port %q, which the gateway's Pod does not name", svc.Name, p.TargetPort.StrVal)
+			}
+		}
+	}
+	if ports["egress"] != 3128 {
+		t.Errorf("the gateway's egress port is %d, the policy lets sessions reach 3128", ports["egress"])
+	}
+	for _, obj := range kubeManifest(t, "../deploy/kubernetes/networkpolicies.yaml") {
+		np := obj.(*networkingv1.NetworkPolicy)
+		for _, in := range np.Spec.Ingress {
+			for _, from := range in.From {
+				if sel, err := metav1.LabelSelectorAsSelector(from.PodSelector); err != nil || !sel.Matches(pod) {
+					t.Errorf("networkpolicies.yaml: the gateway's Pods are not among those that reach session Pods (%v)", from.PodSelector)
+				}
+			}
+		}
+		for _, out := range np.Spec.Egress {
+			for _, to := range out.To {
+				if sel, err := metav1.LabelSelectorAsSelector(to.PodSelector); err != nil || !sel.Matches(pod) {
+					t.Errorf("networkpolicies.yaml: session Pods may not reach the gateway's Pods (%v)", to.PodSelector)
+				}
+			}
+		}
+	}
+}
