@@ -1,11 +1,13 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/session"
 )
 
 type previewResponse struct {
@@ -134,6 +136,9 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	err = s.sessions.RevokePreview(ctx, tenantOf(c), id, pid, time.Now().Add(s.cfg.MaxPreviewTTL))
 	if _, err := s.sessions.Get(tenantOf(c), id); err != nil {
 		return err
+	}
+	if errors.Is(err, session.ErrQuota) {
+		return err // not revoked: the session holds as many as it may
 	}
 	s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "stored": err == nil})
 	if err != nil {

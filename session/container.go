@@ -34,6 +34,15 @@ const (
 // record is read (Sandbox.Record), once it knows the address.
 const RecordAddr = labelAddr
 
+// RecordTenant and RecordExpires are the keys of the session's tenant
+// and expiry (RFC 3339) in its record, for a backend that mirrors them
+// where its own tools see them (a Pod's labels): a claim and an
+// extension change them.
+const (
+	RecordTenant  = labelTenant
+	RecordExpires = labelExpires
+)
+
 // Session processes run as this user, created in the image.
 const sessionUID, sessionGID = 1000, 1000
 

@@ -285,8 +285,12 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	info := s.info
 	m.mu.Unlock()
 	host := Host{Env: m.sessionEnv(info), Step: step}
-	if lim, ok := m.Limits(info.Tenant); ok { // a pooled session has no tenant yet
+	if lim, ok := m.Limits(info.Tenant); ok {
 		host.Deadline = info.CreatedAt.Add(lim.MaxTTL)
+	} else if m.net == nil {
+		// A pooled session has no tenant yet: it may wait its pool's
+		// longest, then run any tenant's longest.
+		host.Deadline = info.CreatedAt.Add(m.poolLimits.MaxAge + m.longestTTL())
 	}
 	var addr netip.Addr
 	if m.net != nil {
@@ -325,8 +329,16 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 		}
 		m.mu.Lock()
 		s.addr = addr
+		stale := m.byAddr[addr]
 		m.byAddr[addr] = s
 		m.mu.Unlock()
+		if stale != nil && stale != s {
+			// The backend gave this sandbox an address another session
+			// still holds here: that one's sandbox is gone, whatever its
+			// state says. It stops, so that nothing takes this one for it.
+			m.log.Warn("a new sandbox has the address of a live session; stopping that one", "session", stale.info.ID, "new", id, "addr", addr)
+			m.stopAsync(stale, StateFailed, "its sandbox's address went to another")
+		}
 	}
 	ep := endpointOf(addr)
 	// A browser that waits for its profile answers CDP after the restore.

@@ -56,17 +56,21 @@ type trail struct {
 	noisy   map[string]int // noisy events kept, by type
 	dropped map[string]int // events counted, not kept, by type
 	mem     []Event        // events the file could not take
-	// With a TrailStore (journal.go): journal is set while the trail is
-	// stored as it is written; stored events of it are in the store (a
-	// prefix), pending ones are not yet; synced says stored is known;
-	// fileBase is how many events the host file had when the trail was
-	// opened; kick asks for a flush.
-	journal  bool
-	synced   bool
-	stored   int
-	pending  []Event
+	// inFile counts the events in the host file; fileBase is how many it
+	// had when the trail was opened.
+	inFile   int
 	fileBase int
-	kick     func()
+	// With a TrailStore (journal.go): journal is set while the trail is
+	// stored as it is written; the first stored events are in the store,
+	// those of the file up to byte storedOff and then storedMem of mem;
+	// synced says the store was matched (an adopted trail's is not until
+	// syncTrail); kick asks for a flush.
+	journal   bool
+	synced    bool
+	stored    int
+	storedOff int64
+	storedMem int
+	kick      func()
 }
 
 // Record appends an event to the audit trail of a session the manager
@@ -142,14 +146,12 @@ func (t *trail) summarise(now time.Time) {
 }
 
 func (t *trail) write(ev Event) {
-	if t.journal {
-		t.pending = append(t.pending, ev)
-		if t.kick != nil {
-			t.kick()
-		}
+	if t.journal && t.kick != nil {
+		t.kick()
 	}
 	if t.path != "" {
 		if line, err := json.Marshal(ev); err == nil && appendLine(t.path, line) == nil {
+			t.inFile++
 			return
 		}
 	}
@@ -301,7 +303,7 @@ func (m *Manager) openTrail(tenant, id string) trail {
 	t := trail{path: p, noisy: map[string]int{}}
 	have := readTrail(p)
 	t.count(have)
-	t.fileBase = len(have)
+	t.fileBase, t.inFile = len(have), len(have)
 	return t
 }
 
@@ -489,8 +491,12 @@ func (m *Manager) ended(s *sess) {
 	switch {
 	case retry:
 		for wait := finaliseBackoff; ; wait = min(2*wait, maxFinaliseBackoff) {
-			events := m.trailEvents(s)
-			err := f.FinaliseSession(m.base, info, events)
+			// An adopted trail is matched with the store first: its
+			// pieces may hold what the host lacks.
+			err := m.ensureSynced(m.base, s)
+			if err == nil {
+				err = f.FinaliseSession(m.base, info, m.trailEvents(s))
+			}
 			if err == nil {
 				break
 			}
@@ -503,6 +509,9 @@ func (m *Manager) ended(s *sess) {
 			}
 		}
 	case o != nil:
+		if err := m.ensureSynced(m.base, s); err != nil {
+			m.log.Warn("the audit trail is finalised without what the store holds of it; its pieces stay", "session", info.ID, "err", err)
+		}
 		o.SessionEnded(info, m.trailEvents(s))
 	}
 	// The log artifact has the whole trail: the pieces can go.

@@ -1,9 +1,11 @@
 package session
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"time"
@@ -29,13 +31,19 @@ const (
 	// DefaultTrailFlush is how long an event waits, at most, before its
 	// piece is written, unless the store is away.
 	DefaultTrailFlush = time.Second
-	maxPieceEvents    = 1000
-	// journalBackoff bounds the wait between attempts while the store is
-	// away.
+	// A piece holds at most this many events or bytes.
+	maxPieceEvents = 1000
+	maxPieceBytes  = 4 << 20
+	// maxJournalBackoff bounds the wait between attempts while the store
+	// is away.
 	maxJournalBackoff = 30 * time.Second
 	// trailReadTimeout bounds reading a session's stored trail.
-	trailReadTimeout = 20 * time.Second
+	trailReadTimeout = 60 * time.Second
 )
+
+// The journal keeps no copy of what it has yet to store: the host file
+// (and, where the file failed, the trail's memory) holds it, and a flush
+// reads on from where the last one stopped (storedOff).
 
 // journalOn tells whether the manager stores trails as they are written.
 func (m *Manager) journalOn() bool { return m.cfg.Trails != nil }
@@ -50,96 +58,185 @@ func (m *Manager) kickJournal() {
 }
 
 // journal writes the sessions' new events to the store, a flush interval
-// after the first of them, and again with backoff while the store is away.
-func (m *Manager) journal() {
+// after the first of them; while the store is away, it tries again with
+// backoff and new events do not hurry it.
+func (m *Manager) journal(ctx context.Context) {
 	defer m.wg.Done()
-	wait := m.cfg.TrailFlush
 	retry := time.Duration(0)
+	failing := false
 	for {
-		var again <-chan time.Time
-		if retry > 0 {
-			again = time.After(retry)
-		}
-		select {
-		case <-m.base.Done():
-			return
-		case <-m.journalKick:
-		case <-again:
-		}
-		// Gather what comes in the interval into one piece.
-		select {
-		case <-m.base.Done():
-			return
-		case <-time.After(wait):
-		}
-		if m.flushTrails(m.base) {
-			retry = 0
+		if retry == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.journalKick:
+			}
+			// Gather what comes in the interval into one piece.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(m.cfg.TrailFlush):
+			}
 		} else {
-			retry = min(max(2*retry, time.Second), maxJournalBackoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(retry):
+			}
+		}
+		err := m.flushTrails(ctx)
+		switch {
+		case err == nil:
+			if failing {
+				m.log.Info("audit trails are stored in MinIO again")
+			}
+			retry, failing = 0, false
+		case ctx.Err() != nil:
+			return
+		default:
+			if !failing {
+				m.log.Warn("audit trails cannot be stored in MinIO; the host keeps them, and the journal tries again with backoff", "err", err)
+			}
+			retry, failing = min(max(2*retry, time.Second), maxJournalBackoff), true
 		}
 	}
 }
 
-// flushTrails writes every session's pending events; false if any could
-// not be written.
-func (m *Manager) flushTrails(ctx context.Context) bool {
+// flushTrails writes every session's unstored events; the first error
+// if any could not be written.
+func (m *Manager) flushTrails(ctx context.Context) error {
 	m.mu.Lock()
 	var work []*sess
 	for _, s := range m.sessions {
-		if s.trail.journal && (len(s.trail.pending) > 0 || !s.trail.synced) {
+		if t := &s.trail; t.journal && (!t.synced || t.unstored()) {
 			work = append(work, s)
 		}
 	}
 	m.mu.Unlock()
-	ok := true
+	var first error
 	for _, s := range work {
-		if err := m.flushTrail(ctx, s); err != nil {
-			ok = false
-			m.log.Warn("audit trail not stored yet; retrying", "session", s.info.ID, "err", err)
+		if err := m.flushTrail(ctx, s); err != nil && first == nil {
+			first = err
 		}
 	}
-	return ok
+	return first
 }
 
-// flushTrail writes one session's pending events as pieces. One flush at
-// a time (journalMu), so pieces are written in order and a session's
-// pieces are not written after they were dropped.
+// unstored tells whether the trail holds events the store lacks.
+func (t *trail) unstored() bool { return t.inFile+len(t.mem) > t.stored }
+
+// flushTrail writes one session's unstored events as pieces, in order:
+// first what the host file holds past storedOff, then what only memory
+// holds. s.journalMu keeps one flush (or drop) of a session at a time.
 func (m *Manager) flushTrail(ctx context.Context, s *sess) error {
-	m.journalMu.Lock()
-	defer m.journalMu.Unlock()
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
 	m.mu.Lock()
-	if !s.trail.journal {
-		m.mu.Unlock()
-		return nil
-	}
-	if !s.trail.synced {
-		m.mu.Unlock()
-		if err := m.syncTrail(ctx, s); err != nil {
-			return err
-		}
-		m.mu.Lock()
-	}
-	tenant, id := s.info.Tenant, s.info.ID
-	for s.trail.journal && len(s.trail.pending) > 0 {
-		start, batch := s.trail.stored, s.trail.pending[:min(len(s.trail.pending), maxPieceEvents)]
-		m.mu.Unlock()
-		var b bytes.Buffer
-		enc := json.NewEncoder(&b)
-		for _, ev := range batch {
-			enc.Encode(ev)
-		}
-		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := m.cfg.Trails.PutTrail(pctx, tenant, id, start, b.Bytes())
-		cancel()
-		if err != nil {
-			return err
-		}
-		m.mu.Lock()
-		s.trail.stored += len(batch)
-		s.trail.pending = append([]Event(nil), s.trail.pending[len(batch):]...)
-	}
+	synced := s.trail.synced
 	m.mu.Unlock()
-	return nil
+	if !synced {
+		if err := m.syncTrailLocked(ctx, s); err != nil {
+			return err
+		}
+	}
+	for {
+		m.mu.Lock()
+		t := &s.trail
+		if !t.journal || !t.unstored() {
+			m.mu.Unlock()
+			return nil
+		}
+		tenant, id, path, off, start := s.info.Tenant, s.info.ID, t.path, t.storedOff, t.stored
+		fromFile := t.inFile > t.stored-t.storedMem
+		var mem []Event
+		if !fromFile {
+			mem = append(mem, t.mem[t.storedMem:min(len(t.mem), t.storedMem+maxPieceEvents)]...)
+		}
+		m.mu.Unlock()
+		var lines []byte
+		var n int
+		var used int64
+		if fromFile {
+			var err error
+			if lines, n, used, err = readPiece(path, off); err != nil {
+				return err
+			}
+			if n == 0 && used == 0 {
+				return nil // the file holds nothing whole past off yet
+			}
+		} else {
+			var b bytes.Buffer
+			enc := json.NewEncoder(&b)
+			for _, ev := range mem {
+				enc.Encode(ev)
+			}
+			lines, n = b.Bytes(), len(mem)
+		}
+		if n > 0 {
+			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := m.cfg.Trails.PutTrail(pctx, tenant, id, start, lines)
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
+		m.mu.Lock()
+		if t.path == path && t.storedOff == off && t.stored == start { // not rewritten meanwhile
+			t.stored += n
+			if fromFile {
+				t.storedOff += used
+			} else {
+				t.storedMem += n
+			}
+		}
+		m.mu.Unlock()
+	}
+}
+
+// readPiece reads whole lines of a trail file from off: at most a
+// piece's worth of events and bytes. It returns them as events encoded
+// again (lines that do not parse are skipped, as readTrail skips them),
+// how many, and how many bytes of the file they took.
+func readPiece(path string, off int64) ([]byte, int, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return nil, 0, 0, err
+	}
+	r := bufio.NewReaderSize(f, 64<<10)
+	var out bytes.Buffer
+	var used int64
+	n := 0
+	for n < maxPieceEvents && out.Len() < maxPieceBytes {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// Longer than any event the trail writes: skipped whole.
+			skipped := int64(len(line))
+			for errors.Is(err, bufio.ErrBufferFull) {
+				line, err = r.ReadSlice('\n')
+				skipped += int64(len(line))
+			}
+			if err != nil {
+				break // not yet whole
+			}
+			used += skipped
+			continue
+		}
+		if err != nil {
+			break // end of file; a last line not yet whole waits
+		}
+		used += int64(len(line))
+		var ev Event
+		if json.Unmarshal(line, &ev) == nil {
+			b, _ := json.Marshal(ev)
+			out.Write(append(b, '\n'))
+			n++
+		}
+	}
+	return out.Bytes(), n, used, nil
 }
 
 // readStoredTrail reads what the store holds of a session's trail: its
@@ -166,77 +263,191 @@ func (m *Manager) readStoredTrail(ctx context.Context, tenant, id string) ([]Eve
 }
 
 // syncTrail matches an adopted session's trail with what the store has
-// of it. The store holds a prefix of the trail: when the host file holds
-// more (the last interval before a gateway died), the rest is pending;
-// when it holds less (a gateway on another host, or a lost file), the
-// store's events are written into the host file first.
+// of it, before the trail is flushed or finalised.
 func (m *Manager) syncTrail(ctx context.Context, s *sess) error {
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
+	return m.syncTrailLocked(ctx, s)
+}
+
+// syncTrailLocked does syncTrail; the caller holds s.journalMu. The
+// store holds a prefix of the trail, and is taken as right where the
+// two differ (a host file left by an earlier gateway on this host, while
+// another ran the session elsewhere). When the host holds more (the last
+// interval before a gateway died), the rest is stored next; when it
+// holds less (a gateway on another host, a lost file), the store's
+// events are written in first, and what was recorded here since follows.
+func (m *Manager) syncTrailLocked(ctx context.Context, s *sess) error {
 	m.mu.Lock()
-	tenant, id := s.info.Tenant, s.info.ID
+	tenant, id, path, base := s.info.Tenant, s.info.ID, s.trail.path, s.trail.fileBase
 	m.mu.Unlock()
 	stored, err := m.readStoredTrail(ctx, tenant, id)
 	if err != nil {
 		return err
 	}
+	// The host's trail as it was opened, and what came after, read
+	// outside the manager's lock; what is appended meanwhile is read
+	// under it (a little).
+	have, ends := scanTrail(path, 0)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := &s.trail
-	have := t.events()
-	if len(stored) > len(have) {
-		// The host is missing the end the store has. What was
-		// recorded here since (the adoption) follows it.
-		merged := append(append([]Event(nil), stored...), have[min(len(have), t.fileBase):]...)
+	if t.path != path {
+		return errors.New("the trail moved while it was matched")
+	}
+	var end int64
+	if len(ends) > 0 {
+		end = ends[len(ends)-1]
+	}
+	more, moreEnds := scanTrail(path, end)
+	have, ends = append(have, more...), append(ends, moreEnds...)
+	have = append(have, t.mem...)
+	agree := len(stored) <= len(have)
+	for i := 0; agree && i < len(stored); i++ {
+		agree = stored[i].Type == have[i].Type && stored[i].Time.Equal(have[i].Time)
+	}
+	switch {
+	case agree && len(stored) <= len(ends):
+		// The store's events are the file's first ones.
+		t.stored, t.storedMem = len(stored), 0
+		if len(stored) > 0 {
+			t.storedOff = ends[len(stored)-1]
+		} else {
+			t.storedOff = 0
+		}
+	case agree:
+		// The store reaches into what only memory holds.
+		t.stored, t.storedMem = len(stored), len(stored)-len(ends)
+		t.storedOff = end
+		if len(ends) > 0 {
+			t.storedOff = ends[len(ends)-1]
+		}
+	default:
+		// The store's events first, then what this gateway recorded
+		// since it opened the trail.
+		merged := append(append([]Event(nil), stored...), have[min(len(have), base):]...)
 		t.rewrite(merged)
-		t.stored, t.pending = len(stored), append([]Event(nil), merged[len(stored):]...)
-	} else {
-		t.stored, t.pending = len(stored), append([]Event(nil), have[len(stored):]...)
+		t.stored, t.storedMem, t.storedOff = len(stored), 0, 0
+		if t.path != "" {
+			_, ends := scanTrail(t.path, 0)
+			if len(stored) > 0 && len(ends) >= len(stored) {
+				t.storedOff = ends[len(stored)-1]
+			} else if len(stored) > 0 {
+				// The file could not take them: they are in memory.
+				t.storedMem = len(stored)
+			}
+		} else {
+			t.storedMem = len(stored)
+		}
 	}
 	t.synced = true
+	if t.unstored() {
+		m.kickJournal()
+	}
 	return nil
 }
 
+// scanTrail reads a trail file's events from off, with the offset just
+// past each.
+func scanTrail(path string, off int64) ([]Event, []int64) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil
+	}
+	defer f.Close()
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return nil, nil
+	}
+	r := bufio.NewReaderSize(f, 64<<10)
+	var evs []Event
+	var ends []int64
+	pos := off
+	for len(evs) < trailLimit() {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			break // end of file; a last line not yet whole is not an event yet
+		}
+		pos += int64(len(line))
+		if len(line) > maxTrailLine {
+			continue
+		}
+		var ev Event
+		if json.Unmarshal(line, &ev) == nil {
+			evs, ends = append(evs, ev), append(ends, pos)
+		}
+	}
+	return evs, ends
+}
+
 // rewrite replaces the trail's host file (or memory) with events and
-// counts them again.
+// counts them again; the caller holds m.mu.
 func (t *trail) rewrite(events []Event) {
-	t.mem, t.kept, t.noisy = nil, 0, map[string]int{}
+	t.mem, t.kept, t.noisy, t.inFile = nil, 0, map[string]int{}, 0
+	written := false
 	if t.path != "" {
 		var b bytes.Buffer
 		enc := json.NewEncoder(&b)
 		for _, ev := range events {
 			enc.Encode(ev)
 		}
-		if os.WriteFile(t.path+".new", b.Bytes(), 0o600) != nil || os.Rename(t.path+".new", t.path) != nil {
+		if os.WriteFile(t.path+".new", b.Bytes(), 0o600) == nil && os.Rename(t.path+".new", t.path) == nil {
+			written, t.inFile = true, len(events)
+		} else {
 			os.Remove(t.path + ".new")
-			t.mem = append(t.mem, events...)
 		}
-	} else {
+	}
+	if !written {
+		if t.path != "" {
+			os.Remove(t.path) // the old file would be read before memory
+		}
 		t.mem = append(t.mem, events...)
 	}
 	t.count(events)
 }
 
+// ensureSynced matches an adopted trail with the store before it is
+// finalised: pieces are dropped once the log is stored, so a log made
+// without them would lose what only they held.
+func (m *Manager) ensureSynced(ctx context.Context, s *sess) error {
+	m.mu.Lock()
+	need := s.trail.journal && !s.trail.synced
+	m.mu.Unlock()
+	if !need {
+		return nil
+	}
+	return m.syncTrail(ctx, s)
+}
+
 // dropStoredTrail removes a finalised session's pieces: the log artifact
-// holds the whole trail now.
+// holds the whole trail now. A trail never matched with the store keeps
+// its pieces.
 func (m *Manager) dropStoredTrail(s *sess) {
 	if !m.journalOn() {
 		return
 	}
-	m.journalMu.Lock()
-	defer m.journalMu.Unlock()
+	s.journalMu.Lock()
+	defer s.journalMu.Unlock()
 	m.mu.Lock()
-	s.trail.journal, s.trail.pending = false, nil
+	drop := s.trail.journal && s.trail.synced
+	s.trail.journal = false
 	tenant, id := s.info.Tenant, s.info.ID
 	m.mu.Unlock()
-	ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
+	if !drop {
+		return
+	}
+	ctx, cancel := context.WithTimeout(m.base, time.Minute)
 	defer cancel()
 	if err := m.cfg.Trails.DropTrail(ctx, tenant, id); err != nil {
 		m.log.Warn("the stored pieces of a finalised audit trail were not removed", "session", id, "err", err)
 	}
 }
 
-// lastFlush writes what is pending before the manager closes, within a
-// short bound: the next gateway finds it in the store even if this host
-// is gone by then.
+// lastFlush writes what is unstored before the manager closes, within a
+// short bound, once the journal has stopped: the next gateway finds it in
+// the store even if this host is gone by then.
 func (m *Manager) lastFlush() {
 	if !m.journalOn() {
 		return

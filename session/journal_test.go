@@ -39,6 +39,10 @@ func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, l
 
 func (p *pieceStore) ReadTrail(_ context.Context, tenant, id string, each func(int, io.Reader) error) error {
 	p.mu.Lock()
+	if p.fail != nil {
+		p.mu.Unlock()
+		return p.fail
+	}
 	got := p.pieces[tenant+"/"+id]
 	var starts []int
 	for s := range got {
@@ -105,8 +109,8 @@ func TestJournalFlush(t *testing.T) {
 	default:
 		t.Fatal("an event did not ask for a flush")
 	}
-	if !m.flushTrails(context.Background()) {
-		t.Fatal("flush failed")
+	if err := m.flushTrails(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	stored, err := m.readStoredTrail(context.Background(), "acme", s.info.ID)
 	if err != nil || !eq(types(stored), []string{"created", "exec"}) {
@@ -114,13 +118,13 @@ func TestJournalFlush(t *testing.T) {
 	}
 	store.fail = errors.New("away")
 	s.record("download", nil)
-	if m.flushTrails(context.Background()) {
+	if m.flushTrails(context.Background()) == nil {
 		t.Fatal("a refused flush said it was done")
 	}
 	store.fail = nil
 	s.record("preview", nil)
-	if !m.flushTrails(context.Background()) {
-		t.Fatal("flush failed")
+	if err := m.flushTrails(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	stored, _ = m.readStoredTrail(context.Background(), "acme", s.info.ID)
 	if want := []string{"created", "exec", "download", "preview"}; !eq(types(stored), want) {
@@ -154,11 +158,16 @@ func TestJournalSync(t *testing.T) {
 	t.Run("host holds more", func(t *testing.T) {
 		store := &pieceStore{}
 		m := journalManager(t, store)
-		put(store, 0, "created", "exec")
 		old := m.openTrail("acme", id)
 		for _, typ := range []string{"created", "exec", "download"} {
 			old.record(time.Now(), typ, nil)
 		}
+		// The gateway that died had stored the first two.
+		var b bytes.Buffer
+		for _, ev := range old.events()[:2] {
+			json.NewEncoder(&b).Encode(ev)
+		}
+		store.PutTrail(ctx, "acme", id, 0, b.Bytes())
 		s := newSess(Info{ID: id, Tenant: "acme"})
 		s.trail = m.liveTrail("acme", id, false)
 		m.sessions[id] = s
@@ -171,6 +180,30 @@ func TestJournalSync(t *testing.T) {
 		if want := []string{"created", "exec", "download", "adopted"}; !eq(types(stored), want) {
 			t.Fatalf("stored %v, want %v", types(stored), want)
 		}
+		if got := types(s.trail.events()); !eq(got, []string{"created", "exec", "download", "adopted"}) {
+			t.Fatalf("host trail %v", got)
+		}
+	})
+	t.Run("host file from another time", func(t *testing.T) {
+		// A host file an earlier gateway left here while another ran
+		// the session elsewhere: it is longer than the store, but not
+		// what the store holds. The store is right.
+		store := &pieceStore{}
+		m := journalManager(t, store)
+		old := m.openTrail("acme", id)
+		for _, typ := range []string{"created", "exec", "a1", "a2", "a3"} {
+			old.record(time.Now(), typ, nil)
+		}
+		put(store, 0, "created", "exec", "elsewhere")
+		s := newSess(Info{ID: id, Tenant: "acme"})
+		s.trail = m.liveTrail("acme", id, false)
+		m.sessions[id] = s
+		if err := m.syncTrail(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := types(s.trail.events()), []string{"created", "exec", "elsewhere"}; !eq(got, want) {
+			t.Fatalf("host trail %v, want the store's %v", got, want)
+		}
 	})
 	t.Run("host lost the file", func(t *testing.T) {
 		store := &pieceStore{}
@@ -181,8 +214,19 @@ func TestJournalSync(t *testing.T) {
 		s.trail = m.liveTrail("acme", id, false)
 		m.sessions[id] = s
 		// The store did not answer at the adoption: the event recorded
-		// meanwhile goes after what the store has.
+		// meanwhile goes after what the store has, and the trail is not
+		// finalised, nor its pieces dropped, until it is matched.
+		store.fail = errors.New("away")
 		s.record("adopted", nil)
+		if m.ensureSynced(ctx, s) == nil {
+			t.Fatal("a trail the store could not match says it is ready to finalise")
+		}
+		m.dropStoredTrail(s)
+		if len(store.pieces["acme/"+id]) != 2 {
+			t.Fatal("the pieces of a trail never matched were dropped")
+		}
+		s.trail.journal = true // dropStoredTrail ended the journal; the test goes on with it
+		store.fail = nil
 		m.flushTrails(ctx)
 		want := []string{"created", "exec", "download", "adopted"}
 		if got := types(s.trail.events()); !eq(got, want) {

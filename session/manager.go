@@ -187,7 +187,7 @@ type Manager struct {
 
 	// The journal (journal.go) stores trails as they are written.
 	journalKick chan struct{}
-	journalMu   sync.Mutex
+	journalStop context.CancelFunc
 }
 
 type sess struct {
@@ -218,6 +218,9 @@ type sess struct {
 	claimStored chan struct{}
 	// releaseProfile drops the session's profile hold once it has ended.
 	releaseProfile func()
+	// journalMu keeps one flush or drop of the session's stored trail at
+	// a time (journal.go).
+	journalMu sync.Mutex
 }
 
 func newSess(info Info) *sess {
@@ -283,9 +286,10 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 			return nil, err
 		}
 		backend = newContainerdBackend(base, client, cfg, log)
-	} else if len(cfg.Pools) > 0 {
+	} else if len(cfg.Pools) > 0 && cfg.PoolLimits.Freeze {
+		// Freezing is the host cgroup's; a Pod cannot be paused.
 		cancel()
-		return nil, fmt.Errorf("warm pools need the containerd backend for now, not %s", backend.Name())
+		return nil, fmt.Errorf("warm pools that freeze need the containerd backend, not %s", backend.Name())
 	}
 	m := &Manager{backend: backend, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
 		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
@@ -342,9 +346,12 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	m.poolLimits, m.refillNow = cfg.PoolLimits.withDefaults(m.pools), make(chan struct{}, 1)
 	m.wg.Add(1)
 	go m.reap()
+	m.journalStop = func() {}
 	if m.journalOn() {
+		jctx, stop := context.WithCancel(m.base)
+		m.journalStop = stop
 		m.wg.Add(1)
-		go m.journal()
+		go m.journal(jctx)
 	}
 	if len(m.pools) > 0 {
 		m.wg.Add(1)
@@ -462,6 +469,9 @@ func (m *Manager) StopTenant(tenant, reason string) int {
 // containerd, for the next gateway to adopt. Pooled sessions nobody
 // claimed are removed (the next gateway would remove them anyway).
 func (m *Manager) Close() {
+	if m.journalStop != nil {
+		m.journalStop() // a put under way ends now: the last flush follows
+	}
 	m.lastFlush()
 	m.cancel()
 	m.wg.Wait()

@@ -229,9 +229,18 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	if err == nil {
 		labels, err = containerLabels(info, addr.String())
 	}
+	// A backend with its own network keeps the record with the sandbox
+	// only (a Pod's annotation, read by any gateway), written before the
+	// claim answers; the containerd backend's goes to a file first and
+	// to containerd after (storeClaim).
+	recordNow := m.net == nil
 	if err == nil {
 		labels[labelPool] = ""
-		err = m.writeClaim(info.ID, labels)
+		if recordNow {
+			_, err = sb.SetRecord(ctx, labels)
+		} else {
+			err = m.writeClaim(info.ID, labels)
+		}
 	}
 	m.mu.Lock()
 	if err == nil && m.disabled(spec.Tenant) {
@@ -252,8 +261,12 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	}
 	s.pool, s.claimFor = nil, ""
 	s.claimStored = make(chan struct{})
-	m.wg.Add(1)
-	go m.storeClaim(s.info.ID, sb, labels, s.claimStored)
+	if recordNow {
+		close(s.claimStored)
+	} else {
+		m.wg.Add(1)
+		go m.storeClaim(s.info.ID, sb, labels, s.claimStored)
+	}
 	s.info = info
 	s.releaseProfile = releaseProfile
 	m.releaseLocked(r)
@@ -396,7 +409,11 @@ func (m *Manager) refill() {
 	defer tick.Stop()
 	for {
 		for {
-			p := m.nextRefill(time.Now(), availableMemoryMB())
+			mem := availableMemoryMB()
+			if m.net == nil {
+				mem = -1 // the sessions are not on this host: the scheduler places them
+			}
+			p := m.nextRefill(time.Now(), mem)
 			if p == nil {
 				break
 			}
@@ -726,4 +743,15 @@ func (m *Manager) removePooled() {
 		}()
 	}
 	wg.Wait()
+}
+
+// longestTTL is the longest TTL any tenant may give a session now.
+func (m *Manager) longestTTL() time.Duration {
+	m.tenantMu.RLock()
+	defer m.tenantMu.RUnlock()
+	var d time.Duration
+	for _, l := range m.cfg.Tenants {
+		d = max(d, l.MaxTTL)
+	}
+	return d
 }

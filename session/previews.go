@@ -76,6 +76,11 @@ func (m *Manager) RevokePreview(ctx context.Context, tenant, id, preview string,
 	if err != nil {
 		return err
 	}
+	if m.revocations.count(id, time.Now()) >= MaxRevocationsPerSession && !m.revocations.has(id, preview, time.Now()) {
+		// Each is kept (here and in the store) until its preview would
+		// expire: a bound, so that no one can fill the store with them.
+		return publicf(ErrQuota, fmt.Sprintf("at most %d previews of a session can be revoked; end the session to end them all", MaxRevocationsPerSession), nil)
+	}
 	err = m.revocations.add(id, preview, until, time.Now())
 	m.mu.Lock()
 	closeConns(s, preview)
@@ -114,7 +119,9 @@ func (m *Manager) loadStoredRevocations(ctx context.Context) error {
 	defer cancel()
 	now, n := time.Now(), 0
 	r := m.revocations
+	inStore := map[revocation]bool{}
 	err := st.Revocations(ctx, now, func(session, preview string, until time.Time) {
+		inStore[revocation{session, preview}] = true
 		r.mu.Lock()
 		if _, ok := r.m[revocation{session, preview}]; !ok {
 			r.m[revocation{session, preview}] = until
@@ -124,6 +131,25 @@ func (m *Manager) loadStoredRevocations(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("read the stored preview revocations: %w", err)
+	}
+	// What only this host has (kept before the store was, or whose store
+	// write failed) goes to the store now, so it holds on any gateway.
+	r.mu.Lock()
+	var missing []revocation
+	for k, until := range r.m {
+		if !inStore[k] && until.After(now) {
+			missing = append(missing, k)
+		}
+	}
+	r.mu.Unlock()
+	for _, k := range missing {
+		r.mu.Lock()
+		until := r.m[k]
+		r.mu.Unlock()
+		if err := st.PutRevocation(ctx, k.Session, k.Preview, until); err != nil {
+			m.log.Warn("a revocation this host holds could not be stored; the next start tries again", "session", k.Session, "err", err)
+			break
+		}
 	}
 	if n > 0 {
 		m.log.Info("took up preview revocations from the store that this host did not have", "count", n)
@@ -137,6 +163,23 @@ func (m *Manager) loadStoredRevocations(ctx context.Context) error {
 // session is live, ended or forgotten.
 func (m *Manager) Revoked(id, preview string) bool {
 	return m.revocations.has(id, preview, time.Now())
+}
+
+// MaxRevocationsPerSession bounds the revocations a session holds at
+// once.
+const MaxRevocationsPerSession = 1000
+
+// count is how many revocations of a session hold at now.
+func (r *revocations) count(session string, now time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for k, until := range r.m {
+		if k.Session == session && until.After(now) {
+			n++
+		}
+	}
+	return n
 }
 
 // pruneRevocationsAt is the count past which add drops the expired

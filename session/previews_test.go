@@ -1,7 +1,9 @@
 package session
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -98,5 +100,36 @@ func TestTrackBounded(t *testing.T) {
 	}
 	if _, err := m.Track("acme", s.info.ID, "p3", nopCloser{}); !errors.Is(err, ErrQuota) {
 		t.Fatalf("session connection %d: %v, want %v", MaxSessionConns+1, err, ErrQuota)
+	}
+}
+
+// A session holds at most MaxRevocationsPerSession revocations: the next
+// is refused as over quota (and not made), one already held may be made
+// again, and another session is not held back.
+func TestRevocationCap(t *testing.T) {
+	m := testManager(t)
+	r, err := loadRevocations(filepath.Join(t.TempDir(), "revocations.jsonl"), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.revocations = r
+	const id, other = "s-0000000000000001", "s-0000000000000002"
+	for _, sid := range []string{id, other} {
+		s := newSess(Info{ID: sid, Tenant: "acme", State: StateRunning})
+		m.sessions[sid] = s
+	}
+	until := time.Now().Add(time.Hour)
+	for i := range MaxRevocationsPerSession {
+		r.m[revocation{id, fmt.Sprintf("p-%016x", i)}] = until
+	}
+	err = m.RevokePreview(context.Background(), "acme", id, "p-ffffffffffffffff", until)
+	if !errors.Is(err, ErrQuota) || m.Revoked(id, "p-ffffffffffffffff") {
+		t.Fatalf("one past the cap: %v, revoked %v", err, m.Revoked(id, "p-ffffffffffffffff"))
+	}
+	if err := m.RevokePreview(context.Background(), "acme", id, "p-0000000000000000", until); err != nil {
+		t.Fatalf("again, one it holds: %v", err)
+	}
+	if err := m.RevokePreview(context.Background(), "acme", other, "p-ffffffffffffffff", until); err != nil || !m.Revoked(other, "p-ffffffffffffffff") {
+		t.Fatalf("another session's: %v", err)
 	}
 }

@@ -29,9 +29,9 @@ import (
 // kubeGateway starts a second gateway, with `backend: kubernetes`, whose
 // sessions are Pods in the namespace of b on the trial cluster. It shares
 // the suite's MinIO and tenant-a's key; it stops when the test ends.
-func kubeGateway(t testing.TB, e *testEnv, kubeconfig string, b *kube.Backend) *testEnv {
+func kubeGateway(t testing.TB, e *testEnv, kubeconfig string, b *kube.Backend, extra ...map[string]any) *testEnv {
 	t.Helper()
-	k := kubeGatewayConfig(t, e, kubeconfig, b)
+	k := kubeGatewayConfig(t, e, kubeconfig, b, extra...)
 	if err := k.startGateway(); err != nil {
 		log, _ := os.ReadFile(k.gwLog)
 		t.Fatalf("kubernetes gateway: %v\n%s", err, log)
@@ -51,7 +51,7 @@ func kubeGateway(t testing.TB, e *testEnv, kubeconfig string, b *kube.Backend) *
 
 // kubeGatewayConfig writes the config of a gateway with backend
 // kubernetes on b's namespace, on a port and state directory of its own.
-func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Backend) *testEnv {
+func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Backend, extra ...map[string]any) *testEnv {
 	t.Helper()
 	port, err := freePort()
 	if err != nil {
@@ -86,6 +86,11 @@ func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Back
 		"tenants": []map[string]any{
 			{"name": "tenant-a", "api_key_sha256": []string{hex.EncodeToString(sum[:])}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h"},
 		},
+	}
+	for _, x := range extra {
+		for key, v := range x {
+			cfg[key] = v
+		}
 	}
 	raw, _ := json.MarshalIndent(cfg, "", "  ")
 	k.cfgPath = filepath.Join(dir, "config.json")

@@ -140,8 +140,35 @@ func TestKubeManifests(t *testing.T) {
 	if ports["egress"] != 3128 {
 		t.Errorf("the gateway's egress port is %d, the policy lets sessions reach 3128", ports["egress"])
 	}
+	policies := map[string]*networkingv1.NetworkPolicy{}
 	for _, obj := range kubeManifest(t, "../deploy/kubernetes/networkpolicies.yaml") {
 		np := obj.(*networkingv1.NetworkPolicy)
+		policies[np.Name] = np
+	}
+	sessions, gateway := policies["sandgate-sessions"], policies["sandgate-gateway"]
+	if sessions == nil || gateway == nil {
+		t.Fatalf("networkpolicies.yaml: %d policies, want sandgate-sessions and sandgate-gateway", len(policies))
+	}
+	if sel, err := metav1.LabelSelectorAsSelector(&gateway.Spec.PodSelector); err != nil || !sel.Matches(pod) {
+		t.Errorf("sandgate-gateway does not select the gateway's Pods")
+	}
+	sessionPod := labels.Set(sessions.Spec.PodSelector.MatchLabels)
+	apiOpen, proxyFromSessions := false, false
+	for _, in := range gateway.Spec.Ingress {
+		for _, p := range in.Ports {
+			switch {
+			case p.Port.IntVal == ports["api"] && len(in.From) == 0:
+				apiOpen = true
+			case p.Port.IntVal == ports["egress"] && len(in.From) == 1:
+				sel, err := metav1.LabelSelectorAsSelector(in.From[0].PodSelector)
+				proxyFromSessions = err == nil && sel.Matches(sessionPod)
+			}
+		}
+	}
+	if !apiOpen || !proxyFromSessions {
+		t.Errorf("sandgate-gateway: the API port open to all %v, the proxy's port to session Pods only %v", apiOpen, proxyFromSessions)
+	}
+	for _, np := range []*networkingv1.NetworkPolicy{sessions} {
 		for _, in := range np.Spec.Ingress {
 			for _, from := range in.From {
 				if sel, err := metav1.LabelSelectorAsSelector(from.PodSelector); err != nil || !sel.Matches(pod) {

@@ -157,7 +157,7 @@ func TestKubeRBAC(t *testing.T) {
 }
 
 // kubeManifest decodes a multi-document YAML file of built-in kinds.
-func kubeManifest(t *testing.T, path string) []runtime.Object {
+func kubeManifest(t testing.TB, path string) []runtime.Object {
 	t.Helper()
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -176,7 +176,7 @@ func kubeManifest(t *testing.T, path string) []runtime.Object {
 
 // applyNetworkPolicies creates deploy/kubernetes/networkpolicies.yaml in
 // b's namespace.
-func applyNetworkPolicies(t *testing.T, b *kube.Backend) {
+func applyNetworkPolicies(t testing.TB, b *kube.Backend) {
 	t.Helper()
 	ns := b.Namespace()
 	for _, obj := range kubeManifest(t, "../deploy/kubernetes/networkpolicies.yaml") {

@@ -553,6 +553,8 @@ func BenchmarkKubeColdStart(b *testing.B) {
 	kb := kubeNamespace(b, kubeconfig)
 	// Both through a gateway and its API, as a client sees them: the
 	// suite's (containerd) and one with backend kubernetes.
+	// Its egress proxy needs the policy that keeps sessions to it.
+	applyNetworkPolicies(b, kb)
 	k := kubeGateway(b, e, kubeconfig, kb)
 	// create answers once the session runs; the time runs until CDP
 	// answers through the gateway.

@@ -24,6 +24,9 @@ func TestBackendConfig(t *testing.T) {
 	if err != nil || proxyURL(c) != "http://10.96.0.12:3128" {
 		t.Fatalf("kubernetes with an egress proxy: %v, %q", err, proxyURL(c))
 	}
+	if _, err := loadConfig(t, `, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "pools": [{"size": 1}]`); err != nil {
+		t.Fatalf("a warm pool under kubernetes: %v", err)
+	}
 	if c, err := loadConfig(t, ""); err != nil || proxyURL(c) != "" {
 		t.Fatalf("containerd: proxy URL %q, %v (its sessions are told the bridge's address)", proxyURL(c), err)
 	}
@@ -31,10 +34,11 @@ func TestBackendConfig(t *testing.T) {
 		`, "backend": "nomad"`:      "not one of containerd, kubernetes",
 		`, "backend": "kubernetes"`: "kubernetes.namespace is required",
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "pull_policy": "Sometimes"}`:                                    "pull_policy",
-		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "pools": [{"size": 1}]`:                                        "pools need backend containerd",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "pools": [{"size": 1}], "pool_limits": {"freeze": true}`:       "freeze needs backend containerd",
 		`, "egress": {"listen": ":3128", "advertise": "10.0.0.1:3128"}`:                                                              "for backend kubernetes",
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": ":3128"}`:                                 "go together",
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": ":3128", "advertise": "proxy.svc:3128"}`:  "not ip:port",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": ":3128", "advertise": "0.0.0.0:3128"}`:    "can reach",
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": "nowhere", "advertise": "10.0.0.1:3128"}`: "egress.listen",
 	} {
 		if _, err := loadConfig(t, extra); err == nil || !strings.Contains(err.Error(), want) {

@@ -56,9 +56,9 @@ type Config struct {
 
 	// Backend runs the sessions' sandboxes: "containerd" (the default,
 	// on this host) or "kubernetes" (Pods in Kubernetes.Namespace; see
-	// deploy/kubernetes/README.md). Under kubernetes, warm pools are
-	// refused for now, and so are per-session egress allow lists unless
-	// the gateway serves its egress proxy to the cluster (egress.listen).
+	// deploy/kubernetes/README.md). Under kubernetes, pools do not freeze,
+	// and per-session egress allow lists are refused unless the gateway
+	// serves its egress proxy to the cluster (egress.listen).
 	Backend    string `json:"backend"`
 	Kubernetes struct {
 		// Kubeconfig: a path; empty means in-cluster.
@@ -429,8 +429,10 @@ func (c *Config) check() error {
 		if c.Egress.Advertise != "" {
 			// An address, not a name: session Pods reach nothing but the
 			// proxy, no DNS (the proxy's Service's cluster IP, say).
-			if _, err := netip.ParseAddrPort(c.Egress.Advertise); err != nil {
+			if ap, err := netip.ParseAddrPort(c.Egress.Advertise); err != nil {
 				errs = append(errs, fmt.Errorf("egress.advertise %q is not ip:port (sessions reach no DNS to look a name up)", c.Egress.Advertise))
+			} else if ap.Addr().IsUnspecified() || ap.Port() == 0 {
+				errs = append(errs, fmt.Errorf("egress.advertise %q: sessions need an address and a port they can reach", c.Egress.Advertise))
 			}
 			if _, err := net.ResolveTCPAddr("tcp", c.Egress.Listen); err != nil {
 				errs = append(errs, fmt.Errorf("egress.listen %q: %v", c.Egress.Listen, err))
@@ -439,8 +441,8 @@ func (c *Config) check() error {
 		if c.Kubernetes.Namespace == "" {
 			errs = append(errs, errors.New("kubernetes.namespace is required with backend kubernetes"))
 		}
-		if len(c.Pools) > 0 {
-			errs = append(errs, errors.New("pools need backend containerd for now"))
+		if len(c.Pools) > 0 && c.PoolLimits.Freeze {
+			errs = append(errs, errors.New("pool_limits.freeze needs backend containerd: a Pod cannot be paused"))
 		}
 		switch c.Kubernetes.PullPolicy {
 		case "Always", "IfNotPresent", "Never":

@@ -82,6 +82,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		isoCtx, isoDone := context.WithTimeout(ctx, 30*time.Second)
 		iso, err := kb.Isolation(isoCtx)
 		isoDone()
+		if cfg.Egress.Listen != "" && (err != nil || !iso.Egress) {
+			// Allow lists would be advice only: a session could go around
+			// the proxy. Refused rather than pretended.
+			if err != nil {
+				return fmt.Errorf("egress.listen is set, but the namespace's NetworkPolicies cannot be read to check that session Pods reach nothing but the proxy: %w", err)
+			}
+			return fmt.Errorf("egress.listen is set, but no NetworkPolicy of namespace %s governs session Pods' egress, so allow lists would not hold: apply deploy/kubernetes/networkpolicies.yaml", kb.Namespace())
+		}
 		if err != nil {
 			log.Warn("cannot read the namespace's NetworkPolicies; session Pods may be open to each other", "namespace", kb.Namespace(), "err", err)
 		} else if !iso.Ingress || !iso.Egress {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/util/retry"
 
@@ -215,6 +217,7 @@ func (p *pod) SetRecord(ctx context.Context, change map[string]string) (map[stri
 			return err
 		}
 		o.Annotations[AnnInfo] = string(raw)
+		mirrorLabels(o, r)
 		if _, err := p.s.b.client.CoreV1().Pods(p.s.b.cfg.Namespace).Update(ctx, o, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
@@ -222,6 +225,22 @@ func (p *pod) SetRecord(ctx context.Context, change map[string]string) (map[stri
 		return err
 	})
 	return out, err
+}
+
+// mirrorLabels keeps the Pod's tenant and expiry labels what its record
+// says (a warm Pod claimed by a tenant, a session extended).
+func mirrorLabels(o *corev1.Pod, r map[string]string) {
+	if o.Labels == nil {
+		o.Labels = map[string]string{}
+	}
+	if t := r[session.RecordTenant]; t != "" && len(validation.IsValidLabelValue(t)) == 0 {
+		o.Labels[LabelTenant] = t
+	} else {
+		delete(o.Labels, LabelTenant)
+	}
+	if exp, err := time.Parse(time.RFC3339Nano, r[session.RecordExpires]); err == nil {
+		o.Labels[LabelExpires] = strconv.FormatInt(exp.Unix(), 10)
+	}
 }
 
 func (p *pod) Running(ctx context.Context) (bool, error) {
@@ -232,8 +251,14 @@ func (p *pod) Running(ctx context.Context) (bool, error) {
 	return o.Status.Phase == corev1.PodRunning && o.DeletionTimestamp == nil, nil
 }
 
-// ended says whether a Pod has ended, and its container's exit code.
+// ended says whether a Pod has ended, and its container's exit code. A
+// Pod being deleted (by anyone: an eviction, a drain) counts as ended at
+// once: its address may go to another Pod before its phase says so, and
+// the egress proxy must not take that Pod for the session.
 func ended(o *corev1.Pod) (int, bool) {
+	if o.DeletionTimestamp != nil {
+		return -1, true
+	}
 	if o.Status.Phase != corev1.PodFailed && o.Status.Phase != corev1.PodSucceeded {
 		return 0, false
 	}
