@@ -130,10 +130,28 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	}
 	ctx, cancel := reqCtx(c, 10*time.Second)
 	defer cancel()
+	// A revocation lasts as long as its preview would have: the trail
+	// says when that is. An id the session never issued is not one to
+	// revoke (each revocation is kept, and a session holds a bounded
+	// number); a trail that dropped issues past its bound takes the
+	// longest a preview may live.
+	until := time.Now().Add(s.cfg.MaxPreviewTTL)
+	if evs, err := s.sessions.Events(tenantOf(c), id); err == nil {
+		expires, truncated := previewIssued(evs, pid)
+		switch {
+		case !expires.IsZero() && !expires.After(time.Now()):
+			s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "expired": true})
+			return c.SendStatus(fiber.StatusNoContent) // it no longer opens anything
+		case !expires.IsZero():
+			until = expires
+		case !truncated:
+			return errNotFound("no such preview of this session")
+		}
+	}
 	// RevokePreview answers 404 for another tenant's session: the trail
 	// is written only once the caller is known to own it. A revocation
 	// that holds in memory but could not be stored is still recorded.
-	err = s.sessions.RevokePreview(ctx, tenantOf(c), id, pid, time.Now().Add(s.cfg.MaxPreviewTTL))
+	err = s.sessions.RevokePreview(ctx, tenantOf(c), id, pid, until)
 	if _, err := s.sessions.Get(tenantOf(c), id); err != nil {
 		return err
 	}
@@ -145,4 +163,32 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 		return err
 	}
 	return c.SendStatus(fiber.StatusNoContent)
+}
+
+// previewIssued finds when a preview of the session's trail expires
+// (zero if the trail has no issue of it), and whether the trail dropped
+// preview issues past its bound.
+func previewIssued(evs []session.Event, pid string) (expires time.Time, truncated bool) {
+	for _, ev := range evs {
+		switch ev.Type {
+		case "preview_issued":
+			if ev.Fields["preview"] != pid {
+				continue
+			}
+			switch v := ev.Fields["expires_at"].(type) {
+			case time.Time:
+				expires = v
+			case string:
+				expires, _ = time.Parse(time.RFC3339Nano, v)
+			}
+			if expires.IsZero() {
+				truncated = true // unreadable: taken as the longest
+			}
+		case "audit_truncated":
+			if t := ev.Fields["type"]; t == "preview_issued" || t == "other" {
+				truncated = true
+			}
+		}
+	}
+	return expires, truncated
 }

@@ -2,6 +2,7 @@ package session
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -38,6 +39,10 @@ const (
 	maxFieldBytes = 512   // bytes kept per string field
 	maxKeyBytes   = 64
 	maxTrailLine  = 1 << 20 // longest line read back from a trail file
+	// maxEventLine bounds one event as written: the fields of one that
+	// would be longer (escaped lists of long strings add up) are replaced
+	// by a note, so every line is read back whole.
+	maxEventLine = 256 << 10
 )
 
 // noisyEvents are the types a session produces at its own pace.
@@ -149,6 +154,9 @@ func (t *trail) write(ev Event) {
 	if t.journal && t.kick != nil {
 		t.kick()
 	}
+	if line, err := json.Marshal(ev); err == nil && len(line) > maxEventLine {
+		ev.Fields = map[string]any{"note": "the event's fields were too large to keep", "bytes": len(line)}
+	}
 	if t.path != "" {
 		if line, err := json.Marshal(ev); err == nil && appendLine(t.path, line) == nil {
 			t.inFile++
@@ -166,16 +174,56 @@ func (t *trail) write(ev Event) {
 	t.dropped["unwritable"]++
 }
 
+// appendLine appends a line whole or not at all: a write cut short (a
+// full disk) is cut back off, so the next line does not join it.
 func appendLine(path string, line []byte) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(append(line, '\n'))
+	size, err := f.Seek(0, io.SeekEnd)
+	if err == nil {
+		if _, err = f.Write(append(line, '\n')); err != nil {
+			f.Truncate(size)
+		}
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// cutPartialLine cuts a trail file back to its last whole line (a
+// gateway that died in the middle of a write left the rest).
+func cutPartialLine(path string) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil || size == 0 {
+		return
+	}
+	buf := make([]byte, 1)
+	if _, err := f.ReadAt(buf, size-1); err != nil || buf[0] == '\n' {
+		return
+	}
+	// Back to the last newline, reading backwards in blocks.
+	const block = 64 << 10
+	for end := size; end > 0; {
+		start := max(end-block, 0)
+		b := make([]byte, end-start)
+		if _, err := f.ReadAt(b, start); err != nil {
+			return
+		}
+		if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+			f.Truncate(start + int64(i) + 1)
+			return
+		}
+		end = start
+	}
+	f.Truncate(0)
 }
 
 // events reads the trail back, oldest first.
@@ -301,6 +349,7 @@ func (m *Manager) openTrail(tenant, id string) trail {
 		return trail{}
 	}
 	t := trail{path: p, noisy: map[string]int{}}
+	cutPartialLine(p)
 	have := readTrail(p)
 	t.count(have)
 	t.fileBase, t.inFile = len(have), len(have)
@@ -391,6 +440,10 @@ func (m *Manager) stopping(id string) {
 type SessionFinaliser interface {
 	FinaliseSession(ctx context.Context, info Info, events []Event) error
 }
+
+// syncAttempts is how many finalisation attempts wait for an adopted
+// trail to be matched with the store.
+const syncAttempts = 5
 
 // Backoff between attempts to finalise a session.
 const (
@@ -488,12 +541,29 @@ func (m *Manager) ended(s *sess) {
 	info := copyInfo(s.info)
 	m.mu.Unlock()
 	f, retry := o.(SessionFinaliser)
+	// An adopted trail is matched with the store first: its pieces may
+	// hold what the host lacks. A store that cannot be read for a while
+	// does not hold the end back for good: the log is stored without
+	// them, says so, and the pieces stay.
+	matched, told := false, false
+	unmatched := func(err error) {
+		if told {
+			return
+		}
+		told = true
+		m.log.Warn("the audit trail is finalised without what the store holds of it; its pieces stay", "session", info.ID, "err", err)
+		m.Record(info.ID, "audit_store_unmatched", map[string]any{"note": "the trail's pieces in MinIO could not be read; they are kept there"})
+	}
 	switch {
 	case retry:
-		for wait := finaliseBackoff; ; wait = min(2*wait, maxFinaliseBackoff) {
-			// An adopted trail is matched with the store first: its
-			// pieces may hold what the host lacks.
+		for attempt, wait := 1, finaliseBackoff; ; attempt, wait = attempt+1, min(2*wait, maxFinaliseBackoff) {
 			err := m.ensureSynced(m.base, s)
+			if err == nil {
+				matched = true
+			} else if attempt >= syncAttempts {
+				unmatched(err)
+				err = nil
+			}
 			if err == nil {
 				err = f.FinaliseSession(m.base, info, m.trailEvents(s))
 			}
@@ -510,12 +580,15 @@ func (m *Manager) ended(s *sess) {
 		}
 	case o != nil:
 		if err := m.ensureSynced(m.base, s); err != nil {
-			m.log.Warn("the audit trail is finalised without what the store holds of it; its pieces stay", "session", info.ID, "err", err)
+			unmatched(err)
+		} else {
+			matched = true
 		}
 		o.SessionEnded(info, m.trailEvents(s))
 	}
-	// The log artifact has the whole trail: the pieces can go.
-	m.dropStoredTrail(s)
+	// The log artifact has the whole trail: the pieces can go, if they
+	// were matched with it.
+	m.dropStoredTrail(s, matched)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s.trail.path != "" {

@@ -139,6 +139,7 @@ func (m *Manager) flushTrail(ctx context.Context, s *sess) error {
 			return err
 		}
 	}
+	fileDone := false // the file has nothing whole past storedOff
 	for {
 		m.mu.Lock()
 		t := &s.trail
@@ -147,12 +148,15 @@ func (m *Manager) flushTrail(ctx context.Context, s *sess) error {
 			return nil
 		}
 		tenant, id, path, off, start := s.info.Tenant, s.info.ID, t.path, t.storedOff, t.stored
-		fromFile := t.inFile > t.stored-t.storedMem
+		fromFile := !fileDone && path != "" && t.inFile > t.stored-t.storedMem
 		var mem []Event
 		if !fromFile {
-			mem = append(mem, t.mem[t.storedMem:min(len(t.mem), t.storedMem+maxPieceEvents)]...)
+			mem = append(mem, t.mem[min(t.storedMem, len(t.mem)):min(len(t.mem), t.storedMem+maxPieceEvents)]...)
 		}
 		m.mu.Unlock()
+		if !fromFile && len(mem) == 0 {
+			return nil
+		}
 		var lines []byte
 		var n int
 		var used int64
@@ -162,15 +166,20 @@ func (m *Manager) flushTrail(ctx context.Context, s *sess) error {
 				return err
 			}
 			if n == 0 && used == 0 {
-				return nil // the file holds nothing whole past off yet
+				fileDone = true // what the count says is not there whole: memory next
+				continue
 			}
 		} else {
 			var b bytes.Buffer
 			enc := json.NewEncoder(&b)
 			for _, ev := range mem {
+				if n > 0 && b.Len() >= maxPieceBytes {
+					break
+				}
 				enc.Encode(ev)
+				n++
 			}
-			lines, n = b.Bytes(), len(mem)
+			lines = b.Bytes()
 		}
 		if n > 0 {
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -211,26 +220,14 @@ func readPiece(path string, off int64) ([]byte, int, int64, error) {
 	var used int64
 	n := 0
 	for n < maxPieceEvents && out.Len() < maxPieceBytes {
-		line, err := r.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			// Longer than any event the trail writes: skipped whole.
-			skipped := int64(len(line))
-			for errors.Is(err, bufio.ErrBufferFull) {
-				line, err = r.ReadSlice('\n')
-				skipped += int64(len(line))
-			}
-			if err != nil {
-				break // not yet whole
-			}
-			used += skipped
-			continue
-		}
+		line, err := r.ReadBytes('\n')
 		if err != nil {
 			break // end of file; a last line not yet whole waits
 		}
 		used += int64(len(line))
 		var ev Event
-		if json.Unmarshal(line, &ev) == nil {
+		// Read as readTrail reads: a line it would not take is skipped.
+		if len(line) <= maxTrailLine && json.Unmarshal(line, &ev) == nil {
 			b, _ := json.Marshal(ev)
 			out.Write(append(b, '\n'))
 			n++
@@ -326,18 +323,11 @@ func (m *Manager) syncTrailLocked(ctx context.Context, s *sess) error {
 		// The store's events first, then what this gateway recorded
 		// since it opened the trail.
 		merged := append(append([]Event(nil), stored...), have[min(len(have), base):]...)
-		t.rewrite(merged)
 		t.stored, t.storedMem, t.storedOff = len(stored), 0, 0
-		if t.path != "" {
-			_, ends := scanTrail(t.path, 0)
-			if len(stored) > 0 && len(ends) >= len(stored) {
-				t.storedOff = ends[len(stored)-1]
-			} else if len(stored) > 0 {
-				// The file could not take them: they are in memory.
-				t.storedMem = len(stored)
-			}
-		} else {
-			t.storedMem = len(stored)
+		if !t.rewrite(merged) {
+			t.storedMem = len(stored) // the file could not take them: memory holds them
+		} else if _, ends := scanTrail(t.path, 0); len(stored) > 0 && len(ends) >= len(stored) {
+			t.storedOff = ends[len(stored)-1]
 		}
 	}
 	t.synced = true
@@ -384,7 +374,7 @@ func scanTrail(path string, off int64) ([]Event, []int64) {
 
 // rewrite replaces the trail's host file (or memory) with events and
 // counts them again; the caller holds m.mu.
-func (t *trail) rewrite(events []Event) {
+func (t *trail) rewrite(events []Event) bool {
 	t.mem, t.kept, t.noisy, t.inFile = nil, 0, map[string]int{}, 0
 	written := false
 	if t.path != "" {
@@ -397,15 +387,17 @@ func (t *trail) rewrite(events []Event) {
 			written, t.inFile = true, len(events)
 		} else {
 			os.Remove(t.path + ".new")
+			// The old file is not the trail any more, whether or not it
+			// can be removed: memory holds it from now on.
+			os.Remove(t.path)
+			t.path = ""
 		}
 	}
 	if !written {
-		if t.path != "" {
-			os.Remove(t.path) // the old file would be read before memory
-		}
 		t.mem = append(t.mem, events...)
 	}
 	t.count(events)
+	return written
 }
 
 // ensureSynced matches an adopted trail with the store before it is
@@ -424,21 +416,21 @@ func (m *Manager) ensureSynced(ctx context.Context, s *sess) error {
 // dropStoredTrail removes a finalised session's pieces: the log artifact
 // holds the whole trail now. A trail never matched with the store keeps
 // its pieces.
-func (m *Manager) dropStoredTrail(s *sess) {
+func (m *Manager) dropStoredTrail(s *sess, matched bool) {
 	if !m.journalOn() {
 		return
 	}
 	s.journalMu.Lock()
 	defer s.journalMu.Unlock()
 	m.mu.Lock()
-	drop := s.trail.journal && s.trail.synced
+	drop := s.trail.journal && s.trail.synced && matched
 	s.trail.journal = false
 	tenant, id := s.info.Tenant, s.info.ID
 	m.mu.Unlock()
 	if !drop {
 		return
 	}
-	ctx, cancel := context.WithTimeout(m.base, time.Minute)
+	ctx, cancel := context.WithTimeout(m.journalCtx, time.Minute)
 	defer cancel()
 	if err := m.cfg.Trails.DropTrail(ctx, tenant, id); err != nil {
 		m.log.Warn("the stored pieces of a finalised audit trail were not removed", "session", id, "err", err)

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -68,7 +70,7 @@ func (p *pieceStore) DropTrail(_ context.Context, tenant, id string) error {
 func journalManager(t *testing.T, store *pieceStore) *Manager {
 	m := testManager(t)
 	m.cfg.Trails = store
-	m.base = context.Background()
+	m.base, m.journalCtx = context.Background(), context.Background()
 	m.journalKick = make(chan struct{}, 1)
 	return m
 }
@@ -133,7 +135,7 @@ func TestJournalFlush(t *testing.T) {
 	if len(store.pieces["acme/"+s.info.ID]) != 2 {
 		t.Errorf("want 2 pieces, got %d", len(store.pieces["acme/"+s.info.ID]))
 	}
-	m.dropStoredTrail(s)
+	m.dropStoredTrail(s, true)
 	s.record("late", nil)
 	m.flushTrails(context.Background())
 	if len(store.pieces["acme/"+s.info.ID]) != 0 {
@@ -221,7 +223,7 @@ func TestJournalSync(t *testing.T) {
 		if m.ensureSynced(ctx, s) == nil {
 			t.Fatal("a trail the store could not match says it is ready to finalise")
 		}
-		m.dropStoredTrail(s)
+		m.dropStoredTrail(s, true)
 		if len(store.pieces["acme/"+id]) != 2 {
 			t.Fatal("the pieces of a trail never matched were dropped")
 		}
@@ -250,4 +252,52 @@ func TestJournalSync(t *testing.T) {
 			t.Fatalf("read past a gap: %v, %v", types(stored), err)
 		}
 	})
+}
+
+// An event too large to read back whole keeps its place with a note
+// instead of its fields, so the host file and the store keep the same
+// events at the same indexes; a line a dead gateway left half written is
+// cut off when the trail is opened again, so the next one does not join it.
+func TestJournalOddLines(t *testing.T) {
+	ctx := context.Background()
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	const id = "s-0123456789abcdef"
+	s := newSess(Info{ID: id, Tenant: "acme"})
+	s.trail = m.liveTrail("acme", id, true)
+	m.sessions[id] = s
+	huge := map[string]any{}
+	for i := range 32 {
+		inner := map[string]any{}
+		for j := range 32 {
+			inner[fmt.Sprintf("k%d", j)] = strings.Repeat("<", 512)
+		}
+		huge[fmt.Sprintf("f%d", i)] = inner
+	}
+	s.record("created", nil)
+	s.record("exec", huge)
+	s.record("after", nil)
+	if err := m.flushTrails(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stored, _ := m.readStoredTrail(ctx, "acme", id)
+	if want := []string{"created", "exec", "after"}; !eq(types(stored), want) || !eq(types(s.trail.events()), want) {
+		t.Fatalf("stored %v, host %v, want %v in both", types(stored), types(s.trail.events()), want)
+	}
+	if stored[1].Fields["note"] == nil {
+		t.Errorf("the oversized event kept fields of %v", stored[1].Fields)
+	}
+
+	// Half a line at the end, as a gateway killed mid-write leaves it.
+	f, err := os.OpenFile(s.trail.path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(`{"time":"2026-12-02T00:00:00Z","ty`)
+	f.Close()
+	again := m.openTrail("acme", id)
+	again.record(time.Now(), "next", nil)
+	if got, want := types(again.events()), []string{"created", "exec", "after", "next"}; !eq(got, want) {
+		t.Fatalf("after a half-written line: %v, want %v", got, want)
+	}
 }

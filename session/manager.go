@@ -187,6 +187,7 @@ type Manager struct {
 
 	// The journal (journal.go) stores trails as they are written.
 	journalKick chan struct{}
+	journalCtx  context.Context // ends at Close, before the last flush
 	journalStop context.CancelFunc
 }
 
@@ -346,12 +347,10 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	m.poolLimits, m.refillNow = cfg.PoolLimits.withDefaults(m.pools), make(chan struct{}, 1)
 	m.wg.Add(1)
 	go m.reap()
-	m.journalStop = func() {}
+	m.journalCtx, m.journalStop = context.WithCancel(m.base)
 	if m.journalOn() {
-		jctx, stop := context.WithCancel(m.base)
-		m.journalStop = stop
 		m.wg.Add(1)
-		go m.journal(jctx)
+		go m.journal(m.journalCtx)
 	}
 	if len(m.pools) > 0 {
 		m.wg.Add(1)

@@ -234,6 +234,9 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	// claim answers; the containerd backend's goes to a file first and
 	// to containerd after (storeClaim).
 	recordNow := m.net == nil
+	if err == nil && recordNow && m.disabled(spec.Tenant) {
+		err = errTenantDisabled // before the Pod is the tenant's, not after
+	}
 	if err == nil {
 		labels[labelPool] = ""
 		if recordNow {
