@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -221,8 +222,17 @@ func (s *Server) App() *fiber.App { return s.app }
 // finish and are answered, everything else is served meanwhile; then the
 // listener closes. Running sessions stay for the next gateway to adopt.
 func (s *Server) Listen(ctx context.Context, addr string) error {
+	return s.serve(ctx, func() error { return s.app.Listen(addr) })
+}
+
+// Serve is Listen on a listener of the caller's.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	return s.serve(ctx, func() error { return s.app.Listener(ln) })
+}
+
+func (s *Server) serve(ctx context.Context, listen func() error) error {
 	errc := make(chan error, 1)
-	go func() { errc <- s.app.Listen(addr) }()
+	go func() { errc <- listen() }()
 	go s.janitor(ctx)
 	select {
 	case err := <-errc:

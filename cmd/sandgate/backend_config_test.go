@@ -24,6 +24,9 @@ func TestBackendConfig(t *testing.T) {
 	if err != nil || proxyURL(c) != "http://10.96.0.12:3128" {
 		t.Fatalf("kubernetes with an egress proxy: %v, %q", err, proxyURL(c))
 	}
+	if c, err := loadConfig(t, `, "backend": "kubernetes", "kubernetes": {"namespace": "s", "advertise": "10.244.0.7:8080"}`); err != nil || c.Kubernetes.Advertise != "10.244.0.7:8080" {
+		t.Fatalf("kubernetes with a replica's address: %v", err)
+	}
 	if _, err := loadConfig(t, `, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "pools": [{"size": 1}]`); err != nil {
 		t.Fatalf("a warm pool under kubernetes: %v", err)
 	}
@@ -40,6 +43,9 @@ func TestBackendConfig(t *testing.T) {
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": ":3128", "advertise": "proxy.svc:3128"}`:  "not ip:port",
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": ":3128", "advertise": "0.0.0.0:3128"}`:    "can reach",
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s"}, "egress": {"listen": "nowhere", "advertise": "10.0.0.1:3128"}`: "egress.listen",
+		`, "kubernetes": {"advertise": "10.0.0.1:8080"}`:                                                                             "for backend kubernetes",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "advertise": "gateway:8080"}`:                                   "not ip:port",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "advertise": "10.0.0.1:0"}`:                                     "can reach",
 	} {
 		if _, err := loadConfig(t, extra); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error naming %q", extra, err, want)

@@ -74,6 +74,12 @@ type Config struct {
 		// profile its Pods run under (`sandgate seccomp-profile`).
 		RuntimeClasses map[string]string `json:"runtime_classes"`
 		Seccomp        map[string]string `json:"seccomp"`
+		// Advertise is where other gateway replicas reach this one
+		// (ip:port; serve's -advertise overrides it). With it, a replica
+		// that does not lead stands by, forwarding to the leader, and
+		// takes over when the leader dies; without it, a second gateway
+		// on the namespace is refused.
+		Advertise string `json:"advertise"`
 	} `json:"kubernetes"`
 
 	// StateDir holds per-session workspaces.
@@ -422,6 +428,9 @@ func (c *Config) check() error {
 		if c.Egress.Listen != "" || c.Egress.Advertise != "" {
 			errs = append(errs, errors.New("egress.listen and egress.advertise are for backend kubernetes; the containerd backend's proxy listens on its bridge (egress.proxy_port)"))
 		}
+		if c.Kubernetes.Advertise != "" {
+			errs = append(errs, errors.New("kubernetes.advertise is for backend kubernetes (gateway replicas)"))
+		}
 	case "kubernetes":
 		if (c.Egress.Listen == "") != (c.Egress.Advertise == "") {
 			errs = append(errs, errors.New("egress.listen and egress.advertise go together: where the proxy listens and where sessions reach it"))
@@ -436,6 +445,11 @@ func (c *Config) check() error {
 			}
 			if _, err := net.ResolveTCPAddr("tcp", c.Egress.Listen); err != nil {
 				errs = append(errs, fmt.Errorf("egress.listen %q: %v", c.Egress.Listen, err))
+			}
+		}
+		if c.Kubernetes.Advertise != "" {
+			if err := checkAdvertise(c.Kubernetes.Advertise); err != nil {
+				errs = append(errs, fmt.Errorf("kubernetes.advertise: %w", err))
 			}
 		}
 		if c.Kubernetes.Namespace == "" {
@@ -461,4 +475,16 @@ func (c *Config) check() error {
 		errs = append(errs, errors.New("pool_limits: max_sessions and min_available_memory_mb must not be negative, max_age at least 1m, refill_delay between 0 and 1m"))
 	}
 	return errors.Join(errs...)
+}
+
+// checkAdvertise checks an address other replicas reach a gateway at.
+func checkAdvertise(a string) error {
+	ap, err := netip.ParseAddrPort(a)
+	if err != nil {
+		return fmt.Errorf("%q is not ip:port", a)
+	}
+	if ap.Addr().IsUnspecified() || ap.Port() == 0 {
+		return fmt.Errorf("%q: other replicas need an address and a port they can reach", a)
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -35,12 +36,22 @@ import (
 func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfgPath := fs.String("config", "/etc/sandgate/config.json", "config file")
+	advertise := fs.String("advertise", "", "backend kubernetes: where other replicas reach this one (ip:port), overriding kubernetes.advertise")
 	if err := fs.Parse(args); err != nil {
 		return usageError(err.Error())
 	}
 	cfg, err := LoadConfig(*cfgPath)
 	if err != nil {
 		return err
+	}
+	if *advertise != "" {
+		if cfg.Backend != "kubernetes" {
+			return usageError("-advertise is for backend kubernetes (gateway replicas)")
+		}
+		if err := checkAdvertise(*advertise); err != nil {
+			return usageError("-advertise: " + err.Error())
+		}
+		cfg.Kubernetes.Advertise = *advertise
 	}
 	pub, err := url.Parse(cfg.PublicURL)
 	if err != nil || pub.Host == "" || (pub.Scheme != "http" && pub.Scheme != "https") {
@@ -51,6 +62,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	// built into it, or Pods on a cluster whose nodes have the image.
 	var client *containerd.Client
 	var backend session.Backend
+	var front *gateway.Front // backend kubernetes, with replicas
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
 		if cfg.Kubernetes.Image != "" {
@@ -64,18 +76,44 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		if err != nil {
 			return err
 		}
-		// One gateway per namespace for now: it holds the namespace's
-		// lease while it runs (given back as serve returns), and stops if
-		// it loses it.
+		// One replica leads the namespace's sessions: it holds the
+		// namespace's lease while it runs (given back as serve returns),
+		// and stops if it loses it. A replica with an address others can
+		// reach stands by meanwhile, forwarding what it is sent to the
+		// leader, and takes over when the leader stops renewing; one
+		// without is refused once the leader has kept the lease a while.
 		host, _ := os.Hostname()
 		identity := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomHex(4))
 		holdCtx, endHold := context.WithCancel(context.WithoutCancel(ctx))
 		defer endHold()
-		var lose context.CancelFunc
-		ctx, lose = context.WithCancel(ctx)
+		wait := 3 * kube.HoldDuration
+		if cfg.Kubernetes.Advertise != "" {
+			ln, err := net.Listen("tcp", cfg.Listen)
+			if err != nil {
+				return err
+			}
+			front = gateway.NewFront(ln, func(ctx context.Context) (string, error) {
+				leader, addr, err := kb.Leader(ctx)
+				if leader == identity {
+					return "", err // this replica: it is taking over
+				}
+				return addr, err
+			}, log.With("component", "front"))
+			defer front.Close()
+			wait = 0
+			log.Info("sandgate replica listening", "addr", cfg.Listen, "advertise", cfg.Kubernetes.Advertise)
+		}
+		leadCtx, lose := context.WithCancel(ctx)
 		defer lose()
-		if err := kb.Hold(holdCtx, identity, 3*kube.HoldDuration, log, lose); err != nil {
+		if err := kb.Hold(ctx, holdCtx, identity, cfg.Kubernetes.Advertise, wait, log, lose); err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while standing by
+			}
 			return err
+		}
+		ctx = leadCtx
+		if front != nil {
+			front.TakingOver()
 		}
 		// Sessions are kept apart by the namespace's NetworkPolicy, not
 		// by anything of the gateway's: say so when none governs them.
@@ -265,6 +303,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 	}
 	log.Info("sandgate listening", "addr", cfg.Listen, "public_url", cfg.PublicURL, "image", ref)
+	if front != nil {
+		front.Lead()
+		return srv.Serve(ctx, front.Listener())
+	}
 	return srv.Listen(ctx, cfg.Listen)
 }
 

@@ -6,70 +6,119 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // HoldLease names the Lease a gateway holds over its namespace's
-// sessions. Until gateway replicas share their state (revocations,
-// trails, recordings), one gateway at a time may run a namespace's
-// sessions: a second one would adopt the first one's Pods and remove
-// the ones still starting.
+// sessions. One replica at a time leads a namespace: it runs the
+// sessions, their trails, revocations and recordings. The others stand
+// by: they forward what they are sent to the leader and take the lease
+// over when the leader stops renewing it (it died), adopting its
+// sessions from their Pods and MinIO.
 const HoldLease = "sandgate-gateway"
 
 // HoldDuration is how long the hold lasts without a renewal; a gateway
 // renews it every third of that.
 const HoldDuration = 10 * time.Second
 
-// Hold takes the namespace's hold for identity, waiting up to wait for a
-// holder that stopped renewing (a gateway that was killed) to run out;
-// a holder that renews keeps it, and Hold fails naming it. The hold is
-// then renewed until ctx ends, when it is given back; lost is called if
-// it is lost meanwhile (this gateway was too slow to renew and another
-// took it), and must stop this gateway's work.
-func (b *Backend) Hold(ctx context.Context, identity string, wait time.Duration, log *slog.Logger, lost func()) error {
-	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: HoldDuration}
+// renewDeadline: a leader that has not renewed for this long stops
+// leading (lost is called) before another replica may take the lease
+// over, so that two never lead at once (as client-go's leader election
+// does with its RenewDeadline).
+const renewDeadline = HoldDuration * 2 / 3
+
+// AnnotationAddress, on the hold lease, is where the leading replica
+// serves (ip:port), for the replicas that stand by to forward to.
+const AnnotationAddress = "sandgate.io/address"
+
+// Hold takes the namespace's hold for identity, which serves at address
+// ("" when no other replica can reach it). With wait > 0, a holder
+// that renews for that long keeps it and Hold fails naming it; with
+// wait 0, Hold waits until the hold is free, for as long as ctx lasts
+// (a replica standing by). The hold is then renewed until keep ends,
+// when it is given back; lost is called if it is lost meanwhile (another
+// replica took it, or it could not be renewed in time), and must stop
+// this gateway's work.
+func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) error {
+	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: HoldDuration,
+		Annotations: map[string]string{AnnotationAddress: address}}
 	deadline := time.Now().Add(wait)
+	said := ""
 	for {
 		held, holder, err := l.Acquire(ctx, HoldLease, "gateway")
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if err != nil {
-			return fmt.Errorf("the namespace's gateway lease: %w", err)
-		}
-		if held {
+			if wait > 0 {
+				return fmt.Errorf("the namespace's gateway lease: %w", err)
+			}
+			log.Warn("cannot read the namespace's gateway lease; trying again", "err", err)
+		} else if held {
 			break
+		} else if wait > 0 && time.Now().After(deadline) {
+			return fmt.Errorf("another gateway (%s) runs the sessions of namespace %s, and this one has no address to stand by at (kubernetes.advertise)", holder, b.cfg.Namespace)
+		} else if holder != said {
+			log.Info("standing by: another replica leads the namespace", "leader", holder, "namespace", b.cfg.Namespace)
+			said = holder
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("another gateway (%s) runs the sessions of namespace %s: one gateway per namespace for now", holder, b.cfg.Namespace)
-		}
-		log.Info("waiting for the namespace's gateway lease", "holder", holder, "namespace", b.cfg.Namespace)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
+	log.Info("leading the namespace's sessions", "namespace", b.cfg.Namespace, "identity", identity)
 	go func() {
 		tick := time.NewTicker(HoldDuration / 3)
 		defer tick.Stop()
+		renewed := time.Now()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-keep.Done():
 				rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				l.Release(rctx, HoldLease)
 				cancel()
 				return
 			case <-tick.C:
 			}
-			rctx, cancel := context.WithTimeout(ctx, HoldDuration/3)
+			rctx, cancel := context.WithTimeout(keep, HoldDuration/3)
 			err := l.Renew(rctx, HoldLease)
 			cancel()
-			if errors.Is(err, ErrLeaseLost) {
-				log.Error("lost the namespace's gateway lease to another gateway: stopping", "namespace", b.cfg.Namespace)
-				lost()
-				return
-			}
-			if err != nil && ctx.Err() == nil {
+			switch {
+			case err == nil:
+				renewed = time.Now()
+				continue
+			case errors.Is(err, ErrLeaseLost):
+				log.Error("lost the namespace's gateway lease to another replica: stopping", "namespace", b.cfg.Namespace)
+			case keep.Err() != nil:
+				continue // ending: the release above
+			case time.Since(renewed) >= renewDeadline:
+				log.Error("could not renew the namespace's gateway lease in time: stopping, before another replica takes over", "namespace", b.cfg.Namespace, "err", err)
+			default:
 				log.Warn("could not renew the namespace's gateway lease", "err", err)
+				continue
 			}
+			lost()
+			return
 		}
 	}()
 	return nil
+}
+
+// Leader reads the namespace's hold: the identity of the replica that
+// leads and the address it serves at; both empty when nobody holds it.
+// A hold whose holder has stopped renewing still names it: the replicas
+// standing by find out by trying it.
+func (b *Backend) Leader(ctx context.Context) (identity, address string, err error) {
+	le, err := b.client.CoordinationV1().Leases(b.cfg.Namespace).Get(ctx, HoldLease, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", err
+	}
+	return deref(le.Spec.HolderIdentity), le.Annotations[AnnotationAddress], nil
 }

@@ -32,6 +32,9 @@ type Leases struct {
 	Duration time.Duration
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// Annotations are written on the lease whenever this replica takes
+	// it (where the holder can be reached, say).
+	Annotations map[string]string
 
 	mu   sync.Mutex
 	seen map[string]observed // lease name: the version last seen, and when
@@ -86,7 +89,7 @@ func (l *Leases) Acquire(ctx context.Context, name, what string) (held bool, hol
 	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		_, err := leases.Create(ctx, &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelManaged: managedBy, labelLeaseFor: what}},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelManaged: managedBy, labelLeaseFor: what}, Annotations: l.Annotations},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &l.Identity, LeaseDurationSeconds: &secs,
 				AcquireTime: &now, RenewTime: &now},
 		}, metav1.CreateOptions{})
@@ -113,6 +116,12 @@ func (l *Leases) Acquire(ctx context.Context, name, what string) (held bool, hol
 	}
 	next.Spec.HolderIdentity = &l.Identity
 	next.Spec.LeaseDurationSeconds = &secs
+	for k, v := range l.Annotations {
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		next.Annotations[k] = v
+	}
 	next.Spec.RenewTime = &now
 	if _, err := leases.Update(ctx, next, metav1.UpdateOptions{}); err != nil {
 		if apierrors.IsConflict(err) { // another replica wrote first

@@ -1,0 +1,352 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Front owns a gateway replica's listener from the start. While another
+// replica leads the namespace's sessions, it forwards each connection,
+// bytes as they come, to the leader (so a client may address any
+// replica) and answers /healthz (alive, standing by) and /readyz (503:
+// a Service sends its traffic to the leader) itself. While this replica
+// takes the lead and adopts the sessions, it answers 503, with a
+// Retry-After. Once Lead is called, the connections go to the gateway,
+// through Listener; the forwarded ones, to a leader that stopped, are
+// cut.
+type Front struct {
+	ln  net.Listener
+	log *slog.Logger
+	// leader is where the leading replica serves: "" while nobody
+	// leads, or while this replica takes over.
+	leader func(context.Context) (string, error)
+
+	mu        sync.Mutex
+	leading   bool
+	taking    bool
+	forwarded map[net.Conn]struct{}
+	cached    string
+	cachedAt  time.Time
+
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+// Bounds of what a replica standing by reads before it forwards: the
+// request line, within frontHeadTimeout.
+const (
+	frontMaxLine     = 8 << 10
+	frontHeadTimeout = 10 * time.Second
+	frontDial        = 3 * time.Second
+	frontLeaderCache = time.Second
+)
+
+// NewFront serves ln; leader reads where the leading replica serves.
+func NewFront(ln net.Listener, leader func(context.Context) (string, error), log *slog.Logger) *Front {
+	f := &Front{ln: ln, log: log, leader: leader, forwarded: map[net.Conn]struct{}{},
+		conns: make(chan net.Conn), closed: make(chan struct{})}
+	go f.accept()
+	return f
+}
+
+// TakingOver says this replica has the lead and is adopting the
+// sessions: connections get 503 until Lead.
+func (f *Front) TakingOver() {
+	f.mu.Lock()
+	f.taking = true
+	f.mu.Unlock()
+}
+
+// Lead hands the connections to the gateway (Listener) from now on and
+// cuts those forwarded to the replica that led before.
+func (f *Front) Lead() {
+	f.mu.Lock()
+	f.leading = true
+	cut := f.forwarded
+	f.forwarded = map[net.Conn]struct{}{}
+	f.mu.Unlock()
+	for c := range cut {
+		c.Close()
+	}
+}
+
+// Listener is what the gateway serves once this replica leads.
+func (f *Front) Listener() net.Listener { return frontListener{f} }
+
+// Close stops accepting and cuts the forwarded connections.
+func (f *Front) Close() error {
+	f.once.Do(func() { close(f.closed) })
+	err := f.ln.Close()
+	f.mu.Lock()
+	cut := f.forwarded
+	f.forwarded = map[net.Conn]struct{}{}
+	f.mu.Unlock()
+	for c := range cut {
+		c.Close()
+	}
+	return err
+}
+
+type frontListener struct{ f *Front }
+
+func (l frontListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.f.conns:
+		return c, nil
+	case <-l.f.closed:
+		return nil, net.ErrClosed
+	}
+}
+func (l frontListener) Close() error   { return l.f.Close() }
+func (l frontListener) Addr() net.Addr { return l.f.ln.Addr() }
+
+func (f *Front) accept() {
+	var delay time.Duration
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			select {
+			case <-f.closed:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				f.once.Do(func() { close(f.closed) })
+				return
+			}
+			// Out of descriptors, say: wait a little, as net/http does.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			f.log.Warn("accept", "err", err)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		f.mu.Lock()
+		leading := f.leading
+		f.mu.Unlock()
+		if !leading {
+			go f.standBy(c)
+			continue
+		}
+		select {
+		case f.conns <- c:
+		case <-f.closed:
+			c.Close()
+			return
+		}
+	}
+}
+
+// standBy answers or forwards one connection while another replica
+// leads (or this one takes over).
+func (f *Front) standBy(c net.Conn) {
+	c.SetReadDeadline(time.Now().Add(frontHeadTimeout))
+	br := bufio.NewReaderSize(c, frontMaxLine)
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		if errors.Is(err, bufio.ErrBufferFull) {
+			frontAnswer(c, 431, "invalid_argument", "the request line is too long", 0)
+		} else {
+			c.Close()
+		}
+		return
+	}
+	method, path := requestTarget(line)
+	f.mu.Lock()
+	taking, leading := f.taking, f.leading
+	f.mu.Unlock()
+	switch {
+	case leading:
+		// The lead came while this request was read: the gateway gets
+		// it whole, what was read first.
+		c.SetReadDeadline(time.Time{})
+		rc := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(append(append([]byte(nil), line...), peekAll(br)...)), c)}
+		select {
+		case f.conns <- rc:
+		case <-f.closed:
+			c.Close()
+		}
+		return
+	case method == "GET" && path == "/healthz":
+		status := "standby"
+		if taking {
+			status = "taking over"
+		}
+		frontJSON(c, 200, map[string]any{"status": status})
+		return
+	case method == "GET" && path == "/readyz":
+		frontAnswer(c, 503, "unavailable", "this gateway replica stands by; another leads the sessions", 0)
+		return
+	case taking:
+		frontAnswer(c, 503, "unavailable", "this gateway replica is taking over the sessions; retry", 2)
+		return
+	}
+	addr, err := f.leaderAddr()
+	if err != nil || addr == "" {
+		if err != nil {
+			f.log.Warn("cannot read which replica leads", "err", err)
+		}
+		frontAnswer(c, 503, "unavailable", "no gateway replica leads the sessions yet; retry", 2)
+		return
+	}
+	up, err := net.DialTimeout("tcp", addr, frontDial)
+	if err != nil {
+		f.forget(addr)
+		frontAnswer(c, 503, "unavailable", "the leading gateway replica does not answer; retry (another takes over)", 2)
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	// What was read goes first, then the rest as it comes.
+	head := append(append([]byte(nil), line...), peekAll(br)...)
+	if _, err := up.Write(head); err != nil {
+		up.Close()
+		c.Close()
+		return
+	}
+	if !f.track(c, up) {
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(up, br); closeWrite(up); done <- struct{}{} }()
+	go func() { io.Copy(c, up); closeWrite(c); done <- struct{}{} }()
+	<-done
+	<-done
+	f.untrack(c, up)
+	c.Close()
+	up.Close()
+}
+
+// track registers a forwarded pair, to be cut at Lead or Close; false
+// (both closed) when that has happened already.
+func (f *Front) track(c, up net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-f.closed:
+		c.Close()
+		up.Close()
+		return false
+	default:
+	}
+	if f.leading {
+		c.Close()
+		up.Close()
+		return false
+	}
+	f.forwarded[c], f.forwarded[up] = struct{}{}, struct{}{}
+	return true
+}
+
+func (f *Front) untrack(c, up net.Conn) {
+	f.mu.Lock()
+	delete(f.forwarded, c)
+	delete(f.forwarded, up)
+	f.mu.Unlock()
+}
+
+// leaderAddr is the leader's address, read at most once a second.
+func (f *Front) leaderAddr() (string, error) {
+	f.mu.Lock()
+	if !f.cachedAt.IsZero() && time.Since(f.cachedAt) < frontLeaderCache {
+		a := f.cached
+		f.mu.Unlock()
+		return a, nil
+	}
+	f.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), frontDial)
+	defer cancel()
+	a, err := f.leader(ctx)
+	if err != nil {
+		return "", err
+	}
+	f.mu.Lock()
+	f.cached, f.cachedAt = a, time.Now()
+	f.mu.Unlock()
+	return a, nil
+}
+
+// forget drops a cached address that did not answer.
+func (f *Front) forget(addr string) {
+	f.mu.Lock()
+	if f.cached == addr {
+		f.cachedAt = time.Time{}
+	}
+	f.mu.Unlock()
+}
+
+// replayConn reads r (what was read of the connection, then the
+// connection) before anything else.
+type replayConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func peekAll(br *bufio.Reader) []byte {
+	b, _ := br.Peek(br.Buffered())
+	out := append([]byte(nil), b...)
+	br.Discard(len(b))
+	return out
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	c.Close()
+}
+
+// requestTarget is the method and path (without its query) of an HTTP
+// request line; empty when it is not one.
+func requestTarget(line []byte) (method, path string) {
+	f := bytes.Fields(line)
+	if len(f) != 3 {
+		return "", ""
+	}
+	p := f[1]
+	if i := bytes.IndexByte(p, '?'); i >= 0 {
+		p = p[:i]
+	}
+	return string(f[0]), string(p)
+}
+
+// frontAnswer writes the gateway's JSON error and closes c.
+func frontAnswer(c net.Conn, status int, code, msg string, retryAfter int) {
+	body, _ := json.Marshal(map[string]any{"error": map[string]string{"code": code, "message": msg}})
+	extra := ""
+	if retryAfter > 0 {
+		extra = fmt.Sprintf("Retry-After: %d\r\n", retryAfter)
+	}
+	frontWrite(c, status, extra, body)
+}
+
+func frontJSON(c net.Conn, status int, v any) {
+	body, _ := json.Marshal(v)
+	frontWrite(c, status, "", body)
+}
+
+func frontWrite(c net.Conn, status int, extra string, body []byte) {
+	c.SetWriteDeadline(time.Now().Add(frontHeadTimeout))
+	text := map[int]string{200: "OK", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}[status]
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n%s",
+		status, text, len(body), extra, body)
+	// Whatever the client still sends is read (a little, briefly), so
+	// that closing does not reset the connection before the client has
+	// read the answer.
+	closeWrite(c)
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	io.CopyN(io.Discard, c, 64<<10)
+	c.Close()
+}

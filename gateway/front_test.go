@@ -1,0 +1,162 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestFront: a replica standing by answers its probes itself, forwards
+// everything else to the leader byte for byte (keep-alive, bodies), says
+// 503 in the API's JSON when nobody leads or the leader is gone, bounds
+// what it reads, and hands its listener to the gateway once it leads,
+// cutting what it forwarded to the old leader.
+func TestFront(t *testing.T) {
+	var mu sync.Mutex
+	leader := ""
+	setLeader := func(a string) { mu.Lock(); leader = a; mu.Unlock() }
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "leader %s %s %s", r.Method, r.URL.Path, body)
+	}))
+	defer old.Close()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewFront(ln, func(context.Context) (string, error) { mu.Lock(); defer mu.Unlock(); return leader, nil }, slog.New(slog.DiscardHandler))
+	defer f.Close()
+	base := "http://" + ln.Addr().String()
+	client := &http.Client{Timeout: 10 * time.Second}
+	get := func(method, path, body string) (int, string, http.Header) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	apiError := func(body string) string {
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		if err := json.Unmarshal([]byte(body), &e); err != nil {
+			return "not JSON: " + body
+		}
+		return e.Error.Code
+	}
+
+	// Nobody leads: the probes answer here; the API says retry.
+	if st, body, _ := get("GET", "/healthz", ""); st != 200 || !strings.Contains(body, "standby") {
+		t.Errorf("healthz standing by: %d %s", st, body)
+	}
+	if st, body, _ := get("GET", "/readyz", ""); st != 503 || apiError(body) != "unavailable" {
+		t.Errorf("readyz standing by: %d %s", st, body)
+	}
+	if st, body, h := get("POST", "/v1/sessions", `{"kind":"browser"}`); st != 503 || apiError(body) != "unavailable" || h.Get("Retry-After") == "" {
+		t.Errorf("no leader: %d %s %v", st, body, h)
+	}
+
+	// A leader: forwarded, bodies and all, on one connection or several.
+	setLeader(strings.TrimPrefix(old.URL, "http://"))
+	time.Sleep(frontLeaderCache) // the empty answer was cached
+	for i := 0; i < 3; i++ {
+		if st, body, _ := get("POST", "/v1/sessions", `{"n":1}`); st != 200 || body != `leader POST /v1/sessions {"n":1}` {
+			t.Fatalf("forwarded: %d %q", st, body)
+		}
+	}
+	// The probes still answer here (a Service sends traffic to the
+	// leader, whose readyz is its own).
+	// (on a connection of its own: the kubelet's probes do not keep
+	// theirs; a connection forwarded once is the leader's).
+	client.CloseIdleConnections()
+	if st, _, _ := get("GET", "/readyz", ""); st != 503 {
+		t.Errorf("readyz with a leader: %d", st)
+	}
+
+	// Too long a request line: refused, not read on.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "GET /%s HTTP/1.1\r\n\r\n", strings.Repeat("a", frontMaxLine))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, _ := bufio.NewReader(c).ReadString('\n'); !strings.HasPrefix(line, "HTTP/1.1 431") {
+		t.Errorf("an overlong request line: %q", line)
+	}
+	c.Close()
+
+	// A forwarded connection held open (keep-alive) to the old leader.
+	held, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	hr := bufio.NewReader(held)
+	fmt.Fprintf(held, "GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(hr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "leader GET /held " {
+		t.Fatalf("held connection: %q", b)
+	}
+
+	// The leader is gone (its address answers no more): 503, not a
+	// hang. The held connection stays open to the old one.
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	setLeader(gone.Addr().String())
+	time.Sleep(frontLeaderCache)
+	if st, body, _ := get("GET", "/v1/sessions", ""); st != 503 || apiError(body) != "unavailable" {
+		t.Errorf("a dead leader: %d %s", st, body)
+	}
+
+	// This replica takes over: 503 meanwhile; then the gateway serves.
+	f.TakingOver()
+	if st, body, _ := get("GET", "/v1/sessions", ""); st != 503 || !strings.Contains(body, "taking over") {
+		t.Errorf("taking over: %d %s", st, body)
+	}
+	if st, body, _ := get("GET", "/healthz", ""); st != 200 || !strings.Contains(body, "taking over") {
+		t.Errorf("healthz taking over: %d %s", st, body)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "self %s", r.URL.Path)
+	})}
+	go srv.Serve(f.Listener())
+	defer srv.Close()
+	f.Lead()
+	if st, body, _ := get("GET", "/v1/sessions", ""); st != 200 || body != "self /v1/sessions" {
+		t.Errorf("leading: %d %q", st, body)
+	}
+	if st, body, _ := get("GET", "/healthz", ""); st != 200 || body != "self /healthz" {
+		t.Errorf("healthz leading (the gateway's own): %d %q", st, body)
+	}
+	// The connection forwarded to the old leader was cut.
+	held.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := hr.ReadByte(); err == nil || isTimeout(err) {
+		t.Errorf("a connection forwarded to the old leader is still open after the lead: %v", err)
+	}
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
