@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -69,6 +70,7 @@ func (s *Server) issuePreview(tenant, id string, req previewRequest, ttl time.Du
 		return previewResponse{}, fmt.Errorf("sign preview: %w", err)
 	}
 	s.sessions.Record(id, "preview_issued", map[string]any{"preview": pid, "scope": req.Scope, "view_only": req.ViewOnly, "expires_at": now.Add(ttl)})
+	s.durable(id)
 	out := previewResponse{
 		ID: pid, URL: s.cfg.PublicURL.String() + "/" + req.Scope + "/" + tok,
 		ExpiresAt: now.Add(ttl), Scope: req.Scope, ViewOnly: req.ViewOnly,
@@ -141,6 +143,7 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 		switch {
 		case !expires.IsZero() && !expires.After(time.Now()):
 			s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "expired": true})
+			s.durable(id)
 			return c.SendStatus(fiber.StatusNoContent) // it no longer opens anything
 		case !expires.IsZero():
 			until = expires
@@ -159,6 +162,7 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 		return err // not revoked: the session holds as many as it may
 	}
 	s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "stored": err == nil})
+	s.durable(id)
 	if err != nil {
 		return err
 	}
@@ -191,4 +195,16 @@ func previewIssued(evs []session.Event, pid string) (expires time.Time, truncate
 		}
 	}
 	return expires, truncated
+}
+
+// durable stores the session's trail now, so that the preview just
+// issued or revoked is in it if this gateway dies the moment after (a
+// replica that takes over then knows the preview, and can revoke it).
+// A store that does not answer in time leaves it to the journal.
+func (s *Server) durable(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := s.sessions.Durable(ctx, id); err != nil {
+		s.log.Warn("the audit trail could not be stored at once; the journal tries again", "session", id, "err", err)
+	}
 }

@@ -264,6 +264,14 @@ func (s *Server) routes() {
 
 	s.adminRoutes()
 	v1 := a.Group("/v1", s.authenticate)
+	// What a request on a session recorded in its trail is stored before
+	// the answer goes: what the client saw acknowledged outlives this
+	// gateway being killed the moment after.
+	v1.Use("/sessions/:id", func(c *fiber.Ctx) error {
+		err := c.Next()
+		s.durable(c.Params("id"))
+		return err
+	})
 	v1.Get("/runtimes", s.listRuntimes)
 	v1.Get("/pools", s.listPools)
 	v1.Get("/usage", s.usage)

@@ -85,6 +85,7 @@ func (m *Manager) journal(ctx context.Context) {
 			}
 		}
 		err := m.flushTrails(ctx)
+		m.journalFailing.Store(err != nil && ctx.Err() == nil)
 		switch {
 		case err == nil:
 			if failing {
@@ -100,6 +101,31 @@ func (m *Manager) journal(ctx context.Context) {
 			retry, failing = min(max(2*retry, time.Second), maxJournalBackoff), true
 		}
 	}
+}
+
+// Durable stores what the session's trail holds now, rather than a
+// flush interval later: an event the gateway acknowledges at once (a
+// preview issued or revoked) then outlives the gateway being killed the
+// moment after, and the replica that takes over knows it. Nothing to do
+// without a journal or for a session this gateway does not hold, nor
+// while the journal finds the store away (it has said so, and stores
+// the trail when the store is back).
+func (m *Manager) Durable(ctx context.Context, id string) error {
+	if !m.journalOn() {
+		return nil
+	}
+	if m.journalFailing.Load() {
+		// The store is away: requests do not wait for it one by one;
+		// the journal stores the trail when it is back.
+		return nil
+	}
+	m.mu.Lock()
+	s := m.sessions[id]
+	m.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	return m.flushTrail(ctx, s)
 }
 
 // flushTrails writes every session's unstored events; the first error

@@ -301,3 +301,49 @@ func TestJournalOddLines(t *testing.T) {
 		t.Fatalf("after a half-written line: %v, want %v", got, want)
 	}
 }
+
+// Durable stores a session's new events at once, without the journal;
+// while the journal finds the store away it does not wait for it.
+func TestJournalDurable(t *testing.T) {
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	s := newSess(Info{ID: "s-0123456789abcdef", Tenant: "acme"})
+	s.trail = m.liveTrail("acme", s.info.ID, true)
+	m.sessions[s.info.ID] = s
+	s.record("created", nil)
+	s.record("preview_issued", nil)
+	// The control: nothing is stored until someone flushes.
+	if stored, _ := m.readStoredTrail(context.Background(), "acme", s.info.ID); len(stored) != 0 {
+		t.Fatalf("stored before any flush: %v", types(stored))
+	}
+	if err := m.Durable(context.Background(), s.info.ID); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := m.readStoredTrail(context.Background(), "acme", s.info.ID)
+	if err != nil || !eq(types(stored), []string{"created", "preview_issued"}) {
+		t.Fatalf("after Durable: %v, %v", types(stored), err)
+	}
+	// Nothing new: nothing written.
+	m.Durable(context.Background(), s.info.ID)
+	if n := len(store.pieces["acme/"+s.info.ID]); n != 1 {
+		t.Errorf("%d pieces after a Durable with nothing new", n)
+	}
+	if err := m.Durable(context.Background(), "s-ffffffffffffffff"); err != nil {
+		t.Errorf("a session this gateway does not hold: %v", err)
+	}
+	// The store away, as the journal found: Durable answers at once.
+	store.fail = errors.New("away")
+	m.journalFailing.Store(true)
+	s.record("preview_revoked", nil)
+	if err := m.Durable(context.Background(), s.info.ID); err != nil {
+		t.Errorf("Durable while the journal finds the store away: %v", err)
+	}
+	store.fail = nil
+	m.journalFailing.Store(false)
+	if err := m.Durable(context.Background(), s.info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if stored, _ := m.readStoredTrail(context.Background(), "acme", s.info.ID); !eq(types(stored), []string{"created", "preview_issued", "preview_revoked"}) {
+		t.Errorf("once the store is back: %v", types(stored))
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/containerd"
@@ -189,6 +190,9 @@ type Manager struct {
 	journalKick chan struct{}
 	journalCtx  context.Context // ends at Close, before the last flush
 	journalStop context.CancelFunc
+	// journalFailing: the journal's last flush failed (the store is
+	// away); Durable does not wait for the store meanwhile.
+	journalFailing atomic.Bool
 }
 
 type sess struct {

@@ -97,6 +97,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				if leader == identity {
 					return "", err // this replica: it is taking over
 				}
+				if addr == cfg.Kubernetes.Advertise {
+					// Forwarding there would come back here, for good.
+					return "", fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
+				}
 				return addr, err
 			}, log.With("component", "front"))
 			defer front.Close()
@@ -105,12 +109,21 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 		leadCtx, lose := context.WithCancel(ctx)
 		defer lose()
-		if err := kb.Hold(ctx, holdCtx, identity, cfg.Kubernetes.Advertise, wait, log, lose); err != nil {
+		released, err := kb.Hold(ctx, holdCtx, identity, cfg.Kubernetes.Advertise, wait, log, lose)
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil // stopped while standing by
 			}
 			return err
 		}
+		// Runs before endHold's defer above: given back before exiting.
+		defer func() {
+			endHold()
+			select {
+			case <-released:
+			case <-time.After(10 * time.Second):
+			}
+		}()
 		ctx = leadCtx
 		if front != nil {
 			front.TakingOver()

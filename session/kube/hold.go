@@ -40,8 +40,11 @@ const AnnotationAddress = "sandgate.io/address"
 // (a replica standing by). The hold is then renewed until keep ends,
 // when it is given back; lost is called if it is lost meanwhile (another
 // replica took it, or it could not be renewed in time), and must stop
-// this gateway's work.
-func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) error {
+// this gateway's work. The returned channel is closed once the hold has
+// been given back (or the attempt failed), after keep ends: a gateway
+// waits for it before it exits, so the next one need not wait for the
+// hold to run out.
+func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: HoldDuration,
 		Annotations: map[string]string{AnnotationAddress: address}}
 	deadline := time.Now().Add(wait)
@@ -49,29 +52,31 @@ func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait
 	for {
 		held, holder, err := l.Acquire(ctx, HoldLease, "gateway")
 		if err != nil && ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		if err != nil {
 			if wait > 0 {
-				return fmt.Errorf("the namespace's gateway lease: %w", err)
+				return nil, fmt.Errorf("the namespace's gateway lease: %w", err)
 			}
 			log.Warn("cannot read the namespace's gateway lease; trying again", "err", err)
 		} else if held {
 			break
 		} else if wait > 0 && time.Now().After(deadline) {
-			return fmt.Errorf("another gateway (%s) runs the sessions of namespace %s, and this one has no address to stand by at (kubernetes.advertise)", holder, b.cfg.Namespace)
+			return nil, fmt.Errorf("another gateway (%s) runs the sessions of namespace %s, and this one has no address to stand by at (kubernetes.advertise)", holder, b.cfg.Namespace)
 		} else if holder != said {
 			log.Info("standing by: another replica leads the namespace", "leader", holder, "namespace", b.cfg.Namespace)
 			said = holder
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
 	log.Info("leading the namespace's sessions", "namespace", b.cfg.Namespace, "identity", identity)
+	released := make(chan struct{})
 	go func() {
+		defer close(released)
 		tick := time.NewTicker(HoldDuration / 3)
 		defer tick.Stop()
 		renewed := time.Now()
@@ -102,10 +107,11 @@ func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait
 				continue
 			}
 			lost()
+			<-keep.Done() // the gateway stops; the lease is not ours to give back
 			return
 		}
 	}()
-	return nil
+	return released, nil
 }
 
 // Leader reads the namespace's hold: the identity of the replica that
