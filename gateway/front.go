@@ -37,6 +37,12 @@ type Front struct {
 	cached    string
 	cachedAt  time.Time
 
+	// lookup lets one read of the leader run at a time: the others
+	// wait for it and take its answer (or its error) from the cache.
+	lookup  sync.Mutex
+	lastErr error
+
+	slots  chan struct{} // connections being answered or forwarded
 	conns  chan net.Conn
 	closed chan struct{}
 	once   sync.Once
@@ -49,12 +55,18 @@ const (
 	frontHeadTimeout = 10 * time.Second
 	frontDial        = 3 * time.Second
 	frontLeaderCache = time.Second
+	// frontMaxConns bounds the connections a replica standing by
+	// answers or forwards at once; past it, new ones are closed.
+	frontMaxConns = 4096
+	// frontLinger: once one direction of a forwarded connection has
+	// ended, the other gets this long to finish.
+	frontLinger = 30 * time.Second
 )
 
 // NewFront serves ln; leader reads where the leading replica serves.
 func NewFront(ln net.Listener, leader func(context.Context) (string, error), log *slog.Logger) *Front {
 	f := &Front{ln: ln, log: log, leader: leader, forwarded: map[net.Conn]struct{}{},
-		conns: make(chan net.Conn), closed: make(chan struct{})}
+		slots: make(chan struct{}, frontMaxConns), conns: make(chan net.Conn), closed: make(chan struct{})}
 	go f.accept()
 	return f
 }
@@ -135,7 +147,15 @@ func (f *Front) accept() {
 		leading := f.leading
 		f.mu.Unlock()
 		if !leading {
-			go f.standBy(c)
+			select {
+			case f.slots <- struct{}{}:
+				go func() {
+					defer func() { <-f.slots }()
+					f.standBy(c)
+				}()
+			default:
+				c.Close() // as many as it takes: the client retries
+			}
 			continue
 		}
 		select {
@@ -193,9 +213,6 @@ func (f *Front) standBy(c net.Conn) {
 	}
 	addr, err := f.leaderAddr()
 	if err != nil || addr == "" {
-		if err != nil {
-			f.log.Warn("cannot read which replica leads", "err", err)
-		}
 		frontAnswer(c, 503, "unavailable", "no gateway replica leads the sessions yet; retry", 2)
 		return
 	}
@@ -205,25 +222,32 @@ func (f *Front) standBy(c net.Conn) {
 		frontAnswer(c, 503, "unavailable", "the leading gateway replica does not answer; retry (another takes over)", 2)
 		return
 	}
+	// Tracked before anything is sent, so that a lead that comes now
+	// cuts the connection before the old leader has seen a request.
+	if !f.track(c, up) {
+		return
+	}
+	defer func() {
+		f.untrack(c, up)
+		c.Close()
+		up.Close()
+	}()
 	c.SetReadDeadline(time.Time{})
 	// What was read goes first, then the rest as it comes.
 	head := append(append([]byte(nil), line...), peekAll(br)...)
 	if _, err := up.Write(head); err != nil {
-		up.Close()
-		c.Close()
-		return
-	}
-	if !f.track(c, up) {
 		return
 	}
 	done := make(chan struct{}, 2)
 	go func() { io.Copy(up, br); closeWrite(up); done <- struct{}{} }()
 	go func() { io.Copy(c, up); closeWrite(c); done <- struct{}{} }()
 	<-done
+	// One way has ended: the other gets a while to finish, no longer
+	// (a client that never closes does not hold the pair for good).
+	linger := time.Now().Add(frontLinger)
+	c.SetDeadline(linger)
+	up.SetDeadline(linger)
 	<-done
-	f.untrack(c, up)
-	c.Close()
-	up.Close()
 }
 
 // track registers a forwarded pair, to be cut at Lead or Close; false
@@ -254,25 +278,29 @@ func (f *Front) untrack(c, up net.Conn) {
 	f.mu.Unlock()
 }
 
-// leaderAddr is the leader's address, read at most once a second.
+// leaderAddr is the leader's address, read at most once a second
+// however many connections ask (an error too is kept that long).
 func (f *Front) leaderAddr() (string, error) {
+	f.lookup.Lock()
+	defer f.lookup.Unlock()
 	f.mu.Lock()
 	if !f.cachedAt.IsZero() && time.Since(f.cachedAt) < frontLeaderCache {
-		a := f.cached
+		a, err := f.cached, f.lastErr
 		f.mu.Unlock()
-		return a, nil
+		return a, err
 	}
 	f.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), frontDial)
 	defer cancel()
 	a, err := f.leader(ctx)
 	if err != nil {
-		return "", err
+		f.log.Warn("cannot read which replica leads", "err", err)
+		a = ""
 	}
 	f.mu.Lock()
-	f.cached, f.cachedAt = a, time.Now()
+	f.cached, f.lastErr, f.cachedAt = a, err, time.Now()
 	f.mu.Unlock()
-	return a, nil
+	return a, err
 }
 
 // forget drops a cached address that did not answer.

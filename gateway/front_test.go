@@ -129,6 +129,29 @@ func TestFront(t *testing.T) {
 		t.Errorf("a dead leader: %d %s", st, body)
 	}
 
+	// A request whose line is still coming when the lead arrives.
+	// (Once the answers above are done, only the held connection holds
+	// a slot.)
+	slotsAre := func(n int) bool {
+		deadline := time.Now().Add(10 * time.Second)
+		for len(f.slots) != n && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return len(f.slots) == n
+	}
+	if !slotsAre(1) {
+		t.Fatalf("%d connections held, want the one", len(f.slots))
+	}
+	late, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	fmt.Fprint(late, "GET /la")
+	if !slotsAre(2) {
+		t.Fatal("the late connection was not taken up")
+	}
+
 	// This replica takes over: 503 meanwhile; then the gateway serves.
 	f.TakingOver()
 	if st, body, _ := get("GET", "/v1/sessions", ""); st != 503 || !strings.Contains(body, "taking over") {
@@ -148,6 +171,14 @@ func TestFront(t *testing.T) {
 	}
 	if st, body, _ := get("GET", "/healthz", ""); st != 200 || body != "self /healthz" {
 		t.Errorf("healthz leading (the gateway's own): %d %q", st, body)
+	}
+	// The late request reaches the gateway whole.
+	fmt.Fprint(late, "te HTTP/1.1\r\nHost: x\r\n\r\n")
+	late.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if resp, err := http.ReadResponse(bufio.NewReader(late), nil); err != nil {
+		t.Errorf("the request begun before the lead: %v", err)
+	} else if b, _ := io.ReadAll(resp.Body); string(b) != "self /late" {
+		t.Errorf("the request begun before the lead: %q", b)
 	}
 	// The connection forwarded to the old leader was cut.
 	held.SetReadDeadline(time.Now().Add(10 * time.Second))

@@ -264,12 +264,18 @@ func (s *Server) routes() {
 
 	s.adminRoutes()
 	v1 := a.Group("/v1", s.authenticate)
-	// What a request on a session recorded in its trail is stored before
-	// the answer goes: what the client saw acknowledged outlives this
-	// gateway being killed the moment after.
+	// What a request that changed a session recorded in its trail is
+	// stored before the answer goes: what the client saw acknowledged
+	// outlives this gateway being killed the moment after. Only for the
+	// tenant's own session, and only for a change that was made.
 	v1.Use("/sessions/:id", func(c *fiber.Ctx) error {
 		err := c.Next()
-		s.durable(c.Params("id"))
+		if c.Method() == fiber.MethodGet || c.Method() == fiber.MethodHead || err != nil || c.Response().StatusCode() >= 400 {
+			return err
+		}
+		if _, gerr := s.sessions.Get(tenantOf(c), c.Params("id")); gerr == nil {
+			s.durable(c.Params("id"))
+		}
 		return err
 	})
 	v1.Get("/runtimes", s.listRuntimes)

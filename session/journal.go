@@ -125,7 +125,24 @@ func (m *Manager) Durable(ctx context.Context, id string) error {
 	if s == nil {
 		return nil
 	}
-	return m.flushTrail(ctx, s)
+	// The journal may be flushing this session: wait for it as long as
+	// ctx lasts, no longer.
+	for !s.journalMu.TryLock() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	defer s.journalMu.Unlock()
+	err := m.flushTrailLocked(ctx, s)
+	if err != nil {
+		// Later requests do not wait for the store until the journal
+		// has found it back.
+		m.journalFailing.Store(true)
+		m.kickJournal()
+	}
+	return err
 }
 
 // flushTrails writes every session's unstored events; the first error
@@ -157,6 +174,10 @@ func (t *trail) unstored() bool { return t.inFile+len(t.mem) > t.stored }
 func (m *Manager) flushTrail(ctx context.Context, s *sess) error {
 	s.journalMu.Lock()
 	defer s.journalMu.Unlock()
+	return m.flushTrailLocked(ctx, s)
+}
+
+func (m *Manager) flushTrailLocked(ctx context.Context, s *sess) error {
 	m.mu.Lock()
 	synced := s.trail.synced
 	m.mu.Unlock()

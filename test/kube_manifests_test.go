@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -136,6 +137,26 @@ func TestKubeManifests(t *testing.T) {
 				t.Errorf("Service %s targets port %q, which the gateway's Pod does not name", svc.Name, p.TargetPort.StrVal)
 			}
 		}
+	}
+	// Replicas: each tells the others where it serves (its Pod IP and
+	// API port), and the Deployment does not wait for the one standing
+	// by to be ready (it never is).
+	c := gw.Spec.Template.Spec.Containers[0]
+	advertise := ""
+	for i, a := range c.Args {
+		if a == "-advertise" && i+1 < len(c.Args) {
+			advertise = c.Args[i+1]
+		}
+	}
+	podIP := false
+	for _, env := range c.Env {
+		podIP = podIP || (env.Name == "POD_IP" && env.ValueFrom != nil && env.ValueFrom.FieldRef != nil && env.ValueFrom.FieldRef.FieldPath == "status.podIP")
+	}
+	if advertise != fmt.Sprintf("$(POD_IP):%d", ports["api"]) || !podIP {
+		t.Errorf("the gateway advertises %q (POD_IP from the Pod's IP: %v), want $(POD_IP):%d", advertise, podIP, ports["api"])
+	}
+	if gw.Spec.Replicas == nil || *gw.Spec.Replicas < 2 || gw.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("the gateway's Deployment: replicas %v, strategy %q; want 2 or more, Recreate", gw.Spec.Replicas, gw.Spec.Strategy.Type)
 	}
 	if ports["egress"] != 3128 {
 		t.Errorf("the gateway's egress port is %d, the policy lets sessions reach 3128", ports["egress"])

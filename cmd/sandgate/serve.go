@@ -97,6 +97,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				if leader == identity {
 					return "", err // this replica: it is taking over
 				}
+				if err == nil && addr != "" && checkAdvertise(addr) != nil {
+					// The lease is the gateway's own (rbac.yaml), but an
+					// address that is no ip:port is not dialled.
+					return "", fmt.Errorf("the leading replica %s advertises %q, which is not ip:port", leader, addr)
+				}
 				if addr == cfg.Kubernetes.Advertise {
 					// Forwarding there would come back here, for good.
 					return "", fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
@@ -107,8 +112,18 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			wait = 0
 			log.Info("sandgate replica listening", "addr", cfg.Listen, "advertise", cfg.Kubernetes.Advertise)
 		}
-		leadCtx, lose := context.WithCancel(ctx)
-		defer lose()
+		// A leader that loses the lease stops at once, without a drain
+		// or a last flush: another replica may lead from the next
+		// moment, and two must not act on the same sessions (their
+		// Pods, trails and recordings). Its sessions go on in their
+		// Pods; what its API acknowledged is stored already.
+		lose := func() {
+			log.Error("this replica no longer leads the namespace: exiting at once")
+			if front != nil {
+				front.Close()
+			}
+			os.Exit(3)
+		}
 		released, err := kb.Hold(ctx, holdCtx, identity, cfg.Kubernetes.Advertise, wait, log, lose)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -124,7 +139,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			case <-time.After(10 * time.Second):
 			}
 		}()
-		ctx = leadCtx
 		if front != nil {
 			front.TakingOver()
 		}

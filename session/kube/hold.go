@@ -23,11 +23,19 @@ const HoldLease = "sandgate-gateway"
 // renews it every third of that.
 const HoldDuration = 10 * time.Second
 
-// renewDeadline: a leader that has not renewed for this long stops
+// holdDuration is HoldDuration, shorter in tests.
+var holdDuration = HoldDuration
+
+// A leader that has not renewed for two thirds of the hold's duration,
+// counted from when it sent its last renewal that succeeded, stops
 // leading (lost is called) before another replica may take the lease
-// over, so that two never lead at once (as client-go's leader election
-// does with its RenewDeadline).
-const renewDeadline = HoldDuration * 2 / 3
+// over: that one waits the full duration from when it saw that renewal,
+// which was later. So two never lead at once (as client-go's leader
+// election does with its RenewDeadline). A failed renewal is tried
+// again every renewRetry.
+func renewDeadline() time.Duration { return holdDuration * 2 / 3 }
+
+const renewRetry = time.Second
 
 // AnnotationAddress, on the hold lease, is where the leading replica
 // serves (ip:port), for the replicas that stand by to forward to.
@@ -45,11 +53,13 @@ const AnnotationAddress = "sandgate.io/address"
 // waits for it before it exits, so the next one need not wait for the
 // hold to run out.
 func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
-	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: HoldDuration,
+	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: holdDuration,
 		Annotations: map[string]string{AnnotationAddress: address}}
 	deadline := time.Now().Add(wait)
 	said := ""
+	var sent time.Time // when the acquisition that succeeded was sent
 	for {
+		sent = time.Now()
 		held, holder, err := l.Acquire(ctx, HoldLease, "gateway")
 		if err != nil && ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -77,9 +87,10 @@ func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait
 	released := make(chan struct{})
 	go func() {
 		defer close(released)
-		tick := time.NewTicker(HoldDuration / 3)
-		defer tick.Stop()
-		renewed := time.Now()
+		giveUp := time.NewTimer(time.Until(sent.Add(renewDeadline())))
+		defer giveUp.Stop()
+		next := time.NewTimer(holdDuration / 3)
+		defer next.Stop()
 		for {
 			select {
 			case <-keep.Done():
@@ -87,28 +98,37 @@ func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait
 				l.Release(rctx, HoldLease)
 				cancel()
 				return
-			case <-tick.C:
+			case <-giveUp.C:
+				log.Error("could not renew the namespace's gateway lease in time: stopping, before another replica takes over", "namespace", b.cfg.Namespace)
+				lost()
+				<-keep.Done() // not ours to give back
+				return
+			case <-next.C:
 			}
-			rctx, cancel := context.WithTimeout(keep, HoldDuration/3)
+			at := time.Now()
+			left := time.Until(sent.Add(renewDeadline()))
+			if left <= 0 {
+				continue // giveUp fires
+			}
+			rctx, cancel := context.WithTimeout(keep, min(left, holdDuration/3))
 			err := l.Renew(rctx, HoldLease)
 			cancel()
 			switch {
 			case err == nil:
-				renewed = time.Now()
-				continue
+				sent = at
+				giveUp.Reset(time.Until(sent.Add(renewDeadline())))
+				next.Reset(holdDuration / 3)
 			case errors.Is(err, ErrLeaseLost):
 				log.Error("lost the namespace's gateway lease to another replica: stopping", "namespace", b.cfg.Namespace)
+				lost()
+				<-keep.Done()
+				return
 			case keep.Err() != nil:
-				continue // ending: the release above
-			case time.Since(renewed) >= renewDeadline:
-				log.Error("could not renew the namespace's gateway lease in time: stopping, before another replica takes over", "namespace", b.cfg.Namespace, "err", err)
+				next.Reset(0) // ending: the release above
 			default:
-				log.Warn("could not renew the namespace's gateway lease", "err", err)
-				continue
+				log.Warn("could not renew the namespace's gateway lease; trying again", "err", err)
+				next.Reset(renewRetry)
 			}
-			lost()
-			<-keep.Done() // the gateway stops; the lease is not ours to give back
-			return
 		}
 	}()
 	return released, nil

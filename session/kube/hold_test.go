@@ -1,0 +1,122 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// TestHoldHandover: a leader that renews keeps the hold, and a replica
+// standing by does not take it; once the leader's renewals fail, it
+// gives up (lost) before the other takes over, never after; the new
+// leader's address is on the lease, and it gives the hold back when it
+// stops. (The API server is client-go's fake clientset: what is under
+// test is the timing of the two replicas, not the server.)
+func TestHoldHandover(t *testing.T) {
+	holdDuration = 2 * time.Second
+	client := fake.NewSimpleClientset()
+	var failA atomic.Bool
+	var version atomic.Int64
+	client.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		le := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
+		if failA.Load() && deref(le.Spec.HolderIdentity) == "a" {
+			return true, nil, errors.New("the API server does not answer")
+		}
+		// As the API server does: every write a new resourceVersion.
+		le.ResourceVersion = strconv.FormatInt(version.Add(1), 10)
+		return false, nil, nil
+	})
+	b := &Backend{client: client, cfg: Config{Namespace: "ns"}}
+	log := slog.New(slog.DiscardHandler)
+	ctx := context.Background()
+
+	var mu sync.Mutex
+	var lostAt, tookAt time.Time
+	keepA, stopA := context.WithCancel(ctx)
+	releasedA, err := b.Hold(ctx, keepA, "a", "10.0.0.1:8080", time.Second, log, func() {
+		mu.Lock()
+		lostAt = time.Now()
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stopA()
+		<-releasedA
+		holdDuration = HoldDuration
+	}()
+	if id, addr, err := b.Leader(ctx); id != "a" || addr != "10.0.0.1:8080" || err != nil {
+		t.Fatalf("the leader: %q at %q, %v", id, addr, err)
+	}
+	// A second replica without an address is refused once it has waited.
+	if _, err := b.Hold(ctx, ctx, "c", "", 200*time.Millisecond, log, func() {}); err == nil {
+		t.Fatal("a second replica without an address was not refused")
+	}
+	keepB, stopB := context.WithCancel(ctx)
+	var released <-chan struct{}
+	took := make(chan error, 1)
+	go func() {
+		var err error
+		released, err = b.Hold(ctx, keepB, "b", "10.0.0.2:8080", 0, log, func() { t.Error("b lost the hold") })
+		mu.Lock()
+		tookAt = time.Now()
+		mu.Unlock()
+		took <- err
+	}()
+
+	// The control: while a renews, it keeps the hold, and b waits.
+	select {
+	case err := <-took:
+		t.Fatalf("b took the hold while a renewed it: %v", err)
+	case <-time.After(3 * holdDuration):
+	}
+	mu.Lock()
+	if !lostAt.IsZero() {
+		t.Fatal("a gave the hold up while it could renew it")
+	}
+	mu.Unlock()
+
+	failed := time.Now()
+	failA.Store(true)
+	select {
+	case err := <-took:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * holdDuration):
+		t.Fatal("b never took the hold over")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if lostAt.IsZero() || !lostAt.Before(tookAt) {
+		t.Fatalf("a gave up at %v, b took over at %v: both led for a while", lostAt.Sub(failed), tookAt.Sub(failed))
+	}
+	if d := lostAt.Sub(failed); d > renewDeadline()+200*time.Millisecond {
+		t.Errorf("a gave up %v after its renewals began to fail, beyond the deadline %v", d, renewDeadline())
+	}
+	t.Logf("renewals failing: a gave up after %v, b took over after %v (a margin of %v)",
+		lostAt.Sub(failed).Round(time.Millisecond), tookAt.Sub(failed).Round(time.Millisecond), tookAt.Sub(lostAt).Round(time.Millisecond))
+	if id, addr, _ := b.Leader(ctx); id != "b" || addr != "10.0.0.2:8080" {
+		t.Errorf("the leader after the takeover: %q at %q", id, addr)
+	}
+	stopB()
+	select {
+	case <-released:
+	case <-time.After(5 * time.Second):
+		t.Fatal("b did not give the hold back")
+	}
+	if id, _, err := b.Leader(ctx); id != "" || err != nil {
+		t.Errorf("after b stopped, the hold is held by %q (%v)", id, err)
+	}
+}
