@@ -515,3 +515,60 @@ func (s *Store) Revocations(ctx context.Context, now time.Time, each func(sessio
 	}
 	return nil
 }
+
+// The gateway's tenant registries (tenant.Mirror), one per name (a
+// Kubernetes namespace's gateways share one): no tenant's name starts
+// with "~", so no tenant's listing reaches them.
+const (
+	tenantsPrefix   = "~tenants/"
+	maxTenantsBytes = 64 << 20
+)
+
+func tenantsKey(name string) (string, error) {
+	if !tenantChars.MatchString(name) {
+		return "", fmt.Errorf("recordings: bad registry name %q", name)
+	}
+	return tenantsPrefix + name + ".json", nil
+}
+
+// ReadTenants reads the tenant registry stored under name; nil when
+// there is none.
+func (s *Store) ReadTenants(ctx context.Context, name string) ([]byte, error) {
+	k, err := tenantsKey(name)
+	if err != nil {
+		return nil, err
+	}
+	obj, err := s.client.GetObject(ctx, s.cfg.Bucket, k, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read the tenant registry: %w", err)
+	}
+	defer obj.Close()
+	raw, err := io.ReadAll(io.LimitReader(obj, maxTenantsBytes+1))
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the tenant registry: %w", err)
+	}
+	if len(raw) > maxTenantsBytes {
+		return nil, fmt.Errorf("the stored tenant registry is over %d bytes", maxTenantsBytes)
+	}
+	return raw, nil
+}
+
+// WriteTenants stores the tenant registry under name.
+func (s *Store) WriteTenants(ctx context.Context, name string, raw []byte) error {
+	k, err := tenantsKey(name)
+	if err != nil {
+		return err
+	}
+	if len(raw) > maxTenantsBytes {
+		return fmt.Errorf("the tenant registry is over %d bytes", maxTenantsBytes)
+	}
+	_, err = s.client.PutObject(ctx, s.cfg.Bucket, k, bytes.NewReader(raw), int64(len(raw)),
+		minio.PutObjectOptions{ContentType: "application/json", SendContentMd5: true})
+	if err != nil {
+		return fmt.Errorf("store the tenant registry: %w", err)
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ package tenant
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -97,6 +98,7 @@ type Seed struct {
 // failure). Writes happen outside the lock that authentication takes.
 type Registry struct {
 	path     string // "" keeps nothing on disk
+	mirror   Mirror // nil: the host file alone
 	onChange func(Tenant)
 
 	mu      sync.RWMutex
@@ -137,38 +139,75 @@ type storedKey struct {
 // written.
 const flushEvery = 30 * time.Second
 
+// Mirror keeps the registry off the host as well (in MinIO), for
+// gateways that move between machines: the gateway replica that takes
+// the lead on another node must know the tenants disabled and the keys
+// revoked through the admin API, which a host file there would not.
+type Mirror interface {
+	// ReadTenants is the stored registry; nil when none is stored.
+	ReadTenants(ctx context.Context) ([]byte, error)
+	WriteTenants(ctx context.Context, raw []byte) error
+}
+
+// mirrorTimeout bounds one read or write of the mirror.
+const mirrorTimeout = 30 * time.Second
+
 // Open loads the registry from path (created when missing; "" for none)
 // and applies the config's seeds: a config tenant takes the file's limits
 // and keys every time, and keeps what the admin API set of it (disabled,
 // keys it issued). onChange, if not nil, hears of every tenant added or
 // changed, the seeds included.
 func Open(path string, seeds []Seed, onChange func(Tenant)) (*Registry, error) {
-	r := &Registry{path: path, onChange: onChange, tenants: map[string]*Tenant{}, keys: map[string]*Key{},
+	return OpenMirrored(path, nil, seeds, onChange)
+}
+
+// OpenMirrored is Open with a mirror, whose copy is the registry's word
+// when it has one (the host file may be an older replica's); a mirror
+// that cannot be read fails the open, rather than a gateway starting
+// with tenants and keys that were disabled or revoked since. Every
+// write goes to both.
+func OpenMirrored(path string, mirror Mirror, seeds []Seed, onChange func(Tenant)) (*Registry, error) {
+	r := &Registry{path: path, mirror: mirror, onChange: onChange, tenants: map[string]*Tenant{}, keys: map[string]*Key{},
 		stop: make(chan struct{}), done: make(chan struct{})}
-	if path != "" {
-		raw, err := os.ReadFile(path)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-		case err != nil:
+	var raw []byte
+	var err error
+	from := path
+	if mirror != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), mirrorTimeout)
+		raw, err = mirror.ReadTenants(ctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("tenants: reading the stored registry: %w", err)
+		}
+		from = "the stored registry"
+	}
+	if raw == nil && path != "" {
+		from = path
+		raw, err = os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			raw, err = nil, nil
+		}
+		if err != nil {
 			return nil, fmt.Errorf("tenants: %w", err)
-		default:
-			var f file
-			if err := json.Unmarshal(raw, &f); err != nil {
-				return nil, fmt.Errorf("tenants: %s: %w", path, err)
-			}
-			for _, st := range f.Tenants {
-				t := st.Tenant
-				t.DefaultTTL = time.Duration(st.DefaultTTLSeconds) * time.Second
-				t.MaxTTL = time.Duration(st.MaxTTLSeconds) * time.Second
-				t.MaxIdle = time.Duration(st.MaxIdleSeconds) * time.Second
-				t.dropped = st.DroppedFromConfig
-				r.tenants[t.Name] = &t
-			}
-			for _, sk := range f.Keys {
-				k := sk.Key
-				k.digest = sk.Digest
-				r.keys[k.digest] = &k
-			}
+		}
+	}
+	if raw != nil {
+		var f file
+		if err := json.Unmarshal(raw, &f); err != nil {
+			return nil, fmt.Errorf("tenants: %s: %w", from, err)
+		}
+		for _, st := range f.Tenants {
+			t := st.Tenant
+			t.DefaultTTL = time.Duration(st.DefaultTTLSeconds) * time.Second
+			t.MaxTTL = time.Duration(st.MaxTTLSeconds) * time.Second
+			t.MaxIdle = time.Duration(st.MaxIdleSeconds) * time.Second
+			t.dropped = st.DroppedFromConfig
+			r.tenants[t.Name] = &t
+		}
+		for _, sk := range f.Keys {
+			k := sk.Key
+			k.digest = sk.Digest
+			r.keys[k.digest] = &k
 		}
 	}
 	// Config tenants and keys: the file's word on limits and its keys;
@@ -479,7 +518,7 @@ func (r *Registry) notify(name string) {
 // other and a slow disk holds up no authentication. A failure is wrapped
 // in ErrNotSaved; the next flush tries again.
 func (r *Registry) flush() error {
-	if r.path == "" {
+	if r.path == "" && r.mirror == nil {
 		return nil
 	}
 	r.writeMu.Lock()
@@ -515,6 +554,17 @@ func (r *Registry) write(f file) error {
 	raw, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return err
+	}
+	if r.mirror != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), mirrorTimeout)
+		err := r.mirror.WriteTenants(ctx, raw)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("tenants: storing the registry: %w", err)
+		}
+	}
+	if r.path == "" {
+		return nil
 	}
 	dir := filepath.Dir(r.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -2,6 +2,7 @@ package tenant
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -330,5 +331,105 @@ func TestShortWriteKeepsFile(t *testing.T) {
 	}
 	if after, _ := os.ReadFile(path); !bytes.Contains(after, []byte("whole")) {
 		t.Fatal("the control write is not in the file")
+	}
+}
+
+// memMirror is a mirror in memory.
+type memMirror struct {
+	mu       sync.Mutex
+	raw      []byte
+	readErr  error
+	writeErr error
+	writes   int
+}
+
+func (m *memMirror) ReadTenants(context.Context) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.raw, m.readErr
+}
+
+func (m *memMirror) WriteTenants(_ context.Context, raw []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.writeErr != nil {
+		return m.writeErr
+	}
+	m.raw = append([]byte(nil), raw...)
+	m.writes++
+	return nil
+}
+
+// TestMirror: with a mirror, what the admin API changed reaches a
+// gateway on another machine (no host file), and the mirror's word beats
+// an older host file; a mirror that cannot be read fails the open, one
+// that cannot be written fails the change (the caller hears of it).
+func TestMirror(t *testing.T) {
+	dir := t.TempDir()
+	m := &memMirror{}
+	r, err := OpenMirrored(filepath.Join(dir, "one.json"), m, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Create(Tenant{Name: "b", Limits: Limits{MaxSessions: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	keep, _, err := r.Issue("b", "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, rec, err := r.Issue("b", "revoked")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	stale, _ := os.ReadFile(filepath.Join(dir, "one.json")) // before the revoke
+	r, _ = OpenMirrored(filepath.Join(dir, "one.json"), m, seedA(), nil)
+	if err := r.Revoke("b", rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+
+	// Another machine: no host file, the mirror only.
+	other, err := OpenMirrored(filepath.Join(dir, "two.json"), m, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := other.Authenticate(keep); got != "b" || err != nil {
+		t.Errorf("the kept key on another machine: %q %v", got, err)
+	}
+	if _, err := other.Authenticate(gone); err == nil {
+		t.Error("the revoked key works on another machine")
+	}
+	other.Close()
+	// The control: without the mirror, that machine knows neither.
+	bare, _ := Open(filepath.Join(dir, "three.json"), seedA(), nil)
+	if _, err := bare.Authenticate(keep); err == nil {
+		t.Error("a registry without the mirror knows the API's key: the check above proves nothing")
+	}
+	bare.Close()
+	// An older host file loses to the mirror.
+	os.WriteFile(filepath.Join(dir, "old.json"), stale, 0o600)
+	old, _ := OpenMirrored(filepath.Join(dir, "old.json"), m, seedA(), nil)
+	if _, err := old.Authenticate(gone); err == nil {
+		t.Error("an older host file brought a revoked key back")
+	}
+	old.Close()
+
+	m.readErr = errors.New("away")
+	if _, err := OpenMirrored(filepath.Join(dir, "four.json"), m, seedA(), nil); err == nil {
+		t.Error("opened with a mirror that cannot be read")
+	}
+	m.readErr = nil
+	m.writeErr = errors.New("away")
+	r, err = OpenMirrored(filepath.Join(dir, "five.json"), m, seedA(), nil)
+	if err == nil {
+		yes := true
+		if _, err := r.Update("b", nil, &yes); !errors.Is(err, ErrNotSaved) {
+			t.Errorf("a change the mirror refused: %v, want ErrNotSaved", err)
+		}
+		r.Close()
+	} else if !strings.Contains(err.Error(), "storing the registry") {
+		t.Errorf("open with a mirror that cannot be written: %v", err)
 	}
 }

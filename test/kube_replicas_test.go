@@ -38,9 +38,11 @@ func TestKubeReplicas(t *testing.T) {
 	ra := kubeGatewayConfig(t, e, gwKubeconfig, b, rec)
 	rb := kubeGatewayConfig(t, e, gwKubeconfig, b, rec)
 	for _, r := range []*testEnv{ra, rb} {
+		r.adminKey = e.adminKey
 		patchConfig(t, r, func(c map[string]any) {
 			c["kubernetes"].(map[string]any)["advertise"] = r.gwAddr
 			c["hosts"] = []string{ra.gwAddr, rb.gwAddr}
+			c["admin_key_sha256"] = []string{sha([]byte(e.adminKey))}
 		})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -157,6 +159,19 @@ func TestKubeReplicas(t *testing.T) {
 	}
 	late := rb.preview(t, rb.keyA, s.ID, 600)
 	late.URL = viaB(late.URL)
+	// A tenant and its keys made through the admin API (through B, to
+	// A), one key revoked: none of it is in either replica's config.
+	team := "team-" + randHex(4)
+	rb.admin(t, "POST", "/tenants", map[string]any{"name": team, "max_sessions": 1}, 201, nil)
+	var kept, gone adminKey
+	rb.admin(t, "POST", "/tenants/"+team+"/keys", map[string]any{"name": "kept"}, 201, &kept)
+	rb.admin(t, "POST", "/tenants/"+team+"/keys", map[string]any{"name": "revoked"}, 201, &gone)
+	rb.admin(t, "DELETE", "/tenants/"+team+"/keys/"+gone.ID, nil, 204, nil)
+	for _, k := range []*adminKey{&kept, &gone} {
+		rb.mu.Lock()
+		rb.tokens = append(rb.tokens, k.APIKey)
+		rb.mu.Unlock()
+	}
 
 	// A is SIGKILLed mid-session.
 	killed := time.Now()
@@ -183,6 +198,15 @@ func TestKubeReplicas(t *testing.T) {
 	}
 	if st := httpStatus(rb.gwURL + "/readyz"); st != 200 {
 		t.Errorf("B leads, but its readyz says %d", st)
+	}
+
+	// B knows what the admin API changed on A (the registry is in MinIO):
+	// the kept key works, the revoked one does not.
+	if st, body := rb.api(t, kept.APIKey, "GET", "/v1/sessions", nil); st != 200 {
+		t.Errorf("a key issued through A, after the takeover: %d %s", st, body)
+	}
+	if st, _ := rb.api(t, gone.APIKey, "GET", "/v1/sessions", nil); st != 401 {
+		t.Errorf("a key revoked through A, after the takeover: %d, want 401", st)
 	}
 
 	// The session carries on through B: the same preview, a viewer,

@@ -212,7 +212,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}}, Digests: t.APIKeySHA256})
 	}
 	var mgr *session.Manager
-	reg, err := tenant.Open(filepath.Join(cfg.StateDir, "tenants.json"), seeds, func(t tenant.Tenant) {
+	// Under kubernetes the registry is in MinIO too: the replica that
+	// takes the lead on another node knows what the admin API changed.
+	var mirror tenant.Mirror
+	if cfg.Backend == "kubernetes" {
+		mirror = tenantMirror{store, cfg.Kubernetes.Namespace}
+	}
+	reg, err := tenant.OpenMirrored(filepath.Join(cfg.StateDir, "tenants.json"), mirror, seeds, func(t tenant.Tenant) {
 		if mgr != nil {
 			mgr.SetTenant(t.Name, sessionLimits(t))
 		}
@@ -382,4 +388,19 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// tenantMirror keeps the tenant registry of a namespace's gateways in
+// MinIO.
+type tenantMirror struct {
+	store *recordings.Store
+	name  string
+}
+
+func (m tenantMirror) ReadTenants(ctx context.Context) ([]byte, error) {
+	return m.store.ReadTenants(ctx, m.name)
+}
+
+func (m tenantMirror) WriteTenants(ctx context.Context, raw []byte) error {
+	return m.store.WriteTenants(ctx, m.name, raw)
 }
