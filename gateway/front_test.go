@@ -191,3 +191,31 @@ func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
 }
+
+// BenchmarkFront: a request through a replica standing by (a new
+// connection each, as a client that does not keep its connections)
+// against the same request straight to the leader, in the same run.
+func BenchmarkFront(b *testing.B) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer leader.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := strings.TrimPrefix(leader.URL, "http://")
+	f := NewFront(ln, func(context.Context) (string, error) { return addr, nil }, slog.New(slog.DiscardHandler))
+	defer f.Close()
+	for _, c := range []struct{ name, url string }{{"direct", leader.URL}, {"through-standby", "http://" + ln.Addr().String()}} {
+		b.Run(c.name, func(b *testing.B) {
+			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+			for i := 0; i < b.N; i++ {
+				resp, err := client.Get(c.url + "/v1/sessions")
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+}
