@@ -190,12 +190,7 @@ func (f *Front) standBy(c net.Conn) {
 		// The lead came while this request was read: the gateway gets
 		// it whole, what was read first.
 		c.SetReadDeadline(time.Time{})
-		rc := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(append(append([]byte(nil), line...), peekAll(br)...)), c)}
-		select {
-		case f.conns <- rc:
-		case <-f.closed:
-			c.Close()
-		}
+		f.handOver(c, br, line)
 		return
 	case method == "GET" && path == "/healthz":
 		status := "standby"
@@ -223,8 +218,20 @@ func (f *Front) standBy(c net.Conn) {
 		return
 	}
 	// Tracked before anything is sent, so that a lead that comes now
-	// cuts the connection before the old leader has seen a request.
+	// cuts the connection before the old leader has seen a request. A
+	// lead that came while the leader was looked up or dialled gets the
+	// request, whole.
 	if !f.track(c, up) {
+		up.Close()
+		f.mu.Lock()
+		leading := f.leading
+		f.mu.Unlock()
+		if !leading {
+			c.Close()
+			return
+		}
+		c.SetReadDeadline(time.Time{})
+		f.handOver(c, br, line)
 		return
 	}
 	defer func() {
@@ -250,21 +257,28 @@ func (f *Front) standBy(c net.Conn) {
 	<-done
 }
 
+// handOver gives the gateway a connection whose request line (and what
+// else was read) this replica has read already.
+func (f *Front) handOver(c net.Conn, br *bufio.Reader, line []byte) {
+	rc := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(append(append([]byte(nil), line...), peekAll(br)...)), c)}
+	select {
+	case f.conns <- rc:
+	case <-f.closed:
+		c.Close()
+	}
+}
+
 // track registers a forwarded pair, to be cut at Lead or Close; false
-// (both closed) when that has happened already.
+// when that has happened already (the caller closes them).
 func (f *Front) track(c, up net.Conn) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	select {
 	case <-f.closed:
-		c.Close()
-		up.Close()
 		return false
 	default:
 	}
 	if f.leading {
-		c.Close()
-		up.Close()
 		return false
 	}
 	f.forwarded[c], f.forwarded[up] = struct{}{}, struct{}{}

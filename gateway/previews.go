@@ -133,13 +133,14 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	ctx, cancel := reqCtx(c, 10*time.Second)
 	defer cancel()
 	// A revocation lasts as long as its preview would have: the trail
-	// says when that is. An id the session never issued is not one to
-	// revoke (each revocation is kept, and a session holds a bounded
-	// number); a trail that dropped issues past its bound takes the
-	// longest a preview may live.
+	// says when that is. An id the trail does not know is revoked for
+	// the longest a preview may live: the trail may lack its issue (a
+	// gateway killed before it stored the event, a trail that dropped
+	// issues past its bound), and a link that might be out there is
+	// refused rather than left open. A session holds a bounded number.
 	until := time.Now().Add(s.cfg.MaxPreviewTTL)
 	if evs, err := s.sessions.Events(tenantOf(c), id); err == nil {
-		expires, truncated := previewIssued(evs, pid)
+		expires, _ := previewIssued(evs, pid)
 		switch {
 		case !expires.IsZero() && !expires.After(time.Now()):
 			s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "expired": true})
@@ -147,8 +148,6 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 			return c.SendStatus(fiber.StatusNoContent) // it no longer opens anything
 		case !expires.IsZero():
 			until = expires
-		case !truncated:
-			return errNotFound("no such preview of this session")
 		}
 	}
 	// RevokePreview answers 404 for another tenant's session: the trail

@@ -267,10 +267,14 @@ func (s *Server) routes() {
 	// What a request that changed a session recorded in its trail is
 	// stored before the answer goes: what the client saw acknowledged
 	// outlives this gateway being killed the moment after. Only for the
-	// tenant's own session, and only for a change that was made.
+	// tenant's own session, and only for a change that was made. Not for
+	// input actions: an agent sends many, and each would cost a store
+	// write and a trail piece (their events follow within the journal's
+	// interval).
 	v1.Use("/sessions/:id", func(c *fiber.Ctx) error {
 		err := c.Next()
-		if c.Method() == fiber.MethodGet || c.Method() == fiber.MethodHead || err != nil || c.Response().StatusCode() >= 400 {
+		if c.Method() == fiber.MethodGet || c.Method() == fiber.MethodHead || err != nil || c.Response().StatusCode() >= 400 ||
+			strings.HasSuffix(c.Path(), "/actions") {
 			return err
 		}
 		if _, gerr := s.sessions.Get(tenantOf(c), c.Params("id")); gerr == nil {

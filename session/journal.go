@@ -130,6 +130,8 @@ func (m *Manager) Durable(ctx context.Context, id string) error {
 	for !s.journalMu.TryLock() {
 		select {
 		case <-ctx.Done():
+			m.journalFailing.Store(true) // the store is slow: later requests do not wait
+			m.kickJournal()
 			return ctx.Err()
 		case <-time.After(5 * time.Millisecond):
 		}

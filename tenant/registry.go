@@ -555,17 +555,27 @@ func (r *Registry) write(f file) error {
 	if err != nil {
 		return err
 	}
+	// Both, whatever the other does: the host file keeps a change the
+	// mirror refused for this host's next start; the error is the
+	// mirror's first (the next flush tries both again).
+	var mirrorErr error
 	if r.mirror != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), mirrorTimeout)
-		err := r.mirror.WriteTenants(ctx, raw)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("tenants: storing the registry: %w", err)
+		if err := r.mirror.WriteTenants(ctx, raw); err != nil {
+			mirrorErr = fmt.Errorf("tenants: storing the registry: %w", err)
 		}
+		cancel()
 	}
 	if r.path == "" {
-		return nil
+		return mirrorErr
 	}
+	if err := r.writeFile(raw); err != nil {
+		return err
+	}
+	return mirrorErr
+}
+
+func (r *Registry) writeFile(raw []byte) error {
 	dir := filepath.Dir(r.path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("tenants: %w", err)

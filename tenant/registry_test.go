@@ -422,14 +422,37 @@ func TestMirror(t *testing.T) {
 	}
 	m.readErr = nil
 	m.writeErr = errors.New("away")
-	r, err = OpenMirrored(filepath.Join(dir, "five.json"), m, seedA(), nil)
-	if err == nil {
-		yes := true
-		if _, err := r.Update("b", nil, &yes); !errors.Is(err, ErrNotSaved) {
-			t.Errorf("a change the mirror refused: %v, want ErrNotSaved", err)
-		}
-		r.Close()
-	} else if !strings.Contains(err.Error(), "storing the registry") {
+	if _, err := OpenMirrored(filepath.Join(dir, "five.json"), m, seedA(), nil); err == nil || !strings.Contains(err.Error(), "storing the registry") {
 		t.Errorf("open with a mirror that cannot be written: %v", err)
 	}
+	m.writeErr = nil
+	r, err = OpenMirrored(filepath.Join(dir, "six.json"), m, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	m.writeErr = errors.New("away")
+	yes := true
+	if _, err := r.Update("b", nil, &yes); !errors.Is(err, ErrNotSaved) {
+		t.Errorf("a change the mirror refused: %v, want ErrNotSaved", err)
+	}
+	// It holds here at once, and the host file has it.
+	if r.Enabled("b") {
+		t.Error("the disable the mirror refused does not hold in memory")
+	}
+	if raw, _ := os.ReadFile(filepath.Join(dir, "six.json")); !bytes.Contains(raw, []byte(`"disabled": true`)) {
+		t.Errorf("the host file lacks the disable the mirror refused:\n%s", raw)
+	}
+	m.writeErr = nil
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := OpenMirrored(filepath.Join(dir, "seven.json"), m, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Enabled("b") {
+		t.Error("the disable is not in the mirror once it is back")
+	}
+	again.Close()
 }

@@ -17,6 +17,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/remote"
+
+	"github.com/sandgate/sandgate/session/kube"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -190,8 +192,8 @@ func TestKubeReplicas(t *testing.T) {
 		return false
 	})
 	took := time.Since(killed)
-	t.Logf("B served the session %.1f s after A was killed (the lease lasts %s); %d answers of 503 meanwhile", took.Seconds(), "10s", len(waits))
-	// The lease runs out 10 s after B last saw it renewed; the adoption
+	t.Logf("B served the session %.1f s after A was killed (the lease lasts %s); %d answers of 503 meanwhile", took.Seconds(), kube.HoldDuration, len(waits))
+	// The lease runs out 15 s after B last saw it renewed; the adoption
 	// is quick. A bound with room for a slow machine.
 	if took > 60*time.Second {
 		t.Errorf("the takeover took %.1f s", took.Seconds())

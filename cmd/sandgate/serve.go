@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -65,14 +66,18 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	var front *gateway.Front // backend kubernetes, with replicas
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
-		if cfg.Kubernetes.Image != "" {
-			ref = cfg.Kubernetes.Image
+		kubeBackend := func(cfg *Config) (*kube.Backend, error) {
+			ref = images.SessionDefinition().Ref()
+			if cfg.Kubernetes.Image != "" {
+				ref = cfg.Kubernetes.Image
+			}
+			return kube.New(kube.Config{
+				Kubeconfig: cfg.Kubernetes.Kubeconfig, Namespace: cfg.Kubernetes.Namespace, Image: ref,
+				PullPolicy: corev1.PullPolicy(cfg.Kubernetes.PullPolicy), RuntimeClasses: cfg.Kubernetes.RuntimeClasses,
+				Seccomp: cfg.Kubernetes.Seccomp,
+			})
 		}
-		kb, err := kube.New(kube.Config{
-			Kubeconfig: cfg.Kubernetes.Kubeconfig, Namespace: cfg.Kubernetes.Namespace, Image: ref,
-			PullPolicy: corev1.PullPolicy(cfg.Kubernetes.PullPolicy), RuntimeClasses: cfg.Kubernetes.RuntimeClasses,
-			Seccomp: cfg.Kubernetes.Seccomp,
-		})
+		kb, err := kubeBackend(cfg)
 		if err != nil {
 			return err
 		}
@@ -139,6 +144,29 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			case <-time.After(10 * time.Second):
 			}
 		}()
+		if ctx.Err() != nil {
+			return nil // stopped just as it took the lead
+		}
+		if wait == 0 {
+			// A replica may stand by for days: it leads with the config
+			// as it is now (keys, tenants and signing keys removed since
+			// it started must not come back), not as it was then.
+			fresh, err := LoadConfig(*cfgPath)
+			if err != nil {
+				return fmt.Errorf("reading the config again on taking the lead: %w", err)
+			}
+			if fresh.Backend != cfg.Backend || fresh.Kubernetes.Namespace != cfg.Kubernetes.Namespace || fresh.Listen != cfg.Listen {
+				return errors.New("the config's backend, namespace or listen address changed while this replica stood by: restart it")
+			}
+			fresh.Kubernetes.Advertise = cfg.Kubernetes.Advertise
+			cfg = fresh
+			if pub, err = url.Parse(cfg.PublicURL); err != nil || pub.Host == "" || (pub.Scheme != "http" && pub.Scheme != "https") {
+				return fmt.Errorf("config: public_url %q must be an http(s) URL", cfg.PublicURL)
+			}
+			if kb, err = kubeBackend(cfg); err != nil { // its image, RuntimeClasses, seccomp as they are now
+				return err
+			}
+		}
 		if front != nil {
 			front.TakingOver()
 		}

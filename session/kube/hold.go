@@ -21,7 +21,7 @@ const HoldLease = "sandgate-gateway"
 
 // HoldDuration is how long the hold lasts without a renewal; a gateway
 // renews it every third of that.
-const HoldDuration = 10 * time.Second
+const HoldDuration = 15 * time.Second
 
 // holdDuration is HoldDuration, shorter in tests.
 var holdDuration = HoldDuration
@@ -135,9 +135,10 @@ func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait
 }
 
 // Leader reads the namespace's hold: the identity of the replica that
-// leads and the address it serves at; both empty when nobody holds it.
-// A hold whose holder has stopped renewing still names it: the replicas
-// standing by find out by trying it.
+// leads and the address it serves at; both empty when nobody holds it,
+// or when the holder has not renewed the hold within its duration (by
+// this machine's clock): a replica that stopped renewing may be dead,
+// and its address someone else's by now.
 func (b *Backend) Leader(ctx context.Context) (identity, address string, err error) {
 	le, err := b.client.CoordinationV1().Leases(b.cfg.Namespace).Get(ctx, HoldLease, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -145,6 +146,11 @@ func (b *Backend) Leader(ctx context.Context) (identity, address string, err err
 	}
 	if err != nil {
 		return "", "", err
+	}
+	renewed := le.Spec.RenewTime
+	d := time.Duration(deref(le.Spec.LeaseDurationSeconds)) * time.Second
+	if renewed == nil || time.Since(renewed.Time) > d {
+		return "", "", nil
 	}
 	return deref(le.Spec.HolderIdentity), le.Annotations[AnnotationAddress], nil
 }

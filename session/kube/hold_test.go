@@ -11,6 +11,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -118,5 +119,24 @@ func TestHoldHandover(t *testing.T) {
 	}
 	if id, _, err := b.Leader(ctx); id != "" || err != nil {
 		t.Errorf("after b stopped, the hold is held by %q (%v)", id, err)
+	}
+
+	// A holder that stopped renewing is no leader to forward to: its
+	// address may be someone else's by now. The control: renewed now.
+	secs := int32(2)
+	for _, c := range []struct {
+		renewed time.Time
+		want    string
+	}{{time.Now().Add(-3 * time.Second), ""}, {time.Now(), "d"}} {
+		client.CoordinationV1().Leases("ns").Delete(ctx, HoldLease, metav1.DeleteOptions{})
+		rt := metav1.NewMicroTime(c.renewed)
+		holder := "d"
+		client.CoordinationV1().Leases("ns").Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: HoldLease, Annotations: map[string]string{AnnotationAddress: "10.0.0.4:8080"}},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &rt},
+		}, metav1.CreateOptions{})
+		if id, _, err := b.Leader(ctx); id != c.want || err != nil {
+			t.Errorf("a hold renewed %v ago: leader %q (%v), want %q", time.Since(c.renewed).Round(time.Second), id, err, c.want)
+		}
 	}
 }
