@@ -69,6 +69,15 @@ func TestKubeReplicas(t *testing.T) {
 	start(ra, "A")
 	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
 	start(rb, "B")
+	// B's config changes while it stands by (a key for a tenant only it
+	// will know): it must lead with the config as it is then.
+	lateKey := "sg_late_" + randHex(12)
+	rb.mu.Lock()
+	rb.tokens = append(rb.tokens, lateKey)
+	rb.mu.Unlock()
+	patchConfig(t, rb, func(c map[string]any) {
+		c["tenants"] = append(c["tenants"].([]any), map[string]any{"name": "tenant-late", "api_key_sha256": []string{sha([]byte(lateKey))}, "max_sessions": 1})
+	})
 	// B stands by: alive, not ready, so a Service sends traffic to A.
 	if st, body := getBody(t, rb.gwURL+"/healthz"); st != 200 || !strings.Contains(body, "standby") {
 		t.Fatalf("B's healthz: %d %s", st, body)
@@ -175,6 +184,12 @@ func TestKubeReplicas(t *testing.T) {
 		rb.mu.Unlock()
 	}
 
+	// (The control of the config read again below: A, which leads, does
+	// not know the key B's config gained.)
+	if st, _ := rb.api(t, lateKey, "GET", "/v1/sessions", nil); st != 401 {
+		t.Errorf("the key only B's new config has, through B to A: %d, want 401", st)
+	}
+
 	// A is SIGKILLed mid-session.
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
@@ -202,6 +217,10 @@ func TestKubeReplicas(t *testing.T) {
 		t.Errorf("B leads, but its readyz says %d", st)
 	}
 
+	// B leads with its config as it is now.
+	if st, body := rb.api(t, lateKey, "GET", "/v1/sessions", nil); st != 200 {
+		t.Errorf("the key B's config gained while it stood by, after the takeover: %d %s", st, body)
+	}
 	// B knows what the admin API changed on A (the registry is in MinIO):
 	// the kept key works, the revoked one does not.
 	if st, body := rb.api(t, kept.APIKey, "GET", "/v1/sessions", nil); st != 200 {
