@@ -97,8 +97,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			if err != nil {
 				return err
 			}
+			// (Its own copies: kb and cfg are read again on taking the
+			// lead, while the front still runs.)
+			holds, own := kb, cfg.Kubernetes.Advertise
 			front = gateway.NewFront(ln, func(ctx context.Context) (string, error) {
-				leader, addr, err := kb.Leader(ctx)
+				leader, addr, err := holds.Leader(ctx)
 				if leader == identity {
 					return "", err // this replica: it is taking over
 				}
@@ -107,7 +110,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					// address that is no ip:port is not dialled.
 					return "", fmt.Errorf("the leading replica %s advertises %q, which is not ip:port", leader, addr)
 				}
-				if addr == cfg.Kubernetes.Advertise {
+				if addr == own {
 					// Forwarding there would come back here, for good.
 					return "", fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
 				}
