@@ -60,6 +60,10 @@ func (b *containerdBackend) Ready(ctx context.Context) error {
 	return err
 }
 
+// taskCreateTimeout bounds the creation of a session's task (a gVisor
+// sandbox's start on a slow machine takes seconds).
+const taskCreateTimeout = 2 * time.Minute
+
 // Create creates the session's container and task and starts the task.
 func (b *containerdBackend) Create(ctx context.Context, info Info, rt *Runtime, record map[string]string, host Host) (Sandbox, <-chan Exit, error) {
 	ctx = b.ctx(ctx)
@@ -77,8 +81,18 @@ func (b *containerdBackend) Create(ctx context.Context, info Info, rt *Runtime, 
 		}
 		return nil, nil, err
 	}
-	task, err := c.NewTask(ctx, cio.LogFile(host.Console))
+	// The task's creation is not cut short by ctx: cancelled half way,
+	// it goes on in containerd and its shim, which open the console log
+	// in a workspace the start's rollback has removed already (and make
+	// it again). It completes or fails whole; then a cancellation is
+	// honoured and the task removed with the container.
+	tctx, tcancel := context.WithTimeout(context.WithoutCancel(ctx), taskCreateTimeout)
+	task, err := c.NewTask(tctx, cio.LogFile(host.Console))
+	tcancel()
 	if err != nil {
+		return fail(fmt.Errorf("create task: %w", err))
+	}
+	if err := ctx.Err(); err != nil {
 		return fail(fmt.Errorf("create task: %w", err))
 	}
 	exited, err := task.Wait(b.base)
