@@ -250,7 +250,17 @@ func TestKubeReplicas(t *testing.T) {
 	if out := rb.execIn(t, rb.keyA, s.ID, map[string]any{"cmd": []string{"sha256sum", path}}); out.ExitCode != 0 || !strings.HasPrefix(string(out.Stdout), sha(blob)) {
 		t.Fatalf("the file after the kill: exit %d %q", out.ExitCode, out.Stdout)
 	}
-	time.Sleep(3 * time.Second) // a segment's worth recorded by B
+	// A segment of B's own recording is stored (its part's prefix is not
+	// A's) before the session ends.
+	waitFor(t, 2*time.Minute, "a recording segment from B", func() bool {
+		parts := map[string]bool{}
+		for _, a := range rb.artifacts(t, rb.keyA, s.ID) {
+			if i := strings.IndexByte(a.Name, '-'); a.Kind == "recording_segment" && i > 0 {
+				parts[a.Name[:i]] = true
+			}
+		}
+		return len(parts) >= 2
+	})
 	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 200 {
 		t.Fatalf("delete through B: %d %s", st, body)
 	}
@@ -344,26 +354,23 @@ func jsonErrorCode(body string) string {
 // putFile and getFile move a session's file through the API.
 func (e *testEnv) putFile(t testing.TB, id, path string, b []byte) (int, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest("PUT", e.gwURL+"/v1/sessions/"+id+"/files?path="+url.QueryEscape(path), bytes.NewReader(b))
-	req.Header.Set("Authorization", "Bearer "+e.keyA)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, body
+	return e.fileRequest(t, "PUT", id, path, bytes.NewReader(b))
 }
 
 func (e *testEnv) getFile(t testing.TB, id, path string) (int, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest("GET", e.gwURL+"/v1/sessions/"+id+"/files?path="+url.QueryEscape(path), nil)
+	return e.fileRequest(t, "GET", id, path, nil)
+}
+
+func (e *testEnv) fileRequest(t testing.TB, method, id, path string, body io.Reader) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, e.gwURL+"/v1/sessions/"+id+"/files?path="+url.QueryEscape(path), body)
 	req.Header.Set("Authorization", "Bearer "+e.keyA)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, body
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, out
 }
