@@ -24,6 +24,9 @@ func TestBackendConfig(t *testing.T) {
 	if err != nil || proxyURL(c) != "http://10.96.0.12:3128" {
 		t.Fatalf("kubernetes with an egress proxy: %v, %q", err, proxyURL(c))
 	}
+	if c, err := loadConfig(t, `, "backend": "kubernetes", "kubernetes": {"namespace": "s", "pod": "sandgate-gateway-7d9c-x2k"}`); err != nil || c.Kubernetes.Pod != "sandgate-gateway-7d9c-x2k" {
+		t.Errorf("a gateway's own Pod: %v", err)
+	}
 	if c, err := loadConfig(t, `, "backend": "kubernetes", "kubernetes": {"namespace": "s", "advertise": "10.244.0.7:8080"}`); err != nil || c.Kubernetes.Advertise != "10.244.0.7:8080" {
 		t.Fatalf("kubernetes with a replica's address: %v", err)
 	}
@@ -46,6 +49,8 @@ func TestBackendConfig(t *testing.T) {
 		`, "kubernetes": {"advertise": "10.0.0.1:8080"}`:                                                                             "for backend kubernetes",
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "advertise": "gateway:8080"}`:                                   "not ip:port",
 		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "advertise": "10.0.0.1:0"}`:                                     "can reach",
+		`, "kubernetes": {"pod": "sandgate-gateway-0"}`:                                                                              "for backend kubernetes",
+		`, "backend": "kubernetes", "kubernetes": {"namespace": "s", "pod": "Gateway_0"}`:                                            "not a Pod's name",
 	} {
 		if _, err := loadConfig(t, extra); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error naming %q", extra, err, want)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/session"
@@ -80,6 +82,11 @@ type Config struct {
 		// takes over when the leader dies; without it, a second gateway
 		// on the namespace is refused.
 		Advertise string `json:"advertise"`
+		// Pod is this gateway's own Pod (serve's -pod overrides it;
+		// the Deployment passes its name). While this replica leads, the
+		// Pod carries the label sandgate.io/gateway-role=leader, which
+		// the egress proxy's Service selects.
+		Pod string `json:"pod"`
 	} `json:"kubernetes"`
 
 	// StateDir holds per-session workspaces.
@@ -428,8 +435,8 @@ func (c *Config) check() error {
 		if c.Egress.Listen != "" || c.Egress.Advertise != "" {
 			errs = append(errs, errors.New("egress.listen and egress.advertise are for backend kubernetes; the containerd backend's proxy listens on its bridge (egress.proxy_port)"))
 		}
-		if c.Kubernetes.Advertise != "" {
-			errs = append(errs, errors.New("kubernetes.advertise is for backend kubernetes (gateway replicas)"))
+		if c.Kubernetes.Advertise != "" || c.Kubernetes.Pod != "" {
+			errs = append(errs, errors.New("kubernetes.advertise and kubernetes.pod are for backend kubernetes (gateway replicas)"))
 		}
 	case "kubernetes":
 		if (c.Egress.Listen == "") != (c.Egress.Advertise == "") {
@@ -450,6 +457,11 @@ func (c *Config) check() error {
 		if c.Kubernetes.Advertise != "" {
 			if err := checkAdvertise(c.Kubernetes.Advertise); err != nil {
 				errs = append(errs, fmt.Errorf("kubernetes.advertise: %w", err))
+			}
+		}
+		if c.Kubernetes.Pod != "" {
+			if err := checkPodName(c.Kubernetes.Pod); err != nil {
+				errs = append(errs, fmt.Errorf("kubernetes.pod: %w", err))
 			}
 		}
 		if c.Kubernetes.Namespace == "" {
@@ -478,6 +490,14 @@ func (c *Config) check() error {
 }
 
 // checkAdvertise checks an address other replicas reach a gateway at.
+// checkPodName: a Pod's name, as the API server takes it.
+func checkPodName(name string) error {
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		return fmt.Errorf("%q is not a Pod's name: %s", name, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
 func checkAdvertise(a string) error {
 	ap, err := netip.ParseAddrPort(a)
 	if err != nil {

@@ -38,6 +38,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfgPath := fs.String("config", "/etc/sandgate/config.json", "config file")
 	advertise := fs.String("advertise", "", "backend kubernetes: where other replicas reach this one (ip:port), overriding kubernetes.advertise")
+	pod := fs.String("pod", "", "backend kubernetes: this gateway's own Pod, labelled while it leads, overriding kubernetes.pod")
 	if err := fs.Parse(args); err != nil {
 		return usageError(err.Error())
 	}
@@ -54,6 +55,15 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 		cfg.Kubernetes.Advertise = *advertise
 	}
+	if *pod != "" {
+		if cfg.Backend != "kubernetes" {
+			return usageError("-pod is for backend kubernetes (gateway replicas)")
+		}
+		if err := checkPodName(*pod); err != nil {
+			return usageError("-pod: " + err.Error())
+		}
+		cfg.Kubernetes.Pod = *pod
+	}
 	pub, err := url.Parse(cfg.PublicURL)
 	if err != nil || pub.Host == "" || (pub.Scheme != "http" && pub.Scheme != "https") {
 		return fmt.Errorf("config: public_url %q must be an http(s) URL", cfg.PublicURL)
@@ -64,6 +74,8 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	var client *containerd.Client
 	var backend session.Backend
 	var front *gateway.Front // backend kubernetes, with replicas
+	markLeader := func() {}  // backend kubernetes, with kubernetes.pod
+	unmarked := make(chan struct{})
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
 		kubeBackend := func(cfg *Config) (*kube.Backend, error) {
@@ -118,7 +130,21 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}, log.With("component", "front"))
 			defer front.Close()
 			wait = 0
+			if own := cfg.Kubernetes.Pod; own != "" {
+				// A replica that led in this Pod before its container
+				// restarted may have left the leader's label on it.
+				go func() {
+					defer close(unmarked)
+					keepTrying(holdCtx, log, "take the leader's label off this replica's Pod", func(ctx context.Context) error {
+						return holds.Unmark(ctx, own)
+					})
+				}()
+			} else {
+				close(unmarked)
+			}
 			log.Info("sandgate replica listening", "addr", cfg.Listen, "advertise", cfg.Kubernetes.Advertise)
+		} else {
+			close(unmarked)
 		}
 		// A leader that loses the lease stops at once, without a drain
 		// or a last flush: another replica may lead from the next
@@ -161,7 +187,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			if fresh.Backend != cfg.Backend || fresh.Kubernetes.Namespace != cfg.Kubernetes.Namespace || fresh.Listen != cfg.Listen {
 				return errors.New("the config's backend, namespace or listen address changed while this replica stood by: restart it")
 			}
-			fresh.Kubernetes.Advertise = cfg.Kubernetes.Advertise
+			fresh.Kubernetes.Advertise, fresh.Kubernetes.Pod = cfg.Kubernetes.Advertise, cfg.Kubernetes.Pod
 			cfg = fresh
 			if pub, err = url.Parse(cfg.PublicURL); err != nil || pub.Host == "" || (pub.Scheme != "http" && pub.Scheme != "https") {
 				return fmt.Errorf("config: public_url %q must be an http(s) URL", cfg.PublicURL)
@@ -193,6 +219,25 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				"namespace", kb.Namespace(), "ingress", iso.Ingress, "egress", iso.Egress)
 		}
 		backend = kube.NewSessions(ctx, kb)
+		if own := cfg.Kubernetes.Pod; own != "" {
+			// Once it serves (its egress proxy listens by then), the
+			// leader's label: the proxy's Service sends to it.
+			// (After the label is off, should this replica have taken it
+			// off its Pod while it stood by.)
+			marks := kb
+			markLeader = func() {
+				go func() {
+					select {
+					case <-unmarked:
+					case <-holdCtx.Done():
+						return
+					}
+					keepTrying(holdCtx, log, "label this replica's Pod as the leader", func(ctx context.Context) error {
+						return marks.MarkLeader(ctx, own)
+					})
+				}()
+			}
+		}
 	} else {
 		client, err = containerd.New(cfg.Containerd.Address, containerd.WithTimeout(10*time.Second))
 		if err != nil {
@@ -369,9 +414,30 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	log.Info("sandgate listening", "addr", cfg.Listen, "public_url", cfg.PublicURL, "image", ref)
 	if front != nil {
 		front.Lead()
+		markLeader()
 		return srv.Serve(ctx, front.Listener())
 	}
+	markLeader()
 	return srv.Listen(ctx, cfg.Listen)
+}
+
+// keepTrying runs do until it succeeds or ctx ends, from 2 s apart up
+// to a minute, saying so when it fails.
+func keepTrying(ctx context.Context, log *slog.Logger, what string, do func(context.Context) error) {
+	for pause := 2 * time.Second; ; pause = min(2*pause, time.Minute) {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := do(dctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		log.Warn("cannot "+what+"; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+	}
 }
 
 // cmdHashKey prints an API key's SHA-256, the form the config stores.
