@@ -17,8 +17,8 @@ import (
 // Front owns a gateway replica's listener from the start. While another
 // replica leads the namespace's sessions, it forwards each connection,
 // bytes as they come, to the leader (so a client may address any
-// replica) and answers /healthz (alive, standing by) and /readyz (503:
-// a Service sends its traffic to the leader) itself. While this replica
+// replica) and answers /healthz (alive, standing by) and /readyz itself
+// (ready while a leader serves: a Service may send here too). While this replica
 // takes the lead and adopts the sessions, it answers 503, with a
 // Retry-After. Once Lead is called, the connections go to the gateway,
 // through Listener; the forwarded ones, to a leader that stopped, are
@@ -200,7 +200,14 @@ func (f *Front) standBy(c net.Conn) {
 		frontJSON(c, 200, map[string]any{"status": status})
 		return
 	case method == "GET" && path == "/readyz":
-		frontAnswer(c, 503, "unavailable", "this gateway replica stands by; another leads the sessions", 0)
+		// Ready while there is a leader to forward to, so that a
+		// Service may send here too and a rolling update goes on; not
+		// while nobody leads (or this replica takes over).
+		if addr, err := f.leaderAddr(); !taking && err == nil && addr != "" {
+			frontJSON(c, 200, map[string]any{"status": "standby"})
+		} else {
+			frontAnswer(c, 503, "unavailable", "no gateway replica leads the sessions yet", 0)
+		}
 		return
 	case taking:
 		frontAnswer(c, 503, "unavailable", "this gateway replica is taking over the sessions; retry", 2)

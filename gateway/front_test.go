@@ -79,13 +79,14 @@ func TestFront(t *testing.T) {
 			t.Fatalf("forwarded: %d %q", st, body)
 		}
 	}
-	// The probes still answer here (a Service sends traffic to the
-	// leader, whose readyz is its own).
+	// The probes still answer here: ready now, there being a leader to
+	// forward to (so a Service may send here, and a rolling update
+	// goes on), but the replica's own answer, not the leader's
 	// (on a connection of its own: the kubelet's probes do not keep
 	// theirs; a connection forwarded once is the leader's).
 	client.CloseIdleConnections()
-	if st, _, _ := get("GET", "/readyz", ""); st != 503 {
-		t.Errorf("readyz with a leader: %d", st)
+	if st, body, _ := get("GET", "/readyz", ""); st != 200 || !strings.Contains(body, "standby") {
+		t.Errorf("readyz with a leader: %d %s", st, body)
 	}
 
 	// Too long a request line: refused, not read on.
@@ -159,6 +160,9 @@ func TestFront(t *testing.T) {
 	}
 	if st, body, _ := get("GET", "/healthz", ""); st != 200 || !strings.Contains(body, "taking over") {
 		t.Errorf("healthz taking over: %d %s", st, body)
+	}
+	if st, body, _ := get("GET", "/readyz", ""); st != 503 || apiError(body) != "unavailable" {
+		t.Errorf("readyz taking over: %d %s", st, body)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "self %s", r.URL.Path)
