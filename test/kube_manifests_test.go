@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sandgate/sandgate/session/kube"
 )
 
 // manifestDocs reads a manifest's objects as the API server would get
@@ -44,7 +46,10 @@ func manifestDocs(t *testing.T, path string) []*unstructured.Unstructured {
 // create with strict field validation, in a test namespace), and the
 // pieces agree: the gateway's Pods run as rbac.yaml's ServiceAccount,
 // carry the label networkpolicies.yaml lets reach session Pods, and are
-// what both Services select, on the ports the policy and the config name.
+// what the API's Service selects (the egress proxy's only while a
+// replica leads, by the label it puts on its Pod), on the ports the
+// policy and the config name; a rolling update adds a replica before it
+// removes one.
 // The control: the same Deployment with a misspelt field is refused.
 func TestKubeManifests(t *testing.T) {
 	needE2E(t)
@@ -128,9 +133,18 @@ func TestKubeManifests(t *testing.T) {
 	for _, p := range gw.Spec.Template.Spec.Containers[0].Ports {
 		ports[p.Name] = p.ContainerPort
 	}
+	// The API's Service sends to every replica (one standing by
+	// forwards); the egress proxy's, to the leader's Pod only: the proxy
+	// knows a session by its connection's source address.
+	leader := labels.Merge(pod, labels.Set{kube.LabelGatewayRole: kube.RoleLeader})
 	for _, svc := range services {
-		if !labels.SelectorFromSet(svc.Spec.Selector).Matches(pod) || len(svc.Spec.Selector) == 0 {
-			t.Errorf("Service %s does not select the gateway's Pods", svc.Name)
+		sel := labels.SelectorFromSet(svc.Spec.Selector)
+		if !sel.Matches(leader) || len(svc.Spec.Selector) == 0 {
+			t.Errorf("Service %s does not select the leading gateway's Pod", svc.Name)
+		}
+		egress := len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].TargetPort.StrVal == "egress"
+		if egress == sel.Matches(pod) {
+			t.Errorf("Service %s (egress %v) selects a replica standing by: %v", svc.Name, egress, sel.Matches(pod))
 		}
 		for _, p := range svc.Spec.Ports {
 			if _, ok := ports[p.TargetPort.StrVal]; !ok {
@@ -139,24 +153,31 @@ func TestKubeManifests(t *testing.T) {
 		}
 	}
 	// Replicas: each tells the others where it serves (its Pod IP and
-	// API port), and the Deployment does not wait for the one standing
-	// by to be ready (it never is).
+	// API port) and names its own Pod (labelled while it leads); a
+	// rolling update starts a new replica before it stops an old one.
 	c := gw.Spec.Template.Spec.Containers[0]
-	advertise := ""
+	args := map[string]string{}
 	for i, a := range c.Args {
-		if a == "-advertise" && i+1 < len(c.Args) {
-			advertise = c.Args[i+1]
+		if strings.HasPrefix(a, "-") && i+1 < len(c.Args) {
+			args[a] = c.Args[i+1]
 		}
 	}
-	podIP := false
+	fieldEnv := map[string]string{}
 	for _, env := range c.Env {
-		podIP = podIP || (env.Name == "POD_IP" && env.ValueFrom != nil && env.ValueFrom.FieldRef != nil && env.ValueFrom.FieldRef.FieldPath == "status.podIP")
+		if env.ValueFrom != nil && env.ValueFrom.FieldRef != nil {
+			fieldEnv[env.Name] = env.ValueFrom.FieldRef.FieldPath
+		}
 	}
-	if advertise != fmt.Sprintf("$(POD_IP):%d", ports["api"]) || !podIP {
-		t.Errorf("the gateway advertises %q (POD_IP from the Pod's IP: %v), want $(POD_IP):%d", advertise, podIP, ports["api"])
+	if args["-advertise"] != fmt.Sprintf("$(POD_IP):%d", ports["api"]) || fieldEnv["POD_IP"] != "status.podIP" {
+		t.Errorf("the gateway advertises %q (POD_IP from %q), want $(POD_IP):%d from the Pod's IP", args["-advertise"], fieldEnv["POD_IP"], ports["api"])
 	}
-	if gw.Spec.Replicas == nil || *gw.Spec.Replicas < 2 || gw.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
-		t.Errorf("the gateway's Deployment: replicas %v, strategy %q; want 2 or more, Recreate", gw.Spec.Replicas, gw.Spec.Strategy.Type)
+	if args["-pod"] != "$(POD_NAME)" || fieldEnv["POD_NAME"] != "metadata.name" {
+		t.Errorf("the gateway's Pod is %q (POD_NAME from %q), want $(POD_NAME) from its name", args["-pod"], fieldEnv["POD_NAME"])
+	}
+	ru := gw.Spec.Strategy.RollingUpdate
+	if gw.Spec.Replicas == nil || *gw.Spec.Replicas < 2 || gw.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType ||
+		ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 {
+		t.Errorf("the gateway's Deployment: replicas %v, strategy %+v; want 2 or more, a rolling update that adds one before it removes one", gw.Spec.Replicas, gw.Spec.Strategy)
 	}
 	if ports["egress"] != 3128 {
 		t.Errorf("the gateway's egress port is %d, the policy lets sessions reach 3128", ports["egress"])
