@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,18 +20,27 @@ import (
 	"github.com/chromedp/chromedp/remote"
 
 	"github.com/sandgate/sandgate/session/kube"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestKubeReplicas runs two gateway replicas on one namespace of the
-// trial cluster, each with an address the other reaches. One leads; the
-// other stands by (its /readyz says 503) and forwards what it is sent.
+// trial cluster, each with an address the other reaches and a Pod of its
+// own (a stand-in running pause: the replicas run on the host). One
+// leads, and labels its Pod so; the other stands by (ready while there
+// is a leader) and forwards what it is sent. The egress proxy's Service
+// of deploy/kubernetes sends to the leader's Pod only.
 // A session created through the leader is driven through the other:
 // CDP with chromedp, a VNC viewer, exec, files, a screenshot, a preview
 // revoked. The leader is then SIGKILLed mid-session: meanwhile the other
 // answers 503 in the API's JSON, then takes the lead, and the session,
 // its previews (the revoked one stays revoked), its audit trail and its
-// recording carry on through it. Nothing is left in the namespace.
+// recording carry on through it, and its Pod is the leader's. Then A,
+// started again, stands by, and B is stopped as a rolling update
+// stops it (SIGTERM): A takes over at once, not when the lease runs
+// out. Nothing is left in the namespace.
 func TestKubeReplicas(t *testing.T) {
 	e := needE2E(t)
 	kubeconfig := needKube(t)
@@ -39,16 +49,19 @@ func TestKubeReplicas(t *testing.T) {
 	rec := map[string]any{"recording": map[string]any{"segment": "2s"}}
 	ra := kubeGatewayConfig(t, e, gwKubeconfig, b, rec)
 	rb := kubeGatewayConfig(t, e, gwKubeconfig, b, rec)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	pods := map[*testEnv]string{ra: "gw-a", rb: "gw-b"}
+	roles := gatewayStandIns(t, ctx, b, pods[ra], pods[rb])
 	for _, r := range []*testEnv{ra, rb} {
 		r.adminKey = e.adminKey
 		patchConfig(t, r, func(c map[string]any) {
 			c["kubernetes"].(map[string]any)["advertise"] = r.gwAddr
+			c["kubernetes"].(map[string]any)["pod"] = pods[r]
 			c["hosts"] = []string{ra.gwAddr, rb.gwAddr}
 			c["admin_key_sha256"] = []string{sha([]byte(e.adminKey))}
 		})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
 	start := func(r *testEnv, name string) {
 		t.Helper()
 		if err := r.startGateway(); err != nil {
@@ -68,7 +81,14 @@ func TestKubeReplicas(t *testing.T) {
 	}
 	start(ra, "A")
 	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
+	roles.waitLeader(t, "A leads", pods[ra])
+	// A label left on B's Pod, as by a replica that led there before
+	// its container restarted: the proxy's Service would send there
+	// (the control); B, standing by, takes it off.
+	roles.label(t, pods[rb])
+	roles.waitLeader(t, "a stale label on B's Pod", pods[ra], pods[rb])
 	start(rb, "B")
+	roles.waitLeader(t, "B stands by", pods[ra])
 	// B's config changes while it stands by (a key for a tenant only it
 	// will know): it must lead with the config as it is then.
 	lateKey := "sg_late_" + randHex(12)
@@ -78,11 +98,12 @@ func TestKubeReplicas(t *testing.T) {
 	patchConfig(t, rb, func(c map[string]any) {
 		c["tenants"] = append(c["tenants"].([]any), map[string]any{"name": "tenant-late", "api_key_sha256": []string{sha([]byte(lateKey))}, "max_sessions": 1})
 	})
-	// B stands by: alive, not ready, so a Service sends traffic to A.
+	// B stands by: alive, and ready (it forwards to A), so the API's
+	// Service may send there; its answers are its own.
 	if st, body := getBody(t, rb.gwURL+"/healthz"); st != 200 || !strings.Contains(body, "standby") {
 		t.Fatalf("B's healthz: %d %s", st, body)
 	}
-	if st, body := getBody(t, rb.gwURL+"/readyz"); st != 503 || jsonErrorCode(body) != "unavailable" {
+	if st, body := getBody(t, rb.gwURL+"/readyz"); st != 200 || !strings.Contains(body, "standby") {
 		t.Fatalf("B's readyz: %d %s", st, body)
 	}
 
@@ -93,6 +114,11 @@ func TestKubeReplicas(t *testing.T) {
 	var s sessionInfo
 	if err := json.Unmarshal(body, &s); st != 201 || err != nil || s.State != "running" {
 		t.Fatalf("create through A: %d %s", st, body)
+	}
+	// A config that names a session's Pod as the gateway's: refused, so
+	// the proxy's Service never sends to a session.
+	if err := b.MarkLeader(ctx, "sandgate-"+s.ID); err == nil || !strings.Contains(err.Error(), "session") {
+		t.Errorf("the leader's label on a session's Pod: %v, want it refused", err)
 	}
 	viaB := func(u string) string { return strings.Replace(u, ra.gwAddr, rb.gwAddr, 1) }
 
@@ -110,10 +136,10 @@ func TestKubeReplicas(t *testing.T) {
 		defer ccancel()
 		page := fmt.Sprintf(`data:text/html,<title>r</title><body style="background:%%23%02x8040"><script>window.answer=%d</script>`, answer, answer)
 		if err := chromedp.Do(cctx, chromedp.Navigate(page)); err != nil {
-			t.Fatalf("%s: chromedp through B: navigate: %v", when, err)
+			t.Fatalf("%s: chromedp: navigate: %v", when, err)
 		}
 		if got, err := chromedp.Run(cctx, chromedp.Evaluate[int](`window.answer`)); err != nil || got != answer {
-			t.Fatalf("%s: chromedp through B: answer %d, %v", when, got, err)
+			t.Fatalf("%s: chromedp: answer %d, %v", when, got, err)
 		}
 	}
 	cdp("before the kill", 42)
@@ -216,6 +242,7 @@ func TestKubeReplicas(t *testing.T) {
 	if st := httpStatus(rb.gwURL + "/readyz"); st != 200 {
 		t.Errorf("B leads, but its readyz says %d", st)
 	}
+	roles.waitLeader(t, "B leads", pods[rb])
 
 	// B leads with its config as it is now.
 	if st, body := rb.api(t, lateKey, "GET", "/v1/sessions", nil); st != 200 {
@@ -261,14 +288,39 @@ func TestKubeReplicas(t *testing.T) {
 		}
 		return len(parts) >= 2
 	})
-	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 200 {
-		t.Fatalf("delete through B: %d %s", st, body)
+
+	// A rolling update: A, started again, stands by; B is stopped with
+	// SIGTERM. It gives the lease back once its trails and recordings
+	// are stored, and A takes over without waiting for the lease to run
+	// out.
+	start(ra, "A (again)")
+	waitFor(t, time.Minute, "A to stand by, ready", func() bool {
+		st, body := getBody(t, ra.gwURL+"/readyz")
+		return st == 200 && strings.Contains(body, "standby")
+	})
+	termed := time.Now()
+	rb.gw.Process.Signal(syscall.SIGTERM)
+	waitFor(t, 2*time.Minute, "A to take the session over from B", func() bool {
+		st, body := ra.api(t, ra.keyA, "GET", "/v1/sessions/"+s.ID, nil)
+		return st == 200 && jsonField(body, "state") == "running"
+	})
+	handover := time.Since(termed)
+	rb.stopGateway(syscall.SIGTERM)
+	t.Logf("A served the session %.1f s after B was sent SIGTERM (a dead leader's lease runs out after %s)", handover.Seconds(), kube.HoldDuration)
+	if handover >= kube.HoldDuration {
+		t.Errorf("the handover on SIGTERM took %.1f s: as long as the lease, so it was not given back", handover.Seconds())
+	}
+	roles.waitLeader(t, "A leads again", pods[ra])
+	p.URL = strings.Replace(p.URL, rb.gwAddr, ra.gwAddr, 1)
+	cdp("after the handover", 44)
+	if st, body := ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 200 {
+		t.Fatalf("delete through A: %d %s", st, body)
 	}
 	waitFor(t, 2*time.Minute, "the session's Pod to go", func() bool {
 		pods, err := b.List(ctx)
 		return err == nil && len(pods) == 0
 	})
-	evs := rb.events(t, rb.keyA, s.ID)
+	evs := ra.events(t, ra.keyA, s.ID)
 	names := map[string]bool{}
 	for _, ev := range evs {
 		names[ev.Type] = true
@@ -283,20 +335,20 @@ func TestKubeReplicas(t *testing.T) {
 		t.Errorf("the trail lost the exec made through B before the kill: %s", raw)
 	}
 	// The recording: parts from both replicas, in one video.
-	rpath, manifest := rb.finalRecording(t, rb.keyA, s.ID)
+	rpath, manifest := ra.finalRecording(t, ra.keyA, s.ID)
 	parts := map[string]bool{}
 	for _, sg := range manifest["segments"].([]any) {
 		name := sg.(map[string]any)["name"].(string)
 		parts[name[:strings.IndexByte(name, '-')]] = true
 	}
 	d := probeDuration(t, rpath)
-	t.Logf("the recording across the kill: %.1f s in %d parts", d, len(parts))
-	if len(parts) < 2 {
-		t.Errorf("the recording did not go on through B: parts %v", parts)
+	t.Logf("the recording across the kill and the handover: %.1f s in %d parts", d, len(parts))
+	if len(parts) < 3 {
+		t.Errorf("the recording did not go on through B, then A: parts %v", parts)
 	}
 
-	// Nothing left: B gives the lease back as it stops.
-	rb.stopGateway(syscall.SIGTERM)
+	// Nothing left: A gives the lease back as it stops.
+	ra.stopGateway(syscall.SIGTERM)
 	waitFor(t, time.Minute, "no Leases left in the namespace", func() bool {
 		l, err := b.Client().CoordinationV1().Leases(b.Namespace()).List(ctx, metav1.ListOptions{})
 		return err == nil && len(l.Items) == 0
@@ -373,4 +425,128 @@ func (e *testEnv) fileRequest(t testing.TB, method, id, path string, body io.Rea
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, out
+}
+
+// gatewayRoles: stand-ins for the Pods of gateway replicas that run on
+// the host, and the egress proxy's Service of deploy/kubernetes, which
+// selects the leader's.
+type gatewayRoles struct {
+	b      *kube.Backend
+	ctx    context.Context
+	egress string // the Service's name
+	pods   []string
+	podIPs map[string]string
+}
+
+// kubePauseImage is the trial cluster's sandbox image (cluster.sh), in
+// its containerd: a container that runs and does nothing.
+const kubePauseImage = "sandgate.local/pause:1"
+
+// gatewayStandIns makes a running Pod for each name, labelled as the
+// Deployment labels the gateway's, and the egress proxy's Service.
+func gatewayStandIns(t *testing.T, ctx context.Context, b *kube.Backend, names ...string) *gatewayRoles {
+	t.Helper()
+	r := &gatewayRoles{b: b, ctx: ctx, pods: names, podIPs: map[string]string{}}
+	var gw *appsv1.Deployment
+	for _, obj := range kubeManifest(t, "../deploy/kubernetes/gateway.yaml") {
+		switch o := obj.(type) {
+		case *appsv1.Deployment:
+			gw = o
+		case *corev1.Service:
+			if len(o.Spec.Ports) == 1 && o.Spec.Ports[0].TargetPort.StrVal == "egress" {
+				o.Namespace = b.Namespace()
+				if _, err := b.Client().CoreV1().Services(b.Namespace()).Create(ctx, o, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				r.egress = o.Name
+			}
+		}
+	}
+	if gw == nil || r.egress == "" {
+		t.Fatal("gateway.yaml: no Deployment or no egress Service")
+	}
+	never := false
+	for _, name := range names {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: gw.Spec.Template.Labels},
+			Spec: corev1.PodSpec{
+				AutomountServiceAccountToken: &never,
+				Containers: []corev1.Container{{Name: "gateway", Image: kubePauseImage, ImagePullPolicy: corev1.PullNever,
+					Ports: []corev1.ContainerPort{{Name: "egress", ContainerPort: 3128}}}},
+			},
+		}
+		if _, err := b.Client().CoreV1().Pods(b.Namespace()).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 2*time.Minute, "the gateway replicas' stand-in Pods to run", func() bool {
+		for _, name := range names {
+			p, err := b.Client().CoreV1().Pods(b.Namespace()).Get(ctx, name, metav1.GetOptions{})
+			if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+				return false
+			}
+			r.podIPs[name] = p.Status.PodIP
+		}
+		return true
+	})
+	return r
+}
+
+// label puts the leader's label on a Pod, as a replica that led there.
+func (r *gatewayRoles) label(t *testing.T, name string) {
+	t.Helper()
+	pods := r.b.Client().CoreV1().Pods(r.b.Namespace())
+	p, err := pods.Get(r.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Labels[kube.LabelGatewayRole] = kube.RoleLeader
+	if _, err := pods.Update(r.ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitLeader waits until the leader's label is on exactly these Pods,
+// and the egress proxy's Service sends to exactly their addresses.
+func (r *gatewayRoles) waitLeader(t *testing.T, when string, names ...string) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, n := range names {
+		want[r.podIPs[n]] = true
+	}
+	var labelled, endpoints []string
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		labelled, endpoints = nil, nil
+		for _, n := range r.pods {
+			p, err := r.b.Client().CoreV1().Pods(r.b.Namespace()).Get(r.ctx, n, metav1.GetOptions{})
+			if err == nil && p.Labels[kube.LabelGatewayRole] == kube.RoleLeader {
+				labelled = append(labelled, n)
+			}
+		}
+		eps, err := r.b.Client().DiscoveryV1().EndpointSlices(r.b.Namespace()).List(r.ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + r.egress})
+		if err == nil {
+			for _, sl := range eps.Items {
+				for _, ep := range sl.Endpoints {
+					if ep.Conditions.Ready == nil || *ep.Conditions.Ready {
+						endpoints = append(endpoints, ep.Addresses...)
+					}
+				}
+			}
+		}
+		ok := len(labelled) == len(names) && len(endpoints) == len(names)
+		for _, n := range labelled {
+			ok = ok && slices.Contains(names, n)
+		}
+		for _, a := range endpoints {
+			ok = ok && want[a]
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the leader's label is on %v and the egress Service sends to %v; want %v", when, labelled, endpoints, names)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
