@@ -54,6 +54,7 @@ const (
 	frontMaxLine     = 8 << 10
 	frontHeadTimeout = 10 * time.Second
 	frontDial        = 3 * time.Second
+	frontProbeDial   = 500 * time.Millisecond
 	frontLeaderCache = time.Second
 	// frontMaxConns bounds the connections a replica standing by
 	// answers or forwards at once; past it, new ones are closed.
@@ -200,13 +201,15 @@ func (f *Front) standBy(c net.Conn) {
 		frontJSON(c, 200, map[string]any{"status": status})
 		return
 	case method == "GET" && path == "/readyz":
-		// Ready while there is a leader to forward to, so that a
-		// Service may send here too and a rolling update goes on; not
-		// while nobody leads (or this replica takes over).
-		if addr, err := f.leaderAddr(); !taking && err == nil && addr != "" {
+		// Ready while there is a leader that answers, to forward to,
+		// so that a Service may send here too and a rolling update goes
+		// on; not while nobody leads, the leader does not answer (it
+		// died; its lease has yet to run out) or this replica takes
+		// over.
+		if !taking && f.leaderAnswers() {
 			frontJSON(c, 200, map[string]any{"status": "standby"})
 		} else {
-			frontAnswer(c, 503, "unavailable", "no gateway replica leads the sessions yet", 0)
+			frontAnswer(c, 503, "unavailable", "no gateway replica that answers leads the sessions", 0)
 		}
 		return
 	case taking:
@@ -262,6 +265,22 @@ func (f *Front) standBy(c net.Conn) {
 	c.SetDeadline(linger)
 	up.SetDeadline(linger)
 	<-done
+}
+
+// leaderAnswers: a leader is known and takes a connection, within
+// frontProbeDial (a readiness probe's own timeout is a second).
+func (f *Front) leaderAnswers() bool {
+	addr, err := f.leaderAddr()
+	if err != nil || addr == "" {
+		return false
+	}
+	c, err := net.DialTimeout("tcp", addr, frontProbeDial)
+	if err != nil {
+		f.forget(addr)
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // handOver gives the gateway a connection whose request line (and what

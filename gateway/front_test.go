@@ -129,6 +129,11 @@ func TestFront(t *testing.T) {
 	if st, body, _ := get("GET", "/v1/sessions", ""); st != 503 || apiError(body) != "unavailable" {
 		t.Errorf("a dead leader: %d %s", st, body)
 	}
+	// Nor is this replica ready: a Service sends elsewhere while the
+	// dead leader's lease runs out.
+	if st, body, _ := get("GET", "/readyz", ""); st != 503 || apiError(body) != "unavailable" {
+		t.Errorf("readyz with a dead leader: %d %s", st, body)
+	}
 
 	// A request whose line is still coming when the lead arrives.
 	// (Once the answers above are done, only the held connection holds

@@ -146,6 +146,11 @@ func TestKubeManifests(t *testing.T) {
 		if egress == sel.Matches(pod) {
 			t.Errorf("Service %s (egress %v) selects a replica standing by: %v", svc.Name, egress, sel.Matches(pod))
 		}
+		// The leader's proxy serves while its /readyz says 503 (full,
+		// draining): the label alone decides where egress goes.
+		if egress && !svc.Spec.PublishNotReadyAddresses {
+			t.Errorf("Service %s sends egress only to a leader that is ready", svc.Name)
+		}
 		for _, p := range svc.Spec.Ports {
 			if _, ok := ports[p.TargetPort.StrVal]; !ok {
 				t.Errorf("Service %s targets port %q, which the gateway's Pod does not name", svc.Name, p.TargetPort.StrVal)
@@ -178,6 +183,15 @@ func TestKubeManifests(t *testing.T) {
 	if gw.Spec.Replicas == nil || *gw.Spec.Replicas < 2 || gw.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType ||
 		ru == nil || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 {
 		t.Errorf("the gateway's Deployment: replicas %v, strategy %+v; want 2 or more, a rolling update that adds one before it removes one", gw.Spec.Replicas, gw.Spec.Strategy)
+	}
+	// Room for the leader to drain (drain_timeout's default, 2m) and
+	// give the lease back before it is killed; the Services stop sending
+	// to a replica before its SIGTERM.
+	if g := gw.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g < 150 {
+		t.Errorf("the gateway's grace period is %v s: shorter than its drain", g)
+	}
+	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil || c.Lifecycle.PreStop.Sleep.Seconds < 2 {
+		t.Errorf("the gateway has no preStop pause: %+v", c.Lifecycle)
 	}
 	if ports["egress"] != 3128 {
 		t.Errorf("the gateway's egress port is %d, the policy lets sessions reach 3128", ports["egress"])

@@ -74,8 +74,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	var client *containerd.Client
 	var backend session.Backend
 	var front *gateway.Front // backend kubernetes, with replicas
-	markLeader := func() {}  // backend kubernetes, with kubernetes.pod
-	unmarked := make(chan struct{})
+	// Backend kubernetes, with kubernetes.pod: the leader's label on
+	// this replica's Pod while it leads (see kube.LabelGatewayRole).
+	markLeader, unmarkLeader := func() {}, func() {}
+	unmarked := make(chan struct{}) // the label is off, or that gave way to leading
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
 		kubeBackend := func(cfg *Config) (*kube.Backend, error) {
@@ -93,6 +95,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		if err != nil {
 			return err
 		}
+		if own := cfg.Kubernetes.Pod; own != "" {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := kb.CheckPod(cctx, own)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("kubernetes.pod: %w", err)
+			}
+		}
 		// One replica leads the namespace's sessions: it holds the
 		// namespace's lease while it runs (given back as serve returns),
 		// and stops if it loses it. A replica with an address others can
@@ -103,6 +113,8 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		identity := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomHex(4))
 		holdCtx, endHold := context.WithCancel(context.WithoutCancel(ctx))
 		defer endHold()
+		unmarkCtx, stopUnmark := context.WithCancel(holdCtx)
+		defer stopUnmark()
 		wait := 3 * kube.HoldDuration
 		if cfg.Kubernetes.Advertise != "" {
 			ln, err := net.Listen("tcp", cfg.Listen)
@@ -135,7 +147,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				// restarted may have left the leader's label on it.
 				go func() {
 					defer close(unmarked)
-					keepTrying(holdCtx, log, "take the leader's label off this replica's Pod", func(ctx context.Context) error {
+					keepTrying(unmarkCtx, log, "take the leader's label off this replica's Pod", func(ctx context.Context) error {
 						return holds.Unmark(ctx, own)
 					})
 				}()
@@ -222,20 +234,31 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		if own := cfg.Kubernetes.Pod; own != "" {
 			// Once it serves (its egress proxy listens by then), the
 			// leader's label: the proxy's Service sends to it.
-			// (After the label is off, should this replica have taken it
-			// off its Pod while it stood by.)
+			// (Once the label is off, if this replica was taking it off
+			// its Pod while it stood by: that gives way now.)
 			marks := kb
+			markCtx, stopMark := context.WithCancel(holdCtx)
+			marked := make(chan struct{})
 			markLeader = func() {
 				go func() {
-					select {
-					case <-unmarked:
-					case <-holdCtx.Done():
-						return
-					}
-					keepTrying(holdCtx, log, "label this replica's Pod as the leader", func(ctx context.Context) error {
+					defer close(marked)
+					stopUnmark()
+					<-unmarked
+					keepTrying(markCtx, log, "label this replica's Pod as the leader", func(ctx context.Context) error {
 						return marks.MarkLeader(ctx, own)
 					})
 				}()
+			}
+			// As it stops leading (served, drained), the label goes
+			// first, then the proxy and the lease.
+			unmarkLeader = func() {
+				stopMark()
+				<-marked
+				uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if err := marks.Unmark(uctx, own); err != nil {
+					log.Warn("cannot take the leader's label off this replica's Pod; the next leader will", "err", err)
+				}
 			}
 		}
 	} else {
@@ -415,9 +438,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	if front != nil {
 		front.Lead()
 		markLeader()
+		defer unmarkLeader()
 		return srv.Serve(ctx, front.Listener())
 	}
 	markLeader()
+	defer unmarkLeader()
 	return srv.Listen(ctx, cfg.Listen)
 }
 
