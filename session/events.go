@@ -76,6 +76,14 @@ type trail struct {
 	storedOff int64
 	storedMem int
 	kick      func()
+	// tail is the last piece this gateway stored, while it is small
+	// (pieceCoalesce): the next flush stores it again, extended, rather
+	// than a piece of its own, so that a trail flushed at every request
+	// is not thousands of pieces to read back. It holds events from
+	// tailStart, tailN of them. Only a flush (s.journalMu) uses them.
+	tail      []byte
+	tailStart int
+	tailN     int
 }
 
 // Record appends an event to the audit trail of a session the manager

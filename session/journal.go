@@ -34,6 +34,9 @@ const (
 	// A piece holds at most this many events or bytes.
 	maxPieceEvents = 1000
 	maxPieceBytes  = 4 << 20
+	// pieceCoalesce: a stored piece smaller than this is stored again,
+	// extended, by the next flush (trail.tail).
+	pieceCoalesce = 64 << 10
 	// maxJournalBackoff bounds the wait between attempts while the store
 	// is away.
 	maxJournalBackoff = 30 * time.Second
@@ -230,9 +233,16 @@ func (m *Manager) flushTrailLocked(ctx context.Context, s *sess) error {
 			}
 			lines = b.Bytes()
 		}
+		put, at := lines, start
 		if n > 0 {
+			// Extending the last piece, when it is small and these
+			// follow on: the store replaces it whole, so a reader sees
+			// the old piece or the new one, never less.
+			if t.tailN > 0 && t.tailStart+t.tailN == start && len(t.tail)+len(lines) <= pieceCoalesce && t.tailN+n <= maxPieceEvents {
+				put, at = append(t.tail[:len(t.tail):len(t.tail)], lines...), t.tailStart
+			}
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := m.cfg.Trails.PutTrail(pctx, tenant, id, start, lines)
+			err := m.cfg.Trails.PutTrail(pctx, tenant, id, at, put)
 			cancel()
 			if err != nil {
 				return err
@@ -246,6 +256,13 @@ func (m *Manager) flushTrailLocked(ctx context.Context, s *sess) error {
 			} else {
 				t.storedMem += n
 			}
+			if n > 0 && len(put) < pieceCoalesce {
+				t.tail, t.tailStart, t.tailN = put, at, start-at+n
+			} else if n > 0 {
+				t.tail, t.tailN = nil, 0
+			}
+		} else {
+			t.tail, t.tailN = nil, 0
 		}
 		m.mu.Unlock()
 	}
@@ -380,6 +397,7 @@ func (m *Manager) syncTrailLocked(ctx context.Context, s *sess) error {
 		}
 	}
 	t.synced = true
+	t.tail, t.tailN = nil, 0 // the store's pieces may be another gateway's
 	if t.unstored() {
 		m.kickJournal()
 	}

@@ -132,8 +132,10 @@ func TestJournalFlush(t *testing.T) {
 	if want := []string{"created", "exec", "download", "preview"}; !eq(types(stored), want) {
 		t.Fatalf("stored %v, want %v", types(stored), want)
 	}
-	if len(store.pieces["acme/"+s.info.ID]) != 2 {
-		t.Errorf("want 2 pieces, got %d", len(store.pieces["acme/"+s.info.ID]))
+	// One piece: the first was small, so the later flush stored it
+	// again, extended.
+	if len(store.pieces["acme/"+s.info.ID]) != 1 {
+		t.Errorf("want 1 piece, got %d", len(store.pieces["acme/"+s.info.ID]))
 	}
 	m.dropStoredTrail(s, true)
 	s.record("late", nil)
@@ -345,5 +347,48 @@ func TestJournalDurable(t *testing.T) {
 	}
 	if stored, _ := m.readStoredTrail(context.Background(), "acme", s.info.ID); !eq(types(stored), []string{"created", "preview_issued", "preview_revoked"}) {
 		t.Errorf("once the store is back: %v", types(stored))
+	}
+}
+
+// A trail flushed at every request (Durable after each exec, say) is
+// stored in few pieces, each extended while it is small, and the store
+// holds every event in order after each flush, never fewer than before.
+func TestJournalCoalesce(t *testing.T) {
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	s := newSess(Info{ID: "s-0123456789abcdef", Tenant: "acme"})
+	s.trail = m.liveTrail("acme", s.info.ID, true)
+	m.sessions[s.info.ID] = s
+	ctx := context.Background()
+	const requests = 2000
+	pad := strings.Repeat("x", 200) // an exec event's command and digest, about
+	var lineBytes int
+	for i := 0; i < requests; i++ {
+		s.record("exec", map[string]any{"n": i, "cmd": pad})
+		if err := m.Durable(ctx, s.info.ID); err != nil {
+			t.Fatal(err)
+		}
+		if i%20 != 0 && i != requests-1 {
+			continue
+		}
+		stored, err := m.readStoredTrail(ctx, "acme", s.info.ID)
+		if err != nil || len(stored) != i+1 || stored[i].Fields["n"] != float64(i) {
+			t.Fatalf("after request %d the store holds %d events (%v)", i, len(stored), err)
+		}
+	}
+	for _, b := range store.pieces["acme/"+s.info.ID] {
+		lineBytes += len(b)
+	}
+	pieces := len(store.pieces["acme/"+s.info.ID])
+	// The control of the count: one piece a request without extending.
+	most := lineBytes/pieceCoalesce + 2
+	t.Logf("%d requests, %d bytes of trail, %d pieces (at most %d)", requests, lineBytes, pieces, most)
+	if pieces > most || pieces < 2 {
+		t.Errorf("%d pieces for %d flushes of %d bytes, want 2 to %d", pieces, requests, lineBytes, most)
+	}
+	for start, b := range store.pieces["acme/"+s.info.ID] {
+		if len(b) > pieceCoalesce+1024 {
+			t.Errorf("the piece at %d is %d bytes", start, len(b))
+		}
 	}
 }
