@@ -8,9 +8,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -255,31 +252,16 @@ func TestKubeGateway(t *testing.T) {
 	blob := make([]byte, 3<<20)
 	rand.Read(blob)
 	path := "/home/sandgate/workspace/k.bin"
-	req, _ := http.NewRequest("PUT", k.gwURL+"/v1/sessions/"+s.ID+"/files?path="+url.QueryEscape(path), bytes.NewReader(blob))
-	req.Header.Set("Authorization", "Bearer "+k.keyA)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	up, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	st, up := k.putFile(t, s.ID, path, blob)
 	sum := sha256.Sum256(blob)
-	if resp.StatusCode != 201 || jsonField(up, "sha256") != hex.EncodeToString(sum[:]) {
-		t.Fatalf("upload: %d %s", resp.StatusCode, up)
+	if st != 201 || jsonField(up, "sha256") != hex.EncodeToString(sum[:]) {
+		t.Fatalf("upload: %d %s", st, up)
 	}
 	if out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"wc", "-c", path}}); string(out.Stdout) != fmt.Sprintf("%d %s\n", len(blob), path) {
 		t.Fatalf("the upload in the session: %q", out.Stdout)
 	}
-	req, _ = http.NewRequest("GET", k.gwURL+"/v1/sessions/"+s.ID+"/files?path="+url.QueryEscape(path), nil)
-	req.Header.Set("Authorization", "Bearer "+k.keyA)
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !bytes.Equal(got, blob) {
-		t.Fatalf("download of the upload: %d, %d bytes, equal %v", resp.StatusCode, len(got), bytes.Equal(got, blob))
+	if st, got := k.getFile(t, s.ID, path); st != 200 || !bytes.Equal(got, blob) {
+		t.Fatalf("download of the upload: %d, %d bytes, equal %v", st, len(got), bytes.Equal(got, blob))
 	}
 
 	// A download in the browser reaches the store, read out of the Pod.
