@@ -75,6 +75,15 @@ func journalManager(t *testing.T, store *pieceStore) *Manager {
 	return m
 }
 
+// journalSession is a session of tenant acme the manager holds, with a
+// live trail (fresh: a new session's; else an adopted one's).
+func journalSession(m *Manager, id string, fresh bool) *sess {
+	s := newSess(Info{ID: id, Tenant: "acme"})
+	s.trail = m.liveTrail("acme", id, fresh)
+	m.sessions[id] = s
+	return s
+}
+
 func types(evs []Event) []string {
 	var out []string
 	for _, ev := range evs {
@@ -101,9 +110,7 @@ func eq(a, b []string) bool {
 func TestJournalFlush(t *testing.T) {
 	store := &pieceStore{}
 	m := journalManager(t, store)
-	s := newSess(Info{ID: "s-0123456789abcdef", Tenant: "acme"})
-	s.trail = m.liveTrail("acme", s.info.ID, true)
-	m.sessions[s.info.ID] = s
+	s := journalSession(m, "s-0123456789abcdef", true)
 	s.record("created", nil)
 	s.record("exec", nil)
 	select {
@@ -172,9 +179,7 @@ func TestJournalSync(t *testing.T) {
 			json.NewEncoder(&b).Encode(ev)
 		}
 		store.PutTrail(ctx, "acme", id, 0, b.Bytes())
-		s := newSess(Info{ID: id, Tenant: "acme"})
-		s.trail = m.liveTrail("acme", id, false)
-		m.sessions[id] = s
+		s := journalSession(m, id, false)
 		if err := m.syncTrail(ctx, s); err != nil {
 			t.Fatal(err)
 		}
@@ -199,9 +204,7 @@ func TestJournalSync(t *testing.T) {
 			old.record(time.Now(), typ, nil)
 		}
 		put(store, 0, "created", "exec", "elsewhere")
-		s := newSess(Info{ID: id, Tenant: "acme"})
-		s.trail = m.liveTrail("acme", id, false)
-		m.sessions[id] = s
+		s := journalSession(m, id, false)
 		if err := m.syncTrail(ctx, s); err != nil {
 			t.Fatal(err)
 		}
@@ -214,9 +217,7 @@ func TestJournalSync(t *testing.T) {
 		m := journalManager(t, store)
 		put(store, 0, "created", "exec")
 		put(store, 2, "download")
-		s := newSess(Info{ID: id, Tenant: "acme"})
-		s.trail = m.liveTrail("acme", id, false)
-		m.sessions[id] = s
+		s := journalSession(m, id, false)
 		// The store did not answer at the adoption: the event recorded
 		// meanwhile goes after what the store has, and the trail is not
 		// finalised, nor its pieces dropped, until it is matched.
@@ -265,9 +266,7 @@ func TestJournalOddLines(t *testing.T) {
 	store := &pieceStore{}
 	m := journalManager(t, store)
 	const id = "s-0123456789abcdef"
-	s := newSess(Info{ID: id, Tenant: "acme"})
-	s.trail = m.liveTrail("acme", id, true)
-	m.sessions[id] = s
+	s := journalSession(m, id, true)
 	huge := map[string]any{}
 	for i := range 32 {
 		inner := map[string]any{}
@@ -309,9 +308,7 @@ func TestJournalOddLines(t *testing.T) {
 func TestJournalDurable(t *testing.T) {
 	store := &pieceStore{}
 	m := journalManager(t, store)
-	s := newSess(Info{ID: "s-0123456789abcdef", Tenant: "acme"})
-	s.trail = m.liveTrail("acme", s.info.ID, true)
-	m.sessions[s.info.ID] = s
+	s := journalSession(m, "s-0123456789abcdef", true)
 	s.record("created", nil)
 	s.record("preview_issued", nil)
 	// The control: nothing is stored until someone flushes.
@@ -356,9 +353,7 @@ func TestJournalDurable(t *testing.T) {
 func TestJournalCoalesce(t *testing.T) {
 	store := &pieceStore{}
 	m := journalManager(t, store)
-	s := newSess(Info{ID: "s-0123456789abcdef", Tenant: "acme"})
-	s.trail = m.liveTrail("acme", s.info.ID, true)
-	m.sessions[s.info.ID] = s
+	s := journalSession(m, "s-0123456789abcdef", true)
 	ctx := context.Background()
 	const requests = 2000
 	pad := strings.Repeat("x", 200) // an exec event's command and digest, about
