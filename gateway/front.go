@@ -18,9 +18,9 @@ import (
 // replica leads the namespace's sessions, it forwards each connection,
 // bytes as they come, to the leader (so a client may address any
 // replica) and answers /healthz (alive, standing by) and /readyz itself
-// (ready while a leader serves: a Service may send here too). While this replica
-// takes the lead and adopts the sessions, it answers 503, with a
-// Retry-After. Once Lead is called, the connections go to the gateway,
+// (ready while a leader answers: a Service may send here too). While
+// this replica takes the lead and adopts the sessions, it answers 503,
+// with a Retry-After. Once Lead is called, the connections go to the gateway,
 // through Listener; the forwarded ones, to a leader that stopped, are
 // cut.
 type Front struct {

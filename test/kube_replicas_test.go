@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -78,6 +79,12 @@ func TestKubeReplicas(t *testing.T) {
 				t.Errorf("secrets in replica %s's log: %v", name, secrets)
 			}
 		})
+	}
+	// A replica whose Pod does not exist does not start (it could not
+	// carry the leader's label), naming it.
+	missing := exec.CommandContext(ctx, ra.bin, "serve", "-config", ra.cfgPath, "-pod", "gw-missing")
+	if out, err := missing.CombinedOutput(); err == nil || !strings.Contains(string(out), "gw-missing") {
+		t.Errorf("a replica whose Pod does not exist: %v\n%s", err, out)
 	}
 	start(ra, "A")
 	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
