@@ -80,10 +80,16 @@ type trail struct {
 	// (pieceCoalesce): the next flush stores it again, extended, rather
 	// than a piece of its own, so that a trail flushed at every request
 	// is not thousands of pieces to read back. It holds events from
-	// tailStart, tailN of them. Only a flush (s.journalMu) uses them.
+	// tailStart, tailN of them. Only a flush or a sync (s.journalMu)
+	// uses these and unsure.
 	tail      []byte
 	tailStart int
 	tailN     int
+	// unsure: a put at unsureAt failed, and the store may hold it all
+	// the same; the next put goes to the same key, with at least what
+	// that one held, so that no two stored pieces overlap.
+	unsure   bool
+	unsureAt int
 }
 
 // Record appends an event to the audit trail of a session the manager

@@ -36,7 +36,7 @@ const (
 	maxPieceBytes  = 4 << 20
 	// pieceCoalesce: a stored piece smaller than this is stored again,
 	// extended, by the next flush (trail.tail).
-	pieceCoalesce = 64 << 10
+	pieceCoalesce = 16 << 10
 	// maxJournalBackoff bounds the wait between attempts while the store
 	// is away.
 	maxJournalBackoff = 30 * time.Second
@@ -237,16 +237,25 @@ func (m *Manager) flushTrailLocked(ctx context.Context, s *sess) error {
 		if n > 0 {
 			// Extending the last piece, when it is small and these
 			// follow on: the store replaces it whole, so a reader sees
-			// the old piece or the new one, never less.
-			if t.tailN > 0 && t.tailStart+t.tailN == start && len(t.tail)+len(lines) <= pieceCoalesce && t.tailN+n <= maxPieceEvents {
+			// the old piece or the new one, never less. After a put
+			// that failed, the same key as it, whatever the size: it
+			// may be stored, and a piece of its own would overlap it.
+			follows := t.tailN > 0 && t.tailStart+t.tailN == start
+			extend := follows && len(t.tail)+len(lines) <= pieceCoalesce && t.tailN+n <= maxPieceEvents
+			if t.unsure {
+				extend = follows && t.unsureAt == t.tailStart
+			}
+			if extend {
 				put, at = append(t.tail[:len(t.tail):len(t.tail)], lines...), t.tailStart
 			}
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			err := m.cfg.Trails.PutTrail(pctx, tenant, id, at, put)
 			cancel()
 			if err != nil {
+				t.unsure, t.unsureAt = true, at
 				return err
 			}
+			t.unsure = false
 		}
 		m.mu.Lock()
 		if t.path == path && t.storedOff == off && t.stored == start { // not rewritten meanwhile
@@ -310,13 +319,19 @@ func (m *Manager) readStoredTrail(ctx context.Context, tenant, id string) ([]Eve
 	var out []Event
 	gap := false
 	err := m.cfg.Trails.ReadTrail(ctx, tenant, id, func(start int, r io.Reader) error {
-		if gap || start != len(out) {
+		if gap || start > len(out) {
 			// A piece that does not follow on: what comes after a gap
 			// cannot be placed, so the trail stops at it.
 			gap = true
 			return nil
 		}
-		out = append(out, readEventsFrom(r, trailLimit()-len(out))...)
+		// A piece that starts within what was read (one extended,
+		// stored by a put that then failed, and one written after it):
+		// its events past what was read follow on.
+		evs := readEventsFrom(r, trailLimit()-start)
+		if skip := len(out) - start; skip < len(evs) {
+			out = append(out, evs[skip:]...)
+		}
 		return nil
 	})
 	if gap {
@@ -397,7 +412,9 @@ func (m *Manager) syncTrailLocked(ctx context.Context, s *sess) error {
 		}
 	}
 	t.synced = true
-	t.tail, t.tailN = nil, 0 // the store's pieces may be another gateway's
+	// The store was read: what a failed put left is known, and its
+	// pieces may be another gateway's.
+	t.tail, t.tailN, t.unsure = nil, 0, false
 	if t.unstored() {
 		m.kickJournal()
 	}

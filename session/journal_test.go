@@ -21,6 +21,9 @@ type pieceStore struct {
 	mu     sync.Mutex
 	pieces map[string]map[int][]byte
 	fail   error
+	// lost: a put is stored, and its answer lost (an error all the
+	// same: a timeout, a connection reset).
+	lost error
 }
 
 func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, lines []byte) error {
@@ -36,7 +39,7 @@ func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, l
 		p.pieces[tenant+"/"+id] = map[int][]byte{}
 	}
 	p.pieces[tenant+"/"+id][start] = append([]byte(nil), lines...)
-	return nil
+	return p.lost
 }
 
 func (p *pieceStore) ReadTrail(_ context.Context, tenant, id string, each func(int, io.Reader) error) error {
@@ -349,7 +352,9 @@ func TestJournalDurable(t *testing.T) {
 
 // A trail flushed at every request (Durable after each exec, say) is
 // stored in few pieces, each extended while it is small, and the store
-// holds every event in order after each flush, never fewer than before.
+// holds every event in order after each flush. Puts stored whose answer
+// was lost, while the trail grows past the size at which a piece is no
+// longer extended, leave no two pieces overlapping.
 func TestJournalCoalesce(t *testing.T) {
 	store := &pieceStore{}
 	m := journalManager(t, store)
@@ -357,33 +362,91 @@ func TestJournalCoalesce(t *testing.T) {
 	ctx := context.Background()
 	const requests = 2000
 	pad := strings.Repeat("x", 200) // an exec event's command and digest, about
-	var lineBytes int
+	check := func(upTo int) {
+		t.Helper()
+		stored, err := m.readStoredTrail(ctx, "acme", s.info.ID)
+		if err != nil || len(stored) != upTo {
+			t.Fatalf("the store holds %d events of %d (%v)", len(stored), upTo, err)
+		}
+		for i, ev := range stored {
+			if ev.Fields["n"] != float64(i) {
+				t.Fatalf("event %d of the store is %v", i, ev.Fields["n"])
+			}
+		}
+	}
 	for i := 0; i < requests; i++ {
 		s.record("exec", map[string]any{"n": i, "cmd": pad})
-		if err := m.Durable(ctx, s.info.ID); err != nil {
-			t.Fatal(err)
+		// Now and then, answers lost for a while (each stored).
+		store.mu.Lock()
+		if i%300 == 250 {
+			store.lost = errors.New("connection reset")
+		} else if i%300 == 0 {
+			store.lost = nil
 		}
-		if i%20 != 0 && i != requests-1 {
-			continue
+		lost := store.lost != nil
+		store.mu.Unlock()
+		if err := m.Durable(ctx, s.info.ID); (err != nil) != lost {
+			t.Fatalf("request %d: %v", i, err)
 		}
-		stored, err := m.readStoredTrail(ctx, "acme", s.info.ID)
-		if err != nil || len(stored) != i+1 || stored[i].Fields["n"] != float64(i) {
-			t.Fatalf("after request %d the store holds %d events (%v)", i, len(stored), err)
+		m.journalFailing.Store(false) // as the journal would find, once it flushed
+		if i%20 == 0 && !lost {
+			check(i + 1)
 		}
 	}
-	for _, b := range store.pieces["acme/"+s.info.ID] {
+	check(requests)
+	var lineBytes int
+	var starts []int
+	for start, b := range store.pieces["acme/"+s.info.ID] {
 		lineBytes += len(b)
+		starts = append(starts, start)
 	}
-	pieces := len(store.pieces["acme/"+s.info.ID])
+	sort.Ints(starts)
+	for i, start := range starts {
+		b := store.pieces["acme/"+s.info.ID][start]
+		if i+1 < len(starts) && start+bytes.Count(b, []byte("\n")) != starts[i+1] {
+			t.Errorf("the piece at %d holds %d events, the next starts at %d", start, bytes.Count(b, []byte("\n")), starts[i+1])
+		}
+	}
+	pieces := len(starts)
 	// The control of the count: one piece a request without extending.
-	most := lineBytes/pieceCoalesce + 2
+	most := lineBytes/(pieceCoalesce/2) + 2
 	t.Logf("%d requests, %d bytes of trail, %d pieces (at most %d)", requests, lineBytes, pieces, most)
 	if pieces > most || pieces < 2 {
 		t.Errorf("%d pieces for %d flushes of %d bytes, want 2 to %d", pieces, requests, lineBytes, most)
 	}
-	for start, b := range store.pieces["acme/"+s.info.ID] {
-		if len(b) > pieceCoalesce+1024 {
-			t.Errorf("the piece at %d is %d bytes", start, len(b))
+}
+
+// Pieces that overlap (a piece extended by a put whose answer was lost,
+// then a piece written after it by another path) read as one trail; a
+// gap still ends it.
+func TestJournalOverlap(t *testing.T) {
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	ctx := context.Background()
+	id := "s-0123456789abcdef"
+	piece := func(from, to int) []byte {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		for i := from; i < to; i++ {
+			enc.Encode(Event{Type: fmt.Sprintf("e%d", i)})
 		}
+		return b.Bytes()
+	}
+	store.PutTrail(ctx, "acme", id, 0, piece(0, 15))
+	store.PutTrail(ctx, "acme", id, 10, piece(10, 20))
+	store.PutTrail(ctx, "acme", id, 20, piece(20, 22))
+	stored, err := m.readStoredTrail(ctx, "acme", id)
+	if err != nil || len(stored) != 22 {
+		t.Fatalf("overlapping pieces: %d events, %v", len(stored), err)
+	}
+	for i, ev := range stored {
+		if ev.Type != fmt.Sprintf("e%d", i) {
+			t.Fatalf("event %d is %s", i, ev.Type)
+		}
+	}
+	// The control: a gap ends what is read.
+	store.PutTrail(ctx, "acme", id, 30, piece(30, 31))
+	if stored, _ := m.readStoredTrail(ctx, "acme", id); len(stored) != 22 {
+		t.Errorf("past a gap: %d events, want 22", len(stored))
 	}
 }

@@ -16,8 +16,8 @@ import (
 // its audit trail back from MinIO, for a session whose trail was flushed
 // at every request (2000 execs of about 280 bytes an event): stored one
 // piece a flush, as the journal did, against pieces extended while under
-// 64 KiB, as it does now. And what a flush costs to store: one event,
-// against a piece of 32 KiB (the average one extended).
+// 16 KiB, as it does now. And what a flush costs to store: one event,
+// against a piece of 8 KiB (the average one extended).
 func BenchmarkTrailRead(b *testing.B) {
 	e := needE2E(b)
 	ctx := context.Background()
@@ -29,8 +29,8 @@ func BenchmarkTrailRead(b *testing.B) {
 	line := func(i int) []byte {
 		return fmt.Appendf(nil, `{"time":"2026-12-02T10:00:00Z","type":"exec","fields":{"n":%d,"cmd":%q}}`+"\n", i, strings.Repeat("x", 200))
 	}
-	layouts := map[string]int{"one-piece-a-flush": 1, "extended-to-64KiB": 64 << 10}
-	for _, name := range []string{"one-piece-a-flush", "extended-to-64KiB"} {
+	layouts := map[string]int{"one-piece-a-flush": 1, "extended-to-16KiB": 16 << 10}
+	for _, name := range []string{"one-piece-a-flush", "extended-to-16KiB"} {
 		limit := layouts[name]
 		id := ids.NewSession()
 		pieces, start := 0, 0
@@ -66,7 +66,7 @@ func BenchmarkTrailRead(b *testing.B) {
 			b.ReportMetric(float64(pieces), "pieces")
 		})
 	}
-	for _, size := range []int{280, 32 << 10} {
+	for _, size := range []int{280, 8 << 10} {
 		b.Run(fmt.Sprintf("put-%dB", size), func(b *testing.B) {
 			id := ids.NewSession()
 			b.Cleanup(func() { store.DropTrail(context.Background(), "bench", id) })
