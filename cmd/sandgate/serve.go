@@ -74,10 +74,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	var client *containerd.Client
 	var backend session.Backend
 	var front *gateway.Front // backend kubernetes, with replicas
+	var kb *kube.Backend     // backend kubernetes
 	// Backend kubernetes, with kubernetes.pod: the leader's label on
 	// this replica's Pod while it leads (see kube.LabelGatewayRole).
-	markLeader, unmarkLeader := func() {}, func() {}
-	unmarked := make(chan struct{}) // the label is off, or that gave way to leading
+	var role *kube.Role
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
 		kubeBackend := func(cfg *Config) (*kube.Backend, error) {
@@ -91,17 +91,8 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				Seccomp: cfg.Kubernetes.Seccomp,
 			})
 		}
-		kb, err := kubeBackend(cfg)
-		if err != nil {
+		if kb, err = kubeBackend(cfg); err != nil {
 			return err
-		}
-		if own := cfg.Kubernetes.Pod; own != "" {
-			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := kb.CheckPod(cctx, own)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("kubernetes.pod: %w", err)
-			}
 		}
 		// One replica leads the namespace's sessions: it holds the
 		// namespace's lease while it runs (given back as serve returns),
@@ -113,8 +104,15 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		identity := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomHex(4))
 		holdCtx, endHold := context.WithCancel(context.WithoutCancel(ctx))
 		defer endHold()
-		unmarkCtx, stopUnmark := context.WithCancel(holdCtx)
-		defer stopUnmark()
+		if own := cfg.Kubernetes.Pod; own != "" {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := kb.CheckPod(cctx, own)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("kubernetes.pod: %w", err)
+			}
+			role = kube.NewRole(holdCtx, own, log)
+		}
 		wait := 3 * kube.HoldDuration
 		if cfg.Kubernetes.Advertise != "" {
 			ln, err := net.Listen("tcp", cfg.Listen)
@@ -142,21 +140,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}, log.With("component", "front"))
 			defer front.Close()
 			wait = 0
-			if own := cfg.Kubernetes.Pod; own != "" {
-				// A replica that led in this Pod before its container
-				// restarted may have left the leader's label on it.
-				go func() {
-					defer close(unmarked)
-					keepTrying(unmarkCtx, log, "take the leader's label off this replica's Pod", func(ctx context.Context) error {
-						return holds.Unmark(ctx, own)
-					})
-				}()
-			} else {
-				close(unmarked)
-			}
+			// A replica that led in this Pod before its container
+			// restarted may have left the leader's label on it.
+			role.StandBy(holds)
 			log.Info("sandgate replica listening", "addr", cfg.Listen, "advertise", cfg.Kubernetes.Advertise)
-		} else {
-			close(unmarked)
 		}
 		// A leader that loses the lease stops at once, without a drain
 		// or a last flush: another replica may lead from the next
@@ -231,36 +218,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				"namespace", kb.Namespace(), "ingress", iso.Ingress, "egress", iso.Egress)
 		}
 		backend = kube.NewSessions(ctx, kb)
-		if own := cfg.Kubernetes.Pod; own != "" {
-			// Once it serves (its egress proxy listens by then), the
-			// leader's label: the proxy's Service sends to it.
-			// (Once the label is off, if this replica was taking it off
-			// its Pod while it stood by: that gives way now.)
-			marks := kb
-			markCtx, stopMark := context.WithCancel(holdCtx)
-			marked := make(chan struct{})
-			markLeader = func() {
-				go func() {
-					defer close(marked)
-					stopUnmark()
-					<-unmarked
-					keepTrying(markCtx, log, "label this replica's Pod as the leader", func(ctx context.Context) error {
-						return marks.MarkLeader(ctx, own)
-					})
-				}()
-			}
-			// As it stops leading (served, drained), the label goes
-			// first, then the proxy and the lease.
-			unmarkLeader = func() {
-				stopMark()
-				<-marked
-				uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				defer cancel()
-				if err := marks.Unmark(uctx, own); err != nil {
-					log.Warn("cannot take the leader's label off this replica's Pod; the next leader will", "err", err)
-				}
-			}
-		}
 	} else {
 		client, err = containerd.New(cfg.Containerd.Address, containerd.WithTimeout(10*time.Second))
 		if err != nil {
@@ -435,34 +392,17 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 	}
 	log.Info("sandgate listening", "addr", cfg.Listen, "public_url", cfg.PublicURL, "image", ref)
+	// Once it serves (its egress proxy listens by then), the leader's
+	// label, which the proxy's Service selects; as it stops leading
+	// (served, drained), the label goes first, then the proxy and the
+	// lease.
+	role.Lead(kb)
+	defer role.StepDown(kb)
 	if front != nil {
 		front.Lead()
-		markLeader()
-		defer unmarkLeader()
 		return srv.Serve(ctx, front.Listener())
 	}
-	markLeader()
-	defer unmarkLeader()
 	return srv.Listen(ctx, cfg.Listen)
-}
-
-// keepTrying runs do until it succeeds or ctx ends, from 2 s apart up
-// to a minute, saying so when it fails.
-func keepTrying(ctx context.Context, log *slog.Logger, what string, do func(context.Context) error) {
-	for pause := 2 * time.Second; ; pause = min(2*pause, time.Minute) {
-		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := do(dctx)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			return
-		}
-		log.Warn("cannot "+what+"; trying again", "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(pause):
-		}
-	}
 }
 
 // cmdHashKey prints an API key's SHA-256, the form the config stores.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -111,4 +113,95 @@ func (b *Backend) setRole(ctx context.Context, name string, leader bool) error {
 		_, err = pods.Update(ctx, p, metav1.UpdateOptions{})
 		return err
 	})
+}
+
+// Role keeps the leader's label right on a gateway replica's own Pod:
+// off while the replica stands by (a container that led in the Pod and
+// restarted may have left it on), on while it leads, off again once it
+// stops leading. Each change is tried again until it succeeds or the
+// next change replaces it; the next one waits for it to have given way.
+// A nil Role (no Pod named) does nothing.
+type Role struct {
+	ctx  context.Context // the replica's hold
+	pod  string
+	log  *slog.Logger
+	stop context.CancelFunc // the change under way
+	done chan struct{}      // closed once it has ended
+}
+
+// NewRole keeps the label on pod for as long as ctx lasts.
+func NewRole(ctx context.Context, pod string, log *slog.Logger) *Role {
+	return &Role{ctx: ctx, pod: pod, log: log}
+}
+
+// StandBy takes the label off the Pod, in the background.
+func (r *Role) StandBy(b *Backend) {
+	if r != nil {
+		r.change("take the leader's label off this replica's Pod", b.Unmark)
+	}
+}
+
+// Lead labels the Pod as the leader's, in the background, once the
+// change under way has given way.
+func (r *Role) Lead(b *Backend) {
+	if r != nil {
+		r.change("label this replica's Pod as the leader", b.MarkLeader)
+	}
+}
+
+// StepDown ends the change under way and takes the label off, trying
+// for a few seconds: a replica that stops leading.
+func (r *Role) StepDown(b *Backend) {
+	if r == nil {
+		return
+	}
+	r.end()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 5*time.Second)
+	defer cancel()
+	if err := b.Unmark(ctx, r.pod); err != nil {
+		r.log.Warn("cannot take the leader's label off this replica's Pod; the next leader will", "err", err)
+	}
+}
+
+func (r *Role) change(what string, do func(context.Context, string) error) {
+	prevStop, prevDone := r.stop, r.done
+	ctx, cancel := context.WithCancel(r.ctx)
+	done := make(chan struct{})
+	r.stop, r.done = cancel, done
+	if prevStop != nil {
+		prevStop()
+	}
+	go func() {
+		defer close(done)
+		if prevDone != nil {
+			<-prevDone
+		}
+		keepTrying(ctx, r.log, what, func(ctx context.Context) error { return do(ctx, r.pod) })
+	}()
+}
+
+func (r *Role) end() {
+	if r.stop != nil {
+		r.stop()
+		<-r.done
+	}
+}
+
+// keepTrying runs do until it succeeds or ctx ends, from 2 s apart up
+// to a minute, saying so when it fails.
+func keepTrying(ctx context.Context, log *slog.Logger, what string, do func(context.Context) error) {
+	for pause := 2 * time.Second; ; pause = min(2*pause, time.Minute) {
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := do(dctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		log.Warn("cannot "+what+"; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+	}
 }
