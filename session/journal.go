@@ -265,16 +265,23 @@ func (m *Manager) flushTrailLocked(ctx context.Context, s *sess) error {
 			} else {
 				t.storedMem += n
 			}
-			if n > 0 && len(put) < pieceCoalesce {
-				t.tail, t.tailStart, t.tailN = put, at, start-at+n
-			} else if n > 0 {
-				t.tail, t.tailN = nil, 0
+			if n > 0 {
+				t.keepTail(put, at, start-at+n)
 			}
 		} else {
-			t.tail, t.tailN = nil, 0
+			t.keepTail(nil, 0, 0)
 		}
 		m.mu.Unlock()
 	}
+}
+
+// keepTail keeps piece, stored at start with n events, as the piece the
+// next flush extends, while it is small enough to.
+func (t *trail) keepTail(piece []byte, start, n int) {
+	if len(piece) >= pieceCoalesce {
+		piece, n = nil, 0
+	}
+	t.tail, t.tailStart, t.tailN = piece, start, n
 }
 
 // readPiece reads whole lines of a trail file from off: at most a
@@ -414,7 +421,8 @@ func (m *Manager) syncTrailLocked(ctx context.Context, s *sess) error {
 	t.synced = true
 	// The store was read: what a failed put left is known, and its
 	// pieces may be another gateway's.
-	t.tail, t.tailN, t.unsure = nil, 0, false
+	t.keepTail(nil, 0, 0)
+	t.unsure = false
 	if t.unstored() {
 		m.kickJournal()
 	}
