@@ -12,6 +12,17 @@ import (
 	"github.com/sandgate/sandgate/recordings"
 )
 
+// benchStore is the artifact store on the suite's MinIO, in a bucket
+// of the benchmarks' own.
+func (e *testEnv) benchStore(b *testing.B) *recordings.Store {
+	b.Helper()
+	store, err := recordings.New(context.Background(), recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return store
+}
+
 func cpuTime(who int) time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(who, &ru)
@@ -27,10 +38,7 @@ func cpuTime(who int) time.Duration {
 func BenchmarkRecording(b *testing.B) {
 	e := needE2E(b)
 	ctx := context.Background()
-	store, err := recordings.New(ctx, recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	store := e.benchStore(b)
 	rec, err := recordings.NewRecorder(recordings.RecorderConfig{Dir: b.TempDir()}, store)
 	if err != nil {
 		b.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate/ids"
-	"github.com/sandgate/sandgate/recordings"
 )
 
 // BenchmarkTrailRead: what a replica taking a session over pays to read
@@ -21,10 +20,7 @@ import (
 func BenchmarkTrailRead(b *testing.B) {
 	e := needE2E(b)
 	ctx := context.Background()
-	store, err := recordings.New(ctx, recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	store := e.benchStore(b)
 	const events = 2000
 	line := func(i int) []byte {
 		return fmt.Appendf(nil, `{"time":"2026-12-02T10:00:00Z","type":"exec","fields":{"n":%d,"cmd":%q}}`+"\n", i, strings.Repeat("x", 200))
