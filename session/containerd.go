@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/oci"
+	"github.com/containerd/fifo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
@@ -359,20 +360,23 @@ func (sb *container) Exec(ctx context.Context, spec ExecSpec, env []string) (Exe
 	if stdin == nil {
 		stdin = bytes.NewReader(nil) // the shim wants a stream: an empty one
 	}
-	er := &eofReader{r: stdin, eof: make(chan struct{})}
-	opts := []cio.Opt{cio.WithStreams(er, spec.Stdout, spec.Stderr)}
+	closed := make(chan struct{}) // the exec failed, or was deleted
+	in := newStdinReader(stdin, closed)
+	opts := []cio.Opt{cio.WithStreams(in, spec.Stdout, spec.Stderr)}
 	if spec.Terminal {
-		opts = []cio.Opt{cio.WithStreams(er, spec.Stdout, nil), cio.WithTerminal}
+		opts = []cio.Opt{cio.WithStreams(in, spec.Stdout, nil), cio.WithTerminal}
 	}
 	execID := fmt.Sprintf("x%d-%d", time.Now().UnixNano(), execSeq.Add(1))
 	proc, err := task.Exec(ctx, execID, &p, cio.NewCreator(opts...))
 	if err != nil {
+		close(closed)
 		if errdefs.IsNotFound(err) {
 			return nil, publicf(ErrConflict, "the session is not running", err)
 		}
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	cp := &containerProc{b: sb.b, proc: proc, closed: make(chan struct{})}
+	in.fifo <- proc.IO().Config().Stdin
+	cp := &containerProc{b: sb.b, proc: proc, closed: closed}
 	cleanup := func() { // the caller's context may be what ended
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -391,15 +395,13 @@ func (sb *container) Exec(ctx context.Context, spec ExecSpec, env []string) (Exe
 		}
 		return nil, fmt.Errorf("exec start: %w", err)
 	}
-	// The shim keeps the process's stdin open until told: pass EOF on,
-	// but only once the process has started. Stdin is copied from the
-	// moment Exec made its pipes, so an empty or tiny stdin is often done
-	// before that, and a close sent then was lost (cat > file waited
-	// forever on a 0- or 1-byte upload).
+	// The shim keeps the process's stdin open until told: pass EOF on
+	// once the stream has ended and the shim reads the FIFO (see
+	// stdinReader), or the close is lost and the command waits forever.
 	go func() {
 		select {
-		case <-er.eof:
-		case <-cp.closed:
+		case <-in.ended:
+		case <-closed:
 			return
 		}
 		cctx, cancel := context.WithTimeout(sb.b.ctx(context.Background()), 5*time.Second)
@@ -417,7 +419,7 @@ type containerProc struct {
 	proc     containerd.Process
 	exited   <-chan Exit
 	once     sync.Once
-	closed   chan struct{} // closed by Delete
+	closed   chan struct{} // closed by Delete; the exec's stdin stops waiting on it
 	copied   chan struct{}
 	copyOnce sync.Once
 }
@@ -459,17 +461,89 @@ func (p *containerProc) Delete(ctx context.Context) error {
 	return err
 }
 
-// eofReader closes eof once its reader is exhausted.
-type eofReader struct {
-	r    io.Reader
-	once sync.Once
-	eof  chan struct{}
+// stdinReader is a command's stdin as containerd's copy reads it, and
+// tells (ended) when the stream is over and the shim is reading the FIFO,
+// so that a CloseIO then reaches the process.
+//
+// The shim opens its end of the stdin FIFO lazily, after Start has
+// answered, and holds a writer of its own until CloseIO closes it. A
+// CloseIO that comes before the shim's reader exists leaves no writer for
+// that reader's open to meet: the open waits forever, the process's
+// stdin is never closed, and `cat > file` never ends. That was an empty
+// or one-byte upload hanging for its 30 minute timeout under load.
+// containerd's copy writes to the FIFO only once a reader exists, so:
+//   - a stream's end that comes with data is held back to the next Read,
+//     which the copy makes only after that data was written;
+//   - a stream that ends with nothing written opens the FIFO for writing
+//     itself, which returns once the shim's reader is there (bounded).
+type stdinReader struct {
+	r      io.Reader
+	sent   bool        // some data was written to the FIFO
+	err    error       // the stream's end, held back until its data is written
+	fifo   chan string // the stdin FIFO's path, once the exec exists
+	closed <-chan struct{}
+	ended  chan struct{}
+	once   sync.Once
 }
 
-func (e *eofReader) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
+// stdinReaderWait bounds how long an empty stream waits for the shim.
+const stdinReaderWait = 30 * time.Second
+
+func newStdinReader(r io.Reader, closed <-chan struct{}) *stdinReader {
+	return &stdinReader{r: r, fifo: make(chan string, 1), closed: closed, ended: make(chan struct{})}
+}
+
+func (s *stdinReader) Read(p []byte) (int, error) {
+	if s.err != nil {
+		s.end()
+		return 0, s.err
+	}
+	n, err := s.r.Read(p)
+	if n > 0 {
+		s.sent = true
+		s.err = err
+		return n, nil
+	}
 	if err != nil {
-		e.once.Do(func() { close(e.eof) })
+		s.err = err
+		s.end()
 	}
 	return n, err
+}
+
+func (s *stdinReader) end() {
+	s.once.Do(func() {
+		if !s.sent {
+			s.awaitShim()
+		}
+		close(s.ended)
+	})
+}
+
+// awaitShim returns once the shim has its reader on the stdin FIFO, the
+// exec is gone, or stdinReaderWait has passed.
+func (s *stdinReader) awaitShim() {
+	var path string
+	select {
+	case path = <-s.fifo:
+	case <-s.closed:
+		return
+	}
+	if path == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stdinReaderWait)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	// A blocking open for writing returns when a reader is there; nobody
+	// has closed an end yet, so that reader is the shim's.
+	if w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0); err == nil {
+		w.Close()
+	}
 }
