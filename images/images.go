@@ -19,7 +19,7 @@ var sessionFS embed.FS
 
 // builderVersion changes when the build steps change in a way the
 // definition files do not show.
-const builderVersion = "3"
+const builderVersion = "5"
 
 // Suite is the Debian release the session image is built from.
 const Suite = "bookworm"

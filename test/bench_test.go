@@ -59,7 +59,7 @@ func waitJSONVersion(url string, limit time.Duration) error {
 
 // hostChromium starts Xvfb and Chromium on the host with the session's
 // flags and returns once CDP answers; stop ends both.
-func hostChromium(b *testing.B, display, port int, extra ...string) (stop func()) {
+func hostChromium(b testing.TB, display, port int, extra ...string) (stop func()) {
 	b.Helper()
 	// A display left locked by an earlier, killed run would refuse us.
 	os.Remove(fmt.Sprintf("/tmp/.X%d-lock", display))
