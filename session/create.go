@@ -490,10 +490,15 @@ func waitReady(ctx context.Context, ep Endpoint, needCDP bool, exited <-chan Exi
 			return nil, nil, publicf(ErrUnavailable, fmt.Sprintf("the session exited while starting (status %d)", st.Code), nil)
 		case <-ctx.Done():
 			return nil, nil, fmt.Errorf("waiting for CDP and VNC: %w", ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(readyPoll):
 		}
 	}
 }
+
+// readyPoll is how often waitReady asks: what it waits for is every
+// session start's last step, so each tick is time a client waits for
+// nothing, and a refused connection costs next to nothing.
+const readyPoll = 5 * time.Millisecond
 
 // watch marks a session failed when its processes exit on their own.
 // A wait that ends because containerd went away (a restart: the task
