@@ -160,6 +160,21 @@ if [ "\$cmd" = create ] && [ -n "\$pidfile" ] && [ -n "\$bundle" ] &&
 	printf %s \$! >"\$pidfile"
 	exit 0
 fi
+# runsc says "sandbox is not running" of a container whose sandbox has
+# exited; the runc shim takes only runc's words ("container not running")
+# for "already gone". Otherwise containerd's kill of a Pod's exited pause
+# container failed as unknown, again and again, and the Pod never
+# finished terminating.
+if [ "\$cmd" = kill ]; then
+	out=\$("\$runsc" --platform=systrap --oci-seccomp "\$@" 2>&1)
+	status=\$?
+	[ \$status -eq 0 ] && exit 0
+	case "\$out" in
+	*"is not running"*) printf 'container not running (runsc: %s)\n' "\$out" >&2 ;;
+	*) printf '%s\n' "\$out" >&2 ;;
+	esac
+	exit \$status
+fi
 exec "\$runsc" --platform=systrap --oci-seccomp "\$@"
 WRAP
 chmod +x "$runsc_dir/runsc-sandgate.tmp"
