@@ -395,6 +395,7 @@ func (sb *container) Exec(ctx context.Context, spec ExecSpec, env []string) (Exe
 		}
 		return nil, fmt.Errorf("exec start: %w", err)
 	}
+	close(in.started)
 	// The shim keeps the process's stdin open until told: pass EOF on
 	// once the stream has ended and the shim reads the FIFO (see
 	// stdinReader), or the close is lost and the command waits forever.
@@ -475,22 +476,26 @@ func (p *containerProc) Delete(ctx context.Context) error {
 //   - a stream's end that comes with data is held back to the next Read,
 //     which the copy makes only after that data was written;
 //   - a stream that ends with nothing written opens the FIFO for writing
-//     itself, which returns once the shim's reader is there (bounded).
+//     itself, which returns once the shim's reader is there.
 type stdinReader struct {
-	r      io.Reader
-	sent   bool        // some data was written to the FIFO
-	err    error       // the stream's end, held back until its data is written
-	fifo   chan string // the stdin FIFO's path, once the exec exists
-	closed <-chan struct{}
-	ended  chan struct{}
-	once   sync.Once
+	r       io.Reader
+	sent    bool          // some data was written to the FIFO
+	err     error         // the stream's end, held back until its data is written
+	fifo    chan string   // the stdin FIFO's path, once the exec exists
+	started chan struct{} // closed once Start has answered
+	closed  <-chan struct{}
+	ended   chan struct{}
+	once    sync.Once
 }
 
-// stdinReaderWait bounds how long an empty stream waits for the shim.
-const stdinReaderWait = 30 * time.Second
+// stdinReaderWait bounds how long an empty stream waits for the shim's
+// reader once Start has answered (the shim opens it straight after). A
+// bound that ran out before the reader opened would lose the close again,
+// so it is generous and counted from Start, not from the exec's creation.
+const stdinReaderWait = 2 * time.Minute
 
 func newStdinReader(r io.Reader, closed <-chan struct{}) *stdinReader {
-	return &stdinReader{r: r, fifo: make(chan string, 1), closed: closed, ended: make(chan struct{})}
+	return &stdinReader{r: r, fifo: make(chan string, 1), started: make(chan struct{}), closed: closed, ended: make(chan struct{})}
 }
 
 func (s *stdinReader) Read(p []byte) (int, error) {
@@ -532,6 +537,11 @@ func (s *stdinReader) awaitShim() {
 	if path == "" {
 		return
 	}
+	select {
+	case <-s.started:
+	case <-s.closed:
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), stdinReaderWait)
 	defer cancel()
 	go func() {
@@ -541,8 +551,9 @@ func (s *stdinReader) awaitShim() {
 		case <-ctx.Done():
 		}
 	}()
-	// A blocking open for writing returns when a reader is there; nobody
-	// has closed an end yet, so that reader is the shim's.
+	// A blocking open for writing returns when a reader is there. Nobody
+	// has closed an end yet, so that reader is the shim's (a failed exec's
+	// cancel makes one too, but then no close waits on this).
 	if w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0); err == nil {
 		w.Close()
 	}
