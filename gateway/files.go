@@ -75,6 +75,7 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	if n := c.Request().Header.ContentLength(); n > 0 && int64(n) > max {
 		return tooLarge(c, fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max))
 	}
+	declared := int64(c.Request().Header.ContentLength()) // -1: chunked
 	body := s.uploadBody(c)
 	sha := sha256.New()
 	counted := &countingReader{r: io.LimitReader(body, max+1), h: sha}
@@ -103,6 +104,20 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	default:
 		return errDenied("the session refused to write path (permissions?)")
 	}
+	// The copy into the session ends a body that failed or was cut short
+	// as it ends a whole one, and the command exits 0 either way: what was
+	// written of it must not stay there as if it were the file.
+	if short := declared >= 0 && counted.n < declared; short || counted.err != nil {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		s.sessions.Exec(cctx, tenant, id, []string{"rm", "-f", "--", p})
+		ccancel()
+		c.Set(fiber.HeaderConnection, "close")
+		msg := fmt.Sprintf("the upload ended after %d bytes", counted.n)
+		if short {
+			msg = fmt.Sprintf("the upload ended after %d of its %d bytes", counted.n, declared)
+		}
+		return &apiError{status: 400, code: "invalid_argument", msg: msg + "; what was written of it was removed", err: counted.err}
+	}
 	sum := hex.EncodeToString(sha.Sum(nil))
 	s.sessions.Record(id, "file_upload", map[string]any{"path": p, "bytes": counted.n, "sha256": sum})
 	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"path": p, "size": counted.n, "sha256": sum})
@@ -124,15 +139,19 @@ func (s *Server) uploadBody(c *fiber.Ctx) io.Reader {
 }
 
 type countingReader struct {
-	r interface{ Read([]byte) (int, error) }
-	h interface{ Write([]byte) (int, error) }
-	n int64
+	r   interface{ Read([]byte) (int, error) }
+	h   interface{ Write([]byte) (int, error) }
+	n   int64
+	err error // how the body failed, if it did (not io.EOF)
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	c.h.Write(p[:n])
+	if err != nil && err != io.EOF && c.err == nil {
+		c.err = err
+	}
 	return n, err
 }
 

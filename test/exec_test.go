@@ -564,3 +564,54 @@ func TestExecCLI(t *testing.T) {
 		t.Fatalf("round trip gave %q", b)
 	}
 }
+
+// TestUploadCutShort: an upload whose body ends before its
+// Content-Length (the client went away part way) is refused and leaves
+// no partial file in the session and no upload in the audit trail. The
+// control is the same raw client sending the whole body.
+func TestUploadCutShort(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	upload := func(path string, declared, sent int) (int, string) {
+		t.Helper()
+		conn, err := net.Dial("tcp", e.gwAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(2 * time.Minute))
+		fmt.Fprintf(conn, "PUT /v1/sessions/%s/files?path=%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n",
+			s.ID, url.QueryEscape(path), e.gwAddr, e.keyA, declared)
+		conn.Write(bytes.Repeat([]byte("x"), sent))
+		conn.(*net.TCPConn).CloseWrite() // gone part way, but still reading
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%d of %d bytes: no answer: %v", sent, declared, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	exists := func(path string) string {
+		out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", `wc -c < "$1" 2>/dev/null || echo none`, "sh", path}})
+		return strings.TrimSpace(string(out.Stdout))
+	}
+
+	if status, body := upload("/tmp/whole.bin", 100000, 100000); status != 201 || exists("/tmp/whole.bin") != "100000" {
+		t.Fatalf("the control: a whole body through the raw client: %d %s, file %s", status, body, exists("/tmp/whole.bin"))
+	}
+	// Cut short, on a new path and over an existing file.
+	for _, path := range []string{"/tmp/cut.bin", "/tmp/whole.bin"} {
+		status, body := upload(path, 100000, 5000)
+		if status != 400 || !strings.Contains(body, "5000 of its 100000 bytes") {
+			t.Fatalf("%s cut short: %d %s", path, status, body)
+		}
+		if got := exists(path); got != "none" {
+			t.Fatalf("%s cut short left %s bytes in the session", path, got)
+		}
+	}
+	_, raw := e.api(t, e.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
+	if n := strings.Count(string(raw), `"file_upload"`); n != 1 {
+		t.Fatalf("%d file_upload events, want the control's 1: %s", n, raw)
+	}
+}
