@@ -72,10 +72,10 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	if max <= 0 {
 		max = defaultMaxFileBytes
 	}
-	if n := c.Request().Header.ContentLength(); n > 0 && int64(n) > max {
+	declared := int64(c.Request().Header.ContentLength()) // -1: chunked
+	if declared > max {
 		return tooLarge(c, fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max))
 	}
-	declared := int64(c.Request().Header.ContentLength()) // -1: chunked
 	body := s.uploadBody(c)
 	sha := sha256.New()
 	counted := &countingReader{r: io.LimitReader(body, max+1), h: sha}
@@ -91,8 +91,15 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	if err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the upload did not finish", err: err}
 	}
+	// What was written of a refused upload goes, even once the
+	// request's context has ended.
+	discard := func() {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer ccancel()
+		s.sessions.Exec(cctx, tenant, id, []string{"rm", "-f", "--", p})
+	}
 	if counted.n > max {
-		s.sessions.Exec(ctx, tenant, id, []string{"rm", "-f", "--", p})
+		discard()
 		return &apiError{status: 413, code: "invalid_argument", msg: fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max)}
 	}
 	switch code {
@@ -108,9 +115,7 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	// as it ends a whole one, and the command exits 0 either way: what was
 	// written of it must not stay there as if it were the file.
 	if short := declared >= 0 && counted.n < declared; short || counted.err != nil {
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		s.sessions.Exec(cctx, tenant, id, []string{"rm", "-f", "--", p})
-		ccancel()
+		discard()
 		c.Set(fiber.HeaderConnection, "close")
 		msg := fmt.Sprintf("the upload ended after %d bytes", counted.n)
 		if short {

@@ -375,7 +375,6 @@ func (sb *container) Exec(ctx context.Context, spec ExecSpec, env []string) (Exe
 		}
 		return nil, fmt.Errorf("exec: %w", err)
 	}
-	in.fifo <- proc.IO().Config().Stdin
 	cp := &containerProc{b: sb.b, proc: proc, closed: closed}
 	cleanup := func() { // the caller's context may be what ended
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -395,7 +394,7 @@ func (sb *container) Exec(ctx context.Context, spec ExecSpec, env []string) (Exe
 		}
 		return nil, fmt.Errorf("exec start: %w", err)
 	}
-	close(in.started)
+	in.shimStarted(proc.IO().Config().Stdin)
 	// The shim keeps the process's stdin open until told: pass EOF on
 	// once the stream has ended and the shim reads the FIFO (see
 	// stdinReader), or the close is lost and the command waits forever.
@@ -481,7 +480,7 @@ type stdinReader struct {
 	r       io.Reader
 	sent    bool          // some data was written to the FIFO
 	err     error         // the stream's end, held back until its data is written
-	fifo    chan string   // the stdin FIFO's path, once the exec exists
+	path    string        // the stdin FIFO, set before started is closed
 	started chan struct{} // closed once Start has answered
 	closed  <-chan struct{}
 	ended   chan struct{}
@@ -495,7 +494,13 @@ type stdinReader struct {
 const stdinReaderWait = 2 * time.Minute
 
 func newStdinReader(r io.Reader, closed <-chan struct{}) *stdinReader {
-	return &stdinReader{r: r, fifo: make(chan string, 1), started: make(chan struct{}), closed: closed, ended: make(chan struct{})}
+	return &stdinReader{r: r, started: make(chan struct{}), closed: closed, ended: make(chan struct{})}
+}
+
+// shimStarted tells that Start has answered, and where the FIFO is.
+func (s *stdinReader) shimStarted(path string) {
+	s.path = path
+	close(s.started)
 }
 
 func (s *stdinReader) Read(p []byte) (int, error) {
@@ -528,18 +533,12 @@ func (s *stdinReader) end() {
 // awaitShim returns once the shim has its reader on the stdin FIFO, the
 // exec is gone, or stdinReaderWait has passed.
 func (s *stdinReader) awaitShim() {
-	var path string
-	select {
-	case path = <-s.fifo:
-	case <-s.closed:
-		return
-	}
-	if path == "" {
-		return
-	}
 	select {
 	case <-s.started:
 	case <-s.closed:
+		return
+	}
+	if s.path == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stdinReaderWait)
@@ -554,7 +553,7 @@ func (s *stdinReader) awaitShim() {
 	// A blocking open for writing returns when a reader is there. Nobody
 	// has closed an end yet, so that reader is the shim's (a failed exec's
 	// cancel makes one too, but then no close waits on this).
-	if w, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY, 0); err == nil {
+	if w, err := fifo.OpenFifo(ctx, s.path, syscall.O_WRONLY, 0); err == nil {
 		w.Close()
 	}
 }

@@ -30,7 +30,7 @@ func TestStdinCloseAfterShimReads(t *testing.T) {
 	for _, content := range []string{"", "z", "zz", strings.Repeat("x", 100<<10)} {
 		for _, body := range []io.Reader{strings.NewReader(content), iotest.DataErrReader(strings.NewReader(content))} {
 			in := newStdinReader(body, make(chan struct{}))
-			got, err := shimStdin(t, in, in.ended, func(path string) { in.fifo <- path; close(in.started) }, 10*time.Second)
+			got, err := shimStdin(t, in, in.ended, in.shimStarted, 10*time.Second)
 			if err != nil || got != content {
 				t.Fatalf("%d bytes in: the command read %d (%v)", len(content), len(got), err)
 			}
