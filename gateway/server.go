@@ -265,8 +265,10 @@ func (s *Server) routes() {
 	s.adminRoutes()
 	v1 := a.Group("/v1", s.authenticate)
 	// What a request that changed a session recorded in its trail is
-	// stored before the answer goes: what the client saw acknowledged
-	// outlives this gateway being killed the moment after. Only for the
+	// stored before the answer goes where a gateway on another host may
+	// take the session over (session.Manager.Durable; on one host the
+	// trail's file does it): what the client saw acknowledged outlives
+	// this gateway being killed the moment after. Only for the
 	// tenant's own session, and only for a change that was made. Not for
 	// input actions: an agent sends many, and each would cost a store
 	// write and a trail piece (their events follow within the journal's

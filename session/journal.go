@@ -110,11 +110,13 @@ func (m *Manager) journal(ctx context.Context) {
 // flush interval later: an event the gateway acknowledges at once (a
 // preview issued or revoked) then outlives the gateway being killed the
 // moment after, and the replica that takes over knows it. Nothing to do
-// without a journal or for a session this gateway does not hold, nor
+// without a journal, when no gateway elsewhere takes over (the trail's
+// file here already outlives this process: an event is appended to it
+// as it is recorded), or for a session this gateway does not hold, nor
 // while the journal finds the store away (it has said so, and stores
 // the trail when the store is back).
 func (m *Manager) Durable(ctx context.Context, id string) error {
-	if !m.journalOn() {
+	if !m.journalOn() || !m.cfg.TakenOverElsewhere {
 		return nil
 	}
 	if m.journalFailing.Load() {

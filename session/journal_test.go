@@ -314,6 +314,18 @@ func TestJournalDurable(t *testing.T) {
 	s := journalSession(m, "s-0123456789abcdef", true)
 	s.record("created", nil)
 	s.record("preview_issued", nil)
+	// With no gateway elsewhere to take over, the host's file is what
+	// outlives this one: Durable leaves the store to the journal.
+	if err := m.Durable(context.Background(), s.info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if stored, _ := m.readStoredTrail(context.Background(), "acme", s.info.ID); len(stored) != 0 {
+		t.Fatalf("stored at once on one host: %v", types(stored))
+	}
+	if got := types(readTrail(s.trail.path)); len(got) != 2 {
+		t.Fatalf("the host's file holds %v", got)
+	}
+	m.cfg.TakenOverElsewhere = true
 	// The control: nothing is stored until someone flushes.
 	if stored, _ := m.readStoredTrail(context.Background(), "acme", s.info.ID); len(stored) != 0 {
 		t.Fatalf("stored before any flush: %v", types(stored))
@@ -358,6 +370,7 @@ func TestJournalDurable(t *testing.T) {
 func TestJournalCoalesce(t *testing.T) {
 	store := &pieceStore{}
 	m := journalManager(t, store)
+	m.cfg.TakenOverElsewhere = true
 	s := journalSession(m, "s-0123456789abcdef", true)
 	ctx := context.Background()
 	const requests = 2000

@@ -71,6 +71,14 @@ type Config struct {
 	// most, so that the trail outlives the gateway's host.
 	Trails     TrailStore
 	TrailFlush time.Duration
+	// TakenOverElsewhere says a gateway on another host may take this
+	// one's sessions over (the kubernetes backend's replicas): it has
+	// only the store's copy of their trails, so Durable stores what a
+	// request recorded before the request is answered. Otherwise the
+	// trail's file on this host is what outlives the gateway's process
+	// (the next gateway here reads it), and Durable leaves the store to
+	// the journal: a write to MinIO was most of a warm claim's time.
+	TakenOverElsewhere bool
 	// Revocations, when set, keeps revoked previews beside the host's
 	// file, where a gateway on another host finds them.
 	Revocations RevocationStore

@@ -309,9 +309,12 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,
 		Trails:         store,
-		Revocations:    store,
-		Env:            sessionCAEnv(ca),
-		Pools:          poolConfigs(cfg),
+		// A kubernetes gateway's successor may run on another node,
+		// with none of this one's files.
+		TakenOverElsewhere: kb != nil,
+		Revocations:        store,
+		Env:                sessionCAEnv(ca),
+		Pools:              poolConfigs(cfg),
 		PoolLimits: session.PoolLimits{
 			MaxSessions: cfg.PoolLimits.MaxSessions, MinAvailableMemoryMB: cfg.PoolLimits.MinAvailableMemoryMB,
 			MaxAge: cfg.PoolLimits.MaxAge.Duration, Freeze: cfg.PoolLimits.Freeze,
