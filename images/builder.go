@@ -53,7 +53,7 @@ func (b *Builder) Ensure(ctx context.Context, d Definition) (string, error) {
 	} else if !errdefs.IsNotFound(err) {
 		return "", fmt.Errorf("look up image %s: %w", ref, err)
 	}
-	archive := filepath.Join(b.CacheDir, "session-"+d.Hash()+".oci.tar")
+	archive := b.archive(d)
 	if _, err := os.Stat(archive); err != nil {
 		start := time.Now()
 		b.Log.Info("building session image", "ref", ref)
@@ -77,6 +77,11 @@ func (b *Builder) Ensure(ctx context.Context, d Definition) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("archive %s holds no image named %s", archive, ref)
+}
+
+// archive is where the image of d is kept once built.
+func (b *Builder) archive(d Definition) string {
+	return filepath.Join(b.CacheDir, "session-"+d.Hash()+".oci.tar")
 }
 
 func (b *Builder) snapshotter() string {

@@ -1,10 +1,99 @@
 package test
 
 import (
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
+	ctrimages "github.com/containerd/containerd/images"
+	"github.com/containerd/containerd/oci"
+
+	"github.com/sandgate/sandgate/images"
 )
+
+// TestOldImagesPruned: a gateway that starts removes the session images
+// of earlier definitions that no container uses, and their archives.
+// Beside the one removed, and checked as controls: an earlier image a
+// container still uses, an image of another repository, the current
+// image, the current archive and another archive of the cache stay.
+func TestOldImagesPruned(t *testing.T) {
+	e := needE2E(t)
+	ctx := e.ctx()
+	def := images.SessionDefinition()
+	cur, err := e.client.ImageService().Get(ctx, def.Ref())
+	if err != nil {
+		t.Fatalf("the current session image: %v", err)
+	}
+	// Earlier images, as names of the current content: removing one
+	// frees nothing, so the test costs no rebuild.
+	unused, inUse, other := images.Repository+":0000000000000000", images.Repository+":1111111111111111", "sandgate.local/other:keep"
+	for _, name := range []string{unused, inUse, other} {
+		if _, err := e.client.ImageService().Create(ctx, ctrimages.Image{Name: name, Target: cur.Target}); err != nil && !errdefs.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	user := "prune-test-" + randHex(4)
+	c, err := e.client.NewContainer(ctx, user, containerd.WithImageName(inUse), containerd.WithSpec(&oci.Spec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Delete(ctx)
+		for _, name := range []string{unused, inUse, other} {
+			e.client.ImageService().Delete(ctx, name)
+		}
+	})
+	// A cache of its own: the current archive (never read, the image is
+	// in containerd), an earlier one and something else.
+	cache := t.TempDir()
+	archive := func(hash string) string { return filepath.Join(cache, "session-"+hash+".oci.tar") }
+	old := archive(strings.Repeat("0", 64))
+	for _, f := range []string{archive(def.Hash()), old, filepath.Join(cache, "kube-pause.oci.tar")} {
+		if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.withGatewayConfig(t, func(cfg map[string]any) { cfg["cache_dir"] = cache })
+	has := func(name string) bool {
+		_, err := e.client.ImageService().Get(ctx, name)
+		return err == nil
+	}
+	if has(unused) {
+		t.Errorf("the earlier image no container uses is still there")
+	}
+	for _, name := range []string{inUse, other, def.Ref()} {
+		if !has(name) {
+			t.Errorf("%s was removed", name)
+		}
+	}
+	if fileExists(old) {
+		t.Errorf("the earlier archive is still there")
+	}
+	for _, f := range []string{archive(def.Hash()), filepath.Join(cache, "kube-pause.oci.tar")} {
+		if !fileExists(f) {
+			t.Errorf("%s was removed", filepath.Base(f))
+		}
+	}
+	// Once its container is gone, the next start removes that one too.
+	if err := c.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.stopGateway(syscall.SIGTERM)
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+	if has(inUse) {
+		t.Errorf("the earlier image is still there after its container went")
+	}
+	if !has(def.Ref()) || !has(other) {
+		t.Errorf("the current image or another repository's was removed")
+	}
+}
 
 // TestFontCacheFresh: the session image's font caches match their font
 // directories, so neither Chromium nor anything else rescans the fonts

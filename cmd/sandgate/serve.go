@@ -228,6 +228,15 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		if ref, err = b.Ensure(namespaces.WithNamespace(ctx, cfg.Containerd.Namespace), images.SessionDefinition()); err != nil {
 			return fmt.Errorf("session image: %w", err)
 		}
+		// Each upgrade that changes the image leaves the last one (about
+		// 1 GB of archive and as much unpacked): gone once nothing uses it.
+		removed, err := b.Prune(namespaces.WithNamespace(ctx, cfg.Containerd.Namespace), images.SessionDefinition())
+		if len(removed) > 0 {
+			log.Info("removed earlier session images", "removed", removed)
+		}
+		if err != nil {
+			log.Warn("earlier session images could not all be removed; the next start tries again", "err", err)
+		}
 	}
 
 	store, err := recordings.New(ctx, recordings.Config{

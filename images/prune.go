@@ -1,0 +1,62 @@
+package images
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd/images"
+)
+
+// Prune removes what earlier definitions left: each session image of
+// the namespace other than current's that no container uses (containerd
+// then collects its content and unpacked layers), and each archive of
+// another definition in CacheDir. An image a container still uses (a
+// session adopted from the gateway before an upgrade) stays until a
+// later Prune finds it unused. It returns the references and archives
+// it removed; an error leaves the rest for the next Prune.
+func (b *Builder) Prune(ctx context.Context, current Definition) ([]string, error) {
+	keep := current.Ref()
+	used := map[string]bool{}
+	cs, err := b.Client.ContainerService().List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	for _, c := range cs {
+		used[c.Image] = true
+	}
+	imgs, err := b.Client.ImageService().List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list images: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, img := range imgs {
+		if !strings.HasPrefix(img.Name, Repository+":") || img.Name == keep || used[img.Name] {
+			continue
+		}
+		// Synchronous: the space is free when Prune returns.
+		if err := b.Client.ImageService().Delete(ctx, img.Name, images.SynchronousDelete()); err != nil {
+			errs = append(errs, fmt.Errorf("remove image %s: %w", img.Name, err))
+			continue
+		}
+		removed = append(removed, img.Name)
+	}
+	if b.CacheDir != "" {
+		archives, _ := filepath.Glob(filepath.Join(b.CacheDir, "session-*.oci.tar"))
+		for _, a := range archives {
+			if a == b.archive(current) {
+				continue
+			}
+			if err := os.Remove(a); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed = append(removed, a)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
