@@ -110,13 +110,15 @@ func (m *Manager) journal(ctx context.Context) {
 // flush interval later: an event the gateway acknowledges at once (a
 // preview issued or revoked) then outlives the gateway being killed the
 // moment after, and the replica that takes over knows it. Nothing to do
-// without a journal, when no gateway elsewhere takes over (the trail's
-// file here already outlives this process: an event is appended to it
-// as it is recorded), or for a session this gateway does not hold, nor
-// while the journal finds the store away (it has said so, and stores
-// the trail when the store is back).
+// without a journal, for a session this gateway does not hold, or while
+// the journal finds the store away (it has said so, and stores the
+// trail when the store is back). Nor, when no gateway elsewhere takes
+// over, for a trail whose events are all in its file here: an event is
+// appended to it as it is recorded, and the file outlives this process.
+// One the file did not take (a full disk) is in memory only, and is
+// stored.
 func (m *Manager) Durable(ctx context.Context, id string) error {
-	if !m.journalOn() || !m.cfg.TakenOverElsewhere {
+	if !m.journalOn() {
 		return nil
 	}
 	if m.journalFailing.Load() {
@@ -126,8 +128,9 @@ func (m *Manager) Durable(ctx context.Context, id string) error {
 	}
 	m.mu.Lock()
 	s := m.sessions[id]
+	inFile := s != nil && s.trail.path != "" && len(s.trail.mem) <= s.trail.storedMem
 	m.mu.Unlock()
-	if s == nil {
+	if s == nil || (inFile && !m.cfg.TakenOverElsewhere) {
 		return nil
 	}
 	// The journal may be flushing this session: wait for it as long as

@@ -325,6 +325,16 @@ func TestJournalDurable(t *testing.T) {
 	if got := types(readTrail(s.trail.path)); len(got) != 2 {
 		t.Fatalf("the host's file holds %v", got)
 	}
+	// An event the file did not take is in memory only: stored at once.
+	other := journalSession(m, "s-0123456789abcdee", true)
+	other.trail.path = ""
+	other.record("created", nil)
+	if err := m.Durable(context.Background(), other.info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if stored, _ := m.readStoredTrail(context.Background(), "acme", other.info.ID); len(stored) != 1 {
+		t.Fatalf("an event in memory only, after Durable: the store holds %v", types(stored))
+	}
 	m.cfg.TakenOverElsewhere = true
 	// The control: nothing is stored until someone flushes.
 	if stored, _ := m.readStoredTrail(context.Background(), "acme", s.info.ID); len(stored) != 0 {
