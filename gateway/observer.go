@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"mime"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -72,16 +71,22 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 	if info.Kind != session.KindBrowser {
 		return
 	}
-	if info.Start == session.StartWarm && info.Profile == nil && info.Snapshot == "" {
-		go s.wakeBrowser(ep)
+	live := func() bool {
+		_, err := s.sessions.Endpoint(info.Tenant, info.ID)
+		return err == nil
+	}
+	// A session this gateway readied in its pool (it is watched since)
+	// and claimed just now, with the browser it waited with.
+	s.watch.mu.Lock()
+	claimed := s.watch.cancel[info.ID] != nil && info.Profile == nil && info.Snapshot == ""
+	s.watch.mu.Unlock()
+	if claimed {
+		s.wakeBrowser(info.ID, ep, live)
 	}
 	// The first client's connection, made now (a pooled one has had its
 	// own since it was ready; a restore restarted the browser, and its new
 	// target gets a new one).
-	s.prepareSpare(info.ID, spareTarget(ep), func() bool {
-		_, err := s.sessions.Endpoint(info.Tenant, info.ID)
-		return err == nil
-	})
+	s.prepareSpare(info.ID, spareTarget(ep), live)
 	s.watch.mu.Lock()
 	defer s.watch.mu.Unlock()
 	if s.watch.cancel[info.ID] != nil && info.Profile == nil && info.Snapshot == "" {
@@ -359,28 +364,4 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.left -= int64(n)
 	return n, err
-}
-
-// wakeBrowser asks a claimed browser for its /json/version and drops the
-// answer. A pooled session has idled since it settled: the first packet
-// into it wakes the sandbox's network stack and Chromium's threads,
-// which under gVisor took most of a claimant's first answer. Asked as
-// the claim answers, that wake runs while the client reads the answer
-// and connects. The session's answer is read to a bound and not used.
-func (s *Server) wakeBrowser(ep session.Endpoint) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep.CDP.String()+"/json/version", nil)
-	if err != nil {
-		return
-	}
-	req.Host = session.CDPHost
-	// No proxy, and no connection kept: the address goes to another
-	// session after this one.
-	resp, err := (&http.Transport{DisableKeepAlives: true}).RoundTrip(req)
-	if err != nil {
-		return
-	}
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
 }
