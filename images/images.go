@@ -97,7 +97,10 @@ func (d Definition) Hash() string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// Ref is the image reference the definition is stored under.
+// Ref is the image reference the definition is stored under: its
+// hash's first refHashLen digits as the tag.
 func (d Definition) Ref() string {
-	return Repository + ":" + d.Hash()[:16]
+	return Repository + ":" + d.Hash()[:refHashLen]
 }
+
+const refHashLen = 16

@@ -13,11 +13,13 @@ import (
 
 // Prune removes what earlier definitions left: each session image of
 // the namespace other than current's that no container uses (containerd
-// then collects its content and unpacked layers), and each archive of
-// another definition in CacheDir. An image a container still uses (a
+// then collects its content and unpacked layers), and the archive in
+// CacheDir of each image it removes. An image a container still uses (a
 // session adopted from the gateway before an upgrade) stays until a
-// later Prune finds it unused. It returns the references and archives
-// it removed; an error leaves the rest for the next Prune.
+// later Prune finds it unused; so does an archive whose image is not in
+// this namespace (another gateway's on this host, sharing the cache).
+// It returns the references and archives it removed; an error leaves
+// the rest for the next Prune.
 func (b *Builder) Prune(ctx context.Context, current Definition) ([]string, error) {
 	keep := current.Ref()
 	used := map[string]bool{}
@@ -35,7 +37,8 @@ func (b *Builder) Prune(ctx context.Context, current Definition) ([]string, erro
 	var removed []string
 	var errs []error
 	for _, img := range imgs {
-		if !strings.HasPrefix(img.Name, Repository+":") || img.Name == keep || used[img.Name] {
+		tag, ok := strings.CutPrefix(img.Name, Repository+":")
+		if !ok || img.Name == keep || used[img.Name] {
 			continue
 		}
 		// Synchronous: the space is free when Prune returns.
@@ -44,9 +47,11 @@ func (b *Builder) Prune(ctx context.Context, current Definition) ([]string, erro
 			continue
 		}
 		removed = append(removed, img.Name)
-	}
-	if b.CacheDir != "" {
-		archives, _ := filepath.Glob(filepath.Join(b.CacheDir, "session-*.oci.tar"))
+		// The archive of that definition (Ref is a prefix of its hash).
+		if b.CacheDir == "" || len(tag) != refHashLen || strings.ContainsAny(tag, "/*?[\\") {
+			continue
+		}
+		archives, _ := filepath.Glob(filepath.Join(b.CacheDir, "session-"+tag+"*.oci.tar"))
 		for _, a := range archives {
 			if a == b.archive(current) {
 				continue

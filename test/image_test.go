@@ -49,11 +49,13 @@ func TestOldImagesPruned(t *testing.T) {
 		}
 	})
 	// A cache of its own: the current archive (never read, the image is
-	// in containerd), an earlier one and something else.
+	// in containerd), those of the earlier images, one of a definition
+	// whose image is not in this namespace (another gateway's, sharing
+	// the cache) and something else.
 	cache := t.TempDir()
 	archive := func(hash string) string { return filepath.Join(cache, "session-"+hash+".oci.tar") }
-	old := archive(strings.Repeat("0", 64))
-	for _, f := range []string{archive(def.Hash()), old, filepath.Join(cache, "kube-pause.oci.tar")} {
+	old, oldInUse, elsewhere := archive(strings.Repeat("0", 64)), archive(strings.Repeat("1", 64)), archive(strings.Repeat("2", 64))
+	for _, f := range []string{archive(def.Hash()), old, oldInUse, elsewhere, filepath.Join(cache, "kube-pause.oci.tar")} {
 		if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +76,7 @@ func TestOldImagesPruned(t *testing.T) {
 	if fileExists(old) {
 		t.Errorf("the earlier archive is still there")
 	}
-	for _, f := range []string{archive(def.Hash()), filepath.Join(cache, "kube-pause.oci.tar")} {
+	for _, f := range []string{archive(def.Hash()), oldInUse, elsewhere, filepath.Join(cache, "kube-pause.oci.tar")} {
 		if !fileExists(f) {
 			t.Errorf("%s was removed", filepath.Base(f))
 		}
@@ -87,8 +89,11 @@ func TestOldImagesPruned(t *testing.T) {
 	if err := e.startGateway(); err != nil {
 		t.Fatal(err)
 	}
-	if has(inUse) {
-		t.Errorf("the earlier image is still there after its container went")
+	if has(inUse) || fileExists(oldInUse) {
+		t.Errorf("the earlier image or its archive is still there after its container went")
+	}
+	if !fileExists(elsewhere) {
+		t.Errorf("the archive of an image this namespace does not hold was removed")
 	}
 	if !has(def.Ref()) || !has(other) {
 		t.Errorf("the current image or another repository's was removed")

@@ -230,7 +230,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 		// Each upgrade that changes the image leaves the last one (about
 		// 1 GB of archive and as much unpacked): gone once nothing uses it.
-		removed, err := b.Prune(namespaces.WithNamespace(ctx, cfg.Containerd.Namespace), images.SessionDefinition())
+		pctx, cancel := context.WithTimeout(namespaces.WithNamespace(ctx, cfg.Containerd.Namespace), 2*time.Minute)
+		removed, err := b.Prune(pctx, images.SessionDefinition())
+		cancel()
 		if len(removed) > 0 {
 			log.Info("removed earlier session images", "removed", removed)
 		}
