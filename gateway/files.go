@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"path"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -43,12 +45,40 @@ func (s *Server) fileTarget(c *fiber.Ctx) (id, p string, err error) {
 // Shell snippets run with the path as $1, never spliced into the script.
 const (
 	scriptKind = `if [ -d "$1" ]; then echo dir; elif [ -f "$1" ]; then echo file; elif [ -e "$1" ]; then echo other; else echo missing; fi`
-	scriptPut  = `d=$(dirname -- "$1"); [ -d "$d" ] || { echo "no such directory" >&2; exit 20; }; [ ! -d "$1" ] || { echo "is a directory" >&2; exit 21; }; exec cat > "$1"`
+	// scriptPut writes stdin to the temporary name $2 beside the path $1
+	// and renames it over $1 (keeping the mode of a file it replaces),
+	// so that an upload cut short leaves the file it was replacing as it
+	// was. $3 is the declared size: a body of another size is removed
+	// (exit 22). Without one (a chunked body) only the gateway knows
+	// whether the body was whole: the file waits at $2 (exit 24) for
+	// scriptPutDone or removal. Where the directory takes no new file but
+	// the path is writable, the file is written in place (exit 23), as
+	// before temporary names.
+	scriptPut = `d=$(dirname -- "$1"); [ -d "$d" ] || { echo "no such directory" >&2; exit 20; }; [ ! -d "$1" ] || { echo "is a directory" >&2; exit 21; }
+t=$2; ( : > "$t" ) 2>/dev/null || t=$1
+cat > "$t" || { [ "$t" = "$1" ] || rm -f -- "$t"; exit 1; }
+if [ -n "$3" ] && [ "$(stat -c %s -- "$t")" != "$3" ]; then rm -f -- "$t"; exit 22; fi
+[ "$t" != "$1" ] || exit 23
+[ -n "$3" ] || exit 24
+[ ! -e "$1" ] || chmod --reference="$1" -- "$t" 2>/dev/null
+mv -fT -- "$t" "$1" || { rm -f -- "$t"; exit 1; }`
+	// scriptPutDone puts a whole chunked upload ($1) in its place ($2).
+	scriptPutDone = `[ ! -e "$2" ] || chmod --reference="$2" -- "$1" 2>/dev/null; mv -fT -- "$1" "$2" || { rm -f -- "$1"; exit 1; }`
+)
+
+// Exit codes of scriptPut.
+const (
+	putNoDir     = 20
+	putIsDir     = 21
+	putShort     = 22
+	putInPlace   = 23
+	putWaiting   = 24
+	uploadPrefix = ".sandgate-upload-"
 )
 
 func (s *Server) fileKind(ctx context.Context, tenant, id, p string, root bool) (string, error) {
 	var out bytes.Buffer
-	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptKind, "sandgate", p}, Stdout: &out, Root: root})
+	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptKind, "sandgate", p}, Stdout: &limitWriter{w: &out, n: 64}, Root: root})
 	if err != nil {
 		return "", err
 	}
@@ -81,47 +111,74 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	counted := &countingReader{r: io.LimitReader(body, max+1), h: sha}
 	ctx, cancel := reqCtx(c, s.cfg.UploadTimeout)
 	defer cancel()
-	var stderr bytes.Buffer
-	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p}, Stdin: counted, Stderr: &stderr})
+	tmp := path.Join(path.Dir(p), uploadPrefix+randomHex(8))
+	size := ""
+	if declared >= 0 {
+		size = strconv.FormatInt(declared, 10)
+	}
+	// Run apart from the request's context: what is left of a refused
+	// upload goes even once the request has ended.
+	run := func(args ...string) {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer ccancel()
+		s.sessions.Exec(cctx, tenant, id, args)
+	}
+	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p, tmp, size}, Stdin: counted})
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
 	code, err := proc.Wait(ctx)
 	if err != nil {
+		run("rm", "-f", "--", tmp)
 		return &apiError{status: 503, code: "unavailable", msg: "the upload did not finish", err: err}
 	}
-	// What was written of a refused upload goes, even once the
-	// request's context has ended.
-	discard := func() {
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer ccancel()
-		s.sessions.Exec(cctx, tenant, id, []string{"rm", "-f", "--", p})
-	}
-	if counted.n > max {
-		discard()
-		return &apiError{status: 413, code: "invalid_argument", msg: fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max)}
-	}
+	// Where the bytes are while the gateway decides: the temporary name,
+	// or, written in place, the path.
+	written := ""
 	switch code {
 	case 0:
-	case 20:
+	case putWaiting:
+		written = tmp
+	case putInPlace:
+		written = p
+	case putNoDir:
 		return errNotFound("the directory of path does not exist in the session")
-	case 21:
+	case putIsDir:
 		return &apiError{status: 409, code: "conflict", msg: "path is a directory"}
+	case putShort:
 	default:
 		return errDenied("the session refused to write path (permissions?)")
 	}
+	if counted.n > max {
+		if written != "" {
+			run("rm", "-f", "--", written)
+		}
+		return &apiError{status: 413, code: "invalid_argument", msg: fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max)}
+	}
 	// The copy into the session ends a body that failed or was cut short
-	// as it ends a whole one, and the command exits 0 either way: what was
-	// written of it must not stay there as if it were the file.
-	if short := declared >= 0 && counted.n < declared; short || counted.err != nil {
-		discard()
+	// as it ends a whole one: what arrived of it must not become the file.
+	// A declared size is checked in the session too (exit 22), where the
+	// temporary file is removed and the file it was to replace stays.
+	if short := declared >= 0 && counted.n < declared; short || code == putShort || (declared < 0 && counted.err != nil) {
+		if written != "" {
+			run("rm", "-f", "--", written)
+		}
 		c.Set(fiber.HeaderConnection, "close")
 		msg := fmt.Sprintf("the upload ended after %d bytes", counted.n)
-		if short {
+		if declared >= 0 {
 			msg = fmt.Sprintf("the upload ended after %d of its %d bytes", counted.n, declared)
 		}
-		return &apiError{status: 400, code: "invalid_argument", msg: msg + "; what was written of it was removed", err: counted.err}
+		return &apiError{status: 400, code: "invalid_argument", msg: msg + "; it was not kept", err: counted.err}
+	}
+	if written == tmp {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		res, err := s.sessions.Exec(cctx, tenant, id, []string{"sh", "-c", scriptPutDone, "sandgate", tmp, p})
+		ccancel()
+		if err != nil || res.ExitCode != 0 {
+			run("rm", "-f", "--", tmp)
+			return errDenied("the session refused to write path (permissions?)")
+		}
 	}
 	sum := hex.EncodeToString(sha.Sum(nil))
 	s.sessions.Record(id, "file_upload", map[string]any{"path": p, "bytes": counted.n, "sha256": sum})
@@ -141,6 +198,13 @@ func (s *Server) uploadBody(c *fiber.Ctx) io.Reader {
 	}
 	// Not streamed (an empty body): already read.
 	return bytes.NewReader(c.Body())
+}
+
+// randomHex is n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 type countingReader struct {
@@ -191,8 +255,9 @@ func (s *Server) getFile(c *fiber.Ctx) error {
 	}
 	pr, pw := io.Pipe()
 	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	var stderr bytes.Buffer
-	proc, err := s.sessions.Start(sctx, tenant, id, session.ExecSpec{Args: args, Stdout: pw, Stderr: &stderr})
+	// tar's complaints (a file per line) are not kept: a session could
+	// make millions.
+	proc, err := s.sessions.Start(sctx, tenant, id, session.ExecSpec{Args: args, Stdout: pw})
 	if err != nil {
 		scancel()
 		return err

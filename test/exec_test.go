@@ -467,6 +467,26 @@ func TestExecBadInput(t *testing.T) {
 			t.Fatalf("%d %s", resp.StatusCode, raw)
 		}
 	})
+	// Chunked, the size is known only once the limit is passed: what
+	// was written goes.
+	t.Run("put-over-limit-chunked", func(t *testing.T) {
+		req, _ := http.NewRequest("PUT", e.gwURL+"/v1/sessions/"+s.ID+"/files?path=/tmp/big-chunked", io.LimitReader(zeros{}, 2<<20))
+		req.Header.Set("Authorization", "Bearer "+e.keyB)
+		req.ContentLength = -1
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 413 || jsonErrCode(raw) != "invalid_argument" {
+			t.Fatalf("%d %s", resp.StatusCode, raw)
+		}
+		out := e.execIn(t, e.keyB, s.ID, map[string]any{"cmd": []string{"sh", "-c", "ls -a /tmp | grep 'sandgate-upload\\|big-chunked' || true"}})
+		if left := strings.TrimSpace(string(out.Stdout)); left != "" {
+			t.Fatalf("left in the session: %s", left)
+		}
+	})
 	t.Run("no-such-program", func(t *testing.T) {
 		out := e.execIn(t, e.keyB, s.ID, map[string]any{"cmd": []string{"/nonexistent/prog"}})
 		if out.ExitCode != 127 || !strings.Contains(string(out.Stderr), "No such file") {
@@ -482,6 +502,14 @@ func TestExecBadInput(t *testing.T) {
 	if out := e.execIn(t, e.keyB, s.ID, map[string]any{"cmd": []string{"echo", "still fine"}}); string(out.Stdout) != "still fine\n" {
 		t.Fatalf("the session was harmed: %q", out.Stdout)
 	}
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 func jsonErrCode(raw []byte) string {
@@ -566,13 +594,19 @@ func TestExecCLI(t *testing.T) {
 }
 
 // TestUploadCutShort: an upload whose body ends before its
-// Content-Length (the client went away part way) is refused and leaves
-// no partial file in the session and no upload in the audit trail. The
-// control is the same raw client sending the whole body.
+// Content-Length, or whose chunked body breaks off (the client went away
+// part way), is refused and leaves the path as it was: no partial file
+// on a new path, the old file whole under one it was replacing, no
+// temporary file, and no upload in the audit trail. The controls are the
+// same raw client sending whole bodies, both ways, which replace the
+// file and keep its mode.
 func TestUploadCutShort(t *testing.T) {
 	e := needE2E(t)
 	s := e.createSession(t, e.keyA, nil)
-	upload := func(path string, declared, sent int) (int, string) {
+	// upload sends sent bytes of a body of declared bytes (-1: chunked,
+	// in one chunk of sent bytes; whole: with its last chunk), then
+	// half-closes: gone part way, but still reading.
+	upload := func(path string, declared, sent int, fill byte, whole bool) (int, string) {
 		t.Helper()
 		conn, err := net.Dial("tcp", e.gwAddr)
 		if err != nil {
@@ -580,10 +614,20 @@ func TestUploadCutShort(t *testing.T) {
 		}
 		defer conn.Close()
 		conn.SetDeadline(time.Now().Add(2 * time.Minute))
-		fmt.Fprintf(conn, "PUT /v1/sessions/%s/files?path=%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n",
-			s.ID, url.QueryEscape(path), e.gwAddr, e.keyA, declared)
-		conn.Write(bytes.Repeat([]byte("x"), sent))
-		conn.(*net.TCPConn).CloseWrite() // gone part way, but still reading
+		length := fmt.Sprintf("Content-Length: %d", declared)
+		if declared < 0 {
+			length = "Transfer-Encoding: chunked"
+		}
+		fmt.Fprintf(conn, "PUT /v1/sessions/%s/files?path=%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n%s\r\n\r\n",
+			s.ID, url.QueryEscape(path), e.gwAddr, e.keyA, length)
+		if declared < 0 {
+			fmt.Fprintf(conn, "%x\r\n", sent)
+		}
+		conn.Write(bytes.Repeat([]byte{fill}, sent))
+		if declared < 0 && whole {
+			io.WriteString(conn, "\r\n0\r\n\r\n")
+		}
+		conn.(*net.TCPConn).CloseWrite()
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err != nil {
 			t.Fatalf("%d of %d bytes: no answer: %v", sent, declared, err)
@@ -592,26 +636,50 @@ func TestUploadCutShort(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	exists := func(path string) string {
-		out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", `wc -c < "$1" 2>/dev/null || echo none`, "sh", path}})
+	// state is the path's size, mode and distinct bytes, or "none".
+	state := func(path string) string {
+		out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", `[ -e "$1" ] || { echo none; exit; }; echo $(stat -c '%s %a' -- "$1") $(od -An -v -c -- "$1" | tr -s ' \n' '\n\n' | sort -u | tr -d '\n')`, "sh", path}})
+		return strings.TrimSpace(string(out.Stdout))
+	}
+	temps := func() string {
+		out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "ls -a /tmp | grep sandgate-upload || true"}})
 		return strings.TrimSpace(string(out.Stdout))
 	}
 
-	if status, body := upload("/tmp/whole.bin", 100000, 100000); status != 201 || exists("/tmp/whole.bin") != "100000" {
-		t.Fatalf("the control: a whole body through the raw client: %d %s, file %s", status, body, exists("/tmp/whole.bin"))
+	if status, body := upload("/tmp/whole.bin", 100000, 100000, 'x', true); status != 201 || state("/tmp/whole.bin") != "100000 644 x" {
+		t.Fatalf("the control: a whole body through the raw client: %d %s, file %s", status, body, state("/tmp/whole.bin"))
 	}
-	// Cut short, on a new path and over an existing file.
-	for _, path := range []string{"/tmp/cut.bin", "/tmp/whole.bin"} {
-		status, body := upload(path, 100000, 5000)
-		if status != 400 || !strings.Contains(body, "5000 of its 100000 bytes") {
-			t.Fatalf("%s cut short: %d %s", path, status, body)
+	e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"chmod", "755", "/tmp/whole.bin"}})
+	if status, body := upload("/tmp/whole.bin", -1, 100000, 'y', true); status != 201 || state("/tmp/whole.bin") != "100000 755 y" {
+		t.Fatalf("the control: a whole chunked body replacing the file: %d %s, file %s", status, body, state("/tmp/whole.bin"))
+	}
+	// Cut short, on a new path and over an existing file, both ways.
+	for _, tc := range []struct {
+		path, want string
+		declared   int
+	}{
+		{"/tmp/cut.bin", "none", 100000},
+		{"/tmp/whole.bin", "100000 755 y", 100000},
+		{"/tmp/cut-chunked.bin", "none", -1},
+		{"/tmp/whole.bin", "100000 755 y", -1},
+	} {
+		status, body := upload(tc.path, tc.declared, 5000, 'z', false)
+		wantMsg := "5000 of its 100000 bytes"
+		if tc.declared < 0 {
+			wantMsg = "ended after 5000 bytes"
 		}
-		if got := exists(path); got != "none" {
-			t.Fatalf("%s cut short left %s bytes in the session", path, got)
+		if status != 400 || !strings.Contains(body, wantMsg) {
+			t.Fatalf("%s cut short (declared %d): %d %s", tc.path, tc.declared, status, body)
 		}
+		if got := state(tc.path); got != tc.want {
+			t.Fatalf("%s cut short (declared %d) left %q in the session, want %q", tc.path, tc.declared, got, tc.want)
+		}
+	}
+	if left := temps(); left != "" {
+		t.Fatalf("temporary files left: %s", left)
 	}
 	_, raw := e.api(t, e.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
-	if n := strings.Count(string(raw), `"file_upload"`); n != 1 {
-		t.Fatalf("%d file_upload events, want the control's 1: %s", n, raw)
+	if n := strings.Count(string(raw), `"file_upload"`); n != 2 {
+		t.Fatalf("%d file_upload events, want the controls' 2: %s", n, raw)
 	}
 }
