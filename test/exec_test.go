@@ -653,6 +653,14 @@ func TestUploadCutShort(t *testing.T) {
 	if status, body := upload("/tmp/whole.bin", -1, 100000, 'y', true); status != 201 || state("/tmp/whole.bin") != "100000 755 y" {
 		t.Fatalf("the control: a whole chunked body replacing the file: %d %s, file %s", status, body, state("/tmp/whole.bin"))
 	}
+	// A symbolic link is written through, as before temporary names.
+	e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo old > /tmp/target && ln -s /tmp/target /tmp/link"}})
+	if status, body := upload("/tmp/link", 1000, 1000, 'l', true); status != 201 || state("/tmp/target") != "1000 644 l" {
+		t.Fatalf("an upload to a symbolic link: %d %s, its target %s", status, body, state("/tmp/target"))
+	}
+	if out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"readlink", "/tmp/link"}}); strings.TrimSpace(string(out.Stdout)) != "/tmp/target" {
+		t.Fatalf("the link is no longer one: %q", out.Stdout)
+	}
 	// Cut short, on a new path and over an existing file, both ways.
 	for _, tc := range []struct {
 		path, want string
@@ -679,7 +687,7 @@ func TestUploadCutShort(t *testing.T) {
 		t.Fatalf("temporary files left: %s", left)
 	}
 	_, raw := e.api(t, e.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
-	if n := strings.Count(string(raw), `"file_upload"`); n != 2 {
-		t.Fatalf("%d file_upload events, want the controls' 2: %s", n, raw)
+	if n := strings.Count(string(raw), `"file_upload"`); n != 3 {
+		t.Fatalf("%d file_upload events, want the controls' 3: %s", n, raw)
 	}
 }
