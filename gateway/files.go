@@ -7,11 +7,15 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"path"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,14 +57,17 @@ const (
 	// only the gateway knows whether the body was whole: the file waits
 	// at $2 (exit 24) for scriptPutDone or removal. A new path, a
 	// symbolic link (written through, as before) or a path in a directory
-	// that takes no new file is written in place (exit 0 of cat), and the
-	// gateway removes what a refused upload left there.
+	// that takes no new file is written in place (exit 0), and the
+	// gateway removes what a refused upload left there; a new path the
+	// session could not write whole (its disk full) is removed (exit 25),
+	// and one in a directory it may not write to is refused (exit 26).
 	// Builtins where they serve, and one stat for the new file's size and
 	// mode and the old one's: under gVisor each process costs tens of
 	// milliseconds.
 	scriptPut = `d=${1%/*}; [ -n "$d" ] || d=/
 [ -d "$d" ] || { echo "no such directory" >&2; exit 20; }; [ ! -d "$1" ] || { echo "is a directory" >&2; exit 21; }
-if [ ! -e "$1" ] || [ -L "$1" ] || ! true 2>/dev/null >"$2"; then exec cat >"$1"; fi
+if [ ! -e "$1" ] && [ ! -L "$1" ]; then [ -w "$d" ] || exit 26; cat >"$1" || { rm -f -- "$1"; exit 25; }; exit 0; fi
+if [ -L "$1" ] || ! true 2>/dev/null >"$2"; then exec cat >"$1"; fi
 cat >"$2" || { rm -f -- "$2"; exit 1; }
 [ -n "$3" ] || exit 24
 set -- "$1" "$2" "$3" $(stat -c '%s %a' -- "$2" "$1" 2>/dev/null)
@@ -77,6 +84,8 @@ const (
 	putIsDir     = 21
 	putShort     = 22
 	putWaiting   = 24
+	putNoSpace   = 25
+	putNoWrite   = 26
 	uploadPrefix = ".sandgate-upload-"
 )
 
@@ -111,9 +120,13 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 		return tooLarge(c, fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max))
 	}
 	body := s.uploadBody(c)
+	defer body.detach()
 	sha := sha256.New()
 	counted := &countingReader{r: io.LimitReader(body, max+1), h: sha}
-	ctx, cancel := reqCtx(c, s.cfg.UploadTimeout)
+	// Past the body's own deadline (uploadBody), so that a body that
+	// times out is refused as one cut short (400, nothing kept), not
+	// ended with the command.
+	ctx, cancel := reqCtx(c, s.cfg.UploadTimeout+30*time.Second)
 	defer cancel()
 	tmp := path.Join(path.Dir(p), uploadPrefix+randomHex(8))
 	size := ""
@@ -151,6 +164,10 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	case putIsDir:
 		return &apiError{status: 409, code: "conflict", msg: "path is a directory"}
 	case putShort:
+	case putNoSpace:
+		return &apiError{status: 413, code: "invalid_argument", msg: "the session could not write the whole file (is its disk full?); nothing was kept"}
+	case putNoWrite:
+		return errDenied("the session may not write to the path's directory")
 	default:
 		return errDenied("the session refused to write path (permissions?)")
 	}
@@ -192,16 +209,68 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 // uploadBody is the body of an authenticated upload as a stream, never
 // read into memory. The server's read timeout covers the headers and
 // every other route; an upload gets UploadTimeout from now, so a large
-// file on a slow link is not cut at ReadTimeout.
-func (s *Server) uploadBody(c *fiber.Ctx) io.Reader {
-	if conn := c.Context().Conn(); conn != nil {
+// file on a slow link is not cut at ReadTimeout. The handler must call
+// its detach before it returns.
+func (s *Server) uploadBody(c *fiber.Ctx) *requestBody {
+	conn := c.Context().Conn()
+	if conn != nil {
 		conn.SetReadDeadline(time.Now().Add(s.cfg.UploadTimeout))
 	}
 	if st := c.Context().RequestBodyStream(); st != nil {
-		return st
+		return &requestBody{r: st, conn: conn, c: c}
 	}
 	// Not streamed (an empty body): already read.
-	return bytes.NewReader(c.Body())
+	return &requestBody{r: bytes.NewReader(c.Body()), c: c}
+}
+
+// requestBody is a request's body stream read by something that may
+// outlive the handler: containerd's copy into an exec's stdin is not
+// waited for, and goes on reading after a command that exited early.
+// Once the handler has returned, fasthttp releases the stream and its
+// reader (to be reused by other connections): a read then would panic
+// or read another request. detach ends that: a read under way is cut
+// (the connection's read deadline) and waited for, later ones get
+// errBodyDetached, and a connection whose body was not read to its end
+// is closed after the answer (what is left of the body is not taken
+// for the next request).
+type requestBody struct {
+	mu   sync.Mutex // held while r is read
+	r    io.Reader
+	conn net.Conn
+	c    *fiber.Ctx
+	end  atomic.Bool // r returned io.EOF
+	gone bool        // detached
+}
+
+var errBodyDetached = errors.New("the request was answered")
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gone {
+		return 0, errBodyDetached
+	}
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		b.end.Store(true)
+	}
+	return n, err
+}
+
+func (b *requestBody) detach() {
+	// A body read to its end is not read again: the connection serves
+	// the next request as it is.
+	end := b.end.Load()
+	if b.conn != nil && !end {
+		b.conn.SetReadDeadline(time.Now())
+	}
+	b.mu.Lock()
+	b.gone = true
+	b.mu.Unlock()
+	if !end {
+		b.c.Set(fiber.HeaderConnection, "close")
+		b.c.Context().SetConnectionClose()
+	}
 }
 
 // randomHex is n random bytes in hex.

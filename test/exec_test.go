@@ -691,3 +691,62 @@ func TestUploadCutShort(t *testing.T) {
 		t.Fatalf("%d file_upload events, want the controls' 3: %s", n, raw)
 	}
 }
+
+// TestUploadAnsweredEarly: an upload answered before its body has
+// arrived (its directory does not exist) leaves nothing reading that
+// body: the client's later bytes are not read by the command's stdin
+// copy after the request is over (fasthttp has released the stream by
+// then: such a read crashed the gateway or read another request), nor
+// taken as a next request. The gateway closes the connection after the
+// answer and goes on serving; the control is a whole upload on a
+// connection that stays open for a next request.
+func TestUploadAnsweredEarly(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	dial := func() (net.Conn, *bufio.Reader) {
+		conn, err := net.Dial("tcp", e.gwAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conn.SetDeadline(time.Now().Add(2 * time.Minute))
+		return conn, bufio.NewReader(conn)
+	}
+	head := func(path string, n int) string {
+		return fmt.Sprintf("PUT /v1/sessions/%s/files?path=%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n",
+			s.ID, url.QueryEscape(path), e.gwAddr, e.keyA, n)
+	}
+	// The control: whole, then a next request on the same connection.
+	conn, br := dial()
+	io.WriteString(conn, head("/tmp/early-control", 10)+"0123456789")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("the control's upload: %v %v", resp, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	fmt.Fprintf(conn, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", e.gwAddr)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the control's next request: %v %v", resp, err)
+	}
+
+	for i := 0; i < 3; i++ {
+		conn, br := dial()
+		io.WriteString(conn, head("/no/such/dir/f", 100000)+strings.Repeat("a", 1000))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 404 {
+			t.Fatalf("an upload to a missing directory: %v %v", resp, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		// The rest of the body, looking like a request of its own.
+		smuggled := fmt.Sprintf("GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", e.gwAddr)
+		conn.Write([]byte(smuggled + strings.Repeat("b", 5000)))
+		conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if resp, err := http.ReadResponse(br, nil); err == nil {
+			t.Fatalf("the rest of an answered upload's body was served as a request: %d", resp.StatusCode)
+		}
+	}
+	// The gateway still serves.
+	if st, _ := e.api(t, e.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 {
+		t.Fatalf("the gateway after the early answers: %d", st)
+	}
+}
