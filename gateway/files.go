@@ -135,10 +135,10 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	}
 	// Run apart from the request's context: what is left of a refused
 	// upload goes even once the request has ended.
-	run := func(args ...string) {
+	run := func(args ...string) (session.ExecResult, error) {
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer ccancel()
-		s.sessions.Exec(cctx, tenant, id, args)
+		return s.sessions.Exec(cctx, tenant, id, args)
 	}
 	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p, tmp, size}, Stdin: counted})
 	if err != nil {
@@ -193,9 +193,7 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 		return &apiError{status: 400, code: "invalid_argument", msg: msg + "; it was not kept", err: counted.err}
 	}
 	if written == tmp {
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		res, err := s.sessions.Exec(cctx, tenant, id, []string{"sh", "-c", scriptPutDone, "sandgate", tmp, p})
-		ccancel()
+		res, err := run("sh", "-c", scriptPutDone, "sandgate", tmp, p)
 		if err != nil || res.ExitCode != 0 {
 			run("rm", "-f", "--", tmp)
 			return errDenied("the session refused to write path (permissions?)")
