@@ -497,13 +497,30 @@ func (m *Manager) endOrphanTrails(o Observer) {
 		}
 		info := Info{ID: id, Tenant: tenant, State: StateStopped, Labels: map[string]string{},
 			Failure: "the session ended while no gateway was running"}
-		t := m.openTrail(tenant, id)
+		// The store may hold events the file lacks (one the file did not
+		// take, stored at once), and its pieces are dropped once the log
+		// is stored: the file is matched with them first, as an adopted
+		// session's trail is, and kept for the next start while the store
+		// cannot be read.
+		s := newSess(info) // held by nobody else: not among m.sessions
+		s.trail = m.liveTrail(tenant, id, false)
+		if m.journalOn() {
+			ctx, cancel := context.WithTimeout(m.base, 2*time.Minute)
+			err := m.syncTrail(ctx, s)
+			cancel()
+			if err != nil {
+				m.log.Error("the trail of a session that ended while no gateway ran could not be matched with the store; kept for the next start", "session", id, "err", err)
+				continue
+			}
+		}
+		t := &s.trail
 		now := time.Now().UTC()
 		t.record(now, "ended_unobserved", map[string]any{"note": "the session ended while no gateway was running"})
 		t.summarise(now)
+		events := t.events()
 		if fin, ok := o.(SessionFinaliser); ok {
 			ctx, cancel := context.WithTimeout(m.base, 2*time.Minute)
-			err := fin.FinaliseSession(ctx, info, t.events())
+			err := fin.FinaliseSession(ctx, info, events)
 			cancel()
 			if err != nil {
 				// The file stays: the next start reports it again.
@@ -511,7 +528,7 @@ func (m *Manager) endOrphanTrails(o Observer) {
 				continue
 			}
 		} else {
-			o.SessionEnded(info, t.events())
+			o.SessionEnded(info, events)
 		}
 		if m.journalOn() {
 			ctx, cancel := context.WithTimeout(m.base, 30*time.Second)

@@ -473,3 +473,73 @@ func TestJournalOverlap(t *testing.T) {
 		t.Errorf("past a gap: %d events, want 22", len(stored))
 	}
 }
+
+// endedObserver keeps the trails of the sessions it is told ended.
+type endedObserver struct{ trails map[string][]Event }
+
+func (o *endedObserver) SessionRunning(Info, Endpoint) {}
+func (o *endedObserver) SessionEnded(info Info, events []Event) {
+	o.trails[info.ID] = events
+}
+
+// A trail whose session ended while no gateway ran is matched with the
+// store before it is reported and its pieces dropped: an event only the
+// store holds (the file did not take it) is in the reported trail. While
+// the store cannot be read, nothing is reported and nothing dropped.
+func TestOrphanTrailMatched(t *testing.T) {
+	ctx := context.Background()
+	const id = "s-0123456789abcdef"
+	for _, tc := range []struct {
+		name   string
+		stored []string // the store's events; the file holds the first two
+		want   []string
+	}{
+		{"the store holds more", []string{"created", "exec", "download"}, []string{"created", "exec", "download", "ended_unobserved"}},
+		// The control: a store that holds a prefix adds nothing.
+		{"the file holds more", []string{"created"}, []string{"created", "exec", "ended_unobserved"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := &pieceStore{}
+			m := journalManager(t, store)
+			old := m.openTrail("acme", id)
+			for _, typ := range []string{"created", "exec"} {
+				old.record(time.Now(), typ, nil)
+			}
+			file := old.events()
+			var b bytes.Buffer
+			for i, typ := range tc.stored {
+				ev := Event{Time: time.Now(), Type: typ}
+				if i < len(file) {
+					ev = file[i]
+				}
+				json.NewEncoder(&b).Encode(ev)
+			}
+			store.PutTrail(ctx, "acme", id, 0, b.Bytes())
+
+			store.fail = errors.New("away")
+			o := &endedObserver{trails: map[string][]Event{}}
+			m.endOrphanTrails(o)
+			if _, told := o.trails[id]; told {
+				t.Fatal("a trail the store could not match was reported")
+			}
+			if _, err := os.Stat(old.path); err != nil {
+				t.Fatalf("the trail file did not stay for the next start: %v", err)
+			}
+			store.fail = nil
+			m.endOrphanTrails(o)
+			got, told := o.trails[id]
+			if !told {
+				t.Fatal("the orphan trail was not reported")
+			}
+			if g := types(got); !eq(g, tc.want) {
+				t.Fatalf("reported %v, want %v", g, tc.want)
+			}
+			if len(store.pieces["acme/"+id]) != 0 {
+				t.Error("the pieces of a finalised trail were kept")
+			}
+			if _, err := os.Stat(old.path); !os.IsNotExist(err) {
+				t.Errorf("the trail file was kept after it was reported: %v", err)
+			}
+		})
+	}
+}
