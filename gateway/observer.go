@@ -306,17 +306,12 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 			note("recording_finalised", map[string]any{"artifact": m.Recording, "duration_seconds": m.Duration, "segments": len(m.Segments), "size": m.Size, "sha256": m.SHA256})
 		}
 	}
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	for _, ev := range events {
-		enc.Encode(ev)
-	}
 	// The trail is all a reviewer has of what happened: a few quick tries
 	// here, then the manager's backoff takes over.
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		_, err := s.store.Put(ctx, info.Tenant, info.ID, recordings.KindLog, "audit.jsonl", "application/x-ndjson", b.Bytes())
+		err := o.StoreTrail(ctx, info, events)
 		if err == nil {
 			s.watch.mu.Lock()
 			delete(s.watch.recorded, info.ID)
@@ -325,10 +320,33 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("store the audit trail: %w", err)
+			return err
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+var _ session.TrailRestorer = (*observer)(nil)
+
+// auditLogName is the name of a session's stored audit trail.
+const auditLogName = "audit.jsonl"
+
+// StoreTrail stores the session's audit trail as its log artifact. The
+// artifact's id is the session's own, so a trail stored again (a put
+// whose answer was lost, events recorded after the end) replaces the
+// log rather than adding another.
+func (o *observer) StoreTrail(ctx context.Context, info session.Info, events []session.Event) error {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	for _, ev := range events {
+		enc.Encode(ev)
+	}
+	a := recordings.Artifact{ID: recordings.SegmentID(info.ID, auditLogName), Session: info.ID,
+		Kind: recordings.KindLog, Name: auditLogName, ContentType: "application/x-ndjson"}
+	if _, err := o.store.PutFrom(ctx, info.Tenant, a, bytes.NewReader(b.Bytes())); err != nil {
+		return fmt.Errorf("store the audit trail: %w", err)
+	}
+	return nil
 }
 
 // errDownloadTooLarge ends a download's copy past the configured bound.

@@ -103,6 +103,9 @@ func (m *Manager) Record(id, typ string, fields map[string]any) {
 		return
 	}
 	s.record(typ, fields)
+	if s.finalised {
+		m.lateEvent(s)
+	}
 }
 
 // record appends an event within the trail's bounds; the caller holds
@@ -403,9 +406,14 @@ func (t *trail) count(events []Event) {
 
 // dropEndedTrails removes the trail files of sessions a previous gateway
 // had finalised: it does not know them any more, and the store has them.
+// One with events the store's log lacks (relogSuffix) stays until
+// Observe has stored it (relogLeft).
 func (m *Manager) dropEndedTrails() {
 	files, _ := filepath.Glob(filepath.Join(m.cfg.StateDir, "audit", "*", "s-*.jsonl"+endedSuffix))
 	for _, f := range files {
+		if _, err := os.Stat(strings.TrimSuffix(f, endedSuffix) + relogSuffix); err == nil {
+			continue
+		}
 		os.Remove(f)
 	}
 }
@@ -480,6 +488,7 @@ func (m *Manager) Observe(o Observer) {
 		}
 	}
 	m.endOrphanTrails(o)
+	m.relogLeft(o)
 }
 
 // endOrphanTrails reports the sessions that ended while no gateway ran:

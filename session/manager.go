@@ -215,8 +215,11 @@ type sess struct {
 	final      chan struct{}      // closed when its finalisation is over
 	endedAt    time.Time
 	finalised  bool // the observer has the trail; the session may be forgotten
-	misses     int  // health probes in a row that found the display gone
-	trail      trail
+	// relog: events were recorded after the trail was finalised, and the
+	// stored log lacks them; relogging: a goroutine stores it again.
+	relog, relogging bool
+	misses           int // health probes in a row that found the display gone
+	trail            trail
 	// pool is the warm pool of a session nobody has claimed yet; claimFor
 	// names the tenant of a claim in progress.
 	pool     *pool

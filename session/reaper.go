@@ -62,12 +62,15 @@ func (m *Manager) reap() {
 
 // forget drops ended, finalised sessions past the retention, and the
 // oldest of them beyond MaxEnded, with their trail files: memory is
-// bounded by the live sessions. Their artifacts stay in the store.
+// bounded by the live sessions (and the few whose late events the store
+// does not have yet). Their artifacts stay in the store.
 func (m *Manager) forget(now time.Time) {
 	m.mu.Lock()
 	var ended []*sess
 	for _, s := range m.sessions {
-		if s.finalised {
+		// One whose events since the end are being stored stays until
+		// they are: its file holds them.
+		if s.finalised && !s.relogging {
 			ended = append(ended, s)
 		}
 	}

@@ -419,16 +419,55 @@ func TestDownloadsAndAuditTrail(t *testing.T) {
 	if log == nil || log.Name != "audit.jsonl" {
 		t.Fatal("no stored audit trail")
 	}
-	var stored []string
-	dec := json.NewDecoder(bytes.NewReader(e.fetchArtifact(t, e.keyA, log.ID)))
-	for dec.More() {
-		var ev struct{ Type string }
-		if err := dec.Decode(&ev); err != nil {
-			t.Fatalf("audit.jsonl: %v", err)
+	storedTrail := func(id string) []string {
+		var out []string
+		dec := json.NewDecoder(bytes.NewReader(e.fetchArtifact(t, e.keyA, id)))
+		for dec.More() {
+			var ev struct{ Type string }
+			if err := dec.Decode(&ev); err != nil {
+				t.Fatalf("audit.jsonl: %v", err)
+			}
+			out = append(out, ev.Type)
 		}
-		stored = append(stored, ev.Type)
+		return out
 	}
+	stored := storedTrail(log.ID)
 	check("stored trail", stored)
+
+	// A review link issued and revoked after the end is in the stored
+	// log too, which is replaced, not doubled.
+	var pr struct{ ID string }
+	st, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+s.ID+"/previews", map[string]any{"scope": "review", "ttl_seconds": 300})
+	if st != 201 || json.Unmarshal(body, &pr) != nil {
+		t.Fatalf("review link after the end: %d %s", st, body)
+	}
+	if st, body := e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID+"/previews/"+pr.ID, nil); st != 204 {
+		t.Fatalf("revoke the review link: %d %s", st, body)
+	}
+	late := func(types []string) bool {
+		return len(types) >= 2 && types[len(types)-2] == "preview_issued" && types[len(types)-1] == "preview_revoked"
+	}
+	if late(stored) {
+		t.Fatal("the stored log ended with the late events before they were recorded")
+	}
+	var logs []artifact
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		logs = nil
+		for _, a := range e.artifacts(t, e.keyA, s.ID) {
+			if a.Kind == "log" {
+				logs = append(logs, a)
+			}
+		}
+		if len(logs) == 1 && late(storedTrail(logs[0].ID)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stored log did not take the events after the end within a minute: %d logs", len(logs))
+		}
+	}
+	if got := storedTrail(logs[0].ID); len(got) != len(stored)+2 {
+		t.Errorf("stored again: %d events, want the %d stored at the end and 2", len(got), len(stored))
+	}
 }
 
 // TestArtifactBadInput: unknown ids, another tenant's artifacts and
