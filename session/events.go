@@ -65,6 +65,7 @@ type trail struct {
 	// had when the trail was opened.
 	inFile   int
 	fileBase int
+	writes   int // events written since it was opened, file or memory
 	// With a TrailStore (journal.go): journal is set while the trail is
 	// stored as it is written; the first stored events are in the store,
 	// those of the file up to byte storedOff and then storedMem of mem;
@@ -168,6 +169,7 @@ func (t *trail) summarise(now time.Time) {
 }
 
 func (t *trail) write(ev Event) {
+	t.writes++
 	if t.journal && t.kick != nil {
 		t.kick()
 	}
@@ -586,6 +588,17 @@ func (m *Manager) ended(s *sess) {
 	// does not hold the end back for good: the log is stored without
 	// them, says so, and the pieces stay.
 	matched, told := false, false
+	// handed is the trail's write count when it was read for the
+	// finaliser: events recorded after that (a preview connection cut
+	// as the session stopped, the recording's end) are stored again
+	// once the session is finalised.
+	var handed int
+	events := func() []Event {
+		m.mu.Lock()
+		handed = s.trail.writes
+		m.mu.Unlock()
+		return m.trailEvents(s)
+	}
 	unmatched := func(err error) {
 		if told {
 			return
@@ -605,7 +618,7 @@ func (m *Manager) ended(s *sess) {
 				err = nil
 			}
 			if err == nil {
-				err = f.FinaliseSession(m.base, info, m.trailEvents(s))
+				err = f.FinaliseSession(m.base, info, events())
 			}
 			if err == nil {
 				break
@@ -624,7 +637,7 @@ func (m *Manager) ended(s *sess) {
 		} else {
 			matched = true
 		}
-		o.SessionEnded(info, m.trailEvents(s))
+		o.SessionEnded(info, events())
 	}
 	// The log artifact has the whole trail: the pieces can go, if they
 	// were matched with it.
@@ -637,6 +650,9 @@ func (m *Manager) ended(s *sess) {
 		}
 	}
 	s.finalised = true
+	if s.trail.writes != handed {
+		m.lateEvent(s)
+	}
 }
 
 // Events returns the session's audit trail, oldest first.

@@ -125,3 +125,56 @@ func TestLateEventsStored(t *testing.T) {
 		}
 	}
 }
+
+// finaliser stores the trail it is handed at the end, as the gateway
+// does; during tells it to record an event meanwhile (a preview
+// connection cut as the session stopped).
+type finaliser struct {
+	restorer
+	m      *Manager
+	during string
+	calls  int
+}
+
+func (f *finaliser) FinaliseSession(ctx context.Context, info Info, events []Event) error {
+	if f.during != "" {
+		f.m.Record(info.ID, f.during, nil)
+	}
+	f.mu.Lock()
+	f.calls++
+	f.mu.Unlock()
+	return f.StoreTrail(ctx, info, events)
+}
+
+// An event recorded while the session was being finalised, after its
+// trail was read for the log, is stored with it once the session is
+// finalised. The control: an end with no such event stores the log once.
+func TestEventsDuringFinalisationStored(t *testing.T) {
+	for _, during := range []string{"preview_closed", ""} {
+		m := testManager(t)
+		m.base = context.Background()
+		f := &finaliser{restorer: restorer{endedObserver: endedObserver{trails: map[string][]Event{}}, stored: map[string][]Event{}}, m: m, during: during}
+		m.observer = f
+		const id = "s-0123456789abcdef"
+		s := newSess(Info{ID: id, Tenant: "acme", State: StateStopped})
+		s.trail = m.openTrail("acme", id)
+		s.record("created", nil)
+		m.sessions[id] = s
+		m.ended(s)
+		want := []string{"created"}
+		if during != "" {
+			want = append(want, during)
+		}
+		for deadline := time.Now().Add(10 * time.Second); !eq(f.got(id), want); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%q: stored %v, want %v", during, f.got(id), want)
+			}
+		}
+		m.mu.Lock()
+		relogging := s.relogging
+		m.mu.Unlock()
+		if during == "" && relogging {
+			t.Error("a trail with nothing new since it was read is stored again")
+		}
+	}
+}
