@@ -55,38 +55,49 @@ const (
 	// leaves the old file as it was. $3 is the declared size: a body of
 	// another size is removed (exit 22). Without one (a chunked body)
 	// only the gateway knows whether the body was whole: the file waits
-	// at $2 (exit 24) for scriptPutDone or removal. A new path, a
-	// symbolic link (written through, as before) or a path in a directory
-	// that takes no new file is written in place (exit 0), and the
-	// gateway removes what a refused upload left there; a new path the
-	// session could not write whole (its disk full) is removed (exit 25),
-	// and one in a directory it may not write to is refused (exit 26).
+	// at $2 (exit 24) for scriptPutDone or removal. A symbolic link (so
+	// that it stays one, and its target keeps its inode) and a file in a
+	// directory that takes no new file are written through, in place: the
+	// body waits at $4, in the session's /tmp, and is copied over $1 only
+	// once it is whole (exit 27: a chunked one waits there for
+	// scriptPutCopy; exit 23: the copy in place failed part way). A new
+	// path is written in place (exit 0), and the gateway removes what a
+	// refused upload left there; a new path the session could not write
+	// whole (its disk full) is removed (exit 25), and one in a directory
+	// it may not write to is refused (exit 26), as is a file to be written
+	// in place when /tmp takes no copy of it (exit 28).
 	// Builtins where they serve, and one stat for the new file's size and
 	// mode and the old one's: under gVisor each process costs tens of
 	// milliseconds.
 	scriptPut = `d=${1%/*}; [ -n "$d" ] || d=/
 [ -d "$d" ] || { echo "no such directory" >&2; exit 20; }; [ ! -d "$1" ] || { echo "is a directory" >&2; exit 21; }
 if [ ! -e "$1" ] && [ ! -L "$1" ]; then [ -w "$d" ] || exit 26; cat >"$1" || { rm -f -- "$1"; exit 25; }; exit 0; fi
-if [ -L "$1" ] || ! true 2>/dev/null >"$2"; then exec cat >"$1"; fi
-cat >"$2" || { rm -f -- "$2"; exit 1; }
-[ -n "$3" ] || exit 24
-set -- "$1" "$2" "$3" $(stat -c '%s %a' -- "$2" "$1" 2>/dev/null)
-[ "$4" = "$3" ] || { rm -f -- "$2"; exit 22; }
-[ "$5" = "$7" ] || chmod "$7" -- "$2" 2>/dev/null
+t=$2; if [ -L "$1" ] || ! true 2>/dev/null >"$t"; then t=$4; true 2>/dev/null >"$t" || exit 28; fi
+cat >"$t" || { rm -f -- "$t"; exit 1; }
+[ -n "$3" ] || { [ "$t" = "$2" ] && exit 24; exit 27; }
+set -- "$1" "$2" "$3" "$t" $(stat -c '%s %a' -- "$t" "$1" 2>/dev/null)
+[ "$5" = "$3" ] || { rm -f -- "$4"; exit 22; }
+if [ "$4" != "$2" ]; then cat -- "$4" >"$1"; r=$?; rm -f -- "$4"; [ $r = 0 ] || exit 23; exit 0; fi
+[ "$6" = "$8" ] || chmod "$8" -- "$2" 2>/dev/null
 mv -fT -- "$2" "$1" || { rm -f -- "$2"; exit 1; }`
 	// scriptPutDone puts a whole chunked upload ($1) in its place ($2).
 	scriptPutDone = `chmod --reference="$2" -- "$1" 2>/dev/null; mv -fT -- "$1" "$2" || { rm -f -- "$1"; exit 1; }`
+	// scriptPutCopy copies a whole chunked upload ($1) over $2, in place.
+	scriptPutCopy = `cat -- "$1" >"$2"; r=$?; rm -f -- "$1"; exit $r`
 )
 
 // Exit codes of scriptPut.
 const (
-	putNoDir     = 20
-	putIsDir     = 21
-	putShort     = 22
-	putWaiting   = 24
-	putNoSpace   = 25
-	putNoWrite   = 26
-	uploadPrefix = ".sandgate-upload-"
+	putNoDir      = 20
+	putIsDir      = 21
+	putShort      = 22
+	putCopyFailed = 23
+	putWaiting    = 24
+	putNoSpace    = 25
+	putNoWrite    = 26
+	putCopyWaits  = 27
+	putNoStaging  = 28
+	uploadPrefix  = ".sandgate-upload-"
 )
 
 func (s *Server) fileKind(ctx context.Context, tenant, id, p string, root bool) (string, error) {
@@ -129,6 +140,7 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	ctx, cancel := reqCtx(c, s.cfg.UploadTimeout+30*time.Second)
 	defer cancel()
 	tmp := path.Join(path.Dir(p), uploadPrefix+randomHex(8))
+	staged := "/tmp/" + uploadPrefix + randomHex(8) // for a file written in place
 	size := ""
 	if declared >= 0 {
 		size = strconv.FormatInt(declared, 10)
@@ -140,25 +152,32 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 		defer ccancel()
 		return s.sessions.Exec(cctx, tenant, id, args)
 	}
-	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p, tmp, size}, Stdin: counted})
+	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p, tmp, size, staged}, Stdin: counted})
 	if err != nil {
 		return err
 	}
 	defer proc.Close()
 	code, err := proc.Wait(ctx)
 	if err != nil {
-		run("rm", "-f", "--", tmp)
+		run("rm", "-f", "--", tmp, staged)
 		return &apiError{status: 503, code: "unavailable", msg: "the upload did not finish", err: err}
 	}
-	// Where the bytes are while the gateway decides: the temporary name,
-	// or the path, written in place (exit 0 of cat; a file renamed into
-	// place had its size checked, so never needs removing).
+	// Where the bytes are while the gateway decides: a temporary name,
+	// or the path: a new one, written in place (exit 0 of cat). A file
+	// renamed or copied into place also exits 0, but only with its
+	// declared size, which the checks below never refuse.
 	written := ""
 	switch code {
 	case 0:
 		written = p
 	case putWaiting:
 		written = tmp
+	case putCopyWaits:
+		written = staged
+	case putCopyFailed:
+		return &apiError{status: 413, code: "invalid_argument", msg: "the session could not write the whole file over the one at path (is its disk full?); that file may be cut short"}
+	case putNoStaging:
+		return &apiError{status: 413, code: "invalid_argument", msg: "path is written in place (a symbolic link, or a directory that takes no new file), and the session's /tmp could not take the upload first; nothing was written"}
 	case putNoDir:
 		return errNotFound("the directory of path does not exist in the session")
 	case putIsDir:
@@ -192,11 +211,18 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 		}
 		return &apiError{status: 400, code: "invalid_argument", msg: msg + "; it was not kept", err: counted.err}
 	}
-	if written == tmp {
+	switch written {
+	case tmp:
 		res, err := run("sh", "-c", scriptPutDone, "sandgate", tmp, p)
 		if err != nil || res.ExitCode != 0 {
 			run("rm", "-f", "--", tmp)
 			return errDenied("the session refused to write path (permissions?)")
+		}
+	case staged:
+		res, err := run("sh", "-c", scriptPutCopy, "sandgate", staged, p)
+		if err != nil || res.ExitCode != 0 {
+			run("rm", "-f", "--", staged)
+			return &apiError{status: 413, code: "invalid_argument", msg: "the session could not write the whole file over the one at path (is its disk full?); that file may be cut short"}
 		}
 	}
 	sum := hex.EncodeToString(sha.Sum(nil))

@@ -653,23 +653,50 @@ func TestUploadCutShort(t *testing.T) {
 	if status, body := upload("/tmp/whole.bin", -1, 100000, 'y', true); status != 201 || state("/tmp/whole.bin") != "100000 755 y" {
 		t.Fatalf("the control: a whole chunked body replacing the file: %d %s, file %s", status, body, state("/tmp/whole.bin"))
 	}
-	// A symbolic link is written through, as before temporary names.
-	e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo old > /tmp/target && ln -s /tmp/target /tmp/link"}})
-	if status, body := upload("/tmp/link", 1000, 1000, 'l', true); status != 201 || state("/tmp/target") != "1000 644 l" {
-		t.Fatalf("an upload to a symbolic link: %d %s, its target %s", status, body, state("/tmp/target"))
+	// A symbolic link is written through: it stays a link, and its
+	// target keeps its inode. So is a file in a directory that takes no
+	// new file (no temporary name beside it).
+	e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo old > /tmp/target && ln -s /tmp/target /tmp/link && mkdir /tmp/ro && echo old > /tmp/ro/f && chmod 555 /tmp/ro"}})
+	inode := func(path string) string {
+		out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"stat", "-c", "%i", path}})
+		return strings.TrimSpace(string(out.Stdout))
+	}
+	targetInode := inode("/tmp/target")
+	for _, tc := range []struct {
+		path, file string
+		declared   int
+		fill       byte
+	}{
+		{"/tmp/link", "/tmp/target", 1000, 'l'},
+		{"/tmp/link", "/tmp/target", -1, 'm'},
+		{"/tmp/ro/f", "/tmp/ro/f", 1000, 'r'},
+		{"/tmp/ro/f", "/tmp/ro/f", -1, 's'},
+	} {
+		want := "1000 644 " + string(tc.fill)
+		if status, body := upload(tc.path, tc.declared, 1000, tc.fill, true); status != 201 || state(tc.file) != want {
+			t.Fatalf("the control: an upload to %s (declared %d): %d %s, file %s", tc.path, tc.declared, status, body, state(tc.file))
+		}
 	}
 	if out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"readlink", "/tmp/link"}}); strings.TrimSpace(string(out.Stdout)) != "/tmp/target" {
 		t.Fatalf("the link is no longer one: %q", out.Stdout)
 	}
-	// Cut short, on a new path and over an existing file, both ways.
+	if got := inode("/tmp/target"); got != targetInode {
+		t.Fatalf("the link's target was replaced (inode %s, was %s), not written through", got, targetInode)
+	}
+	// Cut short, on a new path, over an existing file, through a link
+	// and in place: both ways, and nothing changes.
 	for _, tc := range []struct {
-		path, want string
-		declared   int
+		path, file, want string
+		declared         int
 	}{
-		{"/tmp/cut.bin", "none", 100000},
-		{"/tmp/whole.bin", "100000 755 y", 100000},
-		{"/tmp/cut-chunked.bin", "none", -1},
-		{"/tmp/whole.bin", "100000 755 y", -1},
+		{"/tmp/cut.bin", "/tmp/cut.bin", "none", 100000},
+		{"/tmp/whole.bin", "/tmp/whole.bin", "100000 755 y", 100000},
+		{"/tmp/cut-chunked.bin", "/tmp/cut-chunked.bin", "none", -1},
+		{"/tmp/whole.bin", "/tmp/whole.bin", "100000 755 y", -1},
+		{"/tmp/link", "/tmp/target", "1000 644 m", 100000},
+		{"/tmp/link", "/tmp/target", "1000 644 m", -1},
+		{"/tmp/ro/f", "/tmp/ro/f", "1000 644 s", 100000},
+		{"/tmp/ro/f", "/tmp/ro/f", "1000 644 s", -1},
 	} {
 		status, body := upload(tc.path, tc.declared, 5000, 'z', false)
 		wantMsg := "5000 of its 100000 bytes"
@@ -679,16 +706,19 @@ func TestUploadCutShort(t *testing.T) {
 		if status != 400 || !strings.Contains(body, wantMsg) {
 			t.Fatalf("%s cut short (declared %d): %d %s", tc.path, tc.declared, status, body)
 		}
-		if got := state(tc.path); got != tc.want {
+		if got := state(tc.file); got != tc.want {
 			t.Fatalf("%s cut short (declared %d) left %q in the session, want %q", tc.path, tc.declared, got, tc.want)
 		}
+	}
+	if out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"readlink", "/tmp/link"}}); strings.TrimSpace(string(out.Stdout)) != "/tmp/target" {
+		t.Fatalf("a refused upload to a link left it no longer one: %q", out.Stdout)
 	}
 	if left := temps(); left != "" {
 		t.Fatalf("temporary files left: %s", left)
 	}
 	_, raw := e.api(t, e.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
-	if n := strings.Count(string(raw), `"file_upload"`); n != 3 {
-		t.Fatalf("%d file_upload events, want the controls' 3: %s", n, raw)
+	if n := strings.Count(string(raw), `"file_upload"`); n != 6 {
+		t.Fatalf("%d file_upload events, want the controls' 6: %s", n, raw)
 	}
 }
 
