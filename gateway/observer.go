@@ -290,9 +290,10 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 	recorded := s.watch.recorded[info.ID]
 	s.watch.recorded[info.ID] = true
 	s.watch.mu.Unlock()
+	var notes []session.Event
 	note := func(typ string, f map[string]any) {
 		s.sessions.Record(info.ID, typ, f)
-		events = append(events, session.Event{Time: time.Now().UTC(), Type: typ, Fields: f})
+		notes = append(notes, session.Event{Time: time.Now().UTC(), Type: typ, Fields: f})
 	}
 	if s.recorder != nil && !recorded {
 		m, err := s.recorder.Finish(ctx, info.Tenant, info.ID, time.Now())
@@ -304,6 +305,17 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 			note("recording_failed", map[string]any{"reason": "the recording could not be finalised yet; it is retried"})
 		case m != nil:
 			note("recording_finalised", map[string]any{"artifact": m.Recording, "duration_seconds": m.Duration, "segments": len(m.Segments), "size": m.Size, "sha256": m.SHA256})
+		}
+	}
+	// The notes as the trail holds them (the same events, at the same
+	// times: a log stored again adds only what it lacks). A session the
+	// manager no longer holds (one that ended while no gateway ran) has
+	// them only here.
+	if len(notes) > 0 {
+		if evs, err := s.sessions.Events(info.Tenant, info.ID); err == nil && len(evs) >= len(events)+len(notes) {
+			events = evs
+		} else {
+			events = append(events, notes...)
 		}
 	}
 	// The trail is all a reviewer has of what happened: a few quick tries
@@ -331,22 +343,72 @@ var _ session.TrailRestorer = (*observer)(nil)
 // auditLogName is the name of a session's stored audit trail.
 const auditLogName = "audit.jsonl"
 
-// StoreTrail stores the session's audit trail as its log artifact. The
-// artifact's id is the session's own, so a trail stored again (a put
-// whose answer was lost, events recorded after the end) replaces the
-// log rather than adding another.
+// maxLogMerge bounds the stored log read to add a trail's events to it.
+const maxLogMerge = 256 << 20
+
+// StoreTrail stores the session's audit trail as its log artifact, under
+// an id of the session's own. A log already there (the end's, when
+// events came after it; another replica's; one whose put's answer was
+// lost) is kept whole, and the trail's events it lacks are added after
+// its own: a log is never stored shorter than it was, and keeps the date
+// it was first stored, which its retention counts from. One too large to
+// read back is left as it is, and the trail stored beside it.
 func (o *observer) StoreTrail(ctx context.Context, info session.Info, events []session.Event) error {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	for _, ev := range events {
-		enc.Encode(ev)
-	}
 	a := recordings.Artifact{ID: recordings.SegmentID(info.ID, auditLogName), Session: info.ID,
 		Kind: recordings.KindLog, Name: auditLogName, ContentType: "application/x-ndjson"}
-	if _, err := o.store.PutFrom(ctx, info.Tenant, a, bytes.NewReader(b.Bytes())); err != nil {
+	old, prev, err := o.store.Read(ctx, info.Tenant, info.ID, recordings.KindLog, a.ID, maxLogMerge)
+	switch {
+	case errors.Is(err, recordings.ErrNotFound):
+	case errors.Is(err, recordings.ErrTooLarge):
+		o.log.Warn("the stored audit log is too large to add to; the trail is stored beside it", "session", info.ID)
+		a.ID, old = "", nil
+	case err != nil:
+		return fmt.Errorf("store the audit trail: %w", err)
+	default:
+		a.CreatedAt = prev.CreatedAt
+	}
+	merged, added := mergeLog(old, events)
+	if old != nil && added == 0 {
+		return nil // the log has them all
+	}
+	if _, err := o.store.PutFrom(ctx, info.Tenant, a, bytes.NewReader(merged)); err != nil {
 		return fmt.Errorf("store the audit trail: %w", err)
 	}
 	return nil
+}
+
+// mergeLog is a stored log (JSON lines) with the events it lacks added
+// after its own, and how many those are. An event is known by its time
+// and type; one the log holds twice accounts for two.
+func mergeLog(old []byte, events []session.Event) ([]byte, int) {
+	type key struct{ t, typ string }
+	at := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+	have := map[key]int{}
+	for _, line := range bytes.Split(old, []byte("\n")) {
+		var ev struct {
+			Time time.Time `json:"time"`
+			Type string    `json:"type"`
+		}
+		if json.Unmarshal(line, &ev) == nil {
+			have[key{at(ev.Time), ev.Type}]++
+		}
+	}
+	out := bytes.NewBuffer(old)
+	if len(old) > 0 && old[len(old)-1] != '\n' {
+		out.WriteByte('\n')
+	}
+	enc := json.NewEncoder(out)
+	added := 0
+	for _, ev := range events {
+		k := key{at(ev.Time), ev.Type}
+		if have[k] > 0 {
+			have[k]--
+			continue
+		}
+		enc.Encode(ev)
+		added++
+	}
+	return out.Bytes(), added
 }
 
 // errDownloadTooLarge ends a download's copy past the configured bound.

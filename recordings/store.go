@@ -32,6 +32,9 @@ import (
 // ErrNotFound: no such artifact for this tenant.
 var ErrNotFound = errors.New("artifact not found")
 
+// ErrTooLarge: an artifact is larger than what its reader takes.
+var ErrTooLarge = errors.New("the artifact is larger than the bound it is read within")
+
 // Kinds of artifacts.
 const (
 	KindScreenshot = "screenshot"
@@ -204,6 +207,35 @@ func (s *Store) put(ctx context.Context, tenant string, a Artifact, r io.Reader)
 		return Artifact{}, fmt.Errorf("store artifact: %w", err)
 	}
 	return a, nil
+}
+
+// Read reads one of a session's artifacts whose kind and id the caller
+// knows (one stored under a stable id), up to max bytes: its record, or
+// ErrNotFound when there is none.
+func (s *Store) Read(ctx context.Context, tenant, session, kind, id string, max int64) ([]byte, Artifact, error) {
+	if !tenantChars.MatchString(tenant) || !ids.IsSession(session) || !idPattern.MatchString(id) {
+		return nil, Artifact{}, ErrNotFound
+	}
+	obj, err := s.client.GetObject(ctx, s.cfg.Bucket, key(tenant, session, kind, id), minio.GetObjectOptions{})
+	if err != nil {
+		return nil, Artifact{}, fmt.Errorf("read artifact: %w", err)
+	}
+	defer obj.Close()
+	info, err := obj.Stat()
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return nil, Artifact{}, ErrNotFound
+	}
+	if err != nil {
+		return nil, Artifact{}, fmt.Errorf("read artifact: %w", err)
+	}
+	raw, err := io.ReadAll(io.LimitReader(obj, max+1))
+	if err != nil {
+		return nil, Artifact{}, fmt.Errorf("read artifact: %w", err)
+	}
+	if int64(len(raw)) > max {
+		return nil, Artifact{}, fmt.Errorf("read artifact: %w (%d bytes)", ErrTooLarge, max)
+	}
+	return raw, artifactOf(session, info), nil
 }
 
 // Fetch copies an artifact's bytes to w.

@@ -116,7 +116,7 @@ func (m *Manager) journal(ctx context.Context) {
 // over, for a trail whose events are all in its file here: an event is
 // appended to it as it is recorded, and the file outlives this process.
 // One the file did not take (a full disk) is in memory only, and is
-// stored.
+// stored. A finalised session's event goes into its stored log.
 func (m *Manager) Durable(ctx context.Context, id string) error {
 	if !m.journalOn() {
 		return nil
@@ -129,9 +129,16 @@ func (m *Manager) Durable(ctx context.Context, id string) error {
 	m.mu.Lock()
 	s := m.sessions[id]
 	inFile := s != nil && s.trail.path != "" && len(s.trail.mem) <= s.trail.storedMem
+	finalised := s != nil && s.finalised
 	m.mu.Unlock()
 	if s == nil || (inFile && !m.cfg.TakenOverElsewhere) {
 		return nil
+	}
+	if finalised {
+		// Its log is stored: an event since (a review link) is added to
+		// it now, not by the retries of relog alone.
+		_, err := m.relogOnce(ctx, s)
+		return err
 	}
 	// The journal may be flushing this session: wait for it as long as
 	// ctx lasts, no longer.

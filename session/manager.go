@@ -218,7 +218,8 @@ type sess struct {
 	// relog: events were recorded after the trail was finalised, and the
 	// stored log lacks them; relogging: a goroutine stores it again.
 	relog, relogging bool
-	misses           int // health probes in a row that found the display gone
+	relogMu          sync.Mutex // one store of it again at a time
+	misses           int        // health probes in a row that found the display gone
 	trail            trail
 	// pool is the warm pool of a session nobody has claimed yet; claimFor
 	// names the tenant of a claim in progress.

@@ -9,10 +9,12 @@ import (
 )
 
 // TrailRestorer is an Observer that stores a finalised session's trail
-// again, whole, in place of the log it stored at the end. The session
-// is finalised, but a few things are still recorded in its trail after
-// that (a review link issued or revoked). The reviewer reads the stored
-// log, so those events must reach it.
+// again. The session is finalised, but a few things are still recorded
+// in its trail after that (a review link issued or revoked, a preview
+// connection cut as it stopped). The reviewer reads the stored log, so
+// those events must reach it. StoreTrail adds to the stored log the
+// events it lacks and never removes one: a trail read short (its file
+// gone) cannot make the log shorter.
 type TrailRestorer interface {
 	StoreTrail(ctx context.Context, info Info, events []Event) error
 }
@@ -38,53 +40,80 @@ func (m *Manager) lateEvent(s *sess) {
 			f.Close()
 		}
 	}
-	if !s.relogging {
+	if !s.relogging && m.base.Err() == nil {
 		s.relogging = true
+		m.wg.Add(1)
 		go m.relog(s)
 	}
 }
 
+// relogOnce stores s's trail again if an event is waiting for it. The
+// marker goes once the store has every event; stored says whether it
+// has.
+func (m *Manager) relogOnce(ctx context.Context, s *sess) (stored bool, err error) {
+	s.relogMu.Lock()
+	defer s.relogMu.Unlock()
+	m.mu.Lock()
+	if !s.relog {
+		m.mu.Unlock()
+		return true, nil
+	}
+	s.relog = false // an event recorded from here on asks again
+	info := copyInfo(s.info)
+	r, ok := m.observer.(TrailRestorer)
+	m.mu.Unlock()
+	if ok {
+		err = r.StoreTrail(ctx, info, m.trailEvents(s))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		s.relog = true
+		return false, err
+	}
+	if s.relog {
+		return false, nil // events came while it was stored
+	}
+	os.Remove(m.trailPath(info.Tenant, info.ID) + relogSuffix)
+	return true, nil
+}
+
 // relog stores s's trail again until the store has every event in it,
 // with backoff while the store is away. The marker stays while the
-// store lacks any event, and goes once it has them all.
+// store lacks any event.
 func (m *Manager) relog(s *sess) {
-	for wait := finaliseBackoff; ; wait = min(2*wait, maxFinaliseBackoff) {
+	defer m.wg.Done()
+	defer func() {
 		m.mu.Lock()
-		s.relog = false // an event recorded from here on asks again
-		info, o := copyInfo(s.info), m.observer
+		s.relogging = false
 		m.mu.Unlock()
-		r, _ := o.(TrailRestorer)
-		var err error
-		// A trail read as empty (its file gone) would store a log
-		// emptier than the one it replaces.
-		if events := m.trailEvents(s); len(events) > 0 {
-			ctx, cancel := context.WithTimeout(m.base, relogTimeout)
-			err = r.StoreTrail(ctx, info, events)
-			cancel()
-		}
-		m.mu.Lock()
-		if err != nil {
-			s.relog = true
-		}
-		if !s.relog {
-			s.relogging = false
-			os.Remove(m.trailPath(info.Tenant, info.ID) + relogSuffix)
+	}()
+	for wait := finaliseBackoff; ; {
+		ctx, cancel := context.WithTimeout(m.base, relogTimeout)
+		stored, err := m.relogOnce(ctx, s)
+		cancel()
+		if stored {
+			m.mu.Lock()
+			again := s.relog
+			if !again {
+				s.relogging = false
+			}
 			m.mu.Unlock()
-			return
+			if !again {
+				return
+			}
+			continue
 		}
-		m.mu.Unlock()
 		if err == nil {
 			continue // events came while it was stored
 		}
-		m.log.Warn("the audit trail's events since the session's end are not stored yet; retrying", "session", info.ID, "in", wait, "err", err)
+		m.log.Warn("the audit trail's events since the session's end are not stored yet; retrying", "session", s.info.ID, "in", wait, "err", err)
 		select {
 		case <-m.base.Done():
-			m.mu.Lock()
-			s.relogging = false
-			m.mu.Unlock()
 			return // the marker stays: the next gateway stores the trail
 		case <-time.After(wait):
 		}
+		wait = min(2*wait, maxFinaliseBackoff)
 	}
 }
 

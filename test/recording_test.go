@@ -467,8 +467,33 @@ func TestDownloadsAndAuditTrail(t *testing.T) {
 	}
 	// Stored again, whole: what the end stored comes first. (Events
 	// recorded as the session was finalised may come between.)
-	if got := storedTrail(logs[0].ID); len(got) < len(stored)+2 || strings.Join(got[:len(stored)], " ") != strings.Join(stored, " ") {
-		t.Errorf("stored again: %v, want %v first and 2 events after", got, stored)
+	got := storedTrail(logs[0].ID)
+	if len(got) < len(stored)+2 || strings.Join(got[:len(stored)], " ") != strings.Join(stored, " ") {
+		t.Fatalf("stored again: %v, want %v first and 2 events after", got, stored)
+	}
+	// The host's file of the trail gone, a late event is added to the
+	// stored log, which keeps what it had: it never gets shorter.
+	ended := filepath.Join(e.dir, "state", "audit", "tenant-a", s.ID+".jsonl.ended")
+	if err := os.Remove(ended); err != nil {
+		t.Fatalf("the ended trail's host file: %v", err)
+	}
+	if st, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+s.ID+"/previews", map[string]any{"scope": "review", "ttl_seconds": 300}); st != 201 {
+		t.Fatalf("review link after the file went: %d %s", st, body)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		again := storedTrail(logs[0].ID)
+		if len(again) == len(got)+1 && again[len(got)] == "preview_issued" {
+			if strings.Join(again[:len(got)], " ") != strings.Join(got, " ") {
+				t.Fatalf("the stored log lost events: %v, had %v", again, got)
+			}
+			break
+		}
+		if len(again) < len(got) {
+			t.Fatalf("the stored log got shorter: %v, had %v", again, got)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the late event was not added within a minute: %v", again)
+		}
 	}
 }
 
