@@ -266,7 +266,7 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 	cc := client.NetConn()
 	raw := cc
 	if u, ok := cc.(interface{ UnsafeConn() net.Conn }); ok {
-		raw = u.UnsafeConn()
+		raw = underEOF(u.UnsafeConn())
 	}
 	// A message over a limit fails on the frame header that announces it,
 	// before its payload is read.

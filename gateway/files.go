@@ -241,7 +241,7 @@ func (s *Server) uploadBody(c *fiber.Ctx) *requestBody {
 		conn.SetReadDeadline(time.Now().Add(s.cfg.UploadTimeout))
 	}
 	if st := c.Context().RequestBodyStream(); st != nil {
-		return &requestBody{r: st, conn: conn, c: c}
+		return &requestBody{r: st, conn: conn, c: c, chunked: c.Request().Header.ContentLength() == -1}
 	}
 	// Not streamed (an empty body): already read.
 	return &requestBody{r: bytes.NewReader(c.Body()), c: c}
@@ -264,6 +264,9 @@ type requestBody struct {
 	c    *fiber.Ctx
 	end  atomic.Bool // r returned io.EOF
 	gone bool        // detached
+	// chunked: the body's length is not declared; its end is its last
+	// chunk.
+	chunked bool
 }
 
 var errBodyDetached = errors.New("the request was answered")
@@ -274,7 +277,16 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	if b.gone {
 		return 0, errBodyDetached
 	}
+	if b.end.Load() {
+		return 0, io.EOF // past the body: the stream would read on
+	}
 	n, err := b.r.Read(p)
+	if err == io.EOF && b.chunked && clientEnded(b.conn) {
+		// A chunked body ends with its last chunk, after which the
+		// client may stay or go: one whose client went first was cut
+		// short at a chunk's end.
+		return n, io.ErrUnexpectedEOF
+	}
 	if err == io.EOF {
 		b.end.Store(true)
 	}

@@ -222,12 +222,16 @@ func (s *Server) App() *fiber.App { return s.app }
 // finish and are answered, everything else is served meanwhile; then the
 // listener closes. Running sessions stay for the next gateway to adopt.
 func (s *Server) Listen(ctx context.Context, addr string) error {
-	return s.serve(ctx, func() error { return s.app.Listen(addr) })
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx, ln)
 }
 
 // Serve is Listen on a listener of the caller's.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	return s.serve(ctx, func() error { return s.app.Listener(ln) })
+	return s.serve(ctx, func() error { return s.app.Listener(eofListener{ln}) })
 }
 
 func (s *Server) serve(ctx context.Context, listen func() error) error {

@@ -604,8 +604,10 @@ func TestUploadCutShort(t *testing.T) {
 	e := needE2E(t)
 	s := e.createSession(t, e.keyA, nil)
 	// upload sends sent bytes of a body of declared bytes (-1: chunked,
-	// in one chunk of sent bytes; whole: with its last chunk), then
-	// half-closes: gone part way, but still reading.
+	// in one chunk of sent bytes; whole: with its last chunk; else, with
+	// atChunkEnd, cut after that chunk's end), then half-closes: gone
+	// part way, but still reading.
+	atChunkEnd := false
 	upload := func(path string, declared, sent int, fill byte, whole bool) (int, string) {
 		t.Helper()
 		conn, err := net.Dial("tcp", e.gwAddr)
@@ -624,8 +626,11 @@ func TestUploadCutShort(t *testing.T) {
 			fmt.Fprintf(conn, "%x\r\n", sent)
 		}
 		conn.Write(bytes.Repeat([]byte{fill}, sent))
-		if declared < 0 && whole {
+		switch {
+		case declared < 0 && whole:
 			io.WriteString(conn, "\r\n0\r\n\r\n")
+		case declared < 0 && atChunkEnd:
+			io.WriteString(conn, "\r\n") // the chunk is whole; the last one never comes
 		}
 		conn.(*net.TCPConn).CloseWrite()
 		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -713,6 +718,21 @@ func TestUploadCutShort(t *testing.T) {
 	if out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"readlink", "/tmp/link"}}); strings.TrimSpace(string(out.Stdout)) != "/tmp/target" {
 		t.Fatalf("a refused upload to a link left it no longer one: %q", out.Stdout)
 	}
+	// A chunked body cut where a chunk ends (as a client killed between
+	// two writes leaves it) looks whole to the HTTP server: only the
+	// connection's end tells it was cut. (The control, a whole chunked
+	// body followed by the same half-close, is above.)
+	atChunkEnd = true
+	for _, p := range []struct{ path, want string }{{"/tmp/cut-boundary.bin", "none"}, {"/tmp/whole.bin", "100000 755 y"}} {
+		status, body := upload(p.path, -1, 5000, 'z', false)
+		if status != 400 || !strings.Contains(body, "ended after 5000 bytes") {
+			t.Fatalf("%s cut at a chunk's end: %d %s", p.path, status, body)
+		}
+		if got := state(p.path); got != p.want {
+			t.Fatalf("%s cut at a chunk's end left %q, want %q", p.path, got, p.want)
+		}
+	}
+	atChunkEnd = false
 	if left := temps(); left != "" {
 		t.Fatalf("temporary files left: %s", left)
 	}
