@@ -59,6 +59,18 @@ func (s *Server) checkPreview(req previewRequest) (time.Duration, error) {
 // issuePreview signs a preview of a session the caller owns and records
 // it in the session's trail.
 func (s *Server) issuePreview(tenant, id string, req previewRequest, ttl time.Duration) (previewResponse, error) {
+	out, ev, err := s.signPreview(tenant, id, req, ttl)
+	if err != nil {
+		return previewResponse{}, err
+	}
+	s.sessions.Record(id, ev.Type, ev.Fields)
+	s.durable(id)
+	return out, nil
+}
+
+// signPreview makes a preview of the session and the event that records
+// its issue.
+func (s *Server) signPreview(tenant, id string, req previewRequest, ttl time.Duration) (previewResponse, session.Event, error) {
 	now := time.Now().UTC().Truncate(time.Second)
 	pid := newPreviewID()
 	claims := previewClaims{Session: id, Tenant: tenant, Scope: req.Scope, ViewOnly: req.ViewOnly}
@@ -67,10 +79,10 @@ func (s *Server) issuePreview(tenant, id string, req previewRequest, ttl time.Du
 	claims.IssuedAt = jwtTime(now)
 	tok, err := s.tokens.issue(claims)
 	if err != nil {
-		return previewResponse{}, fmt.Errorf("sign preview: %w", err)
+		return previewResponse{}, session.Event{}, fmt.Errorf("sign preview: %w", err)
 	}
-	s.sessions.Record(id, "preview_issued", map[string]any{"preview": pid, "scope": req.Scope, "view_only": req.ViewOnly, "expires_at": now.Add(ttl)})
-	s.durable(id)
+	ev := session.Event{Time: time.Now().UTC(), Type: "preview_issued",
+		Fields: map[string]any{"preview": pid, "scope": req.Scope, "view_only": req.ViewOnly, "expires_at": now.Add(ttl)}}
 	out := previewResponse{
 		ID: pid, URL: s.cfg.PublicURL.String() + "/" + req.Scope + "/" + tok,
 		ExpiresAt: now.Add(ttl), Scope: req.Scope, ViewOnly: req.ViewOnly,
@@ -80,7 +92,7 @@ func (s *Server) issuePreview(tenant, id string, req previewRequest, ttl time.Du
 		ws.Scheme = s.wsScheme
 		out.WSURL = ws.String() + "/cdp/" + tok
 	}
-	return out, nil
+	return out, ev, nil
 }
 
 func (s *Server) createPreview(c *fiber.Ctx) error {
@@ -99,17 +111,24 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 	tenant := tenantOf(c)
 	if req.Scope == ScopeReview {
 		// A review outlives its session: it needs the session known to
-		// this gateway, or artifacts of it in the store.
-		if _, err := s.sessions.Get(tenant, id); err != nil {
-			ctx, cancel := reqCtx(c, 30*time.Second)
-			defer cancel()
-			as, lerr := s.store.List(ctx, tenant, id)
-			if lerr != nil {
-				return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: lerr}
-			}
-			if len(as) == 0 {
+		// this gateway, or artifacts of it in the store. The issue of
+		// one for a forgotten session goes into its stored log before
+		// the link is handed out.
+		ctx, cancel := reqCtx(c, 30*time.Second)
+		defer cancel()
+		gone, err := s.forgotten(ctx, tenant, id)
+		if err != nil {
+			return err
+		}
+		if gone {
+			out, ev, err := s.signPreview(tenant, id, req, ttl)
+			if err != nil {
 				return err
 			}
+			if err := s.recordStored(ctx, tenant, id, ev); err != nil {
+				return &apiError{status: 503, code: "unavailable", msg: "the review link was not issued: its issue could not be added to the session's stored audit log", err: err}
+			}
+			return c.Status(fiber.StatusCreated).JSON(out)
 		}
 	} else if _, err := s.sessions.Endpoint(tenant, id); err != nil {
 		return err
@@ -121,6 +140,34 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 	return c.Status(fiber.StatusCreated).JSON(out)
 }
 
+// forgotten says whether id is a session of tenant's that this gateway
+// no longer holds (forgotten after its retention) and whose artifacts
+// the store still has. An error: the session is not the tenant's, or
+// the store could not say.
+func (s *Server) forgotten(ctx context.Context, tenant, id string) (bool, error) {
+	_, err := s.sessions.Get(tenant, id)
+	if err == nil {
+		return false, nil
+	}
+	if !errors.Is(err, session.ErrNotFound) {
+		return false, err
+	}
+	as, lerr := s.store.List(ctx, tenant, id)
+	if lerr != nil {
+		return false, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: lerr}
+	}
+	if len(as) == 0 {
+		return false, err
+	}
+	return true, nil
+}
+
+// recordStored adds an event to the stored audit log of a session this
+// gateway no longer holds.
+func (s *Server) recordStored(ctx context.Context, tenant, id string, ev session.Event) error {
+	return (*observer)(s).StoreTrail(ctx, session.Info{ID: id, Tenant: tenant}, []session.Event{ev})
+}
+
 func (s *Server) revokePreview(c *fiber.Ctx) error {
 	id, err := s.sessionID(c)
 	if err != nil {
@@ -130,8 +177,16 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	if !ids.IsPreview(pid) {
 		return errNotFound("no such preview")
 	}
-	ctx, cancel := reqCtx(c, 10*time.Second)
+	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
+	tenant := tenantOf(c)
+	gone, err := s.forgotten(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	if gone {
+		return s.revokeForgotten(c, ctx, tenant, id, pid)
+	}
 	// A revocation lasts as long as its preview would have: the trail
 	// says when that is. An id the trail does not know is revoked for
 	// the longest a preview may live: the trail may lack its issue (a
@@ -162,6 +217,28 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	}
 	s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "stored": err == nil})
 	s.durable(id)
+	if err != nil {
+		return err
+	}
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
+// revokeForgotten revokes a preview (a review link) of a session this
+// gateway no longer holds. The revocation lasts the longest a preview
+// may live (the trail that says how long this one does is in the store,
+// not read here), and goes into the session's stored log.
+func (s *Server) revokeForgotten(c *fiber.Ctx, ctx context.Context, tenant, id, pid string) error {
+	err := s.sessions.RevokeForgotten(ctx, id, pid, time.Now().Add(s.cfg.MaxPreviewTTL))
+	if errors.Is(err, session.ErrQuota) {
+		return err
+	}
+	ev := session.Event{Time: time.Now().UTC(), Type: "preview_revoked", Fields: map[string]any{"preview": pid, "stored": err == nil}}
+	if aerr := s.recordStored(ctx, tenant, id, ev); aerr != nil {
+		s.log.Error("a revocation of a forgotten session's preview is not in its stored audit log", "session", id, "preview", pid, "err", aerr)
+		if err == nil {
+			return &apiError{status: 503, code: "unavailable", msg: "the preview is revoked, but its revocation could not be added to the session's stored audit log; revoke it again", err: aerr}
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // Bounds on a session's live preview connections (CDP, VNC, shell).
@@ -76,15 +78,35 @@ func (m *Manager) RevokePreview(ctx context.Context, tenant, id, preview string,
 	if err != nil {
 		return err
 	}
+	return m.revoke(ctx, s, id, preview, until)
+}
+
+// RevokeForgotten revokes a preview of a session this gateway does not
+// hold any more (forgotten after its retention; its review links live
+// on). The caller has made sure the session was the tenant's: the store
+// holds its artifacts under the tenant.
+func (m *Manager) RevokeForgotten(ctx context.Context, id, preview string, until time.Time) error {
+	if !ids.IsSession(id) {
+		return ErrNotFound
+	}
+	return m.revoke(ctx, nil, id, preview, until)
+}
+
+// revoke does RevokePreview for s, or for a session the manager does not
+// hold (nil).
+func (m *Manager) revoke(ctx context.Context, s *sess, id, preview string, until time.Time) error {
+	var err error
 	if m.revocations.count(id, time.Now()) >= MaxRevocationsPerSession && !m.revocations.has(id, preview, time.Now()) {
 		// Each is kept (here and in the store) until its preview would
 		// expire: a bound, so that no one can fill the store with them.
 		return publicf(ErrQuota, fmt.Sprintf("at most %d previews of a session can be revoked; end the session to end them all", MaxRevocationsPerSession), nil)
 	}
 	err = m.revocations.add(id, preview, until, time.Now())
-	m.mu.Lock()
-	closeConns(s, preview)
-	m.mu.Unlock()
+	if s != nil {
+		m.mu.Lock()
+		closeConns(s, preview)
+		m.mu.Unlock()
+	}
 	if err != nil {
 		return fmt.Errorf("store revocation: %w", err)
 	}

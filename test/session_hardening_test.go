@@ -293,4 +293,44 @@ func TestEndedSessionsForgotten(t *testing.T) {
 	if !found {
 		t.Errorf("the stored trail has no stop: %v", evs)
 	}
+
+	// A review link of the forgotten session is issued, and revoked,
+	// and both are in its stored audit log; another tenant can do
+	// neither.
+	link := e.vncPreview(t, e.keyA, s.ID, "review", false, 3600)
+	get := func() int {
+		resp, err := http.Get(link.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := get(); st != 200 {
+		t.Fatalf("the control: the forgotten session's review link answers %d", st)
+	}
+	path := "/v1/sessions/" + s.ID + "/previews/" + link.ID
+	if st, body := e.api(t, e.keyB, "DELETE", path, nil); st != 404 {
+		t.Fatalf("another tenant revoked the review link: %d %s", st, body)
+	}
+	if st, body := e.api(t, e.keyB, "POST", "/v1/sessions/"+s.ID+"/previews", map[string]any{"scope": "review"}); st != 404 {
+		t.Fatalf("another tenant got a review link of the session: %d %s", st, body)
+	}
+	if st := get(); st != 200 {
+		t.Fatalf("the review link answers %d after another tenant's revoke", st)
+	}
+	if st, body := e.api(t, e.keyA, "DELETE", path, nil); st != 204 {
+		t.Fatalf("revoke the forgotten session's review link: %d %s", st, body)
+	}
+	if st := get(); st != 401 && st != 403 && st != 404 {
+		t.Fatalf("the revoked review link answers %d", st)
+	}
+	evs = e.events(t, e.keyA, s.ID)
+	var tail []string
+	for _, ev := range evs[max(0, len(evs)-2):] {
+		tail = append(tail, ev.Type)
+	}
+	if strings.Join(tail, " ") != "preview_issued preview_revoked" || !found {
+		t.Fatalf("the stored trail ends %v, want the issue and the revocation after the stop", tail)
+	}
 }
