@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync/atomic"
+	"syscall"
 )
 
 // eofListener's connections note when their client's stream has ended.
@@ -40,6 +42,16 @@ func (c *eofConn) ReadFrom(r io.Reader) (int64, error) {
 		return rf.ReadFrom(r)
 	}
 	return io.Copy(struct{ io.Writer }{c.Conn}, r)
+}
+
+// SyscallConn is the socket of the connection under it: what looks at
+// the socket itself (peekNow, whether a waiting client hung up) sees
+// through the wrapper.
+func (c *eofConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }
 
 // clientEnded says whether conn is one of eofListener's whose client's

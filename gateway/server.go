@@ -222,7 +222,7 @@ func (s *Server) App() *fiber.App { return s.app }
 // finish and are answered, everything else is served meanwhile; then the
 // listener closes. Running sessions stay for the next gateway to adopt.
 func (s *Server) Listen(ctx context.Context, addr string) error {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen(s.app.Config().Network, addr) // as Fiber's own Listen (tcp4 by default)
 	if err != nil {
 		return err
 	}
