@@ -58,33 +58,45 @@ const (
 	// at $2 (exit 24) for scriptPutDone or removal. A symbolic link (so
 	// that it stays one, and its target keeps its inode) and a file in a
 	// directory that takes no new file are written through, in place: the
-	// body waits at $4, in the session's /tmp, and is copied over $1 only
-	// once it is whole (exit 27: a chunked one waits there for
-	// scriptPutCopy; exit 23: the copy in place failed part way). A new
-	// path is written in place (exit 0), and the gateway removes what a
-	// refused upload left there; a new path the session could not write
+	// body waits at $4, in the session's /tmp and readable by its owner
+	// only, for scriptPutCopy (exit 27) once the gateway knows it whole.
+	// Such a file the session may not write is refused before the body
+	// is read (exit 29), as is one when /tmp takes no copy (exit 28). A
+	// new path is written in place (exit 0), and the gateway removes what
+	// a refused upload left there; a new path the session could not write
 	// whole (its disk full) is removed (exit 25), and one in a directory
-	// it may not write to is refused (exit 26), as is a file to be written
-	// in place when /tmp takes no copy of it (exit 28).
+	// it may not write to is refused (exit 26).
 	// Builtins where they serve, and one stat for the new file's size and
 	// mode and the old one's: under gVisor each process costs tens of
 	// milliseconds.
 	scriptPut = `d=${1%/*}; [ -n "$d" ] || d=/
 [ -d "$d" ] || { echo "no such directory" >&2; exit 20; }; [ ! -d "$1" ] || { echo "is a directory" >&2; exit 21; }
 if [ ! -e "$1" ] && [ ! -L "$1" ]; then [ -w "$d" ] || exit 26; cat >"$1" || { rm -f -- "$1"; exit 25; }; exit 0; fi
-t=$2; if [ -L "$1" ] || ! true 2>/dev/null >"$t"; then t=$4; true 2>/dev/null >"$t" || exit 28; fi
-cat >"$t" || { rm -f -- "$t"; exit 1; }
-[ -n "$3" ] || { [ "$t" = "$2" ] && exit 24; exit 27; }
-set -- "$1" "$2" "$3" "$t" $(stat -c '%s %a' -- "$t" "$1" 2>/dev/null)
-[ "$5" = "$3" ] || { rm -f -- "$4"; exit 22; }
-if [ "$4" != "$2" ]; then cat -- "$4" >"$1"; r=$?; rm -f -- "$4"; [ $r = 0 ] || exit 23; exit 0; fi
-[ "$6" = "$8" ] || chmod "$8" -- "$2" 2>/dev/null
+if [ -L "$1" ] || ! true 2>/dev/null >"$2"; then
+  [ -w "$1" ] || [ ! -e "$1" ] || exit 29
+  umask 077; true 2>/dev/null >"$4" || exit 28
+  cat >"$4" || { rm -f -- "$4"; exit 1; }
+  [ -z "$3" ] || [ "$(stat -c %s -- "$4")" = "$3" ] || { rm -f -- "$4"; exit 22; }
+  exit 27
+fi
+cat >"$2" || { rm -f -- "$2"; exit 1; }
+[ -n "$3" ] || exit 24
+set -- "$1" "$2" "$3" $(stat -c '%s %a' -- "$2" "$1" 2>/dev/null)
+[ "$4" = "$3" ] || { rm -f -- "$2"; exit 22; }
+[ "$5" = "$7" ] || chmod "$7" -- "$2" 2>/dev/null
 mv -fT -- "$2" "$1" || { rm -f -- "$2"; exit 1; }`
 	// scriptPutDone puts a whole chunked upload ($1) in its place ($2).
 	scriptPutDone = `chmod --reference="$2" -- "$1" 2>/dev/null; mv -fT -- "$1" "$2" || { rm -f -- "$1"; exit 1; }`
-	// scriptPutCopy copies a whole chunked upload ($1) over $2, in place.
-	scriptPutCopy = `cat -- "$1" >"$2"; r=$?; rm -f -- "$1"; exit $r`
+	// scriptPutCopy copies a whole upload ($1) over $2, in place: a file
+	// it cannot open is left as it was (exit 29); one whose copy fails
+	// part way (a full disk) is cut short (exit 23).
+	scriptPutCopy = `{ exec 3>"$2"; } 2>/dev/null || { rm -f -- "$1"; exit 29; }
+cat -- "$1" >&3; r=$?; rm -f -- "$1"; [ $r = 0 ] || exit 23`
 )
+
+// copyRate is the slowest a session is expected to copy a file in place
+// (bytes a second), for the copy's time bound.
+const copyRate = 4 << 20
 
 // Exit codes of scriptPut.
 const (
@@ -97,6 +109,7 @@ const (
 	putNoWrite    = 26
 	putCopyWaits  = 27
 	putNoStaging  = 28
+	putDenied     = 29
 	uploadPrefix  = ".sandgate-upload-"
 )
 
@@ -174,8 +187,8 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 		written = tmp
 	case putCopyWaits:
 		written = staged
-	case putCopyFailed:
-		return &apiError{status: 413, code: "invalid_argument", msg: "the session could not write the whole file over the one at path (is its disk full?); that file may be cut short"}
+	case putDenied:
+		return errDenied("the session may not write to path")
 	case putNoStaging:
 		return &apiError{status: 413, code: "invalid_argument", msg: "path is written in place (a symbolic link, or a directory that takes no new file), and the session's /tmp could not take the upload first; nothing was written"}
 	case putNoDir:
@@ -219,10 +232,22 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 			return errDenied("the session refused to write path (permissions?)")
 		}
 	case staged:
-		res, err := run("sh", "-c", scriptPutCopy, "sandgate", staged, p)
-		if err != nil || res.ExitCode != 0 {
+		// The copy gets its own time, by the file's size: one cut by a
+		// deadline would leave the file it writes over cut short.
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second+time.Duration(counted.n/copyRate)*time.Second)
+		res, err := s.sessions.Exec(cctx, tenant, id, []string{"sh", "-c", scriptPutCopy, "sandgate", staged, p})
+		ccancel()
+		switch {
+		case err != nil:
 			run("rm", "-f", "--", staged)
-			return &apiError{status: 413, code: "invalid_argument", msg: "the session could not write the whole file over the one at path (is its disk full?); that file may be cut short"}
+			return &apiError{status: 503, code: "unavailable", msg: "the copy over the file at path did not finish; that file may be cut short", err: err}
+		case res.ExitCode == putDenied:
+			return errDenied("the session may not write to path")
+		case res.ExitCode == putCopyFailed:
+			return &apiError{status: 413, code: "invalid_argument", msg: "the session could not write the whole file over the one at path (is its disk full?); that file is cut short"}
+		case res.ExitCode != 0:
+			run("rm", "-f", "--", staged)
+			return errDenied("the session refused to write path (permissions?)")
 		}
 	}
 	sum := hex.EncodeToString(sha.Sum(nil))

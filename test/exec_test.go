@@ -733,6 +733,14 @@ func TestUploadCutShort(t *testing.T) {
 		}
 	}
 	atChunkEnd = false
+	// A file the session may not write, in a directory that takes no new
+	// file: refused (403) before its body is staged, and left as it was.
+	e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"chmod", "444", "/tmp/ro/f"}})
+	for _, declared := range []int{1000, -1} {
+		if status, body := upload("/tmp/ro/f", declared, 1000, 'w', true); status != 403 || state("/tmp/ro/f") != "1000 444 s" {
+			t.Fatalf("an upload to a file the session may not write (declared %d): %d %s, file %s", declared, status, body, state("/tmp/ro/f"))
+		}
+	}
 	if left := temps(); left != "" {
 		t.Fatalf("temporary files left: %s", left)
 	}
