@@ -343,8 +343,12 @@ var _ session.TrailRestorer = (*observer)(nil)
 // auditLogName is the name of a session's stored audit trail.
 const auditLogName = "audit.jsonl"
 
-// maxLogMerge bounds the stored log read to add a trail's events to it.
-const maxLogMerge = 256 << 20
+// maxLogMerge bounds the stored log read to add a trail's events to it;
+// maxLogMerges, how many are read at once.
+const (
+	maxLogMerge  = 256 << 20
+	maxLogMerges = 2
+)
 
 // StoreTrail stores the session's audit trail as its log artifact, under
 // an id of the session's own. A log already there (the end's, when
@@ -352,16 +356,22 @@ const maxLogMerge = 256 << 20
 // lost) is kept whole, and the trail's events it lacks are added after
 // its own: a log is never stored shorter than it was, and keeps the date
 // it was first stored, which its retention counts from. One too large to
-// read back is left as it is, and the trail stored beside it.
+// read back (past what a trail holds) is left as it is, and the error
+// says so: the events stay in the host's trail, and the caller retries.
 func (o *observer) StoreTrail(ctx context.Context, info session.Info, events []session.Event) error {
+	if o.logMerges != nil {
+		select {
+		case o.logMerges <- struct{}{}:
+			defer func() { <-o.logMerges }()
+		case <-ctx.Done():
+			return fmt.Errorf("store the audit trail: %w", ctx.Err())
+		}
+	}
 	a := recordings.Artifact{ID: recordings.SegmentID(info.ID, auditLogName), Session: info.ID,
 		Kind: recordings.KindLog, Name: auditLogName, ContentType: "application/x-ndjson"}
 	old, prev, err := o.store.Read(ctx, info.Tenant, info.ID, recordings.KindLog, a.ID, maxLogMerge)
 	switch {
 	case errors.Is(err, recordings.ErrNotFound):
-	case errors.Is(err, recordings.ErrTooLarge):
-		o.log.Warn("the stored audit log is too large to add to; the trail is stored beside it", "session", info.ID)
-		a.ID, old = "", nil
 	case err != nil:
 		return fmt.Errorf("store the audit trail: %w", err)
 	default:

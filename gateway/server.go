@@ -78,14 +78,17 @@ const (
 
 // Server is the gateway.
 type Server struct {
-	cfg      Config
-	app      *fiber.App
-	sessions *session.Manager
-	tenants  *tenant.Registry
-	store    *recordings.Store
-	tokens   *signer
-	vault    *vault.Vault         // nil: no credentials
-	recorder *recordings.Recorder // nil: no recordings
+	// logMerges bounds the stored audit logs read into memory at once
+	// (StoreTrail).
+	logMerges chan struct{}
+	cfg       Config
+	app       *fiber.App
+	sessions  *session.Manager
+	tenants   *tenant.Registry
+	store     *recordings.Store
+	tokens    *signer
+	vault     *vault.Vault         // nil: no credentials
+	recorder  *recordings.Recorder // nil: no recordings
 	// retention per tenant; the janitor enforces it.
 	retention    map[string]time.Duration
 	janitorEvery time.Duration
@@ -137,7 +140,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 			}
 		}
 	}
-	s := &Server{
+	s := &Server{logMerges: make(chan struct{}, maxLogMerges),
 		cfg: cfg, sessions: sessions, store: store, tokens: tokens, log: log,
 		hosts:    map[string]bool{strings.ToLower(cfg.PublicURL.Host): true},
 		origin:   cfg.PublicURL.Scheme + "://" + strings.ToLower(cfg.PublicURL.Host),
