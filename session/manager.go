@@ -233,6 +233,11 @@ type sess struct {
 	// claimStored, after a claim, is closed once containerd has the
 	// claimant's labels (see storeClaim); later label writes wait for it.
 	claimStored chan struct{}
+	// storing is the pool of a claimed session whose container is still
+	// labelled pooled in containerd (until storeClaim is done): it counts
+	// against that pool meanwhile, so that containerd never holds more
+	// pooled containers than the pool's limit.
+	storing *pool
 	// releaseProfile drops the session's profile hold once it has ended.
 	releaseProfile func()
 	// journalMu keeps one flush or drop of the session's stored trail at

@@ -267,8 +267,9 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	if recordNow {
 		close(s.claimStored)
 	} else {
+		s.storing = p
 		m.wg.Add(1)
-		go m.storeClaim(s.info.ID, sb, labels, s.claimStored)
+		go m.storeClaim(s, sb, labels)
 	}
 	s.info = info
 	s.releaseProfile = releaseProfile
@@ -363,9 +364,18 @@ func (m *Manager) readClaim(id string) (map[string]string, error) {
 // (the file then stays, and a restarted gateway applies it). done closes
 // at the end: later label writes (Extend) wait for it, so that a claim
 // written after them cannot undo them.
-func (m *Manager) storeClaim(id string, sb Sandbox, labels map[string]string, done chan struct{}) {
+func (m *Manager) storeClaim(s *sess, sb Sandbox, labels map[string]string) {
 	defer m.wg.Done()
-	defer close(done)
+	m.mu.Lock()
+	id, done := s.info.ID, s.claimStored
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		s.storing = nil
+		m.mu.Unlock()
+		close(done)
+		m.kickRefill() // the pool's place it held is free now
+	}()
 	// Not while the claimant connects (its first exchanges follow the
 	// answer within milliseconds): on a small host, containerd's write
 	// and fsync slowed them (one-call connects measured 9.9 ms p50 beside
@@ -452,6 +462,10 @@ func (m *Manager) nextRefill(now time.Time, memMB int) *pool {
 		// until it is gone, so that the pool never holds more.
 		if s.pool != nil && (s.info.State == StateStarting || s.info.State == StateRunning || s.info.State == StateStopping) {
 			live[s.pool]++
+			total++
+		}
+		if s.storing != nil {
+			live[s.storing]++
 			total++
 		}
 	}

@@ -66,7 +66,13 @@ func TestNextRefillKeepsLimits(t *testing.T) {
 	if p := m.nextRefill(now, 8192); p != nil {
 		t.Fatalf("full pools refilled: %v", p.key())
 	}
-	last.pool = nil
+	// Claimed, but containerd still has its container labelled pooled
+	// (storeClaim): it holds its place until then.
+	last.pool, last.storing = nil, ps[1]
+	if p := m.nextRefill(now, 8192); p != nil {
+		t.Fatalf("refilled while a claim's labels are not stored: %v", p.key())
+	}
+	last.storing = nil
 	if p := m.nextRefill(now, 8192); p != ps[1] {
 		t.Fatalf("after a claim: refill %v, want the second", p)
 	}
