@@ -369,19 +369,13 @@ func (o *observer) StoreTrail(ctx context.Context, info session.Info, events []s
 	}
 	a := recordings.Artifact{ID: recordings.SegmentID(info.ID, auditLogName), Session: info.ID,
 		Kind: recordings.KindLog, Name: auditLogName, ContentType: "application/x-ndjson"}
-	old, prev, err := o.store.Read(ctx, info.Tenant, info.ID, recordings.KindLog, a.ID, maxLogMerge)
-	switch {
-	case errors.Is(err, recordings.ErrNotFound):
-	case err != nil:
-		return fmt.Errorf("store the audit trail: %w", err)
-	default:
-		a.CreatedAt = prev.CreatedAt
-	}
-	merged, added := mergeLog(old, events)
-	if old != nil && added == 0 {
-		return nil // the log has them all
-	}
-	if _, err := o.store.PutFrom(ctx, info.Tenant, a, bytes.NewReader(merged)); err != nil {
+	// Conditional on the log as read: another replica adding to it at
+	// once (a takeover) makes this one read it again, not overwrite it.
+	err := o.store.Update(ctx, info.Tenant, a, maxLogMerge, func(old []byte) ([]byte, bool) {
+		merged, added := mergeLog(old, events)
+		return merged, old == nil || added > 0 // nothing to write when the log has them all
+	})
+	if err != nil {
 		return fmt.Errorf("store the audit trail: %w", err)
 	}
 	return nil

@@ -141,7 +141,7 @@ func (s *Store) Put(ctx context.Context, tenant, session, kind, name, contentTyp
 		ID: newArtifactID(session), Session: session, Kind: kind, Name: name,
 		Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:]), ContentType: contentType,
 	}
-	return s.put(ctx, tenant, a, bytes.NewReader(data))
+	return s.put(ctx, tenant, a, bytes.NewReader(data), nil)
 }
 
 // PutFile stores a file as an artifact, reading it twice: once for its
@@ -170,7 +170,7 @@ func (s *Store) PutFrom(ctx context.Context, tenant string, a Artifact, f io.Rea
 		a.ID = newArtifactID(a.Session)
 	}
 	a.Size, a.SHA256 = n, hex.EncodeToString(h.Sum(nil))
-	return s.put(ctx, tenant, a, f)
+	return s.put(ctx, tenant, a, f, nil)
 }
 
 // SegmentID is the stable artifact id of a named piece of a session's
@@ -180,7 +180,9 @@ func SegmentID(session, name string) string {
 	return session + "." + hex.EncodeToString(sum[:8])
 }
 
-func (s *Store) put(ctx context.Context, tenant string, a Artifact, r io.Reader) (Artifact, error) {
+// put stores a; with match, only if the stored artifact still has that
+// ETag, or is still absent when match is "" (else ErrChanged).
+func (s *Store) put(ctx context.Context, tenant string, a Artifact, r io.Reader, match *string) (Artifact, error) {
 	if !tenantChars.MatchString(tenant) || !ids.IsSession(a.Session) || !validName(a.Name) || !idPattern.MatchString(a.ID) {
 		return Artifact{}, fmt.Errorf("recordings: bad tenant, session, id or name")
 	}
@@ -197,45 +199,97 @@ func (s *Store) put(ctx context.Context, tenant string, a Artifact, r io.Reader)
 	if a.SourceURL != "" {
 		meta["Sandgate-Source"] = url.PathEscape(a.SourceURL)
 	}
-	_, err := s.client.PutObject(ctx, s.cfg.Bucket, key(tenant, a.Session, a.Kind, a.ID), r, a.Size, minio.PutObjectOptions{
+	opts := minio.PutObjectOptions{
 		ContentType:        a.ContentType,
 		ContentDisposition: mime.FormatMediaType("attachment", map[string]string{"filename": a.Name}),
 		UserMetadata:       meta,
 		SendContentMd5:     true,
-	})
+	}
+	switch {
+	case match == nil:
+	case *match == "":
+		opts.SetMatchETagExcept("*")
+	default:
+		opts.SetMatchETag(*match)
+	}
+	_, err := s.client.PutObject(ctx, s.cfg.Bucket, key(tenant, a.Session, a.Kind, a.ID), r, a.Size, opts)
+	if code := minio.ToErrorResponse(err).Code; match != nil && (code == "PreconditionFailed" || code == "NoSuchKey") {
+		// Written, or removed, since it was read.
+		return Artifact{}, fmt.Errorf("store artifact: %w", ErrChanged)
+	}
 	if err != nil {
 		return Artifact{}, fmt.Errorf("store artifact: %w", err)
 	}
 	return a, nil
 }
 
-// Read reads one of a session's artifacts whose kind and id the caller
-// knows (one stored under a stable id), up to max bytes: its record, or
-// ErrNotFound when there is none.
-func (s *Store) Read(ctx context.Context, tenant, session, kind, id string, max int64) ([]byte, Artifact, error) {
-	if !tenantChars.MatchString(tenant) || !ids.IsSession(session) || !idPattern.MatchString(id) {
-		return nil, Artifact{}, ErrNotFound
+// Update rewrites one of a session's artifacts that has a stable id
+// (a.ID) from what it holds. change gets the stored bytes (nil when
+// there are none), read up to max (ErrTooLarge past it), and returns the
+// new ones, or false to leave the artifact as it is. The write holds
+// only if the artifact is still as it was read (its ETag, or its
+// absence): of two writers at once, the one that loses reads again and
+// changes that, so neither loses the other's change. The stored
+// artifact's creation time is kept.
+func (s *Store) Update(ctx context.Context, tenant string, a Artifact, max int64, change func(old []byte) ([]byte, bool)) error {
+	if !tenantChars.MatchString(tenant) || !ids.IsSession(a.Session) || !idPattern.MatchString(a.ID) {
+		return fmt.Errorf("recordings: bad tenant, session or id")
 	}
+	for try := 0; try < updateTries; try++ {
+		old, prev, etag, err := s.read(ctx, tenant, a.Session, a.Kind, a.ID, max)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			etag = "" // written only if it is still absent
+		case err != nil:
+			return err
+		default:
+			a.CreatedAt = prev.CreatedAt
+		}
+		data, ok := change(old)
+		if !ok {
+			return nil
+		}
+		sum := sha256.Sum256(data)
+		a.Size, a.SHA256 = int64(len(data)), hex.EncodeToString(sum[:])
+		_, err = s.put(ctx, tenant, a, bytes.NewReader(data), &etag)
+		if !errors.Is(err, ErrChanged) {
+			return err
+		}
+	}
+	return fmt.Errorf("store artifact: %w (%d times)", ErrChanged, updateTries)
+}
+
+// updateTries bounds how often an Update reads again after losing a race.
+const updateTries = 8
+
+// ErrChanged: an artifact changed between an Update's read and its write.
+var ErrChanged = errors.New("the artifact changed while it was being updated")
+
+// read is an artifact whose kind and id the caller knows, up to max
+// bytes, with its record and ETag; ErrNotFound when there is none.
+func (s *Store) read(ctx context.Context, tenant, session, kind, id string, max int64) ([]byte, Artifact, string, error) {
 	obj, err := s.client.GetObject(ctx, s.cfg.Bucket, key(tenant, session, kind, id), minio.GetObjectOptions{})
 	if err != nil {
-		return nil, Artifact{}, fmt.Errorf("read artifact: %w", err)
+		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w", err)
 	}
 	defer obj.Close()
 	info, err := obj.Stat()
 	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-		return nil, Artifact{}, ErrNotFound
+		return nil, Artifact{}, "", ErrNotFound
 	}
 	if err != nil {
-		return nil, Artifact{}, fmt.Errorf("read artifact: %w", err)
+		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w", err)
 	}
 	raw, err := io.ReadAll(io.LimitReader(obj, max+1))
 	if err != nil {
-		return nil, Artifact{}, fmt.Errorf("read artifact: %w", err)
+		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w", err)
 	}
 	if int64(len(raw)) > max {
-		return nil, Artifact{}, fmt.Errorf("read artifact: %w (%d bytes)", ErrTooLarge, max)
+		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w (%d bytes)", ErrTooLarge, max)
 	}
-	return raw, artifactOf(session, info), nil
+	// The bytes and the ETag are of one version: minio-go reads them
+	// from one response, and asks any later range for that ETag.
+	return raw, artifactOf(session, info), info.ETag, nil
 }
 
 // Fetch copies an artifact's bytes to w.
