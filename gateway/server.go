@@ -81,14 +81,16 @@ type Server struct {
 	// logMerges bounds the stored audit logs read into memory at once
 	// (StoreTrail).
 	logMerges chan struct{}
-	cfg       Config
-	app       *fiber.App
-	sessions  *session.Manager
-	tenants   *tenant.Registry
-	store     *recordings.Store
-	tokens    *signer
-	vault     *vault.Vault         // nil: no credentials
-	recorder  *recordings.Recorder // nil: no recordings
+	// reviews keeps review links' views from growing a log unbounded.
+	reviews  reviewNotes
+	cfg      Config
+	app      *fiber.App
+	sessions *session.Manager
+	tenants  *tenant.Registry
+	store    *recordings.Store
+	tokens   *signer
+	vault    *vault.Vault         // nil: no credentials
+	recorder *recordings.Recorder // nil: no recordings
 	// retention per tenant; the janitor enforces it.
 	retention    map[string]time.Duration
 	janitorEvery time.Duration

@@ -50,6 +50,7 @@ var noisyEvents = map[string]bool{
 	"egress_allowed": true, "egress_denied": true, "egress_failed": true,
 	"credential_used": true, "credential_unavailable": true,
 	"preview_connected": true, "preview_closed": true,
+	"review_opened": true, "review_fetched": true,
 }
 
 // trail is a session's audit trail: appended to a host file under the
@@ -95,18 +96,20 @@ type trail struct {
 
 // Record appends an event to the audit trail of a session the manager
 // knows; events for unknown or forgotten sessions are ignored, so no one
-// makes a trail for a session that is not there.
-func (m *Manager) Record(id, typ string, fields map[string]any) {
+// makes a trail for a session that is not there. It says whether the
+// session had one.
+func (m *Manager) Record(id, typ string, fields map[string]any) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.sessions[id]
 	if !ok {
-		return
+		return false
 	}
 	s.record(typ, fields)
 	if s.finalised {
 		m.lateEvent(s)
 	}
+	return true
 }
 
 // record appends an event within the trail's bounds; the caller holds

@@ -277,6 +277,25 @@ func TestRecording(t *testing.T) {
 		if sha(video) != rec.SHA256 {
 			t.Fatal("the review page's recording is not the recording")
 		}
+		// The session's audit trail has the page's view and the
+		// recording's fetch, once each however often they are made.
+		if st, _, _ := e.redirect(t, "", base+"/artifacts/"+rec.ID); st != 302 {
+			t.Fatalf("review artifact link again: %d", st)
+		}
+		if r3, err := http.Get(url); err == nil {
+			r3.Body.Close()
+		}
+		pid := jsonField(body, "id")
+		views := map[string]int{}
+		for _, ev := range e.events(t, e.keyA, s.ID) {
+			if ev.Fields["preview"] == pid && (ev.Type == "review_opened" || ev.Type == "review_fetched") {
+				views[ev.Type+" "+fmt.Sprint(ev.Fields["artifact"])]++
+			}
+		}
+		want := map[string]int{"review_opened <nil>": 1, "review_fetched " + rec.ID: 1}
+		if fmt.Sprint(views) != fmt.Sprint(want) {
+			t.Errorf("the review link's views in the trail: %v, want %v", views, want)
+		}
 		// Other scopes do not open the review page.
 		p := e.preview(t, e.keyA, e.createSession(t, e.keyA, nil).ID, 60)
 		tok := p.URL[strings.LastIndex(p.URL, "/")+1:]

@@ -327,10 +327,14 @@ func TestEndedSessionsForgotten(t *testing.T) {
 	}
 	evs = e.events(t, e.keyA, s.ID)
 	var tail []string
-	for _, ev := range evs[max(0, len(evs)-2):] {
+	for _, ev := range evs[max(0, len(evs)-3):] {
 		tail = append(tail, ev.Type)
 	}
-	if strings.Join(tail, " ") != "preview_issued preview_revoked" || !found {
-		t.Fatalf("the stored trail ends %v, want the issue and the revocation after the stop", tail)
+	// The link's views are in it too: its page, opened twice, once.
+	if strings.Join(tail, " ") != "preview_issued review_opened preview_revoked" || !found {
+		t.Fatalf("the stored trail ends %v, want the issue, one view and the revocation after the stop", tail)
+	}
+	if v := evs[len(evs)-2].Fields; v["preview"] != link.ID || v["remote"] != "127.0.0.1" {
+		t.Errorf("the view's event: %v, want preview %s from 127.0.0.1", v, link.ID)
 	}
 }
