@@ -40,6 +40,8 @@ test:
 bench:
 	deploy/setup.sh
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ColdStart -benchtime 10x ./test/
+	# gVisor's own floor under a cold start: a bare runsc sandbox's Chromium.
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench GVisorFloor -benchtime 5x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench CDPRoundTrip -benchtime 2000x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench VNC -benchtime 200x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench ActionRoundTrip -benchtime 30x ./test/
