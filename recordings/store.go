@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"mime"
 	"net/url"
 	"os"
@@ -213,7 +214,7 @@ func (s *Store) put(ctx context.Context, tenant string, a Artifact, r io.Reader,
 		opts.SetMatchETag(*match)
 	}
 	_, err := s.client.PutObject(ctx, s.cfg.Bucket, key(tenant, a.Session, a.Kind, a.ID), r, a.Size, opts)
-	if code := minio.ToErrorResponse(err).Code; match != nil && (code == "PreconditionFailed" || code == "NoSuchKey") {
+	if code := minio.ToErrorResponse(err).Code; match != nil && (code == "PreconditionFailed" || code == "NoSuchKey" || code == "ConditionalRequestConflict") {
 		// Written, or removed, since it was read.
 		return Artifact{}, fmt.Errorf("store artifact: %w", ErrChanged)
 	}
@@ -235,11 +236,25 @@ func (s *Store) Update(ctx context.Context, tenant string, a Artifact, max int64
 	if !tenantChars.MatchString(tenant) || !ids.IsSession(a.Session) || !idPattern.MatchString(a.ID) {
 		return fmt.Errorf("recordings: bad tenant, session or id")
 	}
+	created := a.CreatedAt
 	for try := 0; try < updateTries; try++ {
+		if try > 0 {
+			// Writers that lost a race to one another step apart.
+			t := time.NewTimer(time.Duration(try) * time.Duration(1+mrand.Int64N(int64(5*time.Millisecond))))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("store artifact: %w", ctx.Err())
+			case <-t.C:
+			}
+		}
 		old, prev, etag, err := s.read(ctx, tenant, a.Session, a.Kind, a.ID, max)
 		switch {
 		case errors.Is(err, ErrNotFound):
 			etag = "" // written only if it is still absent
+			a.CreatedAt = created
+		case errors.Is(err, ErrChanged):
+			continue
 		case err != nil:
 			return err
 		default:
@@ -273,23 +288,34 @@ func (s *Store) read(ctx context.Context, tenant, session, kind, id string, max 
 		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w", err)
 	}
 	defer obj.Close()
-	info, err := obj.Stat()
-	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-		return nil, Artifact{}, "", ErrNotFound
-	}
-	if err != nil {
-		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w", err)
-	}
+	// The body is read before the record is asked for: minio-go's Stat
+	// before any read is a HEAD of its own, and the GET after it asks
+	// for the HEAD's ETag, so a write between the two failed the read.
+	// Read first, the bytes, the record and the ETag come from one GET.
 	raw, err := io.ReadAll(io.LimitReader(obj, max+1))
 	if err != nil {
-		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w", err)
+		return nil, Artifact{}, "", readErr(err)
 	}
 	if int64(len(raw)) > max {
 		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w (%d bytes)", ErrTooLarge, max)
 	}
-	// The bytes and the ETag are of one version: minio-go reads them
-	// from one response, and asks any later range for that ETag.
+	info, err := obj.Stat()
+	if err != nil {
+		return nil, Artifact{}, "", readErr(err)
+	}
 	return raw, artifactOf(session, info), info.ETag, nil
+}
+
+// readErr is ErrNotFound for an artifact that is not there, ErrChanged
+// for one that changed while it was read, else err.
+func readErr(err error) error {
+	switch minio.ToErrorResponse(err).Code {
+	case "NoSuchKey":
+		return ErrNotFound
+	case "PreconditionFailed":
+		return fmt.Errorf("read artifact: %w", ErrChanged)
+	}
+	return fmt.Errorf("read artifact: %w", err)
 }
 
 // Fetch copies an artifact's bytes to w.
