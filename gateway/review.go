@@ -95,78 +95,142 @@ func (s *Server) reviewArtifact(c *fiber.Ctx) error {
 }
 
 // noteReview records in the session's audit trail that a review link
-// opened its page or fetched an artifact, and from where, before it is
-// served: the trail of a session still held, else its stored log (503
-// when that cannot take it). A link that holds a stranger's hands is
-// not let grow the log: each link's page, and each of its artifacts, is
-// recorded once in reviewNoteEvery.
+// opened its page or fetched an artifact, before it is served: the
+// trail of a session still held, else its stored log (503 when that
+// cannot take it). A link that holds a stranger's hands is not let grow
+// the log: each link's page, and each of its artifacts, is recorded
+// once in reviewNoteEvery, and requests that come while it is being
+// recorded wait for that one and share its outcome.
+//
+// The trail names the caller by a keyed digest of its address, not the
+// address: everyone who holds the link can read the trail (audit.jsonl
+// is on the review page), and one stranger's address is not another's
+// to read. The digest tells viewers apart; the gateway's own log, which
+// only its operator reads, has the address.
 func (s *Server) noteReview(ctx context.Context, c *fiber.Ctx, claims *previewClaims, typ, artifact string, fields map[string]any) error {
 	k := reviewKey{claims.ID, artifact}
 	now := time.Now()
-	if !s.reviews.due(k, now) {
+	n, mine := s.reviews.begin(k, now)
+	if n == nil {
 		return nil
 	}
+	if !mine {
+		select {
+		case <-n.done:
+		case <-ctx.Done():
+			return reviewUnlogged(ctx.Err())
+		}
+		if n.err != nil {
+			return reviewUnlogged(n.err)
+		}
+		return nil
+	}
+	var err error
+	defer func() { s.reviews.end(k, n, now, err) }()
 	if fields == nil {
 		fields = map[string]any{}
 	}
-	fields["preview"], fields["remote"] = claims.ID, c.IP()
+	fields["preview"], fields["viewer"] = claims.ID, s.tokens.viewer(c.IP())
+	s.log.Info("review link used", "session", claims.Session, "preview", claims.ID, "event", typ, "artifact", artifact, "remote", c.IP(), "viewer", fields["viewer"])
 	if s.sessions.Record(claims.Session, typ, fields) {
 		s.durable(claims.Session)
-	} else {
-		ev := session.Event{Time: now.UTC(), Type: typ, Fields: fields}
-		if err := s.recordStored(ctx, claims.Tenant, claims.Session, ev); err != nil {
-			return &apiError{status: 503, code: "unavailable", msg: "the review is not served: it could not be added to the session's stored audit log", err: err}
-		}
+		return nil
 	}
-	s.reviews.noted(k, now)
+	ev := session.Event{Time: now.UTC(), Type: typ, Fields: fields}
+	if err = s.recordStored(ctx, claims.Tenant, claims.Session, ev); err != nil {
+		return reviewUnlogged(err)
+	}
 	return nil
+}
+
+func reviewUnlogged(err error) error {
+	return &apiError{status: 503, code: "unavailable", msg: "the review is not served: it could not be added to the session's stored audit log", err: err}
 }
 
 // reviewNoteEvery is how often one review link's page, or one of its
 // artifacts, is recorded at most.
 const reviewNoteEvery = 10 * time.Minute
 
-// maxReviewNotes bounds what reviewNotes keeps; past it, the oldest go.
+// maxReviewNotes bounds how many recorded notes reviewNotes keeps; past
+// it, the oldest go (the expired ones are the oldest).
 const maxReviewNotes = 1 << 14
 
 type reviewKey struct{ preview, artifact string }
 
-// reviewNotes is when each review link's page and artifacts were last
+// reviewNote is one review link's page or artifact being recorded, or
+// recorded at a time.
+type reviewNote struct {
+	at   time.Time     // when it was recorded; zero while it is being recorded
+	done chan struct{} // closed once it is recorded or has failed
+	err  error         // why it failed, set before done closes
+}
+
+// reviewNotes is what each review link's page and artifacts last had
 // recorded.
 type reviewNotes struct {
-	mu   sync.Mutex
-	last map[reviewKey]time.Time
+	mu    sync.Mutex
+	notes map[reviewKey]*reviewNote
+	order []reviewStamp // recorded notes, oldest first; some may be gone
 }
 
-func (r *reviewNotes) due(k reviewKey, now time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t, ok := r.last[k]
-	return !ok || now.Sub(t) >= reviewNoteEvery
+type reviewStamp struct {
+	key reviewKey
+	at  time.Time
 }
 
-func (r *reviewNotes) noted(k reviewKey, now time.Time) {
+// begin is k's note at now: nil when k was recorded within
+// reviewNoteEvery; one another request is recording (mine false) to
+// wait on; or a new one the caller records (mine true) and must end.
+func (r *reviewNotes) begin(k reviewKey, now time.Time) (n *reviewNote, mine bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.last == nil {
-		r.last = map[reviewKey]time.Time{}
-	}
-	if len(r.last) >= maxReviewNotes {
-		for k, t := range r.last {
-			if now.Sub(t) >= reviewNoteEvery {
-				delete(r.last, k)
-			}
+	if n := r.notes[k]; n != nil {
+		if n.at.IsZero() {
+			return n, false
+		}
+		if now.Sub(n.at) < reviewNoteEvery {
+			return nil, false
 		}
 	}
-	for len(r.last) >= maxReviewNotes {
-		var oldest reviewKey
-		first := true
-		for k, t := range r.last {
-			if first || t.Before(r.last[oldest]) {
-				oldest, first = k, false
+	if r.notes == nil {
+		r.notes = map[reviewKey]*reviewNote{}
+	}
+	n = &reviewNote{done: make(chan struct{})}
+	r.notes[k] = n
+	return n, true
+}
+
+// end closes what begin opened: recorded at now, or failed with err,
+// when the next request records k again.
+func (r *reviewNotes) end(k reviewKey, n *reviewNote, now time.Time, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n.err = err
+	close(n.done)
+	if r.notes[k] != n {
+		return
+	}
+	if err != nil {
+		delete(r.notes, k)
+		return
+	}
+	n.at = now
+	r.order = append(r.order, reviewStamp{k, now})
+	for len(r.notes) > maxReviewNotes && len(r.order) > 0 {
+		old := r.order[0]
+		r.order = r.order[1:]
+		if o := r.notes[old.key]; o != nil && o.at.Equal(old.at) {
+			delete(r.notes, old.key)
+		}
+	}
+	if len(r.order) > 2*maxReviewNotes {
+		// Keys recorded again leave stamps behind; drop them.
+		live := make([]reviewStamp, 0, len(r.notes))
+		for _, st := range r.order {
+			if o := r.notes[st.key]; o != nil && o.at.Equal(st.at) {
+				live = append(live, st)
 			}
 		}
-		delete(r.last, oldest)
+		r.order = live
 	}
-	r.last[k] = now
 }

@@ -1,41 +1,137 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
 
 // TestReviewNotes: a review link's page, and each of its artifacts, is
-// due once in reviewNoteEvery; what is kept stays within its bound.
+// recorded once in reviewNoteEvery; requests that come while it is
+// being recorded wait for it; a failure is not remembered; what is kept
+// stays within its bound.
 func TestReviewNotes(t *testing.T) {
 	var r reviewNotes
 	now := time.Now()
 	page, rec := reviewKey{"p-1", ""}, reviewKey{"p-1", "a"}
-	if !r.due(page, now) {
-		t.Fatal("a first view is not due")
+	n, mine := r.begin(page, now)
+	if n == nil || !mine {
+		t.Fatal("a first view is not recorded")
 	}
-	r.noted(page, now)
-	if r.due(page, now.Add(reviewNoteEvery-time.Second)) {
-		t.Error("a second view within the window is due")
+	// A second request while the first records waits for that one.
+	w, wmine := r.begin(page, now)
+	if w != n || wmine {
+		t.Fatalf("a view while the first is recorded: %v %v, want the first's note to wait on", w, wmine)
 	}
-	if !r.due(rec, now) || !r.due(reviewKey{"p-2", ""}, now) {
-		t.Error("another artifact, or another link, is not due")
+	select {
+	case <-w.done:
+		t.Fatal("the note is done before it was ended")
+	default:
 	}
-	if !r.due(page, now.Add(reviewNoteEvery)) {
-		t.Error("a view after the window is not due")
+	r.end(page, n, now, nil)
+	<-w.done
+	if w.err != nil {
+		t.Fatalf("a waiter sees %v", w.err)
 	}
-	// Bounded: expired ones go first, then the oldest.
+	if n, _ := r.begin(page, now.Add(reviewNoteEvery-time.Second)); n != nil {
+		t.Error("a second view within the window is recorded")
+	}
+	for _, k := range []reviewKey{rec, {"p-2", ""}} {
+		if n, mine := r.begin(k, now); n == nil || !mine {
+			t.Errorf("%v: another artifact, or another link, is not recorded", k)
+		} else {
+			r.end(k, n, now, nil)
+		}
+	}
+	if n, mine := r.begin(page, now.Add(reviewNoteEvery)); n == nil || !mine {
+		t.Error("a view after the window is not recorded")
+	} else {
+		r.end(page, n, now.Add(reviewNoteEvery), nil)
+	}
+
+	// A failure reaches its waiters and is not remembered.
+	k := reviewKey{"p-3", ""}
+	n, _ = r.begin(k, now)
+	w, _ = r.begin(k, now)
+	r.end(k, n, now, errors.New("store down"))
+	<-w.done
+	if w.err == nil {
+		t.Error("a waiter does not see the failure")
+	}
+	if n, mine := r.begin(k, now); n == nil || !mine {
+		t.Error("a view after a failure is not recorded again")
+	} else {
+		r.end(k, n, now, nil)
+	}
+
+	// Many requests at once: one records, the rest wait for it.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	recorders := 0
+	k = reviewKey{"p-4", ""}
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, mine := r.begin(k, now)
+			switch {
+			case mine:
+				mu.Lock()
+				recorders++
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+				r.end(k, n, now, nil)
+			case n != nil:
+				<-n.done
+			}
+		}()
+	}
+	wg.Wait()
+	if recorders != 1 {
+		t.Errorf("%d of 40 requests at once recorded the view, want 1", recorders)
+	}
+
+	// Bounded: the oldest go.
 	for i := 0; i < maxReviewNotes+10; i++ {
-		r.noted(reviewKey{fmt.Sprint("p-", i), ""}, now.Add(time.Duration(i)*time.Millisecond))
+		k := reviewKey{fmt.Sprint("q-", i), ""}
+		at := now.Add(time.Duration(i) * time.Millisecond)
+		n, _ := r.begin(k, at)
+		r.end(k, n, at, nil)
 	}
-	if len(r.last) != maxReviewNotes {
-		t.Fatalf("%d kept, want %d", len(r.last), maxReviewNotes)
+	if len(r.notes) != maxReviewNotes {
+		t.Fatalf("%d kept, want %d", len(r.notes), maxReviewNotes)
 	}
-	if _, ok := r.last[reviewKey{fmt.Sprint("p-", maxReviewNotes+9), ""}]; !ok {
+	if _, ok := r.notes[reviewKey{fmt.Sprint("q-", maxReviewNotes+9), ""}]; !ok {
 		t.Error("the newest was not kept")
 	}
-	if _, ok := r.last[reviewKey{"p-0", ""}]; ok {
+	if _, ok := r.notes[reviewKey{"q-0", ""}]; ok {
 		t.Error("the oldest was kept past the bound")
+	}
+	if _, ok := r.notes[page]; ok {
+		t.Error("an earlier link's note was kept past the bound")
+	}
+	// The same key recorded again and again leaves no growing order.
+	for i := 0; i < 3*maxReviewNotes; i++ {
+		at := now.Add(time.Duration(i) * reviewNoteEvery)
+		n, _ := r.begin(page, at)
+		r.end(page, n, at, nil)
+	}
+	if len(r.order) > 2*maxReviewNotes+1 {
+		t.Errorf("the order holds %d stamps for %d notes", len(r.order), len(r.notes))
+	}
+}
+
+// TestReviewViewer: a viewer's digest is stable for one address, differs
+// between addresses, and does not hold the address.
+func TestReviewViewer(t *testing.T) {
+	s, err := newSigner("k1", map[string]string{"k1": "0123456789abcdef0123456789abcdef"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := s.viewer("203.0.113.7"), s.viewer("203.0.113.8")
+	if a != s.viewer("203.0.113.7") || a == b || len(a) != 16 {
+		t.Errorf("viewer digests %q %q", a, b)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -282,6 +283,34 @@ func TestRecording(t *testing.T) {
 		if st, _, _ := e.redirect(t, "", base+"/artifacts/"+rec.ID); st != 302 {
 			t.Fatalf("review artifact link again: %d", st)
 		}
+		// Another artifact fetched by many at once: each is served, and
+		// it is recorded once (they wait for the one that records it).
+		var other artifact
+		for _, a := range as {
+			if a.ID != rec.ID {
+				other = a
+				break
+			}
+		}
+		var wg sync.WaitGroup
+		codes := make([]int, 16)
+		for i := range codes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+				if r, err := c.Get(e.gwURL + base + "/artifacts/" + other.ID); err == nil {
+					codes[i] = r.StatusCode
+					r.Body.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		for i, st := range codes {
+			if st != 302 {
+				t.Errorf("fetch %d of 16 at once: %d", i, st)
+			}
+		}
 		if r3, err := http.Get(url); err == nil {
 			r3.Body.Close()
 		}
@@ -292,7 +321,7 @@ func TestRecording(t *testing.T) {
 				views[ev.Type+" "+fmt.Sprint(ev.Fields["artifact"])]++
 			}
 		}
-		want := map[string]int{"review_opened <nil>": 1, "review_fetched " + rec.ID: 1}
+		want := map[string]int{"review_opened <nil>": 1, "review_fetched " + rec.ID: 1, "review_fetched " + other.ID: 1}
 		if fmt.Sprint(views) != fmt.Sprint(want) {
 			t.Errorf("the review link's views in the trail: %v, want %v", views, want)
 		}
