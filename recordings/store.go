@@ -281,27 +281,24 @@ const updateTries = 8
 var ErrChanged = errors.New("the artifact changed while it was being updated")
 
 // read is an artifact whose kind and id the caller knows, up to max
-// bytes, with its record and ETag; ErrNotFound when there is none.
+// bytes, with its record and ETag; ErrNotFound when there is none. The
+// bytes, the record and the ETag come from one GET. (minio-go's Object
+// would not do: its Stat before a read is a HEAD of its own, and the
+// GET after it asks for the HEAD's ETag, so a write between the two
+// failed the read; its Stat after a read gives what is left to read as
+// the size, or fails on an answer without a Content-Length.)
 func (s *Store) read(ctx context.Context, tenant, session, kind, id string, max int64) ([]byte, Artifact, string, error) {
-	obj, err := s.client.GetObject(ctx, s.cfg.Bucket, key(tenant, session, kind, id), minio.GetObjectOptions{})
+	body, info, _, err := minio.Core{Client: s.client}.GetObject(ctx, s.cfg.Bucket, key(tenant, session, kind, id), minio.GetObjectOptions{})
 	if err != nil {
-		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w", err)
+		return nil, Artifact{}, "", readErr(err)
 	}
-	defer obj.Close()
-	// The body is read before the record is asked for: minio-go's Stat
-	// before any read is a HEAD of its own, and the GET after it asks
-	// for the HEAD's ETag, so a write between the two failed the read.
-	// Read first, the bytes, the record and the ETag come from one GET.
-	raw, err := io.ReadAll(io.LimitReader(obj, max+1))
+	defer body.Close()
+	raw, err := io.ReadAll(io.LimitReader(body, max+1))
 	if err != nil {
 		return nil, Artifact{}, "", readErr(err)
 	}
 	if int64(len(raw)) > max {
 		return nil, Artifact{}, "", fmt.Errorf("read artifact: %w (%d bytes)", ErrTooLarge, max)
-	}
-	info, err := obj.Stat()
-	if err != nil {
-		return nil, Artifact{}, "", readErr(err)
 	}
 	return raw, artifactOf(session, info), info.ETag, nil
 }
