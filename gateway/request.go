@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -52,4 +53,42 @@ func seconds(name string, v *int64) (time.Duration, error) {
 		return 0, errInvalid(name + " must be a positive number of seconds")
 	}
 	return time.Duration(*v) * time.Second, nil
+}
+
+// clientAddr is the address a request came from: its connection's, or,
+// when that is a trusted proxy, the nearest address in X-Forwarded-For
+// that is not one. Each proxy appends the address it was reached from,
+// so the entries left of the last trusted one are the client's own to
+// write; an entry that is not an address ends the walk at the proxy
+// that passed it.
+func (s *Server) clientAddr(c *fiber.Ctx) string {
+	remote, _ := netip.AddrFromSlice(c.Context().RemoteIP())
+	var forwarded []string
+	for _, v := range c.Request().Header.PeekAll(fiber.HeaderXForwardedFor) {
+		forwarded = append(forwarded, string(v))
+	}
+	return clientAddr(remote, forwarded, s.trusted)
+}
+
+func clientAddr(remote netip.Addr, forwarded []string, trusted []netip.Prefix) string {
+	isTrusted := func(a netip.Addr) bool {
+		for _, p := range trusted {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	a := remote.Unmap()
+	for i := len(forwarded) - 1; i >= 0 && isTrusted(a); i-- {
+		parts := strings.Split(forwarded[i], ",")
+		for j := len(parts) - 1; j >= 0 && isTrusted(a); j-- {
+			f, err := netip.ParseAddr(strings.TrimSpace(parts[j]))
+			if err != nil {
+				return a.String()
+			}
+			a = f.Unmap()
+		}
+	}
+	return a.String()
 }

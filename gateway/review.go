@@ -99,41 +99,47 @@ func (s *Server) reviewArtifact(c *fiber.Ctx) error {
 // trail of a session still held, else its stored log (503 when that
 // cannot take it). A link that holds a stranger's hands is not let grow
 // the log: each link's page, and each of its artifacts, is recorded
-// once in reviewNoteEvery, and requests that come while it is being
-// recorded wait for that one and share its outcome.
+// once in reviewNoteEvery; requests that come while it is being
+// recorded wait for that one, and try themselves if it failed.
 //
-// The trail names the caller by a keyed digest of its address, not the
-// address: everyone who holds the link can read the trail (audit.jsonl
-// is on the review page), and one stranger's address is not another's
-// to read. The digest tells viewers apart; the gateway's own log, which
-// only its operator reads, has the address.
+// The trail names the caller by a keyed digest of its address and the
+// session, not the address: everyone who holds the link can read the
+// trail (audit.jsonl is on the review page), and one stranger's address
+// is not another's to read, nor is the same stranger to be followed from
+// one session to another. The digest tells one session's viewers apart;
+// the gateway's own log, which only its operator reads, has the address.
 func (s *Server) noteReview(ctx context.Context, c *fiber.Ctx, claims *previewClaims, typ, artifact string, fields map[string]any) error {
 	k := reviewKey{claims.ID, artifact}
 	now := time.Now()
 	n, mine := s.reviews.begin(k, now)
-	if n == nil {
-		return nil
-	}
-	if !mine {
+	for !mine {
+		if n == nil {
+			return nil
+		}
 		select {
 		case <-n.done:
 		case <-ctx.Done():
 			return reviewUnlogged(ctx.Err())
 		}
-		if n.err != nil {
-			return reviewUnlogged(n.err)
+		if n.err == nil {
+			return nil
 		}
-		return nil
+		// The one it waited for failed (perhaps only for its own
+		// deadline): it tries itself, within its own.
+		now = time.Now()
+		n, mine = s.reviews.begin(k, now)
 	}
-	var err error
+	err := errReviewUnrecorded // until it is recorded, a panic included
 	defer func() { s.reviews.end(k, n, now, err) }()
 	if fields == nil {
 		fields = map[string]any{}
 	}
-	fields["preview"], fields["viewer"] = claims.ID, s.tokens.viewer(c.IP())
-	s.log.Info("review link used", "session", claims.Session, "preview", claims.ID, "event", typ, "artifact", artifact, "remote", c.IP(), "viewer", fields["viewer"])
+	addr := s.clientAddr(c)
+	fields["preview"], fields["viewer"] = claims.ID, s.tokens.viewer(claims.Tenant, claims.Session, addr)
+	s.log.Info("review link used", "session", claims.Session, "preview", claims.ID, "event", typ, "artifact", artifact, "remote", addr, "viewer", fields["viewer"])
 	if s.sessions.Record(claims.Session, typ, fields) {
 		s.durable(claims.Session)
+		err = nil
 		return nil
 	}
 	ev := session.Event{Time: now.UTC(), Type: typ, Fields: fields}
@@ -142,6 +148,8 @@ func (s *Server) noteReview(ctx context.Context, c *fiber.Ctx, claims *previewCl
 	}
 	return nil
 }
+
+var errReviewUnrecorded = errors.New("the review's use was not recorded")
 
 func reviewUnlogged(err error) error {
 	return &apiError{status: 503, code: "unavailable", msg: "the review is not served: it could not be added to the session's stored audit log", err: err}

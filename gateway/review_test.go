@@ -3,6 +3,7 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -123,15 +124,57 @@ func TestReviewNotes(t *testing.T) {
 	}
 }
 
-// TestReviewViewer: a viewer's digest is stable for one address, differs
-// between addresses, and does not hold the address.
+// TestReviewViewer: a viewer's digest is stable for one address in one
+// session, and differs between addresses, sessions, tenants and keys
+// (it is keyed: without the key, nobody can try every address).
 func TestReviewViewer(t *testing.T) {
-	s, err := newSigner("k1", map[string]string{"k1": "0123456789abcdef0123456789abcdef"})
-	if err != nil {
-		t.Fatal(err)
+	signer := func(k string) *signer {
+		s, err := newSigner("k1", map[string]string{"k1": k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
-	a, b := s.viewer("203.0.113.7"), s.viewer("203.0.113.8")
-	if a != s.viewer("203.0.113.7") || a == b || len(a) != 16 {
-		t.Errorf("viewer digests %q %q", a, b)
+	s := signer("0123456789abcdef0123456789abcdef")
+	a := s.viewer("acme", "s-1", "203.0.113.7")
+	if a != s.viewer("acme", "s-1", "203.0.113.7") || len(a) != 16 {
+		t.Fatalf("the same viewer's digests: %q %q", a, s.viewer("acme", "s-1", "203.0.113.7"))
+	}
+	for name, b := range map[string]string{
+		"another address": s.viewer("acme", "s-1", "203.0.113.8"),
+		"another session": s.viewer("acme", "s-2", "203.0.113.7"),
+		"another tenant":  s.viewer("beta", "s-1", "203.0.113.7"),
+		"another key":     signer("fedcba9876543210fedcba9876543210").viewer("acme", "s-1", "203.0.113.7"),
+	} {
+		if b == a {
+			t.Errorf("%s gives the same digest %q", name, a)
+		}
+	}
+}
+
+// TestClientAddr: the connection's address, unless it is a trusted
+// proxy; then the nearest forwarded address that is not one, so that a
+// client cannot name itself by writing X-Forwarded-For.
+func TestClientAddr(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.1/32")}
+	for _, c := range []struct {
+		remote    string
+		forwarded []string
+		want      string
+	}{
+		{"203.0.113.7", nil, "203.0.113.7"},
+		{"203.0.113.7", []string{"198.51.100.1"}, "203.0.113.7"}, // not from a proxy: ignored
+		{"10.1.2.3", nil, "10.1.2.3"},
+		{"10.1.2.3", []string{"198.51.100.1"}, "198.51.100.1"},
+		{"10.1.2.3", []string{"1.2.3.4, 198.51.100.1"}, "198.51.100.1"}, // the client wrote 1.2.3.4
+		{"10.1.2.3", []string{"1.2.3.4, 198.51.100.1, 192.0.2.1"}, "198.51.100.1"},
+		{"10.1.2.3", []string{"1.2.3.4", "198.51.100.1 , 10.9.9.9"}, "198.51.100.1"},
+		{"10.1.2.3", []string{"1.2.3.4, unknown"}, "10.1.2.3"},
+		{"10.1.2.3", []string{"10.4.4.4"}, "10.4.4.4"},
+		{"::ffff:10.1.2.3", []string{"2001:db8::1"}, "2001:db8::1"},
+	} {
+		if got := clientAddr(netip.MustParseAddr(c.remote), c.forwarded, trusted); got != c.want {
+			t.Errorf("from %s with %q: %s, want %s", c.remote, c.forwarded, got, c.want)
+		}
 	}
 }

@@ -82,7 +82,9 @@ type Server struct {
 	// (StoreTrail).
 	logMerges chan struct{}
 	// reviews keeps review links' views from growing a log unbounded.
-	reviews  reviewNotes
+	reviews reviewNotes
+	// trusted are cfg.TrustedProxies, parsed.
+	trusted  []netip.Prefix
 	cfg      Config
 	app      *fiber.App
 	sessions *session.Manager
@@ -135,14 +137,19 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = 2 * time.Minute
 	}
+	var trusted []netip.Prefix
 	for _, p := range cfg.TrustedProxies {
-		if _, err := netip.ParsePrefix(p); err != nil {
-			if _, err := netip.ParseAddr(p); err != nil {
+		pf, err := netip.ParsePrefix(p)
+		if err != nil {
+			a, err := netip.ParseAddr(p)
+			if err != nil {
 				return nil, fmt.Errorf("gateway: trusted proxy %q is not an IP address or CIDR prefix", p)
 			}
+			pf = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
 		}
+		trusted = append(trusted, pf.Masked())
 	}
-	s := &Server{logMerges: make(chan struct{}, maxLogMerges),
+	s := &Server{logMerges: make(chan struct{}, maxLogMerges), trusted: trusted,
 		cfg: cfg, sessions: sessions, store: store, tokens: tokens, log: log,
 		hosts:    map[string]bool{strings.ToLower(cfg.PublicURL.Host): true},
 		origin:   cfg.PublicURL.Scheme + "://" + strings.ToLower(cfg.PublicURL.Host),

@@ -88,11 +88,13 @@ func (s *signer) verify(token string, now time.Time) (*previewClaims, error) {
 	return &c, nil
 }
 
-// viewer is a short keyed digest of a caller's address: it tells the
-// callers of one link apart in a trail that the link's holders read,
-// without giving them each other's addresses.
-func (s *signer) viewer(addr string) string {
+// viewer is a short keyed digest of a caller's address within one
+// session: it tells one session's callers apart in a trail that its
+// links' holders read, without giving them each other's addresses, and
+// without letting the holders of two sessions' links match a caller
+// across them. (It changes with the active key.)
+func (s *signer) viewer(tenant, session, addr string) string {
 	m := hmac.New(sha256.New, s.keys[s.active])
-	m.Write([]byte("sandgate review viewer\x00" + addr))
+	m.Write([]byte("sandgate review viewer\x00" + tenant + "\x00" + session + "\x00" + addr))
 	return hex.EncodeToString(m.Sum(nil)[:8])
 }
