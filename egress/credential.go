@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 
@@ -39,6 +40,19 @@ type Credential struct {
 	Name     string // header or cookie name
 	Username string // for basic
 	Secret   string
+	// Destinations are where its owner lets it go (checked with
+	// CheckDestination); a binding outside them is not used.
+	Destinations []Binding
+}
+
+// WithinAny tells whether b lies within one of ds (see Within).
+func (b Binding) WithinAny(ds []Binding) bool {
+	for _, d := range ds {
+		if b.Within(d) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Credential) apply(r *http.Request) {
@@ -84,6 +98,24 @@ func CheckBinding(b *Binding) error {
 	if !ValidCredentialID(b.Credential) {
 		return fmt.Errorf("%w: credential %q is not a credential id", ErrInvalid, b.Credential)
 	}
+	if err := CheckDestination(b); err != nil {
+		return err
+	}
+	switch b.Fill {
+	case "":
+		b.Fill = FillPlaceholder
+	case FillPlaceholder, FillValue:
+	default:
+		return fmt.Errorf("%w: fill %q is not placeholder or value", ErrInvalid, b.Fill)
+	}
+	return nil
+}
+
+// CheckDestination validates where a binding sends its credential
+// (scheme, host, port, path prefix; its credential and fill aside) and
+// fills the defaults: the scheme's port, path prefix "/". A credential's
+// own destinations are checked with it.
+func CheckDestination(b *Binding) error {
 	switch b.Scheme {
 	case "https":
 		if b.Port == 0 {
@@ -111,14 +143,28 @@ func CheckBinding(b *Binding) error {
 		strings.ContainsAny(b.PathPrefix, "%?#;") {
 		return fmt.Errorf("%w: path_prefix %q must be a clean path such as /api/", ErrInvalid, b.PathPrefix)
 	}
-	switch b.Fill {
-	case "":
-		b.Fill = FillPlaceholder
-	case FillPlaceholder, FillValue:
-	default:
-		return fmt.Errorf("%w: fill %q is not placeholder or value", ErrInvalid, b.Fill)
-	}
 	return nil
+}
+
+// Within tells whether every destination of b is one of d's: the same
+// scheme and port, a host d's host covers (d's own pattern, or a name or
+// narrower wildcard under d's wildcard), and a path prefix under d's.
+// Both are checked (CheckDestination).
+func (b Binding) Within(d Binding) bool {
+	if b.Scheme != d.Scheme || b.Port != d.Port || !PathUnder(path.Clean(b.PathPrefix), d.PathPrefix) {
+		return false
+	}
+	bp, dp := b.pattern(), d.pattern()
+	switch {
+	case bp == dp:
+		return true
+	case !dp.Wildcard:
+		return false
+	default:
+		// Under "*.example.com": "a.example.com" and "*.a.example.com",
+		// but nothing under another public suffix (MatchesSite).
+		return strings.HasSuffix(bp.Host, "."+dp.Host) && sameSuffix(bp.Host, dp.Host)
+	}
 }
 
 // MatchesURL tells whether u is one of the binding's destinations: same
@@ -134,7 +180,7 @@ func (b Binding) MatchesURL(u *url.URL) bool {
 		def = 443
 	}
 	host, port, ok := target(u.Host, def)
-	if !ok || !b.pattern().Matches(host, port) {
+	if !ok || !b.pattern().MatchesSite(host, port) {
 		return false
 	}
 	clean, ok := CleanPath(u)
@@ -149,7 +195,7 @@ func (b Binding) pattern() Pattern {
 func bindingsFor(bs []Binding, scheme, host string, port uint16) []Binding {
 	var out []Binding
 	for _, b := range bs {
-		if b.Scheme == scheme && b.pattern().Matches(host, port) {
+		if b.Scheme == scheme && b.pattern().MatchesSite(host, port) {
 			out = append(out, b)
 		}
 	}

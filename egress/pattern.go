@@ -150,3 +150,19 @@ func Allowed(patterns []Pattern, host string, port uint16) bool {
 	}
 	return false
 }
+
+// MatchesSite is Matches, and for a wildcard also that host has the
+// wildcard's own public suffix: "*.amazonaws.com" covers
+// "www.amazonaws.com" but not "bucket.s3.amazonaws.com", whose public
+// suffix "s3.amazonaws.com" hands every name below it to whoever
+// registers one. Credentials go only where this holds.
+func (p Pattern) MatchesSite(host string, port uint16) bool {
+	return p.Matches(host, port) && (!p.Wildcard || sameSuffix(host, p.Host))
+}
+
+// sameSuffix tells whether host and base have the same public suffix.
+func sameSuffix(host, base string) bool {
+	h, _ := publicsuffix.PublicSuffix(host)
+	b, _ := publicsuffix.PublicSuffix(base)
+	return h == b
+}

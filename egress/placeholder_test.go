@@ -84,7 +84,7 @@ func TestProxyPlaceholders(t *testing.T) {
 		p, _ := ParsePattern(a)
 		allow = append(allow, p)
 	}
-	secrets := secretsMap{cred: {Kind: KindForm, Username: user, Secret: secret}}
+	secrets := secretsMap{cred: {Kind: KindForm, Username: user, Secret: secret, Destinations: bindings}}
 	ph, other := secrets.Placeholder("s", cred), secrets.Placeholder("s2", cred)
 	var audit []string
 	caSecret := bytes.Repeat([]byte{7}, 32)

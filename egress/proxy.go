@@ -516,6 +516,12 @@ func (p *Proxy) bind(w http.ResponseWriter, r *http.Request, ctx context.Context
 			opened[b.Credential] = c
 			secrets = append(secrets, c.Secret)
 		}
+		if !b.WithinAny(c.Destinations) {
+			// The gateway refuses such a binding; a session bound before
+			// credentials had destinations may still hold one.
+			p.cfg.Audit(pol.Session, "credential_refused", map[string]any{"credential": b.Credential, "host": host, "reason": "outside the credential's destinations"})
+			continue
+		}
 		if !PathUnder(clean, b.PathPrefix) {
 			continue
 		}

@@ -86,14 +86,19 @@ func TestProxyAddsBoundCredentials(t *testing.T) {
 	allow, _ := ParsePattern(host + ":" + itoa(port))
 	hdr := Binding{Credential: "cred_0000000000000001", Scheme: "http", Host: host, Port: uint16(port), PathPrefix: "/api/"}
 	ck := Binding{Credential: "cred_0000000000000002", Scheme: "http", Host: host, Port: uint16(port), PathPrefix: "/web/"}
-	for _, b := range []*Binding{&hdr, &ck} {
-		if err := CheckBinding(b); err != nil {
+	// A binding outside its credential's destinations (a session bound
+	// before they existed) is not used.
+	out := Binding{Credential: "cred_0000000000000003", Scheme: "http", Host: host, Port: uint16(port), PathPrefix: "/"}
+	elsewhere := Binding{Scheme: "http", Host: "elsewhere.example.test", Port: uint16(port), PathPrefix: "/"}
+	for _, b := range []*Binding{&hdr, &ck, &out, &elsewhere} {
+		if err := CheckDestination(b); err != nil {
 			t.Fatal(err)
 		}
 	}
 	secrets := secretsMap{
-		hdr.Credential: {Kind: KindHeader, Name: "X-Api-Key", Secret: "key-canary"},
-		ck.Credential:  {Kind: KindCookie, Name: "session", Secret: "cookie-canary"},
+		hdr.Credential: {Kind: KindHeader, Name: "X-Api-Key", Secret: "key-canary", Destinations: []Binding{{Scheme: "http", Host: host, Port: uint16(port), PathPrefix: "/"}}},
+		ck.Credential:  {Kind: KindCookie, Name: "session", Secret: "cookie-canary", Destinations: []Binding{ck}},
+		out.Credential: {Kind: KindHeader, Name: "X-Outside", Secret: "outside-canary", Destinations: []Binding{elsewhere}},
 	}
 	var audit []string
 	p := New(Config{
@@ -104,7 +109,7 @@ func TestProxyAddsBoundCredentials(t *testing.T) {
 			audit = append(audit, typ+" "+f["host"].(string))
 			mu.Unlock()
 		},
-	}, onePolicy{Policy{Session: "s", Tenant: "t", Allow: []Pattern{allow}, Bindings: []Binding{hdr, ck}}}, secrets)
+	}, onePolicy{Policy{Session: "s", Tenant: "t", Allow: []Pattern{allow}, Bindings: []Binding{hdr, ck, out}}}, secrets)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -145,6 +150,11 @@ func TestProxyAddsBoundCredentials(t *testing.T) {
 	if seen[2].Get("X-Api-Key") != "" || strings.Contains(seen[2].Get("Cookie"), "canary") {
 		t.Errorf("a path outside the prefixes got a credential: %v", seen[2])
 	}
+	for i, h := range seen[:3] {
+		if h.Get("X-Outside") != "" {
+			t.Errorf("request %d got a credential bound outside its destinations", i)
+		}
+	}
 	mu.Unlock()
 
 	for _, u := range []string{"http://elsewhere.example.test/", "http://local.example.test:" + itoa(port) + "/"} {
@@ -160,7 +170,7 @@ func TestProxyAddsBoundCredentials(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	joined := strings.Join(audit, "\n")
-	for _, want := range []string{"egress_allowed " + host, "egress_denied elsewhere.example.test", "egress_denied local.example.test"} {
+	for _, want := range []string{"egress_allowed " + host, "egress_denied elsewhere.example.test", "egress_denied local.example.test", "credential_refused " + host} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("audit lacks %q:\n%s", want, joined)
 		}
@@ -251,7 +261,7 @@ func TestProxyCredentialScope(t *testing.T) {
 			mu.Unlock()
 		},
 	}, onePolicy{Policy{Session: "s", Tenant: "t", Allow: []Pattern{allow}, Bindings: []Binding{b}}},
-		secretsMap{b.Credential: {Kind: KindHeader, Name: "X-Api-Key", Secret: secret}})
+		secretsMap{b.Credential: {Kind: KindHeader, Name: "X-Api-Key", Secret: secret, Destinations: []Binding{b}}})
 	addr := startProxy(t, p)
 	base := "http://" + host + ":" + itoa(port)
 	last := func() hit {

@@ -2,11 +2,14 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/vault"
 )
 
@@ -39,6 +42,16 @@ func (s *Server) createCredential(c *fiber.Ctx) error {
 	var n vault.New
 	if err := decode(c, &n); err != nil {
 		return err
+	}
+	if len(n.Destinations) > vault.MaxDestinations {
+		return errInvalid("destinations: at most 16 entries")
+	}
+	for i := range n.Destinations {
+		d, err := credentialDestination(n.Destinations[i])
+		if err != nil {
+			return errInvalid(fmt.Sprintf("destinations[%d]: %s", i, strings.TrimPrefix(err.Error(), egress.ErrInvalid.Error()+": ")))
+		}
+		n.Destinations[i] = d
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
@@ -87,4 +100,40 @@ func (s *Server) deleteCredential(c *fiber.Ctx) error {
 	}
 	s.log.Info("credential deleted", "tenant", tenantOf(c), "credential", c.Params("cid"))
 	return c.SendStatus(fiber.StatusNoContent)
+}
+
+// credentialDestination checks one of a credential's destinations with
+// the egress rules and fills its defaults (the scheme's port, "/").
+func credentialDestination(d vault.Destination) (vault.Destination, error) {
+	b := destinationBinding(d)
+	if err := egress.CheckDestination(&b); err != nil {
+		return vault.Destination{}, err
+	}
+	port := ":" + strconv.Itoa(int(b.Port))
+	p, _ := egress.ParsePattern(b.Host + port)
+	// The host as the egress rules write it: lower case, "*." for a
+	// wildcard, brackets for IPv6.
+	return vault.Destination{Scheme: b.Scheme, Host: strings.TrimSuffix(p.String(), port), Port: b.Port, PathPrefix: b.PathPrefix}, nil
+}
+
+func destinationBinding(d vault.Destination) egress.Binding {
+	return egress.Binding{Scheme: d.Scheme, Host: d.Host, Port: d.Port, PathPrefix: d.PathPrefix}
+}
+
+// bindingAllowed is why a session may not bind a credential as b, or "":
+// b must lie within one of the credential's destinations, and type the
+// secret itself only where the credential allows it.
+func bindingAllowed(m vault.Meta, b egress.Binding) string {
+	if b.Fill == egress.FillValue && !m.AllowValueFill {
+		return "its fill is value, which the credential does not allow (allow_value_fill): the agent could read the secret"
+	}
+	for _, d := range m.Destinations {
+		if b.Within(destinationBinding(d)) {
+			return ""
+		}
+	}
+	if len(m.Destinations) == 0 {
+		return "the credential names no destinations (it was stored before they existed): store it again with destinations"
+	}
+	return "it is not within one of the credential's destinations (scheme, host, port, path_prefix)"
 }

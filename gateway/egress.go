@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -55,11 +56,18 @@ func (s *Server) egressSpec(c *fiber.Ctx, allow []string, bindings []egress.Bind
 			return session.Egress{}, errInvalid("credentials: " + strings.TrimPrefix(err.Error(), egress.ErrInvalid.Error()+": "))
 		}
 		// Another tenant's credential answers exactly like a missing one.
-		if _, err := s.vault.Get(ctx, tenant, b.Credential); err != nil {
+		m, err := s.vault.Get(ctx, tenant, b.Credential)
+		if err != nil {
 			if errors.Is(err, vault.ErrNotFound) {
 				return session.Egress{}, errNotFound("credentials: no credential " + b.Credential)
 			}
 			return session.Egress{}, vaultError(err)
+		}
+		// Whoever may create sessions may not send a credential where
+		// its owner did not say it goes: that would hand them the
+		// secret (a binding to their own host, or a value fill).
+		if why := bindingAllowed(m, *b); why != "" {
+			return session.Egress{}, errDenied(fmt.Sprintf("credentials[%d] (%s to %s://%s:%d%s) is refused: %s", i, b.Credential, b.Scheme, b.Host, b.Port, b.PathPrefix, why))
 		}
 	}
 	out.Credentials = bindings

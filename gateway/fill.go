@@ -92,6 +92,17 @@ func (s *Server) fillCredential(c *fiber.Ctx, tenant, id string) error {
 	if err != nil {
 		return vaultError(err)
 	}
+	// Only bindings its owner allows (the create refuses the others; a
+	// session bound before credentials had destinations may hold some).
+	allowed := bound[:0:0]
+	for _, b := range bound {
+		if bindingAllowed(cred.Meta, b) == "" {
+			allowed = append(allowed, b)
+		}
+	}
+	if mode, ok = fillMode(allowed, page.URL); !ok {
+		return deny("destination", "the page open in the session is not within the credential's own destinations")
+	}
 	var text string
 	switch {
 	case req.Field == "username":
@@ -124,7 +135,7 @@ func (s *Server) fillCredential(c *fiber.Ctx, tenant, id string) error {
 	case after.ID != page.ID:
 		raced = "another page became the first while the gateway filled"
 	default:
-		if _, ok := fillMode(bound, after.URL); !ok {
+		if _, ok := fillMode(allowed, after.URL); !ok {
 			raced = "the page left the bound destination while the gateway filled it"
 			fields["page_after"] = pageForAudit(after.URL)
 		}

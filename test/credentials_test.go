@@ -24,8 +24,9 @@ func TestCredentials(t *testing.T) {
 		}
 		return jsonField(body, "id")
 	}
-	basic := create(map[string]any{"name": "qa basic", "kind": "basic", "username": basicUser})
-	bearer := create(map[string]any{"name": "qa token", "kind": "bearer"})
+	basic := create(map[string]any{"name": "qa basic", "kind": "basic", "username": basicUser, "destinations": []map[string]any{
+		{"scheme": "https", "host": "basic.sandgate.test"}, {"scheme": "http", "host": "login.sandgate.test"}}})
+	bearer := create(map[string]any{"name": "qa token", "kind": "bearer", "destinations": []map[string]any{{"scheme": "https", "host": "bearer.sandgate.test"}}})
 	for _, path := range []string{"/v1/credentials", "/v1/credentials/" + basic} {
 		if st, body := e.api(t, e.keyA, "GET", path, nil); st != 200 || strings.Contains(string(body), e.canary) || !strings.Contains(string(body), basic) {
 			t.Fatalf("GET %s: %d %s", path, st, body)

@@ -326,11 +326,21 @@ func TestEgressDefaultDeny(t *testing.T) {
 // what is wrong; nothing is created.
 func TestEgressBadInput(t *testing.T) {
 	e := needE2E(t)
-	st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "qa", "kind": "bearer", "secret": e.canary})
-	if st != 201 {
-		t.Fatalf("create credential: %d %s", st, body)
+	st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "qa", "kind": "bearer", "secret": e.canary,
+		"destinations": []map[string]any{{"scheme": "https", "host": "site.sandgate.test", "path_prefix": "/app/"}, {"scheme": "https", "host": "*.qa.sandgate.test"}}})
+	if st != 201 || !strings.Contains(string(body), `"port":443`) {
+		t.Fatalf("create credential: %d %s (its destinations, with their defaults, come back)", st, body)
 	}
 	cred := jsonField(body, "id")
+	// The control: a binding within the credential's destinations is
+	// taken.
+	if st, body := e.api(t, e.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "credentials": []map[string]any{
+		{"credential": cred, "scheme": "https", "host": "site.sandgate.test", "path_prefix": "/app/login"},
+		{"credential": cred, "scheme": "https", "host": "a.qa.sandgate.test"}}}); st != 201 {
+		t.Fatalf("the control: a binding within the credential's destinations: %d %s", st, body)
+	} else {
+		e.api(t, e.keyA, "DELETE", "/v1/sessions/"+jsonField(body, "id"), nil)
+	}
 	before := len(e.listSessions(t, e.keyA))
 	for _, tc := range []struct {
 		name   string
@@ -349,6 +359,15 @@ func TestEgressBadInput(t *testing.T) {
 		{"bind a malformed id", e.keyA, map[string]any{"credentials": []map[string]any{{"credential": "x", "scheme": "https", "host": "site.sandgate.test"}}}, 400},
 		{"bind another tenant's credential", e.keyB, map[string]any{"credentials": []map[string]any{{"credential": cred, "scheme": "https", "host": "site.sandgate.test"}}}, 404},
 		{"bind a missing credential", e.keyA, map[string]any{"credentials": []map[string]any{{"credential": "cred_0000000000000000", "scheme": "https", "host": "site.sandgate.test"}}}, 404},
+		// Whoever holds the API key may not send a credential where its
+		// owner did not say (their own host would get the secret), nor
+		// have the secret itself typed into a page it can read.
+		{"bind to a host the credential does not name", e.keyA, map[string]any{"credentials": []map[string]any{{"credential": cred, "scheme": "https", "host": "evil.sandgate.test"}}}, 403},
+		{"bind wider than the credential's path", e.keyA, map[string]any{"credentials": []map[string]any{{"credential": cred, "scheme": "https", "host": "site.sandgate.test"}}}, 403},
+		{"bind over plain http", e.keyA, map[string]any{"credentials": []map[string]any{{"credential": cred, "scheme": "http", "host": "site.sandgate.test", "path_prefix": "/app/"}}}, 403},
+		{"bind to another port", e.keyA, map[string]any{"credentials": []map[string]any{{"credential": cred, "scheme": "https", "host": "site.sandgate.test", "port": 8443, "path_prefix": "/app/"}}}, 403},
+		{"bind to the wildcard's parent", e.keyA, map[string]any{"credentials": []map[string]any{{"credential": cred, "scheme": "https", "host": "qa.sandgate.test"}}}, 403},
+		{"fill the value of a credential that does not allow it", e.keyA, map[string]any{"credentials": []map[string]any{{"credential": cred, "scheme": "https", "host": "site.sandgate.test", "path_prefix": "/app/", "fill": "value"}}}, 403},
 	} {
 		st, body := e.api(t, tc.key, "POST", "/v1/sessions", tc.req)
 		if st != tc.status || !strings.Contains(string(body), `"error":{"code"`) {
@@ -368,6 +387,11 @@ func TestEgressBadInput(t *testing.T) {
 		{"header without name", map[string]any{"name": "x", "kind": "header", "secret": "s"}},
 		{"secret with a line break", map[string]any{"name": "x", "kind": "bearer", "secret": "a\r\nX-Evil: 1"}},
 		{"unknown field", map[string]any{"name": "x", "kind": "bearer", "secret": "s", "owner": "me"}},
+		{"no destinations", map[string]any{"name": "x", "kind": "bearer", "secret": "s"}},
+		{"a destination everywhere", map[string]any{"name": "x", "kind": "bearer", "secret": "s", "destinations": []map[string]any{{"scheme": "https", "host": "*"}}}},
+		{"a destination over a public suffix", map[string]any{"name": "x", "kind": "bearer", "secret": "s", "destinations": []map[string]any{{"scheme": "https", "host": "*.com"}}}},
+		{"a destination with a bad scheme", map[string]any{"name": "x", "kind": "bearer", "secret": "s", "destinations": []map[string]any{{"scheme": "ftp", "host": "site.sandgate.test"}}}},
+		{"a destination with a dirty path", map[string]any{"name": "x", "kind": "bearer", "secret": "s", "destinations": []map[string]any{{"scheme": "https", "host": "site.sandgate.test", "path_prefix": "/a/../b"}}}},
 	} {
 		if st, body := e.api(t, e.keyA, "POST", "/v1/credentials", tc.req); st != 400 {
 			t.Errorf("credential %s: %d %s, want 400", tc.name, st, body)

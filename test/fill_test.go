@@ -82,7 +82,9 @@ func TestFillCredential(t *testing.T) {
 	secret, valueSecret := "fill-secret-"+randHex(12), "fill-secret-"+randHex(12)
 	create := func(name, secret string) string {
 		t.Helper()
-		st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": name, "kind": "form", "username": basicUser, "secret": secret})
+		st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": name, "kind": "form", "username": basicUser, "secret": secret,
+			"destinations":     []map[string]any{{"scheme": "http", "host": "login.sandgate.test", "port": 8181, "path_prefix": "/app"}},
+			"allow_value_fill": strings.Contains(name, "value")})
 		if st != 201 || strings.Contains(string(body), secret) {
 			t.Fatalf("create credential: %d %s", st, body)
 		}

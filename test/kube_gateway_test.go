@@ -142,7 +142,8 @@ func TestKubeGateway(t *testing.T) {
 
 	// A session: its Pod is the record.
 	t0 := time.Now()
-	st, body := k.api(t, k.keyA, "POST", "/v1/credentials", map[string]any{"name": "kube token", "kind": "bearer", "secret": e.canary})
+	st, body := k.api(t, k.keyA, "POST", "/v1/credentials", map[string]any{"name": "kube token", "kind": "bearer", "secret": e.canary,
+		"destinations": []map[string]any{{"scheme": "https", "host": "bearer.sandgate.test"}}})
 	if st != 201 {
 		t.Fatalf("credential: %d %s", st, body)
 	}

@@ -372,7 +372,8 @@ func TestOpenAPIContract(t *testing.T) {
 
 	// The vault; fill_credential of a credential not bound to the session.
 	var cred struct{ ID string }
-	c.json(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "contract", "kind": "bearer", "secret": e.canary}, 201, &cred)
+	c.json(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "contract", "kind": "bearer", "secret": e.canary,
+		"destinations": []map[string]any{{"scheme": "https", "host": "site.sandgate.test"}}}, 201, &cred)
 	c.json(t, e.keyA, "GET", "/v1/credentials", nil, 200, nil)
 	c.json(t, e.keyA, "GET", "/v1/credentials/"+cred.ID, nil, 200, nil)
 	c.json(t, e.keyA, "POST", sp+"/actions", map[string]any{"action": "fill_credential", "credential": cred.ID, "selector": "#pass"}, 403, nil)

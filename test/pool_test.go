@@ -357,7 +357,8 @@ func TestWarmPool(t *testing.T) {
 	})
 
 	t.Run("credential-binding", func(t *testing.T) {
-		st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "pool basic", "kind": "basic", "username": basicUser, "secret": e.canary})
+		st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "pool basic", "kind": "basic", "username": basicUser, "secret": e.canary,
+			"destinations": []map[string]any{{"scheme": "https", "host": "basic.sandgate.test"}}})
 		if st != 201 {
 			t.Fatalf("credential: %d %s", st, body)
 		}

@@ -561,7 +561,8 @@ func TestProfileOneWriter(t *testing.T) {
 func TestProfileNeverKeepsSecrets(t *testing.T) {
 	e := needE2E(t)
 	secret := "fill-secret-" + randHex(12)
-	st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "profile leak", "kind": "form", "username": basicUser, "secret": secret})
+	st, body := e.api(t, e.keyA, "POST", "/v1/credentials", map[string]any{"name": "profile leak", "kind": "form", "username": basicUser, "secret": secret,
+		"destinations": []map[string]any{{"scheme": "http", "host": profileHost, "port": 8282}}, "allow_value_fill": true})
 	if st != 201 {
 		t.Fatalf("credential: %d %s", st, body)
 	}

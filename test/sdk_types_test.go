@@ -42,6 +42,7 @@ func TestGoSDKTypesMatchOpenAPI(t *testing.T) {
 		{"CreateSession", sandgate.SessionRequest{}},
 		{"ExecRequest", sandgate.ExecRequest{}},
 		{"NewCredential", sandgate.CredentialRequest{}},
+		{"Destination", sandgate.Destination{}},
 		{"Profile", sandgate.Profile{}},
 		{"ProfileVersion", sandgate.ProfileVersion{}},
 		{"Snapshot", sandgate.Snapshot{}},

@@ -49,21 +49,46 @@ const (
 
 // Meta is what the API shows of a credential: everything but the secret.
 type Meta struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Kind      string    `json:"kind"`
-	Username  string    `json:"username,omitempty"`
-	FieldName string    `json:"field_name,omitempty"` // header or cookie name
-	CreatedAt time.Time `json:"created_at"`
-}
-
-// New is a credential to store.
-type New struct {
+	ID        string `json:"id"`
 	Name      string `json:"name"`
 	Kind      string `json:"kind"`
-	Username  string `json:"username"`
-	FieldName string `json:"field_name"`
-	Secret    string `json:"secret"`
+	Username  string `json:"username,omitempty"`
+	FieldName string `json:"field_name,omitempty"` // header or cookie name
+	// Destinations are where the credential may go: a session binds it
+	// only within one of them. They are sealed with the secret and never
+	// change: whoever may bind the credential may not widen where it
+	// goes, which would hand it the secret.
+	Destinations []Destination `json:"destinations"`
+	// AllowValueFill lets a binding type the secret itself into a page
+	// (fill "value"), where the session's agent can read it.
+	AllowValueFill bool      `json:"allow_value_fill,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+}
+
+// Destination is where a credential may be sent: a scheme, a host (or a
+// wildcard "*.example.com"), a port (the scheme's when 0) and a path
+// prefix ("/" when empty).
+type Destination struct {
+	Scheme     string `json:"scheme"`
+	Host       string `json:"host"`
+	Port       uint16 `json:"port,omitempty"`
+	PathPrefix string `json:"path_prefix,omitempty"`
+}
+
+// MaxDestinations bounds a credential's destinations.
+const MaxDestinations = 16
+
+// New is a credential to store. The caller checks the destinations'
+// form (the gateway, with the egress rules); Create checks that there
+// are some.
+type New struct {
+	Name           string        `json:"name"`
+	Kind           string        `json:"kind"`
+	Username       string        `json:"username"`
+	FieldName      string        `json:"field_name"`
+	Secret         string        `json:"secret"`
+	Destinations   []Destination `json:"destinations"`
+	AllowValueFill bool          `json:"allow_value_fill"`
 }
 
 // Opened is a credential with its secret, for the proxy and actions only.
@@ -167,7 +192,17 @@ func key(tenant, id string) string { return tenant + "/" + id + ".json" }
 // additional data binds the ciphertext to its tenant, id and use, so a
 // sealed secret moved elsewhere does not open.
 func aad(tenant string, m Meta) []byte {
-	return []byte(strings.Join([]string{"sandgate-vault-v1", tenant, m.ID, m.Kind, m.FieldName, m.Username}, "\x00"))
+	parts := []string{"sandgate-vault-v1", tenant, m.ID, m.Kind, m.FieldName, m.Username}
+	if len(m.Destinations) > 0 || m.AllowValueFill {
+		// Where it may go is sealed with it. (Credentials stored before
+		// destinations existed have none, and are bound nowhere.)
+		where, _ := json.Marshal(struct {
+			D []Destination
+			V bool
+		}{m.Destinations, m.AllowValueFill})
+		parts = append(parts, string(where))
+	}
+	return []byte(strings.Join(parts, "\x00"))
 }
 
 // Create seals and stores a credential for the tenant.
@@ -175,7 +210,8 @@ func (v *Vault) Create(ctx context.Context, tenant string, n New) (Meta, error) 
 	if err := check(n); err != nil {
 		return Meta{}, err
 	}
-	m := Meta{ID: ids.NewCredential(), Name: n.Name, Kind: n.Kind, Username: n.Username, FieldName: n.FieldName, CreatedAt: time.Now().UTC()}
+	m := Meta{ID: ids.NewCredential(), Name: n.Name, Kind: n.Kind, Username: n.Username, FieldName: n.FieldName,
+		Destinations: n.Destinations, AllowValueFill: n.AllowValueFill, CreatedAt: time.Now().UTC()}
 	nonce := make([]byte, v.aead.NonceSize())
 	rand.Read(nonce)
 	s := sealed{Meta: m, Nonce: nonce, Ciphertext: v.aead.Seal(nil, nonce, []byte(n.Secret), aad(tenant, m))}
@@ -200,6 +236,9 @@ func check(n New) error {
 	}
 	if strings.ContainsAny(n.Secret, "\r\n\x00") {
 		return bad("secret must not contain line breaks or NUL")
+	}
+	if len(n.Destinations) == 0 || len(n.Destinations) > MaxDestinations {
+		return bad("destinations must name 1-16 places the credential may go (scheme, host, port, path_prefix); a session binds it only within them")
 	}
 	switch n.Kind {
 	case KindBasic:
@@ -249,6 +288,9 @@ func (v *Vault) load(ctx context.Context, tenant, id string) (sealed, error) {
 	var s sealed
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return sealed{}, fmt.Errorf("credential object: %w", err)
+	}
+	if s.Destinations == nil {
+		s.Destinations = []Destination{} // stored before they existed
 	}
 	return s, nil
 }

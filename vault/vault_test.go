@@ -2,8 +2,11 @@ package vault
 
 import (
 	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
 	"errors"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -39,18 +42,63 @@ func TestPlaceholder(t *testing.T) {
 }
 
 func TestCheckForm(t *testing.T) {
+	dests := []Destination{{Scheme: "https", Host: "login.example.com"}}
 	for _, tc := range []struct {
 		n  New
 		ok bool
 	}{
-		{New{Name: "login", Kind: KindForm, Username: "qa:user@example.com", Secret: "pw"}, true},
-		{New{Name: "login", Kind: KindForm, Secret: "pw"}, false},
-		{New{Name: "login", Kind: KindForm, Username: "qa\nuser", Secret: "pw"}, false},
-		{New{Name: "login", Kind: KindForm, Username: "qa", Secret: "p\rw"}, false},
+		{New{Name: "login", Kind: KindForm, Username: "qa:user@example.com", Secret: "pw", Destinations: dests}, true},
+		{New{Name: "login", Kind: KindForm, Username: "qa:user@example.com", Secret: "pw"}, false}, // goes nowhere
+		{New{Name: "login", Kind: KindForm, Username: "qa:user@example.com", Secret: "pw", Destinations: make([]Destination, MaxDestinations+1)}, false},
+		{New{Name: "login", Kind: KindForm, Secret: "pw", Destinations: dests}, false},
+		{New{Name: "login", Kind: KindForm, Username: "qa\nuser", Secret: "pw", Destinations: dests}, false},
+		{New{Name: "login", Kind: KindForm, Username: "qa", Secret: "p\rw", Destinations: dests}, false},
 	} {
 		err := check(tc.n)
 		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalid)) {
 			t.Errorf("check(%+v) = %v, want ok %v", tc.n, err, tc.ok)
 		}
+	}
+}
+
+// TestDestinationsSealed: where a credential may go is sealed with its
+// secret, so a stored credential whose destinations or value fill were
+// changed does not open.
+func TestDestinationsSealed(t *testing.T) {
+	block, _ := aes.NewCipher(bytes.Repeat([]byte{3}, 32))
+	aead, _ := cipher.NewGCM(block)
+	m := Meta{ID: "cred_0000000000000001", Kind: KindForm, Username: "qa", Destinations: []Destination{{Scheme: "https", Host: "login.example.com"}}}
+	nonce := make([]byte, aead.NonceSize())
+	sealed := aead.Seal(nil, nonce, []byte("pw"), aad("acme", m))
+	if _, err := aead.Open(nil, nonce, sealed, aad("acme", m)); err != nil {
+		t.Fatalf("the control does not open: %v", err)
+	}
+	wider := m
+	wider.Destinations = []Destination{{Scheme: "https", Host: "evil.example"}}
+	value := m
+	value.AllowValueFill = true
+	for name, changed := range map[string]Meta{"other destinations": wider, "value fill allowed": value} {
+		if _, err := aead.Open(nil, nonce, sealed, aad("acme", changed)); err == nil {
+			t.Errorf("a credential with %s opens", name)
+		}
+	}
+}
+
+// TestOldCredentialsOpen: a credential stored before destinations existed
+// (none, no value fill) is sealed with the additional data of then, so it
+// still opens (and is bound nowhere).
+func TestOldCredentialsOpen(t *testing.T) {
+	m := Meta{ID: "cred_0000000000000001", Kind: KindBasic, Username: "qa", Destinations: []Destination{}}
+	then := strings.Join([]string{"sandgate-vault-v1", "acme", m.ID, m.Kind, m.FieldName, m.Username}, "\x00")
+	if got := string(aad("acme", m)); got != then {
+		t.Errorf("the additional data of a credential without destinations changed: %q, was %q", got, then)
+	}
+	m.Destinations = nil
+	if got := string(aad("acme", m)); got != then {
+		t.Errorf("with nil destinations: %q, was %q", got, then)
+	}
+	m.Destinations = []Destination{{Scheme: "https", Host: "a.example.com"}}
+	if got := string(aad("acme", m)); got == then {
+		t.Error("the control: destinations do not change the additional data")
 	}
 }

@@ -103,7 +103,14 @@ func (s secrets) Credential(ctx context.Context, tenant, id string) (egress.Cred
 	if err != nil {
 		return egress.Credential{}, err
 	}
-	return egress.Credential{Kind: c.Kind, Name: c.FieldName, Username: c.Username, Secret: c.Secret}, nil
+	out := egress.Credential{Kind: c.Kind, Name: c.FieldName, Username: c.Username, Secret: c.Secret}
+	for _, d := range c.Destinations {
+		b := egress.Binding{Scheme: d.Scheme, Host: d.Host, Port: d.Port, PathPrefix: d.PathPrefix}
+		if egress.CheckDestination(&b) == nil {
+			out.Destinations = append(out.Destinations, b)
+		}
+	}
+	return out, nil
 }
 
 // Placeholder is what fill_credential types for a credential in a

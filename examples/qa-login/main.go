@@ -53,9 +53,11 @@ func run() error {
 	}
 	portN, _ := strconv.Atoi(port)
 
-	// The operator's part: the account into the vault.
+	// The operator's part: the account into the vault, with the one
+	// place it may go. A session can bind it only there.
 	cred, err := c.CreateCredential(ctx, sandgate.CredentialRequest{
 		Name: "qa account", Kind: "form", Username: os.Getenv("QA_USER"), Secret: os.Getenv("QA_PASSWORD"),
+		Destinations: []sandgate.Destination{{Scheme: login.Scheme, Host: login.Hostname(), Port: portN}},
 	})
 	if err != nil {
 		return err

@@ -92,16 +92,34 @@ type CredentialRequest struct {
 	Username  string `json:"username,omitempty"`
 	FieldName string `json:"field_name,omitempty"`
 	Secret    string `json:"secret"`
+	// Destinations are where the credential may go (1-16): a session
+	// binds it only within one of them, else 403. They are sealed with
+	// the secret and cannot be changed.
+	Destinations []Destination `json:"destinations"`
+	// AllowValueFill lets a binding use fill "value", which types the
+	// secret itself into the page, where the agent can read it.
+	AllowValueFill bool `json:"allow_value_fill,omitempty"`
+}
+
+// Destination is a place a credential may go; Port defaults from the
+// scheme and PathPrefix to "/".
+type Destination struct {
+	Scheme     string `json:"scheme"`
+	Host       string `json:"host"`
+	Port       int    `json:"port,omitempty"`
+	PathPrefix string `json:"path_prefix,omitempty"`
 }
 
 // Credential is a vault entry as the API shows it: without its secret.
 type Credential struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Kind      string    `json:"kind"`
-	Username  string    `json:"username,omitempty"`
-	FieldName string    `json:"field_name,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	ID             string        `json:"id"`
+	Name           string        `json:"name"`
+	Kind           string        `json:"kind"`
+	Username       string        `json:"username,omitempty"`
+	FieldName      string        `json:"field_name,omitempty"`
+	Destinations   []Destination `json:"destinations"`
+	AllowValueFill bool          `json:"allow_value_fill,omitempty"`
+	CreatedAt      time.Time     `json:"created_at"`
 }
 
 // CreateCredential stores a credential.

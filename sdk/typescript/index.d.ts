@@ -374,6 +374,21 @@ export interface CreateCredentialRequest {
   /** The header or cookie name (kinds header and cookie). */
   field_name?: string;
   secret: string;
+  /**
+   * Where the credential may go (1-16): a session binds it only within one
+   * of these, else 403. Sealed with the secret; they cannot be changed.
+   */
+  destinations: CredentialDestination[];
+  /** Lets a binding use fill "value" (the agent can read the typed secret). */
+  allow_value_fill?: boolean;
+}
+
+/** A place a credential may go: port from the scheme and path prefix "/" by default. */
+export interface CredentialDestination {
+  scheme: "http" | "https" | (string & {});
+  host: string;
+  port?: number;
+  path_prefix?: string;
 }
 
 /** A credential as the API shows it: never its secret. */
@@ -383,6 +398,8 @@ export interface Credential {
   kind: CredentialKind;
   username?: string;
   field_name?: string;
+  destinations: CredentialDestination[];
+  allow_value_fill?: boolean;
   created_at: string;
 }
 

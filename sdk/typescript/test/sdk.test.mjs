@@ -288,8 +288,9 @@ while [ ! -e ${flag} ]; do sleep 0.05; done; echo after; exit 7`;
   test("credentials: create, list, get, delete; the secret never comes back", T, async () => {
     const secret = "sdk-secret-" + randomBytes(12).toString("hex");
     const name = "sdk " + randomBytes(4).toString("hex");
-    const c = await sg.credentials.create({ name, kind: "basic", username: "qa", secret });
+    const c = await sg.credentials.create({ name, kind: "basic", username: "qa", secret, destinations: [{ scheme: "https", host: "basic.sandgate.test" }] });
     assert.match(c.id, /^cred_[0-9a-f]{16}$/);
+    assert.deepEqual(c.destinations, [{ scheme: "https", host: "basic.sandgate.test", port: 443, path_prefix: "/" }]);
     assert.equal(c.name, name);
     assert.equal(c.username, "qa");
     assert.ok(!("secret" in c));
@@ -305,7 +306,8 @@ while [ ! -e ${flag} ]; do sleep 0.05; done; echo after; exit 7`;
     await sg.credentials.delete(c.id);
     await rejects(() => sg.credentials.get(c.id), 404, "not_found");
     assert.ok(!(await sg.credentials.list()).some((x) => x.id === c.id));
-    await rejects(() => sg.credentials.create({ name, kind: "nonsense", secret }), 400, "invalid_argument");
+    await rejects(() => sg.credentials.create({ name, kind: "nonsense", secret, destinations: [{ scheme: "https", host: "a.sandgate.test" }] }), 400, "invalid_argument");
+    await rejects(() => sg.credentials.create({ name, kind: "bearer", secret, destinations: [] }), 400, "invalid_argument");
   });
 
   test("snapshots and profiles: a new session has the snapshot's files and the profile's state", T, async () => {

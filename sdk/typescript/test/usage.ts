@@ -72,7 +72,7 @@ export async function usage(): Promise<void> {
   await sg.action(s, { action: "teleport" });
 
   const events = await sg.events(s);
-  const c: Credential = await sg.credentials.create({ name: "api", kind: "bearer", secret: "s3cret" });
+  const c: Credential = await sg.credentials.create({ name: "api", kind: "bearer", secret: "s3cret", destinations: [{ scheme: "https", host: "api.example.com" }] });
   // @ts-expect-error the secret is never returned
   void c.secret;
   const creds: Credential[] = await sg.credentials.list();
