@@ -13,11 +13,15 @@ import (
 // Placeholders: fill_credential types a session's placeholder for a
 // credential ("sgph_" and 32 hex digits, from the vault) instead of the
 // secret, so the page, and the agent reading it, never holds the secret.
-// When the session sends that placeholder in a request's query or body
-// to a destination one of the credential's bindings covers (scheme,
-// host, port, cleaned path prefix), the proxy puts the secret in its
-// place, encoded for where it sits. Sent anywhere else, a placeholder
-// stays a placeholder.
+// When the session sends that placeholder in the body of a submission
+// (POST, PUT or PATCH) to a destination one of the credential's bindings
+// covers (scheme, host, port, cleaned path prefix), the proxy puts the
+// secret in its place, encoded for the body. Sent anywhere else, or in
+// a query or a GET, a placeholder stays a placeholder: a search box or
+// an error page that writes its query back would show the agent the
+// secret, and URLs land in logs and Referer headers. (A credential's
+// own destinations are where its owner narrows this to the login
+// endpoint.)
 
 // MaxPlaceholderBody bounds the request bodies the proxy reads to swap
 // placeholders: a login form is far smaller. A larger body is forwarded
@@ -41,32 +45,21 @@ type swapResult struct {
 	tooLarge bool            // a body over MaxPlaceholderBody held a placeholder in its first part
 }
 
-// swapPlaceholders replaces the placeholders in r's query and body. The
-// body is read only up to MaxPlaceholderBody+1 bytes.
+// swapPlaceholders replaces the placeholders in the body of r, a POST,
+// PUT or PATCH. The body is read only up to MaxPlaceholderBody+1 bytes.
 func swapPlaceholders(r *http.Request, swaps []swap) (swapResult, error) {
 	res := swapResult{swapped: map[string]bool{}}
 	if len(swaps) == 0 {
 		return res, nil
 	}
+	switch r.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+	default:
+		return res, nil
+	}
 	// Each swap grows the request by the secret's encoded length: a
 	// body full of placeholders must not become hundreds of MB.
 	count := 0
-	for _, s := range swaps {
-		count += strings.Count(r.URL.RawQuery, s.placeholder)
-	}
-	if count > MaxPlaceholderSwaps {
-		res.tooLarge = true
-		return res, nil
-	}
-	if q := r.URL.RawQuery; q != "" {
-		for _, s := range swaps {
-			if strings.Contains(q, s.placeholder) {
-				q = strings.ReplaceAll(q, s.placeholder, url.QueryEscape(s.secret))
-				res.swapped[s.placeholder] = true
-			}
-		}
-		r.URL.RawQuery = q
-	}
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return res, nil
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"html"
 	"io"
 	"net/http"
@@ -69,6 +70,28 @@ func needles(secrets ...string) [][]byte {
 		add(strings.ReplaceAll(h, "+", "&#43;"))
 		add(strings.NewReplacer("&#34;", "&quot;", "&#39;", "&#x27;").Replace(h))
 		add(numericEntities(s))
+		add(hexEntities(s, "&#x%x;"))
+		add(hexEntities(s, "&#x%X;"))
+		// Mustache.js, and Handlebars.
+		add(strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#39;", "/", "&#x2F;", "`", "&#x60;", "=", "&#x3D;").Replace(s))
+		add(strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;", "`", "&#x60;", "=", "&#x3D;").Replace(s))
+		// The quotes as other libraries write them: Rails, Lodash and
+		// Spring (&#39;), PHP (&#039;, or &apos; for HTML5), hex.
+		if strings.ContainsAny(s, `"'`) {
+			for _, apos := range []string{"'", "&#39;", "&#039;", "&apos;", "&#x27;", "&#X27;"} {
+				for _, quot := range []string{`"`, "&quot;", "&#34;", "&#034;", "&#x22;", "&#X22;"} {
+					add(strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, quot, "'", apos).Replace(s))
+				}
+			}
+		}
+		// Written into a script: JavaScript string escapes.
+		for _, q := range [][2]string{{`\'`, `\"`}, {`\u0027`, `\u0022`}, {`\x27`, `\x22`}} {
+			add(strings.NewReplacer(`\`, `\\`, "'", q[0], `"`, q[1]).Replace(s))
+			add(strings.NewReplacer(`\`, `\\`, "'", q[0], `"`, q[1], "/", `\/`).Replace(s))
+		}
+		for _, f := range []string{`\u%04x`, `\u%04X`, `\x%02x`, `\x%02X`} {
+			add(jsEscapes(s, f))
+		}
 	}
 	// Longest first, so a longer form is masked whole before a shorter
 	// one inside it.
@@ -93,6 +116,35 @@ func base64Core(enc *base64.Encoding, s string, a int) string {
 		return ""
 	}
 	return e[lead:]
+}
+
+// hexEntities writes every character of s but letters and digits as a
+// hexadecimal character reference in format (&#x%x; or &#x%X;).
+func hexEntities(s, format string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r < 128 && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			b.WriteRune(r)
+			continue
+		}
+		fmt.Fprintf(&b, format, r)
+	}
+	return b.String()
+}
+
+// jsEscapes writes every ASCII character of s but letters and digits
+// with a JavaScript escape in format (\u%04x or \x%02x), as some
+// templates escape everything they put into a script.
+func jsEscapes(s, format string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if r >= 128 || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+			continue
+		}
+		fmt.Fprintf(&b, format, r)
+	}
+	return b.String()
 }
 
 // numericEntities writes every byte of s but letters and digits as a

@@ -150,6 +150,24 @@ func TestScrubHTMLEchoes(t *testing.T) {
 		strings.ReplaceAll(html.EscapeString(secret), "+", "&#43;"),
 		strings.NewReplacer("&#34;", "&quot;", "&#39;", "&#x27;").Replace(html.EscapeString(secret)),
 		numericEntities(secret),
+		// Rails, Spring and Lodash; PHP's htmlspecialchars with
+		// ENT_QUOTES, and with ENT_HTML5; hex references.
+		strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#39;").Replace(secret),
+		strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#039;").Replace(secret),
+		strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&apos;").Replace(secret),
+		strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#x22;", "'", "&#x27;").Replace(secret),
+		hexEntities(secret, "&#x%x;"),
+		hexEntities(secret, "&#x%X;"),
+		// Mustache.js; Handlebars.
+		strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#39;", "/", "&#x2F;", "`", "&#x60;", "=", "&#x3D;").Replace(secret + "=="),
+		strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;", "`", "&#x60;", "=", "&#x3D;").Replace(secret + "=="),
+		// In a script: JavaScript escapes.
+		strings.NewReplacer("'", `\'`, `"`, `\"`).Replace(secret),
+		strings.NewReplacer("'", `\u0027`, `"`, `\u0022`).Replace(secret),
+		strings.NewReplacer("'", `\x27`, `"`, `\x22`).Replace(secret),
+		jsEscapes(secret, `\u%04x`),
+		jsEscapes(secret, `\u%04X`),
+		jsEscapes(secret, `\x%02x`),
 	} {
 		body := []byte(`<input value="` + e + `">`)
 		if out := scrubAll(t, body, 5, secret); bytes.Contains(out, []byte(e)) {
