@@ -70,8 +70,13 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 		n, err := s.artifactBytes(ctx, tenant)
 		cancel()
 		if err == nil {
-			limit = min(limit, max(lim.MaxArtifactBytes-n, 0))
+			limit = min(limit, lim.MaxArtifactBytes-n)
 		}
+	}
+	if limit <= 0 {
+		// Nothing left of the quota; and a bound of 0 bounds nothing.
+		c.Set(fiber.HeaderRetryAfter, fmt.Sprint(int(artifactBytesFor/time.Second)))
+		return &apiError{status: 429, code: "quota_exceeded", msg: "over quota: the tenant's artifacts leave no room for a snapshot; delete some or let retention remove them"}
 	}
 	ctx, cancel := reqCtx(c, 10*time.Minute)
 	defer cancel()

@@ -27,7 +27,10 @@ var (
 
 // Rules say what Clean keeps.
 type Rules struct {
-	MaxBytes   int64 // file contents, summed
+	// MaxBytes bounds the file contents, summed, as written: a sparse
+	// file counts its full size, holes and all. MaxBytes and MaxEntries
+	// of 0 bound nothing; a session's tar always gets both.
+	MaxBytes   int64
 	MaxEntries int
 	// Skip drops an entry by its clean name, and everything under it.
 	Skip func(name string) bool
@@ -94,7 +97,10 @@ func Clean(dst io.Writer, src io.Reader, r Rules) (Summary, error) {
 			out.Typeflag, out.Mode, out.Name = tar.TypeDir, 0o700|int64(h.Mode&0o755), name+"/"
 			sum.Dirs++
 		case tar.TypeReg, tar.TypeRegA:
-			if h.Size < 0 || r.MaxBytes > 0 && sum.Bytes+h.Size > r.MaxBytes {
+			// Subtracted, not added: a size near MaxInt64 (a sparse
+			// entry costs a few header bytes to claim one) must not wrap
+			// the sum below the bound.
+			if h.Size < 0 || r.MaxBytes > 0 && h.Size > r.MaxBytes-sum.Bytes {
 				return sum, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, r.MaxBytes)
 			}
 			out.Typeflag, out.Mode, out.Size = tar.TypeReg, 0o600|int64(h.Mode&0o755), h.Size

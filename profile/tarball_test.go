@@ -4,7 +4,9 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"math"
 	"strings"
 	"testing"
 )
@@ -190,4 +192,82 @@ func TestCleanBoundsWhatItReads(t *testing.T) {
 	if _, err := Clean(io.Discard, bytes.NewReader(big), r); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("a 64 KiB dropped cache under a 1 KiB bound: %v", err)
 	}
+}
+
+// TestCleanSparseOverflow: a sparse entry that claims a size near
+// MaxInt64 after a kept file is refused, not let wrap the sum below the
+// bound and write without end (a few header bytes claim it; the tar
+// reader makes up its holes without reading). The control: the same
+// archive with a sparse entry of a size within the bound is kept whole.
+func TestCleanSparseOverflow(t *testing.T) {
+	// Written by hand: archive/tar writes no GNU sparse entries.
+	archive := func(size int64) []byte {
+		var in []byte
+		in = append(in, rawHeader(t, "a", tar.TypeReg, 1)...)
+		in = append(in, padBlock([]byte("x"))...)
+		// A PAX GNU sparse 1.0 entry: its real size in the PAX records,
+		// an empty map of data in its body (all hole).
+		recs := paxRecord("GNU.sparse.major", "1") + paxRecord("GNU.sparse.minor", "0") +
+			paxRecord("GNU.sparse.name", "hole") + paxRecord("GNU.sparse.realsize", fmt.Sprint(size))
+		in = append(in, rawHeader(t, "PaxHeaders/hole", tar.TypeXHeader, int64(len(recs)))...)
+		in = append(in, padBlock([]byte(recs))...)
+		in = append(in, rawHeader(t, "GNUSparseFile.0/hole", tar.TypeReg, 512)...)
+		in = append(in, padBlock([]byte("0\n"))...)
+		return append(in, make([]byte, 1024)...)
+	}
+	var out countWriter
+	if sum, err := Clean(&out, bytes.NewReader(archive(100_000)), Rules{MaxBytes: 1 << 20, MaxEntries: 10}); err != nil || sum.Bytes != 100_001 || out.n < 100_001 {
+		t.Fatalf("control: a sparse file within the bound: %v, %d bytes written", err, out.n)
+	}
+	out = countWriter{limit: 64 << 20}
+	_, err := Clean(&out, bytes.NewReader(archive(math.MaxInt64)), Rules{MaxBytes: 1 << 20, MaxEntries: 10})
+	if !errors.Is(err, ErrTooLarge) || out.n > 1<<20+64<<10 {
+		t.Fatalf("a sparse file of MaxInt64 bytes: %v after %d bytes written, want ErrTooLarge within the bound", err, out.n)
+	}
+}
+
+// countWriter counts what it is given, and fails past limit (if any).
+type countWriter struct{ n, limit int64 }
+
+func (w *countWriter) Write(p []byte) (int, error) {
+	w.n += int64(len(p))
+	if w.limit > 0 && w.n > w.limit {
+		return 0, errors.New("the test's writer is full")
+	}
+	return len(p), nil
+}
+
+// rawHeader is a ustar header block.
+func rawHeader(t *testing.T, name string, typ byte, size int64) []byte {
+	b := make([]byte, 512)
+	copy(b, name)
+	copy(b[100:], "0000644\x00")
+	copy(b[108:], "0001750\x00")
+	copy(b[116:], "0001750\x00")
+	copy(b[124:], fmt.Sprintf("%011o\x00", size))
+	copy(b[136:], "00000000000\x00")
+	b[156] = typ
+	copy(b[257:], "ustar\x0000")
+	copy(b[148:], "        ")
+	sum := 0
+	for _, c := range b {
+		sum += int(c)
+	}
+	copy(b[148:], fmt.Sprintf("%06o\x00 ", sum))
+	return b
+}
+
+// padBlock pads b to whole 512-byte blocks.
+func padBlock(b []byte) []byte {
+	return append(b, make([]byte, (512-len(b)%512)%512)...)
+}
+
+// paxRecord is one PAX record, its length counted in itself.
+func paxRecord(k, v string) string {
+	n := len(k) + len(v) + 3 // " ", "=", "\n"
+	d := 1
+	for len(fmt.Sprint(n+d)) != d {
+		d++
+	}
+	return fmt.Sprintf("%d %s=%s\n", n+d, k, v)
 }
