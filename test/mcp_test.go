@@ -317,6 +317,17 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	if out.ExitCode != 3 {
 		t.Fatalf("exec exit code: %+v", out)
 	}
+	// A long output is cut to what the model is shown, and says so; the
+	// command still ran to its end.
+	var long struct {
+		ExitCode  int `json:"exit_code"`
+		Stdout    string
+		Truncated bool
+	}
+	callTool(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "head -c 3000000 /dev/zero | tr '\\0' a; exit 4"}, &long)
+	if long.ExitCode != 4 || !long.Truncated || !strings.HasSuffix(long.Stdout, "[cut]") || len(long.Stdout) > 64<<10+16 || !strings.HasPrefix(long.Stdout, "aaaa") {
+		t.Fatalf("a 3 MB output through exec: exit %d, truncated %v, %d bytes", long.ExitCode, long.Truncated, len(long.Stdout))
+	}
 
 	callTool(t, cs, "write_file", map[string]any{"session_id": s.ID, "path": "/tmp/mcp-file.txt", "content": "written through MCP\n"}, nil)
 	var file struct{ Content string }

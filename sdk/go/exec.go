@@ -105,6 +105,12 @@ const MaxOutput = 16 << 20
 // Run runs a command to its end and returns its output (each stream up
 // to MaxOutput) and exit code.
 func (c *Client) Run(ctx context.Context, id string, req ExecRequest) (*ExecResult, error) {
+	return c.RunUpTo(ctx, id, req, MaxOutput)
+}
+
+// RunUpTo is Run keeping at most limit bytes of each stream (the rest is
+// read and dropped, and Truncated set).
+func (c *Client) RunUpTo(ctx context.Context, id string, req ExecRequest, limit int) (*ExecResult, error) {
 	st, err := c.Exec(ctx, id, req)
 	if err != nil {
 		return nil, err
@@ -123,8 +129,8 @@ func (c *Client) Run(ctx context.Context, id string, req ExecRequest) (*ExecResu
 		if f.Stream == "stderr" {
 			dst = &res.Stderr
 		}
-		if n := MaxOutput - len(*dst); n < len(f.Data) {
-			f.Data, res.Truncated = f.Data[:max(n, 0)], true
+		if n := limit - len(*dst); n < len(f.Data) {
+			f.Data, res.Truncated = f.Data[:n], true
 		}
 		*dst = append(*dst, f.Data...)
 		if f.ExitCode != nil {
