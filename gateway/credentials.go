@@ -120,6 +120,20 @@ func destinationBinding(d vault.Destination) egress.Binding {
 	return egress.Binding{Scheme: d.Scheme, Host: d.Host, Port: d.Port, PathPrefix: d.PathPrefix}
 }
 
+// Destinations are a credential's destinations as the egress rules take
+// them (for the proxy, and for checking a binding); one that does not
+// check is left out, so it covers nothing.
+func Destinations(m vault.Meta) []egress.Binding {
+	var out []egress.Binding
+	for _, d := range m.Destinations {
+		b := destinationBinding(d)
+		if egress.CheckDestination(&b) == nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 // bindingAllowed is why a session may not bind a credential as b, or "":
 // b must lie within one of the credential's destinations, and type the
 // secret itself only where the credential allows it.
@@ -127,10 +141,8 @@ func bindingAllowed(m vault.Meta, b egress.Binding) string {
 	if b.Fill == egress.FillValue && !m.AllowValueFill {
 		return "its fill is value, which the credential does not allow (allow_value_fill): the agent could read the secret"
 	}
-	for _, d := range m.Destinations {
-		if b.Within(destinationBinding(d)) {
-			return ""
-		}
+	if b.WithinAny(Destinations(m)) {
+		return ""
 	}
 	if len(m.Destinations) == 0 {
 		return "the credential names no destinations (it was stored before they existed): store it again with destinations"

@@ -71,10 +71,16 @@ func (s *Server) checkArtifactQuota(c *fiber.Ctx, tenant string) error {
 		return nil
 	}
 	if n >= lim.MaxArtifactBytes {
-		c.Set(fiber.HeaderRetryAfter, fmt.Sprint(int(artifactBytesFor/time.Second)))
-		return &apiError{status: 429, code: "quota_exceeded", msg: fmt.Sprintf("over quota: the tenant's artifacts take %d bytes of its %d; delete some or let retention remove them", n, lim.MaxArtifactBytes)}
+		return overArtifactQuota(c, fmt.Sprintf("the tenant's artifacts take %d bytes of its %d", n, lim.MaxArtifactBytes))
 	}
 	return nil
+}
+
+// overArtifactQuota is the answer to a request the tenant's artifact
+// quota has no room for: 429, retried once the count is read again.
+func overArtifactQuota(c *fiber.Ctx, why string) error {
+	c.Set(fiber.HeaderRetryAfter, fmt.Sprint(int(artifactBytesFor/time.Second)))
+	return &apiError{status: 429, code: "quota_exceeded", msg: "over quota: " + why + "; delete some or let retention remove them"}
 }
 
 // invalidateArtifactBytes makes the next count of the tenant's stored

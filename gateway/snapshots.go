@@ -75,8 +75,7 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	}
 	if limit <= 0 {
 		// Nothing left of the quota; and a bound of 0 bounds nothing.
-		c.Set(fiber.HeaderRetryAfter, fmt.Sprint(int(artifactBytesFor/time.Second)))
-		return &apiError{status: 429, code: "quota_exceeded", msg: "over quota: the tenant's artifacts leave no room for a snapshot; delete some or let retention remove them"}
+		return overArtifactQuota(c, "the tenant's artifacts leave no room for a snapshot")
 	}
 	ctx, cancel := reqCtx(c, 10*time.Minute)
 	defer cancel()

@@ -253,8 +253,6 @@ func (s *Store) Update(ctx context.Context, tenant string, a Artifact, max int64
 		case errors.Is(err, ErrNotFound):
 			etag = "" // written only if it is still absent
 			a.CreatedAt = created
-		case errors.Is(err, ErrChanged):
-			continue
 		case err != nil:
 			return err
 		default:
@@ -303,14 +301,10 @@ func (s *Store) read(ctx context.Context, tenant, session, kind, id string, max 
 	return raw, artifactOf(session, info), info.ETag, nil
 }
 
-// readErr is ErrNotFound for an artifact that is not there, ErrChanged
-// for one that changed while it was read, else err.
+// readErr is ErrNotFound for an artifact that is not there, else err.
 func readErr(err error) error {
-	switch minio.ToErrorResponse(err).Code {
-	case "NoSuchKey":
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
 		return ErrNotFound
-	case "PreconditionFailed":
-		return fmt.Errorf("read artifact: %w", ErrChanged)
 	}
 	return fmt.Errorf("read artifact: %w", err)
 }

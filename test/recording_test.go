@@ -93,6 +93,26 @@ func (e *testEnv) redirect(t *testing.T, key, path string) (int, []byte, string)
 	return resp.StatusCode, b, resp.Header.Get("Location")
 }
 
+// getAtOnce GETs u n times at once, redirects not followed, and returns
+// each answer's status (0 for a request that got none).
+func getAtOnce(u string, n int) []int {
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r, err := c.Get(u); err == nil {
+				codes[i] = r.StatusCode
+				r.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	return codes
+}
+
 func findKind(as []artifact, kind, contentType string) *artifact {
 	for i := range as {
 		if as[i].Kind == kind && (contentType == "" || as[i].ContentType == contentType) {
@@ -292,21 +312,7 @@ func TestRecording(t *testing.T) {
 				break
 			}
 		}
-		var wg sync.WaitGroup
-		codes := make([]int, 16)
-		for i := range codes {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-				if r, err := c.Get(e.gwURL + base + "/artifacts/" + other.ID); err == nil {
-					codes[i] = r.StatusCode
-					r.Body.Close()
-				}
-			}()
-		}
-		wg.Wait()
-		for i, st := range codes {
+		for i, st := range getAtOnce(e.gwURL+base+"/artifacts/"+other.ID, 16) {
 			if st != 302 {
 				t.Errorf("fetch %d of 16 at once: %d", i, st)
 			}

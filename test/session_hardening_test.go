@@ -8,7 +8,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -310,20 +309,7 @@ func TestEndedSessionsForgotten(t *testing.T) {
 	}
 	// Opened by many at once: each is served, and the view is stored
 	// once (the others wait for the one that stores it).
-	codes := make([]int, 16)
-	var wg sync.WaitGroup
-	for i := range codes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if resp, err := http.Get(link.URL); err == nil {
-				codes[i] = resp.StatusCode
-				resp.Body.Close()
-			}
-		}()
-	}
-	wg.Wait()
-	for i, st := range codes {
+	for i, st := range getAtOnce(link.URL, 16) {
 		if st != 200 {
 			t.Errorf("the control: the forgotten session's review link, opened by 16 at once, answers %d (%d)", st, i)
 		}

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/vault"
 )
@@ -103,14 +104,8 @@ func (s secrets) Credential(ctx context.Context, tenant, id string) (egress.Cred
 	if err != nil {
 		return egress.Credential{}, err
 	}
-	out := egress.Credential{Kind: c.Kind, Name: c.FieldName, Username: c.Username, Secret: c.Secret}
-	for _, d := range c.Destinations {
-		b := egress.Binding{Scheme: d.Scheme, Host: d.Host, Port: d.Port, PathPrefix: d.PathPrefix}
-		if egress.CheckDestination(&b) == nil {
-			out.Destinations = append(out.Destinations, b)
-		}
-	}
-	return out, nil
+	return egress.Credential{Kind: c.Kind, Name: c.FieldName, Username: c.Username, Secret: c.Secret,
+		Destinations: gateway.Destinations(c.Meta)}, nil
 }
 
 // Placeholder is what fill_credential types for a credential in a
