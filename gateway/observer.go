@@ -48,7 +48,7 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 	s := (*Server)(o)
 	log := s.log.With("session", info.ID, "tenant", info.Tenant)
 	if info.Record && s.recorder != nil {
-		ready := s.recorder.Start(recordings.Target{
+		t := recordings.Target{
 			Tenant: info.Tenant, Session: info.ID, VNC: ep.VNC.String(),
 			Width: info.Screen.Width, Height: info.Screen.Height,
 			Note: func(typ string, f map[string]any) { s.sessions.Record(info.ID, typ, f) },
@@ -56,7 +56,21 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 				i, err := s.sessions.Get(info.Tenant, info.ID)
 				return err == nil && i.State == session.StateRunning
 			},
-		})
+		}
+		var ready <-chan struct{}
+		if s.recShare != nil {
+			// Whichever replica has room records it.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			var err error
+			ready, err = s.recShare.Place(ctx, info.ID, recordingParams(t), s.heldNote(info.Tenant, info.ID))
+			cancel()
+			if err != nil {
+				log.Warn("the recording cannot be placed with a replica; this one records it", "err", err)
+				ready = s.recorder.Start(t)
+			}
+		} else {
+			ready = s.recorder.Start(t)
+		}
 		s.sessions.Record(info.ID, "recording_started", nil)
 		// The session is handed out once its display is being recorded,
 		// so a slow display loses nothing; the recorder keeps trying after
@@ -296,7 +310,13 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 		notes = append(notes, session.Event{Time: time.Now().UTC(), Type: typ, Fields: f})
 	}
 	if s.recorder != nil && !recorded {
-		m, err := s.recorder.Finish(ctx, info.Tenant, info.ID, time.Now())
+		end := time.Now()
+		// A replica recording it stops and stores its segments first.
+		nothing := info.Record && s.recShare != nil && s.collectRecording(ctx, info.ID)
+		m, err := s.recorder.Finish(ctx, info.Tenant, info.ID, end)
+		if err == nil && m == nil && nothing {
+			err = recordings.ErrNothingRecorded
+		}
 		switch {
 		case errors.Is(err, recordings.ErrNothingRecorded):
 			note("recording_failed", map[string]any{"reason": err.Error()})

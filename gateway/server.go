@@ -93,6 +93,7 @@ type Server struct {
 	tokens   *signer
 	vault    *vault.Vault         // nil: no credentials
 	recorder *recordings.Recorder // nil: no recordings
+	recShare RecordingShare       // nil: recordings are made here
 	// retention per tenant; the janitor enforces it.
 	retention    map[string]time.Duration
 	janitorEvery time.Duration

@@ -437,6 +437,74 @@ func (r *Recorder) uploadSegment(ctx context.Context, tenant, session, path stri
 	return os.WriteFile(path+".up", nil, 0o600)
 }
 
+// claim takes the session's finisher's place, waiting within ctx for
+// one that has it, and the part recording now (nil: none), which is no
+// longer the recorder's; done gives the place back.
+func (r *Recorder) claim(ctx context.Context, session string) (p *recording, done func(), err error) {
+	r.mu.Lock()
+	for r.finishing[session] != nil {
+		ch := r.finishing[session]
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		r.mu.Lock()
+	}
+	ch := make(chan struct{})
+	r.finishing[session] = ch
+	p = r.parts[session]
+	delete(r.parts, session)
+	r.mu.Unlock()
+	return p, func() {
+		r.mu.Lock()
+		delete(r.finishing, session)
+		r.mu.Unlock()
+		close(ch)
+	}, nil
+}
+
+// Hand stops recording the session on this host and stores in MinIO
+// every segment this host has of it, for another replica to finish (a
+// recording spread over replicas: the leader finishes what any replica
+// recorded). The local copies go once all are stored; until ctx ends, a
+// failed upload is tried again. recorded says whether a part ran here.
+func (r *Recorder) Hand(ctx context.Context, tenant, session string) (recorded bool, err error) {
+	// The finisher's place: the janitor leaves the directory alone meanwhile.
+	p, done, err := r.claim(ctx, session)
+	if err != nil {
+		return false, err
+	}
+	defer done()
+	if p != nil {
+		p.cancel()
+		<-p.done
+		recorded = p.connected
+	}
+	dir := r.sessionDir(tenant, session)
+	for {
+		left := 0
+		for _, f := range segments(dir) {
+			if _, err := os.Stat(f + ".up"); err == nil {
+				continue
+			}
+			if err := r.uploadSegment(ctx, tenant, session, f); err != nil {
+				left++
+			}
+		}
+		if left == 0 {
+			os.RemoveAll(dir)
+			return recorded, nil
+		}
+		select {
+		case <-ctx.Done():
+			return recorded, fmt.Errorf("%d segments of session %s not stored; they stay on this host: %w", left, session, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // Manifest describes a finished recording.
 type Manifest struct {
 	Session   string        `json:"session"`
@@ -466,28 +534,11 @@ type SegmentInfo struct {
 // in the audit trail as recording_failed (it is not retried).
 func (r *Recorder) Finish(ctx context.Context, tenant, session string, end time.Time) (*Manifest, error) {
 	// One finisher at a time; a second waits, then finds the work done.
-	r.mu.Lock()
-	for r.finishing[session] != nil {
-		ch := r.finishing[session]
-		r.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		r.mu.Lock()
+	p, done, err := r.claim(ctx, session)
+	if err != nil {
+		return nil, err
 	}
-	ch := make(chan struct{})
-	r.finishing[session] = ch
-	p := r.parts[session]
-	delete(r.parts, session)
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		delete(r.finishing, session)
-		r.mu.Unlock()
-		close(ch)
-	}()
+	defer done()
 	m, err := r.finish(ctx, tenant, session, end, p)
 	if err != nil && !errors.Is(err, ErrNothingRecorded) {
 		// Leave a mark for the janitor to try again.

@@ -76,6 +76,12 @@ func TestKubeRBAC(t *testing.T) {
 	if l, err := leases.List(ctx); err != nil || len(l) != 1 {
 		t.Fatalf("leases as the gateway: %+v, %v", l, err)
 	}
+	// Replicas watch the recordings' leases to spread them.
+	if w, err := gc.CoordinationV1().Leases(ns).Watch(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("watch leases as the gateway: %v", err)
+	} else {
+		w.Stop()
+	}
 	if err := leases.Release(ctx, name); err != nil {
 		t.Fatal(err)
 	}

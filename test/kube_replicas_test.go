@@ -24,6 +24,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -38,7 +39,11 @@ import (
 // revoked. The leader is then SIGKILLed mid-session: meanwhile the other
 // answers 503 in the API's JSON, then takes the lead, and the session,
 // its previews (the revoked one stays revoked), its audit trail and its
-// recording carry on through it, and its Pod is the leader's. Then A,
+// recording carry on through it, and its Pod is the leader's. The
+// recordings are spread: of two recorded sessions, each replica records
+// one, whichever leads; the one A recorded is taken over by B when A
+// dies, the one B recorded goes on uncut, and B, leading then, finishes
+// a recording made by both. Then A,
 // started again, stands by, and B is stopped as a rolling update
 // stops it (SIGTERM): A takes over at once, not when the lease runs
 // out. Nothing is left in the namespace.
@@ -128,6 +133,23 @@ func TestKubeReplicas(t *testing.T) {
 		t.Errorf("the leader's label on a session's Pod: %v, want it refused", err)
 	}
 	viaB := func(u string) string { return strings.Replace(u, ra.gwAddr, rb.gwAddr, 1) }
+
+	// Recordings are spread over the replicas: the session's is taken
+	// by one, a second session's by the other.
+	recorder := recordingHolder(t, ctx, b, s.ID, ra, rb)
+	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "record": true})
+	var s2 sessionInfo
+	if err := json.Unmarshal(body, &s2); st != 201 || err != nil {
+		t.Fatalf("a second recorded session through A: %d %s", st, body)
+	}
+	other := recordingHolder(t, ctx, b, s2.ID, ra, rb)
+	t.Logf("the first recording is on replica %s, the second on %s", recorder.gwAddr, other.gwAddr)
+	if other == recorder {
+		t.Errorf("both recordings are on one replica (%s): they are not spread", other.gwAddr)
+	}
+	// Each carries on through A's death below: the one on A is taken
+	// over by B, the one on B goes on uncut.
+	waitFor(t, time.Minute, "a segment of the second recording", func() bool { return recordingParts(t, ra, s2.ID) >= 1 })
 
 	// Driven through B.
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "state") != "running" {
@@ -284,9 +306,63 @@ func TestKubeReplicas(t *testing.T) {
 	if out := rb.execIn(t, rb.keyA, s.ID, map[string]any{"cmd": []string{"sha256sum", path}}); out.ExitCode != 0 || !strings.HasPrefix(string(out.Stdout), sha(blob)) {
 		t.Fatalf("the file after the kill: exit %d %q", out.ExitCode, out.Stdout)
 	}
-	// A segment of B's own recording is stored (its part's prefix is not
-	// A's) before the session ends.
-	waitFor(t, 2*time.Minute, "a recording segment from B", func() bool { return recordingParts(t, rb, s.ID) >= 2 })
+	// The recordings go on: the one A had is taken over by B (a part
+	// of B's own, whose prefix is not A's, and recording_taken_over in
+	// its trail); the one B had is not cut.
+	onA, onB := s.ID, s2.ID
+	if recorder == rb {
+		onA, onB = s2.ID, s.ID
+	}
+	waitFor(t, 2*time.Minute, "a segment from B of the recording A had", func() bool { return recordingParts(t, rb, onA) >= 2 })
+	waitFor(t, time.Minute, "recording_taken_over in the trail of the recording A had", func() bool {
+		for _, ev := range rb.events(t, rb.keyA, onA) {
+			if ev.Type == "recording_taken_over" {
+				return true
+			}
+		}
+		return false
+	})
+	before := recordingSegments(t, rb, onB)
+	waitFor(t, 2*time.Minute, "more segments of the recording B had", func() bool { return recordingSegments(t, rb, onB) >= before+2 })
+	if n := recordingParts(t, rb, onB); n != 1 {
+		t.Errorf("the recording B held was cut by A's death: %d parts", n)
+	}
+	parts := 1 // of the first session's recording, so far
+	if onA == s.ID {
+		parts = 2
+	}
+	// The second session ends through B, which leads: its recording is
+	// finished by B from what both replicas stored.
+	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+s2.ID, nil); st != 200 {
+		t.Fatalf("delete the second session: %d %s", st, body)
+	}
+	waitFor(t, 2*time.Minute, "the second recording finished", func() bool {
+		as := rb.artifacts(t, rb.keyA, s2.ID)
+		return findKind(as, "recording", "video/mp4") != nil && findKind(as, "recording", "application/json") != nil
+	})
+	_, m2 := rb.finalRecording(t, rb.keyA, s2.ID)
+	made2 := map[string]bool{}
+	for _, sg := range m2["segments"].([]any) {
+		name := sg.(map[string]any)["name"].(string)
+		made2[name[:strings.IndexByte(name, '-')]] = true
+	}
+	if want := map[bool]int{true: 2, false: 1}[onA == s2.ID]; len(made2) != want {
+		t.Errorf("the second recording has %d parts, want %d: %v", len(made2), want, made2)
+	}
+	finalised := false
+	for _, ev := range rb.events(t, rb.keyA, s2.ID) {
+		finalised = finalised || ev.Type == "recording_finalised"
+		if ev.Type == "recording_failed" {
+			t.Errorf("the second recording failed: %v", ev.Fields)
+		}
+	}
+	if !finalised {
+		t.Error("the second session's trail has no recording_finalised")
+	}
+	waitFor(t, time.Minute, "the second recording's lease to go", func() bool {
+		_, err := b.Client().CoordinationV1().Leases(b.Namespace()).Get(ctx, "sandgate-recording-"+s2.ID, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
 
 	// A rolling update: A, started again, stands by; B is stopped with
 	// SIGTERM. It gives the lease back once its trails and recordings
@@ -327,8 +403,10 @@ func TestKubeReplicas(t *testing.T) {
 	roles.waitLeader(t, "A leads again", pods[ra])
 	p.URL = strings.Replace(p.URL, rb.gwAddr, ra.gwAddr, 1)
 	cdp("after the handover", 44)
-	// A third part of the recording, A's second, before the session ends.
-	waitFor(t, 2*time.Minute, "a recording segment from A after the handover", func() bool { return recordingParts(t, ra, s.ID) >= 3 })
+	// B gave the recording back as it stopped: A records the next part
+	// before the session ends.
+	parts++
+	waitFor(t, 2*time.Minute, "a recording segment from A after the handover", func() bool { return recordingParts(t, ra, s.ID) >= parts })
 	if st, body := ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 200 {
 		t.Fatalf("delete through A: %d %s", st, body)
 	}
@@ -352,23 +430,37 @@ func TestKubeReplicas(t *testing.T) {
 	}
 	// The recording: parts from both replicas, in one video.
 	rpath, manifest := ra.finalRecording(t, ra.keyA, s.ID)
-	parts := map[string]bool{}
+	made := map[string]bool{}
 	for _, sg := range manifest["segments"].([]any) {
 		name := sg.(map[string]any)["name"].(string)
-		parts[name[:strings.IndexByte(name, '-')]] = true
+		made[name[:strings.IndexByte(name, '-')]] = true
 	}
 	d := probeDuration(t, rpath)
-	t.Logf("the recording across the kill and the handover: %.1f s in %d parts", d, len(parts))
-	if len(parts) < 3 {
-		t.Errorf("the recording did not go on through B, then A: parts %v", parts)
+	t.Logf("the recording across the kill and the handover: %.1f s in %d parts", d, len(made))
+	if len(made) < parts {
+		t.Errorf("the recording did not go on through B, then A: parts %v, want %d", made, parts)
 	}
 
 	// Nothing left: A gives the lease back as it stops.
 	ra.stopGateway(syscall.SIGTERM)
-	waitFor(t, time.Minute, "no Leases left in the namespace", func() bool {
+	var left []string
+	deadline := time.Now().Add(time.Minute)
+	for {
 		l, err := b.Client().CoordinationV1().Leases(b.Namespace()).List(ctx, metav1.ListOptions{})
-		return err == nil && len(l.Items) == 0
-	})
+		left = left[:0]
+		if err == nil {
+			for _, le := range l.Items {
+				left = append(left, le.Name)
+			}
+		}
+		if err == nil && len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Leases left in the namespace a minute after the last replica stopped: %v, %v", left, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // patchConfig edits a gateway's config file.
@@ -570,6 +662,38 @@ func (r *gatewayRoles) waitLeader(t *testing.T, when string, names ...string) {
 // recordingParts counts the parts of a session's recording stored so far
 // (one per gateway that recorded it: a segment's name starts with its
 // part's).
+// recordingHolder is the replica of rs that holds the session's
+// recording's lease (by its process id, part of its identity).
+func recordingHolder(t *testing.T, ctx context.Context, b *kube.Backend, id string, rs ...*testEnv) *testEnv {
+	t.Helper()
+	var who *testEnv
+	waitFor(t, time.Minute, "a replica to hold the recording of "+id, func() bool {
+		le, err := b.Client().CoordinationV1().Leases(b.Namespace()).Get(ctx, "sandgate-recording-"+id, metav1.GetOptions{})
+		if err != nil || le.Spec.HolderIdentity == nil {
+			return false
+		}
+		for _, r := range rs {
+			if strings.Contains(*le.Spec.HolderIdentity, fmt.Sprintf("-%d-", r.gw.Process.Pid)) {
+				who = r
+				return true
+			}
+		}
+		return false
+	})
+	return who
+}
+
+// recordingSegments counts the session's stored recording segments.
+func recordingSegments(t *testing.T, e *testEnv, id string) int {
+	n := 0
+	for _, a := range e.artifacts(t, e.keyA, id) {
+		if a.Kind == "recording_segment" {
+			n++
+		}
+	}
+	return n
+}
+
 func recordingParts(t *testing.T, e *testEnv, id string) int {
 	parts := map[string]bool{}
 	for _, a := range e.artifacts(t, e.keyA, id) {

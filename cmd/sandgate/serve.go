@@ -78,6 +78,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	// Backend kubernetes, with kubernetes.pod: the leader's label on
 	// this replica's Pod while it leads (see kube.LabelGatewayRole).
 	var role *kube.Role
+	// Backend kubernetes: the recordings this replica takes, and how.
+	var recShare *kube.Shared
+	var heldRec *recordings.Recorder
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
 		kubeBackend := func(cfg *Config) (*kube.Backend, error) {
@@ -144,6 +147,20 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// restarted may have left the leader's label on it.
 			role.StandBy(holds)
 			log.Info("sandgate replica listening", "addr", cfg.Listen, "advertise", cfg.Kubernetes.Advertise)
+		}
+		// Recordings are spread over the replicas: this one records what
+		// it takes, standing by or leading (the leader finishes them).
+		if r, err := sharedRecorder(ctx, cfg, log); err != nil {
+			log.Warn("this replica records no sessions: the leader records those it places and nobody takes", "err", err)
+		} else {
+			heldRec = r
+			recShare = kb.NewShared(identity, "recording", func(ctx context.Context, w kube.Work) string {
+				return gateway.RecordHeld(ctx, r, w.Session, w.Params, w.TakenOver, w.Ready, w.Note)
+			}, log.With("component", "recordings"))
+			shareCtx, endShare := context.WithCancel(context.WithoutCancel(ctx))
+			shared := make(chan struct{})
+			go func() { defer close(shared); recShare.Serve(shareCtx) }()
+			defer func() { endShare(); <-shared }()
 		}
 		// A leader that loses the lease stops at once, without a drain
 		// or a last flush: another replica may lead from the next
@@ -241,10 +258,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 	}
 
-	store, err := recordings.New(ctx, recordings.Config{
-		Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
-		Secure: cfg.MinIO.Secure, Bucket: cfg.MinIO.Bucket, PresignTTL: cfg.MinIO.PresignTTL.Duration,
-	})
+	store, err := recordings.New(ctx, storeConfig(cfg))
 	if err != nil {
 		return err
 	}
@@ -361,11 +375,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	} else {
 		log.Warn("no vault.key configured: browser profiles are unavailable")
 	}
-	rec, err := recordings.NewRecorder(recordings.RecorderConfig{
-		Dir: filepath.Join(cfg.StateDir, "recordings"), FPS: cfg.Recording.FPS, Segment: cfg.Recording.Segment.Duration,
-		Log: log.With("component", "recorder"),
-	}, store)
-	if err != nil {
+	if heldRec != nil {
+		// The recorder that has recorded since this replica started
+		// finishes what any replica recorded.
+		opts = append(opts, gateway.WithRecorder(heldRec), gateway.WithRecordingShare(recShare))
+	} else if rec, err := newRecorder(cfg, store, log); err != nil {
 		log.Warn("recordings are unavailable", "err", err)
 	} else {
 		opts = append(opts, gateway.WithRecorder(rec))
@@ -457,6 +471,33 @@ func sessionLimits(t tenant.Tenant) session.TenantLimits {
 		EgressAllow: t.EgressAllow, Disabled: t.Disabled,
 		MaxRecordings: t.MaxRecordings, MaxCreatesPerMinute: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
 	}.WithDefaults()
+}
+
+// storeConfig is where the config stores artifacts.
+func storeConfig(cfg *Config) recordings.Config {
+	return recordings.Config{
+		Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
+		Secure: cfg.MinIO.Secure, Bucket: cfg.MinIO.Bucket, PresignTTL: cfg.MinIO.PresignTTL.Duration,
+	}
+}
+
+// newRecorder is the config's recorder, storing in store.
+func newRecorder(cfg *Config, store *recordings.Store, log *slog.Logger) (*recordings.Recorder, error) {
+	return recordings.NewRecorder(recordings.RecorderConfig{
+		Dir: filepath.Join(cfg.StateDir, "recordings"), FPS: cfg.Recording.FPS, Segment: cfg.Recording.Segment.Duration,
+		Log: log.With("component", "recorder"),
+	}, store)
+}
+
+// sharedRecorder is the recorder of a replica that records whatever
+// sessions it takes, with a store of its own: it runs before the replica
+// leads, if ever.
+func sharedRecorder(ctx context.Context, cfg *Config, log *slog.Logger) (*recordings.Recorder, error) {
+	store, err := recordings.New(ctx, storeConfig(cfg))
+	if err != nil {
+		return nil, err
+	}
+	return newRecorder(cfg, store, log)
 }
 
 // randomHex is n random bytes in hex.

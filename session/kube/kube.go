@@ -108,6 +108,12 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.PullPolicy == "" {
 		cfg.PullPolicy = corev1.PullIfNotPresent
 	}
+	// client-go's default (5 a second, bursts of 10) is one client's
+	// share; the gateway's one client serves every session, its exec
+	// streams, the leases and the hold.
+	if rc.QPS == 0 {
+		rc.QPS, rc.Burst = 50, 100
+	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, err

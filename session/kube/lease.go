@@ -35,6 +35,13 @@ type Leases struct {
 	// Annotations are written on the lease whenever this replica takes
 	// it (where the holder can be reached, say).
 	Annotations map[string]string
+	// Refuse, when set, keeps Acquire off a lease it returns true for
+	// (work asked to stop, say). It judges the version the take would
+	// replace, so a lease changed after it was judged is not taken.
+	Refuse func(*coordinationv1.Lease) bool
+	// Existing keeps Acquire from creating a lease: it takes only what
+	// another placed (and not what has been removed since).
+	Existing bool
 
 	mu   sync.Mutex
 	seen map[string]observed // lease name: the version last seen, and when
@@ -54,10 +61,13 @@ func (l *Leases) runOut(le *coordinationv1.Lease) bool {
 		l.seen = map[string]observed{}
 	}
 	now := l.now()
+	if deref(le.Spec.HolderIdentity) == "" {
+		return true // given back: free at once
+	}
 	o, ok := l.seen[le.Name]
 	if !ok || o.version != le.ResourceVersion {
 		l.seen[le.Name] = observed{version: le.ResourceVersion, at: now}
-		return deref(le.Spec.HolderIdentity) == ""
+		return false
 	}
 	d := time.Duration(deref(le.Spec.LeaseDurationSeconds)) * time.Second
 	return now.After(o.at.Add(d))
@@ -87,6 +97,9 @@ func (l *Leases) Acquire(ctx context.Context, name, what string) (held bool, hol
 		return false, "", errors.New("a lease lasts at least a second")
 	}
 	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) && l.Existing {
+		return false, "", nil
+	}
 	if apierrors.IsNotFound(err) {
 		_, err := leases.Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{LabelManaged: managedBy, labelLeaseFor: what}, Annotations: l.Annotations},
@@ -107,6 +120,9 @@ func (l *Leases) Acquire(ctx context.Context, name, what string) (held bool, hol
 	holder = deref(cur.Spec.HolderIdentity)
 	if holder != l.Identity && !l.runOut(cur) {
 		return false, holder, nil
+	}
+	if l.Refuse != nil && l.Refuse(cur) {
+		return holder == l.Identity, holder, nil
 	}
 	next := cur.DeepCopy()
 	if holder != l.Identity {

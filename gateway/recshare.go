@@ -1,0 +1,141 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/tenant"
+)
+
+// RecordingShare spreads recordings over gateway replicas (backend
+// kubernetes): the leader places a session's recording, any replica
+// with room records it, and another takes it over when that one dies.
+type RecordingShare interface {
+	// Place puts the session's recording up for a replica to take;
+	// note receives what the recording replica notes for the trail (all
+	// of it, when placed again by a replica that took the lead), and the
+	// channel is closed once it records the display.
+	Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, f map[string]any)) (<-chan struct{}, error)
+	// Collect stops the session's recording wherever it runs and waits
+	// until its segments are stored: the result is what RecordHeld
+	// returned ("" when no replica finished it).
+	Collect(ctx context.Context, session string) (string, error)
+}
+
+// WithRecordingShare has recordings made by whichever replica takes them
+// (see RecordingShare) rather than by this one; the recorder still
+// finishes them here.
+func WithRecordingShare(sh RecordingShare) Option { return func(s *Server) { s.recShare = sh } }
+
+// Results of a held recording.
+const (
+	heldRecorded = "recorded" // the display was recorded on that replica
+	heldNothing  = "nothing"  // it never answered there
+	heldFailed   = "failed"   // the recording's parameters or segments failed
+)
+
+// handWait bounds how long a replica that stops a recording tries to
+// store its segments.
+const handWait = time.Minute
+
+// recordingParams is what a replica needs to record a session.
+func recordingParams(t recordings.Target) map[string]string {
+	return map[string]string{"tenant": t.Tenant, "session": t.Session, "vnc": t.VNC,
+		"width": strconv.Itoa(t.Width), "height": strconv.Itoa(t.Height)}
+}
+
+// maxRecordedSide bounds a held recording's screen, whoever wrote it.
+const maxRecordedSide = 8192
+
+// heldTarget reads a recording's parameters back, checking each.
+func heldTarget(session string, p map[string]string) (recordings.Target, error) {
+	t := recordings.Target{Tenant: p["tenant"], Session: p["session"], VNC: p["vnc"]}
+	var err1, err2 error
+	t.Width, err1 = strconv.Atoi(p["width"])
+	t.Height, err2 = strconv.Atoi(p["height"])
+	switch {
+	case t.Session != session || !ids.IsSession(t.Session):
+		return t, fmt.Errorf("session %q", t.Session)
+	case !tenant.ValidName(t.Tenant):
+		return t, fmt.Errorf("tenant %q", t.Tenant)
+	case err1 != nil || err2 != nil || t.Width <= 0 || t.Height <= 0 || t.Width > maxRecordedSide || t.Height > maxRecordedSide:
+		return t, fmt.Errorf("screen %sx%s", p["width"], p["height"])
+	}
+	if _, err := netip.ParseAddrPort(t.VNC); err != nil {
+		return t, fmt.Errorf("display address %q", t.VNC)
+	}
+	return t, nil
+}
+
+// RecordHeld records a session on this replica, for a recording it
+// holds, until ctx ends; then it stores the segments for the leader to
+// finish. ready and note reach the leader.
+func RecordHeld(ctx context.Context, rec *recordings.Recorder, session string, params map[string]string, takenOver bool,
+	ready func(), note func(string, map[string]any)) string {
+	t, err := heldTarget(session, params)
+	if err != nil {
+		note("recording_failed", map[string]any{"reason": "the recording's parameters were refused"})
+		return heldFailed
+	}
+	if takenOver {
+		note("recording_taken_over", map[string]any{"reason": "the replica recording it stopped answering"})
+	}
+	t.Note = note
+	t.Running = func() bool { return ctx.Err() == nil }
+	first := rec.Start(t)
+	go func() {
+		select {
+		case <-first:
+			if ctx.Err() == nil {
+				ready()
+			}
+		case <-ctx.Done():
+		}
+	}()
+	<-ctx.Done()
+	hctx, cancel := context.WithTimeout(context.Background(), handWait)
+	defer cancel()
+	recorded, err := rec.Hand(hctx, t.Tenant, t.Session)
+	switch {
+	case err != nil:
+		return heldFailed
+	case recorded:
+		return heldRecorded
+	}
+	return heldNothing
+}
+
+// heldNote adds a note of the replica recording the session to its
+// trail, unless the trail has it: an event of its type at or after the
+// note's time (a note is recorded as it arrives, after it was written).
+func (s *Server) heldNote(tenant, session string) func(string, time.Time, map[string]any) {
+	return func(typ string, at time.Time, f map[string]any) {
+		if evs, err := s.sessions.Events(tenant, session); err == nil {
+			for _, ev := range evs {
+				if ev.Type == typ && !ev.Time.Before(at) {
+					return
+				}
+			}
+		}
+		s.sessions.Record(session, typ, f)
+	}
+}
+
+// collectRecording stops the session's recording on the replica that
+// holds it and waits for its segments (backend kubernetes): it reports
+// whether nothing was recorded anywhere, as far as the holder knows.
+func (s *Server) collectRecording(ctx context.Context, session string) (nothing bool) {
+	ctx, cancel := context.WithTimeout(ctx, handWait+30*time.Second)
+	defer cancel()
+	result, err := s.recShare.Collect(ctx, session)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		s.log.Warn("the recording's holder did not stop in time; finishing with the segments stored", "session", session, "err", err)
+	}
+	return result == heldNothing
+}

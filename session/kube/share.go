@@ -1,0 +1,661 @@
+package kube
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	coordlisters "k8s.io/client-go/listers/coordination/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Shared spreads one kind of work on sessions (their recordings) over a
+// namespace's gateway replicas, each piece owned by one replica through a
+// Lease of its own. The replica that leads places a piece (Place): a
+// lease that nobody holds, with what the work needs in its annotations.
+// Every replica, the leader and those standing by, looks for such leases
+// and takes one while it has room; one that holds fewer waits less, so
+// the work spreads. The holder renews its lease while it works. When it
+// dies, its lease runs out and another replica takes the work over. When
+// the session ends, the leader asks for the work to stop (Collect): the
+// holder stops, stores what it has, writes its result on the lease and
+// gives it back; the leader then removes the lease.
+//
+// The holder reports to the leader through the lease too: that the work
+// has begun (Ready) and what happened on the way (Note), which the
+// leader adds to the session's audit trail.
+type Shared struct {
+	leases *Leases
+	kind   string
+	run    func(ctx context.Context, w Work) string
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	held    map[string]*heldWork   // by lease name
+	placed  map[string]*placedWork // by lease name: placed here, followed here
+	free    map[string]time.Time
+	stopped bool
+	wg      sync.WaitGroup
+	wake    chan struct{} // a piece was placed here, or a lease changed: look at once
+	// The watch's cache of the kind's leases (while Serve runs).
+	lister coordlisters.LeaseNamespaceLister
+	synced func() bool
+	// Used by Serve's loop only: when this replica's presence was last
+	// renewed, and the free leases (when first seen free).
+	presentAt time.Time
+}
+
+// Work is one piece a replica holds.
+type Work struct {
+	// Session is the session the work is on; Params what Place was given.
+	Session string
+	Params  map[string]string
+	// TakenOver: another replica held the work before and stopped
+	// renewing its lease (it died).
+	TakenOver bool
+	// Ready tells the replica that placed the work that it has begun.
+	Ready func()
+	// Note sends an event to the replica that placed the work, for the
+	// session's audit trail.
+	Note func(typ string, fields map[string]any)
+}
+
+type heldWork struct {
+	cancel  context.CancelFunc
+	stop    bool      // the leader asked for the work to stop: write the result
+	renewed time.Time // the last renewal that succeeded was sent
+	tried   time.Time // the last renewal was tried
+}
+
+type placedWork struct {
+	ready chan struct{}
+	once  sync.Once
+	note  func(string, time.Time, map[string]any)
+	seen  int // notes delivered, by sequence number
+}
+
+// Annotations and labels of shared work's leases.
+const (
+	labelWork        = "sandgate.io/work"
+	labelReplica     = "sandgate.io/work-replica"
+	annotationParams = "sandgate.io/work-params"
+	annotationStop   = "sandgate.io/work-stop"
+	annotationReady  = "sandgate.io/work-ready"
+	annotationNotes  = "sandgate.io/work-notes"
+	annotationResult = "sandgate.io/work-result"
+)
+
+// How the work spreads: leases are looked for every shareTick; a free one
+// is taken after spreadDelay for each piece this replica holds already,
+// counted from when this replica first saw it free. Of a piece's notes
+// the lease keeps the last maxNotes, each of at most maxNoteBytes.
+var (
+	shareTick   = 500 * time.Millisecond
+	spreadDelay = time.Second
+)
+
+const (
+	// maxSpread bounds the wait: however many pieces every replica
+	// holds, a free one is taken within maxSpread*spreadDelay.
+	maxSpread    = 3
+	maxNotes     = 32
+	maxNoteBytes = 1 << 10
+	// shareStopWait bounds how long a replica that stops waits for its
+	// pieces to store what they have before it gives their leases back.
+	shareStopWait = 30 * time.Second
+)
+
+// ShareDuration is how long a piece's lease holds without a renewal.
+var ShareDuration = 10 * time.Second
+
+// NewShared spreads work of kind (a word: "recording") over the
+// replicas; run does one piece on this replica until its ctx ends (the
+// work was asked to stop, its lease was lost or this replica stops) and
+// returns its result. identity names this replica, as for Hold.
+func (b *Backend) NewShared(identity, kind string, run func(ctx context.Context, w Work) string, log *slog.Logger) *Shared {
+	s := &Shared{kind: kind, run: run, log: log,
+		held: map[string]*heldWork{}, placed: map[string]*placedWork{}, free: map[string]time.Time{}, wake: make(chan struct{}, 1)}
+	s.leases = &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: ShareDuration, Existing: true,
+		Refuse: func(le *coordinationv1.Lease) bool { return le.Annotations[annotationStop] != "" }}
+	return s
+}
+
+func (s *Shared) name(session string) string { return "sandgate-" + s.kind + "-" + session }
+
+// Place puts a piece of work on the session up for a replica to take,
+// with params for it, unless it is there already (a replica that took
+// the lead places again what its predecessor placed). note receives the
+// holder's notes, with when each was written: all of them, for a piece
+// placed before (the predecessor may have died before it had them); the
+// channel is closed once the holder says the work has begun.
+func (s *Shared) Place(ctx context.Context, session string, params map[string]string, note func(string, time.Time, map[string]any)) (<-chan struct{}, error) {
+	raw, err := json.Marshal(params)
+	if err != nil {
+		return nil, err
+	}
+	name := s.name(session)
+	secs := int32(ShareDuration / time.Second)
+	leases := s.leases.Client.CoordinationV1().Leases(s.leases.Namespace)
+	_, err = leases.Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels:      map[string]string{LabelManaged: managedBy, labelLeaseFor: session, labelWork: s.kind},
+			Annotations: map[string]string{annotationParams: string(raw)}},
+		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs},
+	}, metav1.CreateOptions{})
+	p := &placedWork{ready: make(chan struct{}), note: note}
+	if apierrors.IsAlreadyExists(err) {
+		cur, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("read %s lease %s: %w", s.kind, name, err)
+		}
+		if cur.Annotations[annotationStop] != "" {
+			return nil, fmt.Errorf("the %s of session %s is being stopped", s.kind, session)
+		}
+		if cur.Annotations[annotationReady] != "" {
+			p.once.Do(func() { close(p.ready) })
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("place the %s of session %s: %w", s.kind, session, err)
+	}
+	s.mu.Lock()
+	s.placed[name] = p
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return p.ready, nil
+}
+
+// Collect asks the session's piece to stop and waits, within ctx, until
+// its holder has stored what it had and written its result, or until its
+// lease holds nothing that can still change (nobody took it after the
+// stop; its holder died). It then removes the lease and returns the
+// result: "" when no holder wrote one. No lease: "" and no error.
+func (s *Shared) Collect(ctx context.Context, session string) (string, error) {
+	name := s.name(session)
+	leases := s.leases.Client.CoordinationV1().Leases(s.leases.Namespace)
+	defer func() {
+		s.mu.Lock()
+		delete(s.placed, name)
+		s.mu.Unlock()
+	}()
+	for {
+		cur, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("read %s lease %s: %w", s.kind, name, err)
+		}
+		s.deliver(name, cur)
+		if cur.Annotations[annotationStop] == "" {
+			next := cur.DeepCopy()
+			if next.Annotations == nil {
+				next.Annotations = map[string]string{}
+			}
+			next.Annotations[annotationStop] = "true"
+			if _, err := leases.Update(ctx, next, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
+				return "", fmt.Errorf("stop the %s of session %s: %w", s.kind, session, err)
+			}
+			continue
+		}
+		result, holder := cur.Annotations[annotationResult], deref(cur.Spec.HolderIdentity)
+		// Since the stop, a lease nobody holds cannot be taken (Refuse),
+		// and a holder that stopped renewing has died.
+		if result != "" || holder == "" || s.leases.runOut(cur) {
+			if holder != "" && result == "" {
+				s.log.Warn("the replica that held this work stopped renewing its lease; what it had not stored is lost", "kind", s.kind, "session", session)
+			}
+			rv := cur.ResourceVersion
+			err := leases.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+			if apierrors.IsConflict(err) {
+				continue // the holder wrote since
+			}
+			if err != nil && !apierrors.IsNotFound(err) {
+				return result, fmt.Errorf("remove %s lease %s: %w", s.kind, name, err)
+			}
+			return result, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for the %s of session %s to stop: %w", s.kind, session, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Serve looks for work and does it until ctx ends; then the pieces held
+// store what they have and their leases are given back, so that another
+// replica takes them at once.
+func (s *Shared) Serve(ctx context.Context) {
+	// The leases as a watch keeps them (an informer): looking costs the
+	// API server nothing, and a change is looked at as it comes.
+	sel := labels.SelectorFromSet(labels.Set{LabelManaged: managedBy, labelWork: s.kind}).String()
+	factory := informers.NewSharedInformerFactoryWithOptions(s.leases.Client, 0, informers.WithNamespace(s.leases.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	inf := factory.Coordination().V1().Leases()
+	poke := func(any) {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+	inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: poke, UpdateFunc: func(_, o any) { poke(o) }, DeleteFunc: poke})
+	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	factory.Start(wctx.Done())
+	defer func() {
+		stopWatch()
+		factory.Shutdown() // waits for the watch to end
+	}()
+	s.lister = inf.Lister().Leases(s.leases.Namespace)
+	s.synced = inf.Informer().HasSynced
+	t := time.NewTicker(shareTick)
+	defer t.Stop()
+	for {
+		s.round(ctx)
+		select {
+		case <-ctx.Done():
+			// Gone first: the others take what this one gives back at
+			// once, not judging it still busy.
+			rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			s.leases.Release(rctx, s.presence())
+			cancel()
+			s.mu.Lock()
+			s.stopped = true
+			for _, h := range s.held {
+				h.cancel()
+			}
+			s.mu.Unlock()
+			done := make(chan struct{})
+			go func() { s.wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(shareStopWait):
+				s.log.Warn("work still storing what it had as this replica stops", "kind", s.kind)
+			}
+			return
+		case <-t.C:
+		case <-s.wake:
+		}
+	}
+}
+
+// Held is how many pieces this replica holds.
+func (s *Shared) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
+}
+
+func (s *Shared) round(ctx context.Context) {
+	s.bePresent(ctx)
+	if !s.synced() {
+		s.renewAll(ctx)
+		return
+	}
+	// From the watch's cache: read, never changed.
+	list, err := s.lister.List(labels.Everything())
+	if err != nil {
+		s.renewAll(ctx)
+		return
+	}
+	now := time.Now()
+	seen := map[string]bool{}
+	// The replicas alive, and how many pieces each holds.
+	live := map[string]int{s.leases.Identity: 0}
+	var work []*coordinationv1.Lease
+	for _, le := range list {
+		seen[le.Name] = true
+		holder := deref(le.Spec.HolderIdentity)
+		if le.Labels[labelReplica] == "" {
+			work = append(work, le)
+			continue
+		}
+		if holder == s.leases.Identity {
+			continue
+		}
+		if !s.leases.runOut(le) {
+			if _, ok := live[holder]; !ok {
+				live[holder] = 0
+			}
+			continue
+		}
+		// A replica that died: its presence goes.
+		rv := le.ResourceVersion
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		s.leases.Client.CoordinationV1().Leases(s.leases.Namespace).Delete(dctx, le.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+		cancel()
+	}
+	for _, le := range work {
+		if h := deref(le.Spec.HolderIdentity); h != "" {
+			if _, ok := live[h]; ok {
+				live[h]++
+			}
+		}
+	}
+	least := func() int {
+		n := live[s.leases.Identity]
+		for _, m := range live {
+			n = min(n, m)
+		}
+		return n
+	}
+	for _, le := range work {
+		s.deliver(le.Name, le)
+		holder := deref(le.Spec.HolderIdentity)
+		s.mu.Lock()
+		h := s.held[le.Name]
+		if h != nil {
+			// (The cache may not show this replica's take yet: a lease
+			// taken by another is found by the renewal, which reads the
+			// API. A stop, once written, stays.)
+			if le.Annotations[annotationStop] != "" && !h.stop {
+				h.stop = true
+				h.cancel()
+			}
+			s.mu.Unlock()
+			continue
+		}
+		mine := len(s.held)
+		s.mu.Unlock()
+		if le.Annotations[annotationStop] != "" || le.Annotations[annotationResult] != "" || (holder != "" && !s.leases.runOut(le)) {
+			delete(s.free, le.Name)
+			continue
+		}
+		first, ok := s.free[le.Name]
+		if !ok {
+			s.free[le.Name], first = now, now
+		}
+		// The replica that holds least takes it at once; one that holds
+		// more leaves it a while to them (in case they are slow).
+		if now.Sub(first) < time.Duration(min(mine-least(), maxSpread))*spreadDelay {
+			continue
+		}
+		if s.take(ctx, le, holder != "") {
+			live[s.leases.Identity]++
+		}
+	}
+	for name := range s.free {
+		if !seen[name] {
+			delete(s.free, name)
+		}
+	}
+	s.leases.mu.Lock()
+	for name := range s.leases.seen {
+		if strings.HasPrefix(name, s.name("")) && !seen[name] {
+			delete(s.leases.seen, name)
+		}
+	}
+	s.leases.mu.Unlock()
+	s.mu.Lock()
+	for name, h := range s.held {
+		if !seen[name] {
+			h.cancel() // removed
+		}
+	}
+	s.mu.Unlock()
+	s.renewAll(ctx)
+}
+
+// presence names the lease by which this replica tells the others it
+// is alive and takes work: how much each holds is judged among them.
+func (s *Shared) presence() string {
+	sum := sha256.Sum256([]byte(s.leases.Identity))
+	return s.name("replica-" + hex.EncodeToString(sum[:6]))
+}
+
+// bePresent makes this replica's presence lease, or renews it every
+// third of its duration.
+func (s *Shared) bePresent(ctx context.Context) {
+	if time.Since(s.presentAt) < ShareDuration/3 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, ShareDuration/3)
+	defer cancel()
+	sent := time.Now()
+	err := s.leases.Renew(ctx, s.presence())
+	if errors.Is(err, ErrLeaseLost) {
+		secs := int32(ShareDuration / time.Second)
+		now := metav1.NewMicroTime(sent)
+		_, err = s.leases.Client.CoordinationV1().Leases(s.leases.Namespace).Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: s.presence(),
+				Labels: map[string]string{LabelManaged: managedBy, labelLeaseFor: "replica", labelWork: s.kind, labelReplica: "true"}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &s.leases.Identity, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now},
+		}, metav1.CreateOptions{})
+	}
+	if err == nil {
+		s.presentAt = sent
+	} else if ctx.Err() == nil {
+		s.log.Warn("cannot say this replica is present for shared work", "kind", s.kind, "err", err)
+	}
+}
+
+// take acquires a free lease and starts its work; it reports whether
+// it did.
+func (s *Shared) take(ctx context.Context, le *coordinationv1.Lease, takenOver bool) bool {
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	sent := time.Now()
+	held, _, err := s.leases.Acquire(actx, le.Name, le.Labels[labelLeaseFor])
+	cancel()
+	if err != nil || !held {
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("cannot take shared work", "kind", s.kind, "lease", le.Name, "err", err)
+		}
+		return false
+	}
+	delete(s.free, le.Name)
+	var params map[string]string
+	if err := json.Unmarshal([]byte(le.Annotations[annotationParams]), &params); err != nil {
+		params = nil // the work's run refuses what it lacks
+	}
+	wctx, wcancel := context.WithCancel(context.WithoutCancel(ctx))
+	h := &heldWork{cancel: wcancel, renewed: sent, tried: sent}
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		wcancel()
+		s.giveBack(le.Name, "")
+		return false
+	}
+	s.held[le.Name] = h
+	s.wg.Add(1)
+	s.mu.Unlock()
+	name, session := le.Name, le.Labels[labelLeaseFor]
+	s.log.Info("took shared work", "kind", s.kind, "session", session, "taken_over", takenOver)
+	w := Work{Session: session, Params: params, TakenOver: takenOver,
+		Ready: func() {
+			s.annotate(name, func(a map[string]string) { a[annotationReady] = "true" })
+			// Placed here: no need to wait for the next look.
+			s.mu.Lock()
+			p := s.placed[name]
+			s.mu.Unlock()
+			if p != nil {
+				p.once.Do(func() { close(p.ready) })
+			}
+		},
+		Note: func(typ string, f map[string]any) {
+			s.annotate(name, func(a map[string]string) { a[annotationNotes] = addNote(a[annotationNotes], typ, f) })
+		},
+	}
+	go func() {
+		defer s.wg.Done()
+		result := s.run(wctx, w)
+		wcancel()
+		s.mu.Lock()
+		stop := h.stop
+		delete(s.held, name)
+		s.mu.Unlock()
+		if !stop {
+			result = "" // lost, removed or this replica stops: the next holder goes on
+		}
+		s.giveBack(name, result)
+	}()
+	return true
+}
+
+// giveBack lets go of a lease this replica holds, with the work's result
+// when it was asked to stop.
+func (s *Shared) giveBack(name, result string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := s.change(ctx, name, func(le *coordinationv1.Lease) {
+		le.Spec.HolderIdentity = nil
+		if result != "" {
+			le.Annotations[annotationResult] = result
+		}
+	})
+	if err != nil && !errors.Is(err, ErrLeaseLost) {
+		s.log.Warn("cannot give shared work back; its lease runs out instead", "kind", s.kind, "lease", name, "err", err)
+	}
+}
+
+// annotate changes a held lease's annotations (a note, ready), trying
+// again while other writes come first.
+func (s *Shared) annotate(name string, change func(map[string]string)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.change(ctx, name, func(le *coordinationv1.Lease) { change(le.Annotations) }); err != nil && !errors.Is(err, ErrLeaseLost) {
+		s.log.Warn("cannot write to shared work's lease", "kind", s.kind, "lease", name, "err", err)
+	}
+}
+
+// change rewrites a lease this replica holds, conditionally on the
+// version read, renewing it on the way.
+func (s *Shared) change(ctx context.Context, name string, do func(*coordinationv1.Lease)) error {
+	leases := s.leases.Client.CoordinationV1().Leases(s.leases.Namespace)
+	for {
+		cur, err := s.leases.ours(ctx, name)
+		if apierrors.IsNotFound(err) {
+			return ErrLeaseLost
+		}
+		if err != nil {
+			return err
+		}
+		next := cur.DeepCopy()
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		now := metav1.NewMicroTime(time.Now())
+		next.Spec.RenewTime = &now
+		do(next)
+		_, err = leases.Update(ctx, next, metav1.UpdateOptions{})
+		if err == nil || !apierrors.IsConflict(err) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// renewAll renews the leases held, each every third of its duration. A
+// piece whose lease is lost, or could not be renewed for two thirds of
+// its duration (another replica may take it soon after), stops here.
+func (s *Shared) renewAll(ctx context.Context) {
+	s.mu.Lock()
+	due := map[string]*heldWork{}
+	for name, h := range s.held {
+		if time.Since(h.tried) >= ShareDuration/3 {
+			due[name] = h
+		}
+	}
+	s.mu.Unlock()
+	for name, h := range due {
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, ShareDuration/3)
+		// Not Leases.Renew: a write of the leader's (the stop) or of
+		// this piece's (a note) between its read and its write would
+		// count as the lease lost.
+		err := s.change(rctx, name, func(*coordinationv1.Lease) {})
+		cancel()
+		s.mu.Lock()
+		h.tried = sent
+		switch {
+		case err == nil:
+			h.renewed = sent
+		case errors.Is(err, ErrLeaseLost):
+			h.cancel()
+		case time.Since(h.renewed) > ShareDuration*2/3:
+			s.log.Warn("shared work's lease not renewed in time; stopping it here", "kind", s.kind, "lease", name, "err", err)
+			h.cancel()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// note is one note on a lease, numbered.
+type note struct {
+	Seq    int            `json:"seq"`
+	Time   time.Time      `json:"time"`
+	Type   string         `json:"type"`
+	Fields map[string]any `json:"fields,omitempty"`
+}
+
+func readNotes(le *coordinationv1.Lease) []note {
+	var notes []note
+	json.Unmarshal([]byte(le.Annotations[annotationNotes]), &notes)
+	return notes
+}
+
+// addNote adds one note to a lease's, keeping the last maxNotes; one
+// whose fields are too long keeps its type only.
+func addNote(raw, typ string, f map[string]any) string {
+	var notes []note
+	json.Unmarshal([]byte(raw), &notes)
+	seq := 1
+	if len(notes) > 0 {
+		seq = notes[len(notes)-1].Seq + 1
+	}
+	n := note{Seq: seq, Time: time.Now().UTC(), Type: typ, Fields: maps.Clone(f)}
+	if b, err := json.Marshal(n); err != nil || len(b) > maxNoteBytes {
+		n.Fields = map[string]any{"truncated": true}
+	}
+	notes = append(notes, n)
+	if len(notes) > maxNotes {
+		notes = notes[len(notes)-maxNotes:]
+	}
+	b, _ := json.Marshal(notes)
+	return string(b)
+}
+
+// deliver hands a placed piece's new notes to its note function, and
+// its readiness.
+func (s *Shared) deliver(name string, le *coordinationv1.Lease) {
+	s.mu.Lock()
+	p := s.placed[name]
+	s.mu.Unlock()
+	if p == nil {
+		return
+	}
+	if le.Annotations[annotationReady] != "" || le.Annotations[annotationResult] != "" {
+		p.once.Do(func() { close(p.ready) })
+	}
+	var fresh []note
+	s.mu.Lock()
+	for _, n := range readNotes(le) {
+		if n.Seq > p.seen {
+			fresh = append(fresh, n)
+			p.seen = n.Seq
+		}
+	}
+	s.mu.Unlock()
+	for _, n := range fresh {
+		if p.note != nil && len(n.Type) <= 64 {
+			p.note(n.Type, n.Time, n.Fields)
+		}
+	}
+}
