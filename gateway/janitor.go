@@ -4,6 +4,9 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/tenant"
 )
 
 // WithRetention sets how long each tenant's artifacts are kept (zero:
@@ -27,6 +30,7 @@ func (s *Server) janitor(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		s.sweepRecordings(ctx)
 		for tenant, keep := range s.retention {
 			if keep <= 0 {
 				continue
@@ -59,6 +63,51 @@ func (s *Server) janitor(ctx context.Context) {
 			if _, err := s.recorder.Finish(ctx, p[0], p[1], time.Now()); err != nil {
 				s.log.Warn("finalise leftover recording", "session", p[1], "err", err)
 			}
+		}
+	}
+}
+
+// sweepAfter: a placed recording whose session this gateway does not
+// know, this long after it was placed, is left over (its session ended
+// while no replica led, or its end's collection failed).
+const sweepAfter = 2 * time.Minute
+
+// sweepRecordings stops and finishes the recordings placed with the
+// replicas whose sessions this gateway does not know, so that no replica
+// records one for ever and no lease is left.
+func (s *Server) sweepRecordings(ctx context.Context) {
+	if s.recShare == nil {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	placed, err := s.recShare.Placed(lctx)
+	cancel()
+	if err != nil {
+		s.log.Warn("cannot list the recordings placed with the replicas", "err", err)
+		return
+	}
+	for _, p := range placed {
+		tn := p.Params["tenant"]
+		if time.Since(p.Created) < sweepAfter || !ids.IsSession(p.Session) {
+			continue
+		}
+		if _, err := s.sessions.Get(tn, p.Session); err == nil {
+			continue
+		}
+		log := s.log.With("session", p.Session, "tenant", tn)
+		s.collectRecording(ctx, p.Session)
+		if s.recorder == nil || !tenant.ValidName(tn) {
+			log.Warn("a left-over recording was stopped; nothing here can finish it")
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		m, err := s.recorder.Finish(fctx, tn, p.Session, time.Now())
+		cancel()
+		switch {
+		case err != nil:
+			log.Warn("finish a left-over recording", "err", err)
+		case m != nil:
+			log.Info("finished a left-over recording", "artifact", m.Recording, "segments", len(m.Segments))
 		}
 	}
 }

@@ -145,6 +145,14 @@ func (o *observer) SessionPooled(info session.Info, ep session.Endpoint) {
 // are read out of).
 func (o *observer) SessionStopping(id string) {
 	s := (*Server)(o)
+	if s.recShare != nil {
+		// The replica recording it stops before the address goes.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := s.recShare.Stop(ctx, id); err != nil {
+			s.log.Warn("cannot ask for the recording to stop; it stops when its holder sees the session's Pod go", "session", id, "err", err)
+		}
+		cancel()
+	}
 	s.dropSpare(id)
 	s.watch.mu.Lock()
 	done := s.unwatch(id)
@@ -309,10 +317,13 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 		s.sessions.Record(info.ID, typ, f)
 		notes = append(notes, session.Event{Time: time.Now().UTC(), Type: typ, Fields: f})
 	}
+	// A replica recording it stops and stores its segments first (any
+	// session: one adopted as it ended has no record of being recorded).
+	end, nothing := time.Now(), false
+	if s.recShare != nil && !recorded {
+		nothing = s.collectRecording(ctx, info.ID)
+	}
 	if s.recorder != nil && !recorded {
-		end := time.Now()
-		// A replica recording it stops and stores its segments first.
-		nothing := info.Record && s.recShare != nil && s.collectRecording(ctx, info.ID)
 		m, err := s.recorder.Finish(ctx, info.Tenant, info.ID, end)
 		if err == nil && m == nil && nothing {
 			err = recordings.ErrNothingRecorded

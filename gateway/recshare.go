@@ -21,11 +21,24 @@ type RecordingShare interface {
 	// note receives what the recording replica notes for the trail (all
 	// of it, when placed again by a replica that took the lead), and the
 	// channel is closed once it records the display.
-	Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, f map[string]any)) (<-chan struct{}, error)
+	Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, replayed bool, f map[string]any)) (<-chan struct{}, error)
+	// Stop asks the replica recording the session to stop, at once (the
+	// session is stopping), without waiting.
+	Stop(ctx context.Context, session string) error
 	// Collect stops the session's recording wherever it runs and waits
 	// until its segments are stored: the result is what RecordHeld
 	// returned ("" when no replica finished it).
 	Collect(ctx context.Context, session string) (string, error)
+	// Placed is the recordings placed and not collected yet.
+	Placed(ctx context.Context) ([]PlacedRecording, error)
+}
+
+// PlacedRecording is a recording placed with the replicas: its session,
+// its params (as recordingParams made them) and when it was placed.
+type PlacedRecording struct {
+	Session string
+	Params  map[string]string
+	Created time.Time
 }
 
 // WithRecordingShare has recordings made by whichever replica takes them
@@ -76,8 +89,13 @@ func heldTarget(session string, p map[string]string) (recordings.Target, error) 
 // RecordHeld records a session on this replica, for a recording it
 // holds, until ctx ends; then it stores the segments for the leader to
 // finish. ready and note reach the leader.
+//
+// serves says whether the session's display is still at addr (its Pod
+// runs, with that address): asked before each connection, so that a
+// recording never goes on to whatever is given the address after the
+// session.
 func RecordHeld(ctx context.Context, rec *recordings.Recorder, session string, params map[string]string, takenOver bool,
-	ready func(), note func(string, map[string]any)) string {
+	ready func(), note func(string, map[string]any), serves func(ctx context.Context, session string, addr netip.Addr) bool) string {
 	t, err := heldTarget(session, params)
 	if err != nil {
 		note("recording_failed", map[string]any{"reason": "the recording's parameters were refused"})
@@ -87,7 +105,13 @@ func RecordHeld(ctx context.Context, rec *recordings.Recorder, session string, p
 		note("recording_taken_over", map[string]any{"reason": "the replica recording it stopped answering"})
 	}
 	t.Note = note
-	t.Running = func() bool { return ctx.Err() == nil }
+	addr := netip.MustParseAddrPort(t.VNC).Addr() // checked by heldTarget
+	t.Serves = func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return serves(cctx, session, addr)
+	}
+	t.Running = func() bool { return ctx.Err() == nil && t.Serves() }
 	first := rec.Start(t)
 	go func() {
 		select {
@@ -112,14 +136,18 @@ func RecordHeld(ctx context.Context, rec *recordings.Recorder, session string, p
 }
 
 // heldNote adds a note of the replica recording the session to its
-// trail, unless the trail has it: an event of its type at or after the
-// note's time (a note is recorded as it arrives, after it was written).
-func (s *Server) heldNote(tenant, session string) func(string, time.Time, map[string]any) {
-	return func(typ string, at time.Time, f map[string]any) {
-		if evs, err := s.sessions.Events(tenant, session); err == nil {
-			for _, ev := range evs {
-				if ev.Type == typ && !ev.Time.Before(at) {
-					return
+// trail. One replayed (written before this replica placed the recording
+// again, on taking the lead) is added unless the trail has it: an event
+// of its type at or after the note's time, as the replica that led
+// before recorded it when it arrived.
+func (s *Server) heldNote(tenant, session string) func(string, time.Time, bool, map[string]any) {
+	return func(typ string, at time.Time, replayed bool, f map[string]any) {
+		if replayed {
+			if evs, err := s.sessions.Events(tenant, session); err == nil {
+				for _, ev := range evs {
+					if ev.Type == typ && !ev.Time.Before(at) {
+						return
+					}
 				}
 			}
 		}

@@ -93,6 +93,10 @@ type Target struct {
 	// Running says whether the session still runs (may be nil): a
 	// display lost when the session is ending is no interruption.
 	Running func() bool
+	// Serves, when set, is asked before each connection to VNC: false
+	// means the address is no longer the session's (it ended, and the
+	// address may be another session's soon), and the recording stops.
+	Serves func() bool
 }
 
 // recording is one session being recorded, made of parts: one VNC
@@ -181,6 +185,10 @@ func (r *Recorder) run(ctx context.Context, p *recording) {
 	var lost time.Time // when the display went away mid-recording
 	started := time.Now()
 	for {
+		if p.Serves != nil && !p.Serves() {
+			log.Info("the session's address is no longer its own: the recording stops")
+			return
+		}
 		var began time.Time
 		err := r.record(ctx, p, func() {
 			if !p.connected {

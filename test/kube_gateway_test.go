@@ -18,6 +18,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/remote"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/session/kube"
@@ -301,6 +303,30 @@ func TestKubeGateway(t *testing.T) {
 	if out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"cat", path}}); out.ExitCode != 0 || !bytes.Equal(out.Stdout, blob) {
 		t.Fatalf("after the restart, the file: exit %d, %d bytes", out.ExitCode, len(out.Stdout))
 	}
+
+	// A Pod deleted behind the restarted gateway's back (an eviction, a
+	// drain): its one watch of the namespace's Pods sees the end, and
+	// the session ends with it. (The session running first is the
+	// control.)
+	st, raw := k.api(t, k.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "record": true})
+	var evicted sessionInfo
+	if err := json.Unmarshal(raw, &evicted); st != 201 || err != nil || evicted.State != "running" {
+		t.Fatalf("a second session: %d %s", st, raw)
+	}
+	if err := b.Client().CoreV1().Pods(b.Namespace()).Delete(ctx, "sandgate-"+evicted.ID, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the gateway to see the deleted Pod's session end", func() bool {
+		st, body := k.api(t, k.keyA, "GET", "/v1/sessions/"+evicted.ID, nil)
+		return st == 404 || (st == 200 && jsonField(body, "state") != "running")
+	})
+	// Its recording (made by this replica through its lease) is
+	// finished, and the lease goes.
+	waitFor(t, 2*time.Minute, "the evicted session's recording finished and its lease gone", func() bool {
+		_, err := b.Client().CoordinationV1().Leases(b.Namespace()).Get(ctx, "sandgate-recording-"+evicted.ID, metav1.GetOptions{})
+		as := k.artifacts(t, k.keyA, evicted.ID)
+		return apierrors.IsNotFound(err) && findKind(as, "recording", "video/mp4") != nil
+	})
 
 	// Deleted: the Pod goes, and the audit trail is stored.
 	if status, body := k.api(t, k.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); status != 200 {

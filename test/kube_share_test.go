@@ -51,16 +51,17 @@ func TestKubeShared(t *testing.T) {
 	}
 	x, y := replica("gateway-x"), replica("gateway-y")
 	type noted struct {
-		typ string
-		at  time.Time
-		f   map[string]any
+		typ      string
+		at       time.Time
+		replayed bool
+		f        map[string]any
 	}
 	notes := map[string][]noted{}
 	place := func(s *kube.Shared, sid, p string) <-chan struct{} {
 		t.Helper()
-		ready, err := s.Place(ctx, sid, map[string]string{"p": p}, func(typ string, at time.Time, f map[string]any) {
+		ready, err := s.Place(ctx, sid, map[string]string{"p": p}, func(typ string, at time.Time, replayed bool, f map[string]any) {
 			mu.Lock()
-			notes[sid] = append(notes[sid], noted{typ, at, f})
+			notes[sid] = append(notes[sid], noted{typ, at, replayed, f})
 			mu.Unlock()
 		})
 		if err != nil {
@@ -124,7 +125,15 @@ func TestKubeShared(t *testing.T) {
 	waitFor(t, time.Minute, "the first piece's note", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(notes[first]) == 1 && notes[first][0].typ == "began" && notes[first][0].f["on"] == "one"
+		return len(notes[first]) == 1 && notes[first][0].typ == "began" && notes[first][0].f["on"] == "one" && !notes[first][0].replayed
+	})
+	// Placed again, as a replica taking the lead does: ready at once, the
+	// note handed over again, marked replayed; the piece not disturbed.
+	wait("the first piece placed again", place(y, first, "one"))
+	waitFor(t, time.Minute, "the first piece's note, replayed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(notes[first]) == 2 && notes[first][1].typ == "began" && notes[first][1].replayed
 	})
 	// Each replica holds one; both hold: the work is spread.
 	waitFor(t, time.Minute, "one piece on each replica", func() bool { return x.Held() == 1 && y.Held() == 1 })
@@ -159,9 +168,25 @@ func TestKubeShared(t *testing.T) {
 		t.Errorf("the replica left holds %d pieces, want 3", other.Held())
 	}
 
+	// Stop (as a session stops) ends the piece at once, its result on
+	// the lease; Collect then finds it and removes the lease.
+	mu.Lock()
+	whoThird := holds[third]
+	mu.Unlock()
+	if err := x.Stop(ctx, third); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the third piece to stop", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return holds[third] == ""
+	})
+	if result, err := x.Collect(ctx, third); err != nil || result != "done by "+whoThird {
+		t.Errorf("collect the stopped piece: %q, %v; want the result of %q", result, err, whoThird)
+	}
 	// Each piece asked to stop returns its holder's result, and its lease
 	// goes.
-	for _, sid := range []string{orphan, first, third} {
+	for _, sid := range []string{orphan, first} {
 		mu.Lock()
 		who := holds[sid]
 		mu.Unlock()

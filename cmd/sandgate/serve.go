@@ -150,13 +150,17 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 		// Recordings are spread over the replicas: this one records what
 		// it takes, standing by or leading (the leader finishes them).
-		if r, err := sharedRecorder(ctx, cfg, log); err != nil {
-			log.Warn("this replica records no sessions: the leader records those it places and nobody takes", "err", err)
-		} else {
-			heldRec = r
-			recShare = kb.NewShared(identity, "recording", func(ctx context.Context, w kube.Work) string {
-				return gateway.RecordHeld(ctx, r, w.Session, w.Params, w.TakenOver, w.Ready, w.Note)
-			}, log.With("component", "recordings"))
+		// One that cannot record still places, stops and collects them
+		// when it leads.
+		rec, err := sharedRecorder(ctx, cfg, log)
+		if err != nil {
+			log.Warn("this replica records no sessions: the other replicas record those it places", "err", err)
+		}
+		recShare = kb.NewShared(identity, "recording", func(ctx context.Context, w kube.Work) string {
+			return gateway.RecordHeld(ctx, rec, w.Session, w.Params, w.TakenOver, w.Ready, w.Note, kb.Serves)
+		}, log.With("component", "recordings"))
+		if rec != nil {
+			heldRec = rec
 			shareCtx, endShare := context.WithCancel(context.WithoutCancel(ctx))
 			shared := make(chan struct{})
 			go func() { defer close(shared); recShare.Serve(shareCtx) }()
@@ -375,10 +379,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	} else {
 		log.Warn("no vault.key configured: browser profiles are unavailable")
 	}
+	if recShare != nil {
+		opts = append(opts, gateway.WithRecordingShare(sharedRecordings{recShare}))
+	}
 	if heldRec != nil {
 		// The recorder that has recorded since this replica started
 		// finishes what any replica recorded.
-		opts = append(opts, gateway.WithRecorder(heldRec), gateway.WithRecordingShare(recShare))
+		opts = append(opts, gateway.WithRecorder(heldRec))
 	} else if rec, err := newRecorder(cfg, store, log); err != nil {
 		log.Warn("recordings are unavailable", "err", err)
 	} else {
@@ -471,6 +478,18 @@ func sessionLimits(t tenant.Tenant) session.TenantLimits {
 		EgressAllow: t.EgressAllow, Disabled: t.Disabled,
 		MaxRecordings: t.MaxRecordings, MaxCreatesPerMinute: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
 	}.WithDefaults()
+}
+
+// sharedRecordings is the replicas' recordings as the gateway uses them.
+type sharedRecordings struct{ *kube.Shared }
+
+func (r sharedRecordings) Placed(ctx context.Context) ([]gateway.PlacedRecording, error) {
+	list, err := r.Shared.List(ctx)
+	out := make([]gateway.PlacedRecording, 0, len(list))
+	for _, p := range list {
+		out = append(out, gateway.PlacedRecording{Session: p.Session, Params: p.Params, Created: p.Created})
+	}
+	return out, err
 }
 
 // storeConfig is where the config stores artifacts.

@@ -437,6 +437,25 @@ func (b *Backend) Gone(ctx context.Context, id string) error {
 	}
 }
 
+// Serves says whether the session's Pod runs with address addr: false
+// once it has ended or gone, or has another address. A failure to ask
+// the API server counts as serving (no Pod can be made meanwhile to be
+// given the address).
+func (b *Backend) Serves(ctx context.Context, id string, addr netip.Addr) bool {
+	o, err := b.client.CoreV1().Pods(b.cfg.Namespace).Get(ctx, podName(id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false
+	}
+	if err != nil {
+		return true
+	}
+	if _, done := ended(o); done {
+		return false
+	}
+	a, err := netip.ParseAddr(o.Status.PodIP)
+	return err == nil && a == addr
+}
+
 // List returns every session Pod in the namespace.
 func (b *Backend) List(ctx context.Context) ([]Pod, error) {
 	sel := labels.SelectorFromSet(labels.Set{LabelManaged: managedBy}).String()

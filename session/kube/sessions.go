@@ -16,9 +16,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/sandgate/sandgate/session"
@@ -36,8 +37,11 @@ import (
 // with a terminal gets SIGHUP).
 type Sessions struct {
 	b *Backend
-	// base outlives requests: the waits on Pods use it.
-	base context.Context
+	// base outlives requests: the waits on Pods use it, and the watch of
+	// the session Pods' ends runs as long as it.
+	base     context.Context
+	endsOnce sync.Once
+	podEnds  *podEnds
 }
 
 var _ session.Backend = (*Sessions)(nil)
@@ -270,120 +274,106 @@ func ended(o *corev1.Pod) (int, bool) {
 	return -1, true
 }
 
-// Wait watches the Pod until it ends or goes: a watch the API server
-// closes (they time out) is opened again from where it was.
+// Wait reports the Pod's end (or its going). The ends of all session
+// Pods come from one watch of the namespace (an informer), not one per
+// Pod; a watch the server closes is opened again by the informer, which
+// lists the Pods again when it cannot go on where it was.
 func (p *pod) Wait(ctx context.Context) (<-chan session.Exit, error) {
+	ends := p.s.ends()
+	name := podName(p.id)
+	// Listened for before the Pod is read: an end in between is not missed.
+	ch := ends.listen(name)
 	o, err := p.get(ctx)
 	if err != nil {
+		ends.forget(name, ch)
 		return nil, err
 	}
 	out := make(chan session.Exit, 1)
 	if code, done := ended(o); done {
+		ends.forget(name, ch)
 		out <- session.Exit{Code: code}
 		return out, nil
 	}
-	go func() { out <- p.follow(ctx, o.ResourceVersion) }()
+	go func() {
+		select {
+		case e := <-ch:
+			out <- e
+		case <-ctx.Done():
+			ends.forget(name, ch)
+			out <- session.Exit{Err: ctx.Err()}
+		}
+	}()
 	return out, nil
 }
 
-// Bounds of follow: the back-off between failed looks at a Pod, and how
-// long they may fail before the wait is reported lost.
-const (
-	followBackoff = 10 * time.Second
-	followLost    = 2 * time.Minute
-)
+// podEnds hands each session Pod's end to those waiting for it, from
+// one informer over the namespace's session Pods.
+type podEnds struct {
+	mu      sync.Mutex
+	waiting map[string]map[chan session.Exit]struct{} // by Pod name
+}
 
-// follow watches the Pod from version until it ends or goes. A watch the
-// server closes (they time out) is opened again where it was; one that
-// cannot be opened (refused, say: a Role without watch) gives way to a
-// look every followBackoff. Only failures for followLost in a row report
-// the wait lost, so a broken watch never turns into a busy loop.
-func (p *pod) follow(ctx context.Context, version string) session.Exit {
-	poll := false
-	var failingSince time.Time
-	delay := 100 * time.Millisecond
-	for {
-		var werr error
-		brief := false // a watch that closed at once is not opened again at once
-		if !poll {
-			var code int
-			var done bool
-			t0 := time.Now()
-			code, done, werr = p.watchOnce(ctx, &version)
-			brief = time.Since(t0) < time.Second
-			if done {
-				return session.Exit{Code: code}
-			}
-			if apierrors.IsForbidden(werr) {
-				poll = true
+// ends starts the informer the first time it is needed; it runs as
+// long as the backend's base context.
+func (s *Sessions) ends() *podEnds {
+	s.endsOnce.Do(func() {
+		e := &podEnds{waiting: map[string]map[chan session.Exit]struct{}{}}
+		s.podEnds = e
+		sel := labels.SelectorFromSet(labels.Set{LabelManaged: managedBy}).String()
+		factory := informers.NewSharedInformerFactoryWithOptions(s.b.client, 0, informers.WithNamespace(s.b.cfg.Namespace),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+		seen := func(obj any) {
+			if o, ok := obj.(*corev1.Pod); ok {
+				if code, done := ended(o); done {
+					e.end(o.Name, code)
+				}
 			}
 		}
-		if ctx.Err() != nil {
-			return session.Exit{Err: ctx.Err()}
-		}
-		o, err := p.get(ctx)
-		switch {
-		case errors.Is(err, session.ErrSandboxGone):
-			return session.Exit{Code: -1}
-		case err == nil:
-			if code, done := ended(o); done {
-				return session.Exit{Code: code}
-			}
-			version = o.ResourceVersion
-		}
-		if err == nil && (werr == nil || poll) {
-			failingSince = time.Time{}
-			switch {
-			case poll:
-				delay = followBackoff
-			case brief:
-				delay = min(2*delay, followBackoff)
-			default:
-				delay = 100 * time.Millisecond
-				continue // closed by the server after a while: opened again at once
-			}
-		} else {
-			if failingSince.IsZero() {
-				failingSince = time.Now()
-			}
-			if time.Since(failingSince) > followLost {
-				return session.Exit{Err: fmt.Errorf("the Pod could not be followed for %s: %v", followLost, errors.Join(werr, err))}
-			}
-			delay = min(2*delay, followBackoff)
-		}
-		select {
-		case <-ctx.Done():
-			return session.Exit{Err: ctx.Err()}
-		case <-time.After(delay):
-		}
+		factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    seen,
+			UpdateFunc: func(_, o any) { seen(o) },
+			DeleteFunc: func(obj any) {
+				if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+					obj = t.Obj
+				}
+				if o, ok := obj.(*corev1.Pod); ok {
+					e.end(o.Name, -1)
+				}
+			},
+		})
+		factory.Start(s.base.Done())
+	})
+	return s.podEnds
+}
+
+func (e *podEnds) listen(name string) chan session.Exit {
+	ch := make(chan session.Exit, 1)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.waiting[name] == nil {
+		e.waiting[name] = map[chan session.Exit]struct{}{}
+	}
+	e.waiting[name][ch] = struct{}{}
+	return ch
+}
+
+func (e *podEnds) forget(name string, ch chan session.Exit) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.waiting[name], ch)
+	if len(e.waiting[name]) == 0 {
+		delete(e.waiting, name)
 	}
 }
 
-// watchOnce watches the Pod from *version until the watch closes: done
-// with the exit code when the Pod ended or went, an error when the
-// watch could not be opened.
-func (p *pod) watchOnce(ctx context.Context, version *string) (int, bool, error) {
-	w, err := p.s.b.client.CoreV1().Pods(p.s.b.cfg.Namespace).Watch(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("metadata.name", podName(p.id)).String(), ResourceVersion: *version})
-	if err != nil {
-		return 0, false, fmt.Errorf("watch pod: %w", err)
+func (e *podEnds) end(name string, code int) {
+	e.mu.Lock()
+	chs := e.waiting[name]
+	delete(e.waiting, name)
+	e.mu.Unlock()
+	for ch := range chs {
+		ch <- session.Exit{Code: code} // buffered, and sent to once
 	}
-	defer w.Stop()
-	for ev := range w.ResultChan() {
-		switch ev.Type {
-		case watch.Deleted:
-			return -1, true, nil
-		case watch.Error:
-			continue // the channel closes next (a version too old, say)
-		}
-		if o, ok := ev.Object.(*corev1.Pod); ok {
-			*version = o.ResourceVersion
-			if code, done := ended(o); done {
-				return code, true, nil
-			}
-		}
-	}
-	return 0, false, nil
 }
 
 var errNoFreeze = errors.New("the kubernetes backend cannot freeze a Pod")

@@ -74,17 +74,24 @@ type Work struct {
 }
 
 type heldWork struct {
-	cancel  context.CancelFunc
-	stop    bool      // the leader asked for the work to stop: write the result
-	renewed time.Time // the last renewal that succeeded was sent
-	tried   time.Time // the last renewal was tried
+	cancel   context.CancelFunc
+	stop     bool      // the leader asked for the work to stop: write the result
+	renewed  time.Time // the last renewal that succeeded was sent
+	tried    time.Time // the last renewal was tried
+	renewing bool
+	// deadline stops the work here two thirds of the lease's duration
+	// after the last renewal that succeeded was sent, whatever the API
+	// server does meanwhile: another replica may take the lease over
+	// from its full duration on, and two must not do it at once.
+	deadline *time.Timer
 }
 
 type placedWork struct {
-	ready chan struct{}
-	once  sync.Once
-	note  func(string, time.Time, map[string]any)
-	seen  int // notes delivered, by sequence number
+	ready    chan struct{}
+	once     sync.Once
+	note     func(typ string, at time.Time, replayed bool, f map[string]any)
+	seen     int // notes delivered, by sequence number
+	replayTo int // notes written before this replica placed the piece
 }
 
 // Annotations and labels of shared work's leases.
@@ -115,7 +122,7 @@ const (
 	maxNoteBytes = 1 << 10
 	// shareStopWait bounds how long a replica that stops waits for its
 	// pieces to store what they have before it gives their leases back.
-	shareStopWait = 30 * time.Second
+	shareStopWait = 90 * time.Second
 )
 
 // ShareDuration is how long a piece's lease holds without a renewal.
@@ -139,9 +146,10 @@ func (s *Shared) name(session string) string { return "sandgate-" + s.kind + "-"
 // with params for it, unless it is there already (a replica that took
 // the lead places again what its predecessor placed). note receives the
 // holder's notes, with when each was written: all of them, for a piece
-// placed before (the predecessor may have died before it had them); the
-// channel is closed once the holder says the work has begun.
-func (s *Shared) Place(ctx context.Context, session string, params map[string]string, note func(string, time.Time, map[string]any)) (<-chan struct{}, error) {
+// placed before (the predecessor may have died before it had them),
+// those marked replayed; the channel is closed once the holder says the
+// work has begun.
+func (s *Shared) Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, replayed bool, f map[string]any)) (<-chan struct{}, error) {
 	raw, err := json.Marshal(params)
 	if err != nil {
 		return nil, err
@@ -156,6 +164,13 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs},
 	}, metav1.CreateOptions{})
 	p := &placedWork{ready: make(chan struct{}), note: note}
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		// The answer may be what was lost: a lease that is there was
+		// placed (by this call or another).
+		if _, gerr := leases.Get(ctx, name, metav1.GetOptions{}); gerr == nil {
+			err = apierrors.NewAlreadyExists(coordinationv1.Resource("leases"), name)
+		}
+	}
 	if apierrors.IsAlreadyExists(err) {
 		cur, err := leases.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -166,6 +181,11 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 		}
 		if cur.Annotations[annotationReady] != "" {
 			p.once.Do(func() { close(p.ready) })
+		}
+		// Its notes so far may or may not have reached the replica
+		// that placed it: handed over as replayed.
+		if notes := readNotes(cur); len(notes) > 0 {
+			p.replayTo = notes[len(notes)-1].Seq
 		}
 	} else if err != nil {
 		return nil, fmt.Errorf("place the %s of session %s: %w", s.kind, session, err)
@@ -180,11 +200,47 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 	return p.ready, nil
 }
 
+// Stop asks the session's piece to stop, without waiting: the session
+// is stopping, and its holder must not go on (nor connect again to an
+// address the session is about to give up). No lease: nothing to do.
+func (s *Shared) Stop(ctx context.Context, session string) error {
+	_, err := s.askStop(ctx, session)
+	return err
+}
+
+// askStop writes the stop on the session's piece, once, and returns the
+// lease as it is then (nil: there is none).
+func (s *Shared) askStop(ctx context.Context, session string) (*coordinationv1.Lease, error) {
+	name := s.name(session)
+	leases := s.leases.Client.CoordinationV1().Leases(s.leases.Namespace)
+	for {
+		cur, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s lease %s: %w", s.kind, name, err)
+		}
+		if cur.Annotations[annotationStop] != "" {
+			return cur, nil
+		}
+		next := cur.DeepCopy()
+		if next.Annotations == nil {
+			next.Annotations = map[string]string{}
+		}
+		next.Annotations[annotationStop] = "true"
+		if _, err := leases.Update(ctx, next, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
+			return nil, fmt.Errorf("stop the %s of session %s: %w", s.kind, session, err)
+		}
+	}
+}
+
 // Collect asks the session's piece to stop and waits, within ctx, until
 // its holder has stored what it had and written its result, or until its
 // lease holds nothing that can still change (nobody took it after the
 // stop; its holder died). It then removes the lease and returns the
-// result: "" when no holder wrote one. No lease: "" and no error.
+// result: "" when no holder wrote one. No lease: "" and no error. The
+// API server's failures are tried again until ctx ends.
 func (s *Shared) Collect(ctx context.Context, session string) (string, error) {
 	name := s.name(session)
 	leases := s.leases.Client.CoordinationV1().Leases(s.leases.Namespace)
@@ -193,49 +249,67 @@ func (s *Shared) Collect(ctx context.Context, session string) (string, error) {
 		delete(s.placed, name)
 		s.mu.Unlock()
 	}()
+	var last error
 	for {
-		cur, err := leases.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
+		cur, err := s.askStop(ctx, session)
+		if err == nil && cur == nil {
 			return "", nil
 		}
+		if err == nil {
+			s.deliver(name, cur)
+			result, holder := cur.Annotations[annotationResult], deref(cur.Spec.HolderIdentity)
+			// Since the stop, a lease nobody holds cannot be taken
+			// (Refuse), and a holder that stopped renewing has died.
+			if result != "" || holder == "" || s.leases.runOut(cur) {
+				if holder != "" && result == "" {
+					s.log.Warn("the replica that held this work stopped renewing its lease; what it had not stored is lost", "kind", s.kind, "session", session)
+				}
+				rv := cur.ResourceVersion
+				err = leases.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+				if apierrors.IsConflict(err) {
+					continue // the holder wrote since
+				}
+				if err == nil || apierrors.IsNotFound(err) {
+					return result, nil
+				}
+				err = fmt.Errorf("remove %s lease %s: %w", s.kind, name, err)
+			}
+		}
 		if err != nil {
-			return "", fmt.Errorf("read %s lease %s: %w", s.kind, name, err)
-		}
-		s.deliver(name, cur)
-		if cur.Annotations[annotationStop] == "" {
-			next := cur.DeepCopy()
-			if next.Annotations == nil {
-				next.Annotations = map[string]string{}
-			}
-			next.Annotations[annotationStop] = "true"
-			if _, err := leases.Update(ctx, next, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
-				return "", fmt.Errorf("stop the %s of session %s: %w", s.kind, session, err)
-			}
-			continue
-		}
-		result, holder := cur.Annotations[annotationResult], deref(cur.Spec.HolderIdentity)
-		// Since the stop, a lease nobody holds cannot be taken (Refuse),
-		// and a holder that stopped renewing has died.
-		if result != "" || holder == "" || s.leases.runOut(cur) {
-			if holder != "" && result == "" {
-				s.log.Warn("the replica that held this work stopped renewing its lease; what it had not stored is lost", "kind", s.kind, "session", session)
-			}
-			rv := cur.ResourceVersion
-			err := leases.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
-			if apierrors.IsConflict(err) {
-				continue // the holder wrote since
-			}
-			if err != nil && !apierrors.IsNotFound(err) {
-				return result, fmt.Errorf("remove %s lease %s: %w", s.kind, name, err)
-			}
-			return result, nil
+			last = err
 		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("waiting for the %s of session %s to stop: %w", s.kind, session, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
+			return "", fmt.Errorf("waiting for the %s of session %s to stop: %w", s.kind, session, errors.Join(ctx.Err(), last))
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// Placed is a piece of work as the leases show it.
+type Placed struct {
+	Session string
+	Params  map[string]string
+	Created time.Time
+}
+
+// List reads the pieces placed, from the API server.
+func (s *Shared) List(ctx context.Context) ([]Placed, error) {
+	sel := labels.SelectorFromSet(labels.Set{LabelManaged: managedBy, labelWork: s.kind}).String()
+	list, err := s.leases.Client.CoordinationV1().Leases(s.leases.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, err
+	}
+	var out []Placed
+	for _, le := range list.Items {
+		if le.Labels[labelReplica] != "" {
+			continue
+		}
+		var params map[string]string
+		json.Unmarshal([]byte(le.Annotations[annotationParams]), &params)
+		out = append(out, Placed{Session: le.Labels[labelLeaseFor], Params: params, Created: le.CreationTimestamp.Time})
+	}
+	return out, nil
 }
 
 // Serve looks for work and does it until ctx ends; then the pieces held
@@ -280,14 +354,23 @@ func (s *Shared) Serve(ctx context.Context) {
 				h.cancel()
 			}
 			s.mu.Unlock()
+			// The pieces store what they have, their leases renewed
+			// meanwhile, so that nobody takes them over as from a dead
+			// replica; then they are given back.
 			done := make(chan struct{})
 			go func() { s.wg.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(shareStopWait):
-				s.log.Warn("work still storing what it had as this replica stops", "kind", s.kind)
+			limit := time.After(shareStopWait)
+			for {
+				s.renewAll(context.Background())
+				select {
+				case <-done:
+					return
+				case <-limit:
+					s.log.Warn("work still storing what it had as this replica stops", "kind", s.kind)
+					return
+				case <-t.C:
+				}
 			}
-			return
 		case <-t.C:
 		case <-s.wake:
 		}
@@ -464,6 +547,12 @@ func (s *Shared) take(ctx context.Context, le *coordinationv1.Lease, takenOver b
 	}
 	wctx, wcancel := context.WithCancel(context.WithoutCancel(ctx))
 	h := &heldWork{cancel: wcancel, renewed: sent, tried: sent}
+	h.deadline = time.AfterFunc(time.Until(sent.Add(ShareDuration*2/3)), func() {
+		if wctx.Err() == nil {
+			s.log.Warn("shared work's lease not renewed in time; stopping it here", "kind", s.kind, "lease", le.Name)
+		}
+		wcancel()
+	})
 	s.mu.Lock()
 	if s.stopped {
 		s.mu.Unlock()
@@ -495,6 +584,7 @@ func (s *Shared) take(ctx context.Context, le *coordinationv1.Lease, takenOver b
 		defer s.wg.Done()
 		result := s.run(wctx, w)
 		wcancel()
+		h.deadline.Stop()
 		s.mu.Lock()
 		stop := h.stop
 		delete(s.held, name)
@@ -562,38 +652,47 @@ func (s *Shared) change(ctx context.Context, name string, do func(*coordinationv
 	}
 }
 
-// renewAll renews the leases held, each every third of its duration. A
-// piece whose lease is lost, or could not be renewed for two thirds of
-// its duration (another replica may take it soon after), stops here.
+// renewAll renews the leases held, each every third of its duration,
+// each on its own (one slow renewal holds no other up), within the time
+// its deadline leaves. A renewal that reads a stop stops the piece; a
+// piece whose lease another replica holds, or that is gone, stops here.
 func (s *Shared) renewAll(ctx context.Context) {
 	s.mu.Lock()
-	due := map[string]*heldWork{}
+	defer s.mu.Unlock()
 	for name, h := range s.held {
-		if time.Since(h.tried) >= ShareDuration/3 {
-			due[name] = h
+		if h.renewing || time.Since(h.tried) < ShareDuration/3 {
+			continue
 		}
+		h.renewing, h.tried = true, time.Now()
+		left := time.Until(h.renewed.Add(ShareDuration * 2 / 3))
+		go s.renew(ctx, name, h, left)
 	}
-	s.mu.Unlock()
-	for name, h := range due {
-		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, ShareDuration/3)
-		// Not Leases.Renew: a write of the leader's (the stop) or of
-		// this piece's (a note) between its read and its write would
-		// count as the lease lost.
-		err := s.change(rctx, name, func(*coordinationv1.Lease) {})
-		cancel()
-		s.mu.Lock()
-		h.tried = sent
-		switch {
-		case err == nil:
-			h.renewed = sent
-		case errors.Is(err, ErrLeaseLost):
-			h.cancel()
-		case time.Since(h.renewed) > ShareDuration*2/3:
-			s.log.Warn("shared work's lease not renewed in time; stopping it here", "kind", s.kind, "lease", name, "err", err)
+}
+
+func (s *Shared) renew(ctx context.Context, name string, h *heldWork, left time.Duration) {
+	sent := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, max(left, 0))
+	stop := false
+	// Not Leases.Renew: a write of the leader's (the stop) or of this
+	// piece's (a note) between its read and its write would count as
+	// the lease lost.
+	err := s.change(rctx, name, func(le *coordinationv1.Lease) { stop = le.Annotations[annotationStop] != "" })
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h.renewing = false
+	switch {
+	case err == nil:
+		h.renewed = sent
+		h.deadline.Reset(time.Until(sent.Add(ShareDuration * 2 / 3)))
+		if stop && !h.stop {
+			h.stop = true
 			h.cancel()
 		}
-		s.mu.Unlock()
+	case errors.Is(err, ErrLeaseLost):
+		h.cancel()
+	default:
+		s.log.Warn("shared work's lease not renewed; it stops here unless a renewal succeeds in time", "kind", s.kind, "lease", name, "err", err)
 	}
 }
 
@@ -655,7 +754,7 @@ func (s *Shared) deliver(name string, le *coordinationv1.Lease) {
 	s.mu.Unlock()
 	for _, n := range fresh {
 		if p.note != nil && len(n.Type) <= 64 {
-			p.note(n.Type, n.Time, n.Fields)
+			p.note(n.Type, n.Time, n.Seq <= p.replayTo, n.Fields)
 		}
 	}
 }
