@@ -95,7 +95,9 @@ func (s *Server) sweepRecordings(ctx context.Context) {
 			continue
 		}
 		log := s.log.With("session", p.Session, "tenant", tn)
-		s.collectRecording(ctx, p.Session)
+		if _, err := s.collectRecording(ctx, p.Session, collectWait); err != nil {
+			continue // the next round
+		}
 		if s.recorder == nil || !tenant.ValidName(tn) {
 			log.Warn("a left-over recording was stopped; nothing here can finish it")
 			continue

@@ -65,7 +65,12 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 			ready, err = s.recShare.Place(ctx, info.ID, recordingParams(t), s.heldNote(info.Tenant, info.ID))
 			cancel()
 			if err != nil {
-				log.Warn("the recording cannot be placed with a replica; this one records it", "err", err)
+				// A lease that was written after all must not be taken
+				// by another replica as well: stopped, if it is there.
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				serr := s.recShare.Stop(ctx, info.ID)
+				cancel()
+				log.Warn("the recording cannot be placed with a replica; this one records it", "err", err, "stop_err", serr)
 				ready = s.recorder.Start(t)
 			}
 		} else {
@@ -321,7 +326,18 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 	// session: one adopted as it ended has no record of being recorded).
 	end, nothing := time.Now(), false
 	if s.recShare != nil && !recorded {
-		nothing = s.collectRecording(ctx, info.ID)
+		wait := collectQuickWait
+		if info.Record {
+			wait = collectWait
+		}
+		var err error
+		if nothing, err = s.collectRecording(ctx, info.ID, wait); err != nil {
+			// Finished later from all its segments, not now from some.
+			recorded = true
+			if info.Record {
+				note("recording_failed", map[string]any{"reason": "the recording could not be finalised yet; it is retried"})
+			}
+		}
 	}
 	if s.recorder != nil && !recorded {
 		m, err := s.recorder.Finish(ctx, info.Tenant, info.ID, end)

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -158,12 +157,22 @@ func (s *Server) heldNote(tenant, session string) func(string, time.Time, bool, 
 // collectRecording stops the session's recording on the replica that
 // holds it and waits for its segments (backend kubernetes): it reports
 // whether nothing was recorded anywhere, as far as the holder knows.
-func (s *Server) collectRecording(ctx context.Context, session string) (nothing bool) {
-	ctx, cancel := context.WithTimeout(ctx, handWait+30*time.Second)
+// An error leaves the lease: the janitor collects and finishes it once
+// the session is forgotten (sweepRecordings). wait bounds the wait.
+func (s *Server) collectRecording(ctx context.Context, session string, wait time.Duration) (nothing bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	result, err := s.recShare.Collect(ctx, session)
-	if err != nil && !errors.Is(err, context.Canceled) {
-		s.log.Warn("the recording's holder did not stop in time; finishing with the segments stored", "session", session, "err", err)
+	if err != nil {
+		s.log.Warn("the recording's holder did not stop in time, or its lease could not be read; the janitor finishes it later", "session", session, "err", err)
 	}
-	return result == heldNothing
+	return result == heldNothing, err
 }
+
+// Waits for a recording's collection: a recorded session's holder gets
+// time to store its segments; any other session's (one ended while no
+// replica led has no record of being recorded) is only looked for.
+const (
+	collectWait      = handWait + 30*time.Second
+	collectQuickWait = 5 * time.Second
+)

@@ -34,8 +34,15 @@ func TestKubeShared(t *testing.T) {
 	var mu sync.Mutex
 	holds := map[string]string{} // session: the replica that runs it
 	taken := make(chan took, 16)
+	refusals := 0
 	replica := func(who string) *kube.Shared {
 		return b.NewShared(who, "test", func(ctx context.Context, w kube.Work) string {
+			if w.Params["p"] == "refuse" { // ends on its own at once
+				mu.Lock()
+				refusals++
+				mu.Unlock()
+				return "refused by " + who
+			}
 			mu.Lock()
 			holds[w.Session] = who
 			mu.Unlock()
@@ -195,6 +202,25 @@ func TestKubeShared(t *testing.T) {
 			t.Errorf("collect %s: %q, %v; want the result of %q", sid, result, err, who)
 		}
 	}
+	// A piece whose work ends on its own (it refused it): its result is
+	// final, and no replica takes it again.
+	refused := ids.NewSession()
+	place(x, refused, "refuse")
+	waitFor(t, time.Minute, "the refused piece's result", func() bool {
+		le, err := b.Client().CoordinationV1().Leases(b.Namespace()).Get(ctx, "sandgate-test-"+refused, metav1.GetOptions{})
+		return err == nil && le.Spec.HolderIdentity == nil && strings.HasPrefix(le.Annotations["sandgate.io/work-result"], "refused by ")
+	})
+	time.Sleep(2 * time.Second) // rounds every 0.5 s: time for a second take
+	mu.Lock()
+	n := refusals
+	mu.Unlock()
+	if n != 1 {
+		t.Errorf("a refused piece was taken %d times", n)
+	}
+	if result, err := x.Collect(ctx, refused); err != nil || !strings.HasPrefix(result, "refused by ") {
+		t.Errorf("collect the refused piece: %q, %v", result, err)
+	}
+
 	// A piece nobody takes (no replica serves now): collected with no
 	// result; one never placed, the same.
 	stopX()

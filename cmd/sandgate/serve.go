@@ -152,20 +152,21 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		// it takes, standing by or leading (the leader finishes them).
 		// One that cannot record still places, stops and collects them
 		// when it leads.
-		rec, err := sharedRecorder(ctx, cfg, log)
-		if err != nil {
+		var record func(context.Context, kube.Work) string // nil: this replica records nothing
+		if rec, err := sharedRecorder(ctx, cfg, log); err != nil {
 			log.Warn("this replica records no sessions: the other replicas record those it places", "err", err)
-		}
-		recShare = kb.NewShared(identity, "recording", func(ctx context.Context, w kube.Work) string {
-			return gateway.RecordHeld(ctx, rec, w.Session, w.Params, w.TakenOver, w.Ready, w.Note, kb.Serves)
-		}, log.With("component", "recordings"))
-		if rec != nil {
+		} else {
 			heldRec = rec
-			shareCtx, endShare := context.WithCancel(context.WithoutCancel(ctx))
-			shared := make(chan struct{})
-			go func() { defer close(shared); recShare.Serve(shareCtx) }()
-			defer func() { endShare(); <-shared }()
+			serves := kb.Serves // (kb is read again on taking the lead)
+			record = func(ctx context.Context, w kube.Work) string {
+				return gateway.RecordHeld(ctx, rec, w.Session, w.Params, w.TakenOver, w.Ready, w.Note, serves)
+			}
 		}
+		recShare = kb.NewShared(identity, "recording", record, log.With("component", "recordings"))
+		shareCtx, endShare := context.WithCancel(context.WithoutCancel(ctx))
+		shared := make(chan struct{})
+		go func() { defer close(shared); recShare.Serve(shareCtx) }()
+		defer func() { endShare(); <-shared }()
 		// A leader that loses the lease stops at once, without a drain
 		// or a last flush: another replica may lead from the next
 		// moment, and two must not act on the same sessions (their

@@ -281,8 +281,14 @@ func ended(o *corev1.Pod) (int, bool) {
 func (p *pod) Wait(ctx context.Context) (<-chan session.Exit, error) {
 	ends := p.s.ends()
 	name := podName(p.id)
-	// Listened for before the Pod is read: an end in between is not missed.
+	// Listened for before the Pod is read, and the watch's first list
+	// in: an end in between is not missed.
 	ch := ends.listen(name)
+	sctx, cancel := context.WithTimeout(ctx, syncWait)
+	// (Not listed in time: the Pod's end comes once it is; meanwhile,
+	// the Pod as it is now.)
+	cache.WaitForCacheSync(sctx.Done(), ends.synced)
+	cancel()
 	o, err := p.get(ctx)
 	if err != nil {
 		ends.forget(name, ch)
@@ -311,7 +317,11 @@ func (p *pod) Wait(ctx context.Context) (<-chan session.Exit, error) {
 type podEnds struct {
 	mu      sync.Mutex
 	waiting map[string]map[chan session.Exit]struct{} // by Pod name
+	synced  cache.InformerSynced
 }
+
+// syncWait bounds how long a wait waits for the watch's first list.
+const syncWait = 30 * time.Second
 
 // ends starts the informer the first time it is needed; it runs as
 // long as the backend's base context.
@@ -329,7 +339,9 @@ func (s *Sessions) ends() *podEnds {
 				}
 			}
 		}
-		factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		inf := factory.Core().V1().Pods().Informer()
+		e.synced = inf.HasSynced
+		inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    seen,
 			UpdateFunc: func(_, o any) { seen(o) },
 			DeleteFunc: func(obj any) {

@@ -79,6 +79,7 @@ type heldWork struct {
 	renewed  time.Time // the last renewal that succeeded was sent
 	tried    time.Time // the last renewal was tried
 	renewing bool
+	failed   bool // the last renewal failed
 	// deadline stops the work here two thirds of the lease's duration
 	// after the last renewal that succeeded was sent, whatever the API
 	// server does meanwhile: another replica may take the lease over
@@ -131,7 +132,10 @@ var ShareDuration = 10 * time.Second
 // NewShared spreads work of kind (a word: "recording") over the
 // replicas; run does one piece on this replica until its ctx ends (the
 // work was asked to stop, its lease was lost or this replica stops) and
-// returns its result. identity names this replica, as for Hold.
+// returns its result; a run that ends on its own has its result final
+// too. With run nil, this replica takes no work: its Serve only follows
+// what it placed (readiness, notes). identity names this replica, as
+// for Hold.
 func (b *Backend) NewShared(identity, kind string, run func(ctx context.Context, w Work) string, log *slog.Logger) *Shared {
 	s := &Shared{kind: kind, run: run, log: log,
 		held: map[string]*heldWork{}, placed: map[string]*placedWork{}, free: map[string]time.Time{}, wake: make(chan struct{}, 1)}
@@ -167,7 +171,10 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		// The answer may be what was lost: a lease that is there was
 		// placed (by this call or another).
-		if _, gerr := leases.Get(ctx, name, metav1.GetOptions{}); gerr == nil {
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, gerr := leases.Get(gctx, name, metav1.GetOptions{})
+		cancel()
+		if gerr == nil {
 			err = apierrors.NewAlreadyExists(coordinationv1.Resource("leases"), name)
 		}
 	}
@@ -385,15 +392,18 @@ func (s *Shared) Held() int {
 }
 
 func (s *Shared) round(ctx context.Context) {
-	s.bePresent(ctx)
+	// Renewals first: they run on their own, and nothing below (a slow
+	// API server) may hold them up.
+	s.renewAll(ctx)
+	if s.run != nil {
+		s.bePresent(ctx)
+	}
 	if !s.synced() {
-		s.renewAll(ctx)
 		return
 	}
 	// From the watch's cache: read, never changed.
 	list, err := s.lister.List(labels.Everything())
 	if err != nil {
-		s.renewAll(ctx)
 		return
 	}
 	now := time.Now()
@@ -455,7 +465,7 @@ func (s *Shared) round(ctx context.Context) {
 		}
 		mine := len(s.held)
 		s.mu.Unlock()
-		if le.Annotations[annotationStop] != "" || le.Annotations[annotationResult] != "" || (holder != "" && !s.leases.runOut(le)) {
+		if s.run == nil || le.Annotations[annotationStop] != "" || le.Annotations[annotationResult] != "" || (holder != "" && !s.leases.runOut(le)) {
 			delete(s.free, le.Name)
 			continue
 		}
@@ -468,6 +478,7 @@ func (s *Shared) round(ctx context.Context) {
 		if now.Sub(first) < time.Duration(min(mine-least(), maxSpread))*spreadDelay {
 			continue
 		}
+		s.renewAll(ctx)
 		if s.take(ctx, le, holder != "") {
 			live[s.leases.Identity]++
 		}
@@ -491,7 +502,6 @@ func (s *Shared) round(ctx context.Context) {
 		}
 	}
 	s.mu.Unlock()
-	s.renewAll(ctx)
 }
 
 // presence names the lease by which this replica tells the others it
@@ -583,13 +593,16 @@ func (s *Shared) take(ctx context.Context, le *coordinationv1.Lease, takenOver b
 	go func() {
 		defer s.wg.Done()
 		result := s.run(wctx, w)
+		// Ended on its own (it refused the work, say): final, as if
+		// stopped, or the next replica would take it and end it again.
+		own := wctx.Err() == nil
 		wcancel()
 		h.deadline.Stop()
 		s.mu.Lock()
 		stop := h.stop
 		delete(s.held, name)
 		s.mu.Unlock()
-		if !stop {
+		if !stop && !own {
 			result = "" // lost, removed or this replica stops: the next holder goes on
 		}
 		s.giveBack(name, result)
@@ -652,26 +665,27 @@ func (s *Shared) change(ctx context.Context, name string, do func(*coordinationv
 	}
 }
 
-// renewAll renews the leases held, each every third of its duration,
-// each on its own (one slow renewal holds no other up), within the time
-// its deadline leaves. A renewal that reads a stop stops the piece; a
+// renewAll renews the leases held, each every third of its duration
+// (after a failure, at each look), each on its own: one slow renewal
+// holds no other up. The deadline, not the renewal, stops a piece whose
+// lease could not be renewed in time. A renewal that reads a stop stops the piece; a
 // piece whose lease another replica holds, or that is gone, stops here.
 func (s *Shared) renewAll(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name, h := range s.held {
-		if h.renewing || time.Since(h.tried) < ShareDuration/3 {
+		// After a failure, tried again at the next look.
+		if h.renewing || (!h.failed && time.Since(h.tried) < ShareDuration/3) {
 			continue
 		}
 		h.renewing, h.tried = true, time.Now()
-		left := time.Until(h.renewed.Add(ShareDuration * 2 / 3))
-		go s.renew(ctx, name, h, left)
+		go s.renew(context.WithoutCancel(ctx), name, h)
 	}
 }
 
-func (s *Shared) renew(ctx context.Context, name string, h *heldWork, left time.Duration) {
+func (s *Shared) renew(ctx context.Context, name string, h *heldWork) {
 	sent := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, max(left, 0))
+	rctx, cancel := context.WithTimeout(ctx, ShareDuration/3)
 	stop := false
 	// Not Leases.Renew: a write of the leader's (the stop) or of this
 	// piece's (a note) between its read and its write would count as
@@ -680,7 +694,7 @@ func (s *Shared) renew(ctx context.Context, name string, h *heldWork, left time.
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h.renewing = false
+	h.renewing, h.failed = false, err != nil
 	switch {
 	case err == nil:
 		h.renewed = sent
