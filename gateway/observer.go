@@ -67,10 +67,7 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 			if err != nil {
 				// A lease that was written after all must not be taken
 				// by another replica as well: stopped, if it is there.
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				serr := s.recShare.Stop(ctx, info.ID)
-				cancel()
-				log.Warn("the recording cannot be placed with a replica; this one records it", "err", err, "stop_err", serr)
+				log.Warn("the recording cannot be placed with a replica; this one records it", "err", err, "stop_err", s.stopRecording(info.ID))
 				ready = s.recorder.Start(t)
 			}
 		} else {
@@ -152,11 +149,9 @@ func (o *observer) SessionStopping(id string) {
 	s := (*Server)(o)
 	if s.recShare != nil {
 		// The replica recording it stops before the address goes.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := s.recShare.Stop(ctx, id); err != nil {
+		if err := s.stopRecording(id); err != nil {
 			s.log.Warn("cannot ask for the recording to stop; it stops when its holder sees the session's Pod go", "session", id, "err", err)
 		}
-		cancel()
 	}
 	s.dropSpare(id)
 	s.watch.mu.Lock()

@@ -154,6 +154,14 @@ func (s *Server) heldNote(tenant, session string) func(string, time.Time, bool, 
 	}
 }
 
+// stopRecording asks the replica recording the session to stop, within
+// a few seconds, without waiting for it.
+func (s *Server) stopRecording(session string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.recShare.Stop(ctx, session)
+}
+
 // collectRecording stops the session's recording on the replica that
 // holds it and waits for its segments (backend kubernetes): it reports
 // whether nothing was recorded anywhere, as far as the holder knows.

@@ -91,8 +91,9 @@ type placedWork struct {
 	ready    chan struct{}
 	once     sync.Once
 	note     func(typ string, at time.Time, replayed bool, f map[string]any)
-	seen     int // notes delivered, by sequence number
-	replayTo int // notes written before this replica placed the piece
+	seen     int    // notes delivered, by sequence number
+	replayTo int    // notes written before this replica placed the piece
+	version  string // of the lease as last delivered
 }
 
 // Annotations and labels of shared work's leases.
@@ -752,6 +753,15 @@ func (s *Shared) deliver(name string, le *coordinationv1.Lease) {
 	p := s.placed[name]
 	s.mu.Unlock()
 	if p == nil {
+		return
+	}
+	// Each look runs on every change to any lease: a lease unchanged
+	// since it was last delivered is not read again.
+	s.mu.Lock()
+	same := p.version == le.ResourceVersion
+	p.version = le.ResourceVersion
+	s.mu.Unlock()
+	if same {
 		return
 	}
 	if le.Annotations[annotationReady] != "" || le.Annotations[annotationResult] != "" {
