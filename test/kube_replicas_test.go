@@ -33,7 +33,9 @@ import (
 // own (a stand-in running pause: the replicas run on the host). One
 // leads, and labels its Pod so; the other stands by (ready while there
 // is a leader) and forwards what it is sent. The egress proxy's Service
-// of deploy/kubernetes sends to the leader's Pod only.
+// of deploy/kubernetes sends to the leader's Pod only: a leader takes
+// the label off the Pods that carry it as it comes to lead, and a
+// replica that stands by takes it off its own.
 // A session created through the leader is driven through the other:
 // CDP with chromedp, a VNC viewer, exec, files, a screenshot, a preview
 // revoked. The leader is then SIGKILLed mid-session: meanwhile the other
@@ -91,14 +93,19 @@ func TestKubeReplicas(t *testing.T) {
 	if out, err := missing.CombinedOutput(); err == nil || !strings.Contains(string(out), "gw-missing") {
 		t.Errorf("a replica whose Pod does not exist: %v\n%s", err, out)
 	}
+	// A label left on B's Pod, as by a replica that led there before
+	// its container restarted: the proxy's Service would send there
+	// (the control). A, coming to lead, takes it off.
+	roles.label(t, pods[rb])
+	roles.waitLeader(t, "a stale label on B's Pod", pods[rb])
 	start(ra, "A")
 	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
 	roles.waitLeader(t, "A leads", pods[ra])
-	// A label left on B's Pod, as by a replica that led there before
-	// its container restarted: the proxy's Service would send there
-	// (the control); B, standing by, takes it off.
+	// Again, now that A has looked for stale labels (it took that one
+	// off, so its one look is over and it will not take this one off):
+	// B, standing by, takes it off itself.
 	roles.label(t, pods[rb])
-	roles.waitLeader(t, "a stale label on B's Pod", pods[ra], pods[rb])
+	roles.waitLeader(t, "a stale label on B's Pod, again", pods[ra], pods[rb])
 	start(rb, "B")
 	roles.waitLeader(t, "B stands by", pods[ra])
 	// B's config changes while it stands by (a key for a tenant only it
