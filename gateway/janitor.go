@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/tenant"
 )
 
@@ -60,9 +62,12 @@ func (s *Server) janitor(ctx context.Context) {
 			if _, err := s.sessions.Get(p[0], p[1]); err == nil && !slices.Contains(s.recorder.Pending(true), p) {
 				continue
 			}
-			if _, err := s.recorder.Finish(ctx, p[0], p[1], time.Now()); err != nil {
+			m, err := s.recorder.Finish(ctx, p[0], p[1], time.Now())
+			if err != nil {
 				s.log.Warn("finalise leftover recording", "session", p[1], "err", err)
+				continue
 			}
+			s.noteFinished(ctx, p[0], p[1], m)
 		}
 	}
 }
@@ -110,6 +115,34 @@ func (s *Server) sweepRecordings(ctx context.Context) {
 			log.Warn("finish a left-over recording", "err", err)
 		case m != nil:
 			log.Info("finished a left-over recording", "artifact", m.Recording, "segments", len(m.Segments))
+			s.noteFinished(ctx, tn, p.Session, m)
 		}
 	}
+}
+
+// noteFinished puts recording_finalised in the audit trail of a session
+// whose recording the janitor finished (the session's end noted only
+// that it failed, or nothing: it ended while no gateway ran): in the
+// trail the manager still holds, which stores it again, or else in the
+// stored log. A reviewer reads there what became of the recording.
+func (s *Server) noteFinished(ctx context.Context, tenant, id string, m *recordings.Manifest) {
+	if m == nil {
+		return
+	}
+	f := finalisedFields(m)
+	if s.sessions.Record(id, "recording_finalised", f) {
+		s.durable(id)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ev := session.Event{Time: time.Now().UTC(), Type: "recording_finalised", Fields: f}
+	if err := s.recordStored(ctx, tenant, id, ev); err != nil {
+		s.log.Warn("a left-over recording was finished, but its audit log could not say so", "session", id, "tenant", tenant, "err", err)
+	}
+}
+
+// finalisedFields are recording_finalised's fields.
+func finalisedFields(m *recordings.Manifest) map[string]any {
+	return map[string]any{"artifact": m.Recording, "duration_seconds": m.Duration, "segments": len(m.Segments), "size": m.Size, "sha256": m.SHA256}
 }

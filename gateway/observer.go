@@ -346,7 +346,7 @@ func (o *observer) FinaliseSession(ctx context.Context, info session.Info, event
 			log.Error("recording not finalised; its segments are kept for a retry", "err", err)
 			note("recording_failed", map[string]any{"reason": "the recording could not be finalised yet; it is retried"})
 		case m != nil:
-			note("recording_finalised", map[string]any{"artifact": m.Recording, "duration_seconds": m.Duration, "segments": len(m.Segments), "size": m.Size, "sha256": m.SHA256})
+			note("recording_finalised", finalisedFields(m))
 		}
 	}
 	// The notes as the trail holds them (the same events, at the same

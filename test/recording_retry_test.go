@@ -1,7 +1,10 @@
 package test
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,4 +67,71 @@ func TestRecordingResumes(t *testing.T) {
 		t.Fatalf("the recording joins %d parts, want 2: %v", len(parts), manifest["segments"])
 	}
 	t.Logf("recording: %.2f s from %d parts", probeDuration(t, path), len(parts))
+}
+
+// TestRecordingFinishedLater: MinIO is away as a recorded session ends,
+// so its recording cannot be finished then; the trail says it failed and
+// is retried (the control). Once MinIO is back the janitor finishes it,
+// and the trail, live and stored, says so with recording_finalised and
+// the recording's artifact: a reviewer never reads "failed" of a
+// recording that exists.
+func TestRecordingFinishedLater(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "record": true})
+	e.waitEvent(t, s.ID, "recording_started", 30*time.Second)
+	waitFor(t, time.Minute, "a first segment to be stored", func() bool { return len(e.segmentParts(t, s.ID)) > 0 })
+	e.minio.Process.Kill()
+	e.minio.Wait()
+	restarted := false
+	defer func() {
+		if !restarted {
+			if err := e.restartMinIO(); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	if st, body := e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != http.StatusOK {
+		t.Fatalf("delete: %d %s", st, body)
+	}
+	failed := e.waitEvent(t, s.ID, "recording_failed", 3*time.Minute)
+	if r, _ := failed["reason"].(string); !strings.Contains(r, "retried") {
+		t.Fatalf("recording_failed says %v, want a retry", failed)
+	}
+	for _, ev := range e.events(t, e.keyA, s.ID) {
+		if ev.Type == "recording_finalised" {
+			t.Fatalf("recording_finalised while MinIO is away: %v", ev.Fields)
+		}
+	}
+	restarted = true
+	if err := e.restartMinIO(); err != nil {
+		t.Fatal(err)
+	}
+	var rec *artifact
+	waitFor(t, 3*time.Minute, "the janitor to finish the recording", func() bool {
+		rec = findKind(e.artifacts(t, e.keyA, s.ID), "recording", "video/mp4")
+		return rec != nil
+	})
+	fin := e.waitEvent(t, s.ID, "recording_finalised", time.Minute)
+	if fin["artifact"] != rec.ID || fin["sha256"] != rec.SHA256 {
+		t.Errorf("recording_finalised says %v; the recording is %s (sha256 %s)", fin, rec.ID, rec.SHA256)
+	}
+	var types []string
+	waitFor(t, time.Minute, "the stored audit log to say recording_finalised", func() bool {
+		log := findKind(e.artifacts(t, e.keyA, s.ID), "log", "")
+		if log == nil {
+			return false
+		}
+		types = nil
+		dec := json.NewDecoder(bytes.NewReader(e.fetchArtifact(t, e.keyA, log.ID)))
+		for dec.More() {
+			var ev struct{ Type string }
+			if dec.Decode(&ev) != nil {
+				return false
+			}
+			types = append(types, ev.Type)
+		}
+		f, d := slices.Index(types, "recording_failed"), slices.Index(types, "recording_finalised")
+		return f >= 0 && d > f
+	})
+	t.Logf("stored trail: %v", types)
 }
