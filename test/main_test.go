@@ -248,6 +248,33 @@ func (e *testEnv) startMinIO() error {
 // restartMinIO starts MinIO again on the same address and data.
 func (e *testEnv) restartMinIO() error { return e.runMinIO(e.minioBin, e.minioUI) }
 
+// minioAway kills MinIO; back starts it again (once), and the test's end
+// does if the test did not, so the tests after it have their store.
+func (e *testEnv) minioAway(t *testing.T) (back func()) {
+	t.Helper()
+	e.minio.Process.Kill()
+	e.minio.Wait()
+	up := false
+	start := func() error {
+		if up {
+			return nil
+		}
+		up = true
+		return e.restartMinIO()
+	}
+	t.Cleanup(func() {
+		if err := start(); err != nil {
+			t.Errorf("restart MinIO: %v", err)
+		}
+	})
+	return func() {
+		t.Helper()
+		if err := start(); err != nil {
+			t.Fatalf("restart MinIO: %v", err)
+		}
+	}
+}
+
 func (e *testEnv) runMinIO(bin, console string) error {
 	logf, err := os.OpenFile(e.minioLog, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {

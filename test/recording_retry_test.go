@@ -80,16 +80,7 @@ func TestRecordingFinishedLater(t *testing.T) {
 	s := e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "record": true})
 	e.waitEvent(t, s.ID, "recording_started", 30*time.Second)
 	waitFor(t, time.Minute, "a first segment to be stored", func() bool { return len(e.segmentParts(t, s.ID)) > 0 })
-	e.minio.Process.Kill()
-	e.minio.Wait()
-	restarted := false
-	defer func() {
-		if !restarted {
-			if err := e.restartMinIO(); err != nil {
-				t.Error(err)
-			}
-		}
-	}()
+	back := e.minioAway(t)
 	if st, body := e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != http.StatusOK {
 		t.Fatalf("delete: %d %s", st, body)
 	}
@@ -102,10 +93,7 @@ func TestRecordingFinishedLater(t *testing.T) {
 			t.Fatalf("recording_finalised while MinIO is away: %v", ev.Fields)
 		}
 	}
-	restarted = true
-	if err := e.restartMinIO(); err != nil {
-		t.Fatal(err)
-	}
+	back()
 	var rec *artifact
 	waitFor(t, 3*time.Minute, "the janitor to finish the recording", func() bool {
 		rec = findKind(e.artifacts(t, e.keyA, s.ID), "recording", "video/mp4")

@@ -392,12 +392,9 @@ func TestRecordingSurvivesMinIOOutage(t *testing.T) {
 	e := needE2E(t)
 	s, created := e.recordColours(t)
 	time.Sleep(4 * time.Second)
-	e.minio.Process.Kill()
-	e.minio.Wait()
+	back := e.minioAway(t)
 	time.Sleep(10 * time.Second)
-	if err := e.restartMinIO(); err != nil {
-		t.Fatal(err)
-	}
+	back()
 	time.Sleep(6 * time.Second)
 	e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil)
 	wall := time.Since(created).Seconds()

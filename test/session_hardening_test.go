@@ -111,16 +111,7 @@ func TestTeardownDoesNotBlockReaper(t *testing.T) {
 	first := e.createSession(t, e.keyA, nil)
 	second := e.createSession(t, e.keyA, nil)
 
-	e.minio.Process.Kill()
-	e.minio.Wait()
-	minioUp := false
-	defer func() {
-		if !minioUp {
-			if err := e.restartMinIO(); err != nil {
-				t.Errorf("restart MinIO: %v", err)
-			}
-		}
-	}()
+	back := e.minioAway(t)
 	extend := func(id string, ttl int) time.Time {
 		st, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+id+"/extend", map[string]any{"ttl_seconds": ttl})
 		if st != 200 {
@@ -144,10 +135,7 @@ func TestTeardownDoesNotBlockReaper(t *testing.T) {
 		t.Errorf("the second session stopped %.1f s after its TTL: the first one's finalisation held the reaper", late.Seconds())
 	}
 
-	if err := e.restartMinIO(); err != nil {
-		t.Fatal(err)
-	}
-	minioUp = true
+	back()
 	deadline := time.Now().Add(3 * time.Minute)
 	for time.Now().Before(deadline) {
 		if findKind(e.artifacts(t, e.keyA, first.ID), "log", "") != nil {
