@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"strconv"
 	"time"
@@ -132,6 +133,33 @@ func RecordHeld(ctx context.Context, rec *recordings.Recorder, session string, p
 		return heldRecorded
 	}
 	return heldNothing
+}
+
+// HandLeftovers stores in MinIO the segments an earlier run of this
+// replica left on its host (it died while it recorded: the segment it
+// was writing, those it had not stored yet) of the recordings still
+// placed, which another replica records now: the leader joins them into
+// the recording at its end, so they are not lost. Run it before this
+// replica takes any recording (Hand stops one that runs here). Those of
+// recordings no longer placed (the session ended meanwhile) stay on the
+// host: the janitor finishes them into a recording of their own, and
+// says so in the trail, once this replica leads.
+func HandLeftovers(ctx context.Context, rec *recordings.Recorder, placed []PlacedRecording, log *slog.Logger) {
+	tenantOf := map[string]string{}
+	for _, p := range placed {
+		tenantOf[p.Session] = p.Params["tenant"]
+	}
+	for _, l := range rec.Pending(false) {
+		tn, id := l[0], l[1]
+		if t, ok := tenantOf[id]; !ok || t != tn {
+			continue
+		}
+		if _, err := rec.Hand(ctx, tn, id); err != nil {
+			log.Warn("cannot store the recording segments an earlier run of this replica left; they stay on this host", "session", id, "tenant", tn, "err", err)
+			continue
+		}
+		log.Info("stored the recording segments an earlier run of this replica left", "session", id, "tenant", tn)
+	}
 }
 
 // heldNote adds a note of the replica recording the session to its

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -45,7 +46,9 @@ import (
 // recordings are spread: of two recorded sessions, each replica records
 // one, whichever leads; the one A recorded is taken over by B when A
 // dies, the one B recorded goes on uncut, and B, leading then, finishes
-// a recording made by both. Then A,
+// a recording made by both; what A had not stored as it died is in a
+// recording too (A stores it as it starts again, or finishes it once it
+// leads). Then A,
 // started again, stands by, and B is stopped as a rolling update
 // stops it (SIGTERM): A takes over at once, not when the lease runs
 // out. Nothing is left in the namespace.
@@ -255,6 +258,14 @@ func TestKubeReplicas(t *testing.T) {
 	// A is SIGKILLed mid-session.
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
+	// What A had not stored of the recording it held: the segment it
+	// was writing, at least.
+	onA := s.ID
+	if recorder == rb {
+		onA = s2.ID
+	}
+	leftover := unstoredSegments(t, ra, onA)
+	t.Logf("A left %d segments of %s unstored: %v", len(leftover), onA, leftover)
 	// Meanwhile B answers, with 503 in the API's JSON, until it leads.
 	var waits []int
 	waitFor(t, 3*time.Minute, "B to take the session over", func() bool {
@@ -316,9 +327,9 @@ func TestKubeReplicas(t *testing.T) {
 	// The recordings go on: the one A had is taken over by B (a part
 	// of B's own, whose prefix is not A's, and recording_taken_over in
 	// its trail); the one B had is not cut.
-	onA, onB := s.ID, s2.ID
-	if recorder == rb {
-		onA, onB = s2.ID, s.ID
+	onB := s2.ID
+	if onA == s2.ID {
+		onB = s.ID
 	}
 	waitFor(t, 2*time.Minute, "a segment from B of the recording A had", func() bool { return recordingParts(t, rb, onA) >= 2 })
 	waitFor(t, time.Minute, "recording_taken_over in the trail of the recording A had", func() bool {
@@ -380,6 +391,27 @@ func TestKubeReplicas(t *testing.T) {
 		st, body := getBody(t, ra.gwURL+"/readyz")
 		return st == 200 && strings.Contains(body, "standby")
 	})
+	// A stores, as it starts, what its last run left of a recording
+	// still under way (B records it now), for the recording's end to
+	// join. (Of one whose session ended meanwhile, it keeps them: see
+	// the end.)
+	if onA == s.ID {
+		waitFor(t, time.Minute, "the segments A left to be stored", func() bool {
+			stored := map[string]bool{}
+			for _, a := range rb.artifacts(t, rb.keyA, s.ID) {
+				stored[a.Name] = a.Kind == "recording_segment"
+			}
+			for name := range leftover {
+				if !stored[name] {
+					return false
+				}
+			}
+			return true
+		})
+		if left := unstoredSegments(t, ra, onA); len(left) > 0 {
+			t.Errorf("A's host keeps segments it stored: %v", left)
+		}
+	}
 	// A leads once its own readyz says so: "ready", not "standby"
 	// (what it answers through B meanwhile is B's).
 	termed := time.Now()
@@ -446,6 +478,34 @@ func TestKubeReplicas(t *testing.T) {
 	t.Logf("the recording across the kill and the handover: %.1f s in %d parts", d, len(made))
 	if len(made) < parts {
 		t.Errorf("the recording did not go on through B, then A: parts %v, want %d", made, parts)
+	}
+
+	// What A left of the recording it held is in a recording: the
+	// first session's (A stored it as it started), or one of the second
+	// session's own (A's janitor finished it, as A leads, and the trail
+	// says so).
+	var nonEmpty []string
+	for name, size := range leftover {
+		if size > 0 {
+			nonEmpty = append(nonEmpty, name)
+		}
+	}
+	if onA == s2.ID && len(nonEmpty) > 0 {
+		waitFor(t, 3*time.Minute, "A's janitor to finish the segments A left of the second session", func() bool {
+			return len(recordedSegments(t, ra, s2.ID)) > len(m2["segments"].([]any))
+		})
+		waitFor(t, time.Minute, "the second session's stored trail to say recording_finalised for each recording", func() bool {
+			return strings.Count(strings.Join(storedTrailTypes(t, ra, s2.ID), " "), "recording_finalised") == 2
+		})
+	}
+	in := recordedSegments(t, ra, onA)
+	for _, name := range nonEmpty {
+		if !in[name] {
+			t.Errorf("segment %s, which A left, is in no recording of %s", name, onA)
+		}
+	}
+	if len(nonEmpty) == 0 {
+		t.Logf("A left no segment with content (killed as a segment began): nothing to look for")
 	}
 
 	// Nothing left: A gives the lease back as it stops.
@@ -688,6 +748,61 @@ func recordingHolder(t *testing.T, ctx context.Context, b *kube.Backend, id stri
 		return false
 	})
 	return who
+}
+
+// unstoredSegments is the segments of the session's recording that the
+// replica holds on its host and has not stored, with their sizes.
+func unstoredSegments(t *testing.T, e *testEnv, id string) map[string]int64 {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(e.dir, "state", "recordings", "*", id, "*.ts"))
+	out := map[string]int64{}
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		if _, uerr := os.Stat(f + ".up"); err == nil && uerr != nil {
+			out[filepath.Base(f)] = fi.Size()
+		}
+	}
+	return out
+}
+
+// recordedSegments is the set of segments the session's finished
+// recordings join, by their manifests.
+func recordedSegments(t *testing.T, e *testEnv, id string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, a := range e.artifacts(t, e.keyA, id) {
+		if a.Kind != "recording" || a.ContentType != "application/json" {
+			continue
+		}
+		var m struct{ Segments []struct{ Name string } }
+		if err := json.Unmarshal(e.fetchArtifact(t, e.keyA, a.ID), &m); err != nil {
+			t.Fatalf("a manifest of %s: %v", id, err)
+		}
+		for _, sg := range m.Segments {
+			out[sg.Name] = true
+		}
+	}
+	return out
+}
+
+// storedTrailTypes is the types of the events in the session's stored
+// audit log, in order.
+func storedTrailTypes(t *testing.T, e *testEnv, id string) []string {
+	t.Helper()
+	log := findKind(e.artifacts(t, e.keyA, id), "log", "")
+	if log == nil {
+		return nil
+	}
+	var out []string
+	dec := json.NewDecoder(bytes.NewReader(e.fetchArtifact(t, e.keyA, log.ID)))
+	for dec.More() {
+		var ev struct{ Type string }
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatalf("the stored audit log of %s: %v", id, err)
+		}
+		out = append(out, ev.Type)
+	}
+	return out
 }
 
 // recordingSegments counts the session's stored recording segments.

@@ -1,8 +1,6 @@
 package test
 
 import (
-	"bytes"
-	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
@@ -105,19 +103,7 @@ func TestRecordingFinishedLater(t *testing.T) {
 	}
 	var types []string
 	waitFor(t, time.Minute, "the stored audit log to say recording_finalised", func() bool {
-		log := findKind(e.artifacts(t, e.keyA, s.ID), "log", "")
-		if log == nil {
-			return false
-		}
-		types = nil
-		dec := json.NewDecoder(bytes.NewReader(e.fetchArtifact(t, e.keyA, log.ID)))
-		for dec.More() {
-			var ev struct{ Type string }
-			if dec.Decode(&ev) != nil {
-				return false
-			}
-			types = append(types, ev.Type)
-		}
+		types = storedTrailTypes(t, e, s.ID)
 		f, d := slices.Index(types, "recording_failed"), slices.Index(types, "recording_finalised")
 		return f >= 0 && d > f
 	})
