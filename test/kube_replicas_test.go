@@ -53,43 +53,9 @@ import (
 // stops it (SIGTERM): A takes over at once, not when the lease runs
 // out. Nothing is left in the namespace.
 func TestKubeReplicas(t *testing.T) {
-	e := needE2E(t)
-	kubeconfig := needKube(t)
-	b := kubeNamespace(t, kubeconfig)
-	gwKubeconfig := kubeGatewayIdentity(t, b, kubeconfig)
-	rec := map[string]any{"recording": map[string]any{"segment": "2s"}}
-	ra := kubeGatewayConfig(t, e, gwKubeconfig, b, rec)
-	rb := kubeGatewayConfig(t, e, gwKubeconfig, b, rec)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	pods := map[*testEnv]string{ra: "gw-a", rb: "gw-b"}
-	roles := gatewayStandIns(t, ctx, b, pods[ra], pods[rb])
-	for _, r := range []*testEnv{ra, rb} {
-		r.adminKey = e.adminKey
-		patchConfig(t, r, func(c map[string]any) {
-			c["kubernetes"].(map[string]any)["advertise"] = r.gwAddr
-			c["kubernetes"].(map[string]any)["pod"] = pods[r]
-			c["hosts"] = []string{ra.gwAddr, rb.gwAddr}
-			c["admin_key_sha256"] = []string{sha([]byte(e.adminKey))}
-		})
-	}
-	start := func(r *testEnv, name string) {
-		t.Helper()
-		if err := r.startGateway(); err != nil {
-			log, _ := os.ReadFile(r.gwLog)
-			t.Fatalf("replica %s: %v\n%s", name, err, log)
-		}
-		t.Cleanup(func() {
-			r.stopGateway(syscall.SIGTERM)
-			if t.Failed() {
-				log, _ := os.ReadFile(r.gwLog)
-				t.Logf("replica %s's log:\n%s", name, log)
-			}
-			if secrets := r.secretsInLogs(); len(secrets) > 0 {
-				t.Errorf("secrets in replica %s's log: %v", name, secrets)
-			}
-		})
-	}
+	b, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
 	// A replica whose Pod does not exist does not start (it could not
 	// carry the leader's label), naming it.
 	missing := exec.CommandContext(ctx, ra.bin, "serve", "-config", ra.cfgPath, "-pod", "gw-missing")
@@ -616,6 +582,50 @@ type gatewayRoles struct {
 // kubePauseImage is the trial cluster's sandbox image (cluster.sh), in
 // its containerd: a container that runs and does nothing.
 const kubePauseImage = "sandgate.local/pause:1"
+
+// kubeReplicaPair configures two gateway replicas on a namespace of the
+// trial cluster of their own, as TestKubeReplicas describes (recording in
+// segments of 2 s), with stand-in Pods: start runs one, and stops it at
+// the test's end.
+func kubeReplicaPair(t *testing.T, ctx context.Context) (b *kube.Backend, ra, rb *testEnv, pods map[*testEnv]string, roles *gatewayRoles, start func(r *testEnv, name string)) {
+	t.Helper()
+	e := needE2E(t)
+	kubeconfig := needKube(t)
+	b = kubeNamespace(t, kubeconfig)
+	gwKubeconfig := kubeGatewayIdentity(t, b, kubeconfig)
+	rec := map[string]any{"recording": map[string]any{"segment": "2s"}}
+	ra = kubeGatewayConfig(t, e, gwKubeconfig, b, rec)
+	rb = kubeGatewayConfig(t, e, gwKubeconfig, b, rec)
+	pods = map[*testEnv]string{ra: "gw-a", rb: "gw-b"}
+	roles = gatewayStandIns(t, ctx, b, pods[ra], pods[rb])
+	for _, r := range []*testEnv{ra, rb} {
+		r.adminKey = e.adminKey
+		patchConfig(t, r, func(c map[string]any) {
+			c["kubernetes"].(map[string]any)["advertise"] = r.gwAddr
+			c["kubernetes"].(map[string]any)["pod"] = pods[r]
+			c["hosts"] = []string{ra.gwAddr, rb.gwAddr}
+			c["admin_key_sha256"] = []string{sha([]byte(e.adminKey))}
+		})
+	}
+	start = func(r *testEnv, name string) {
+		t.Helper()
+		if err := r.startGateway(); err != nil {
+			log, _ := os.ReadFile(r.gwLog)
+			t.Fatalf("replica %s: %v\n%s", name, err, log)
+		}
+		t.Cleanup(func() {
+			r.stopGateway(syscall.SIGTERM)
+			if t.Failed() {
+				log, _ := os.ReadFile(r.gwLog)
+				t.Logf("replica %s's log:\n%s", name, log)
+			}
+			if secrets := r.secretsInLogs(); len(secrets) > 0 {
+				t.Errorf("secrets in replica %s's log: %v", name, secrets)
+			}
+		})
+	}
+	return b, ra, rb, pods, roles, start
+}
 
 // gatewayStandIns makes a running Pod for each name, labelled as the
 // Deployment labels the gateway's, and the egress proxy's Service.

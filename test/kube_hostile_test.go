@@ -1,0 +1,114 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestKubeHostileRecording: recordings are made by whichever replica
+// takes them, the one standing by too, so a session's display is read by
+// a replica that serves no API. Two recorded desktop sessions, one
+// recorded by each replica (the control: each records its display
+// first), replace their VNC servers with one that announces a
+// 65535x65535 screen and sends it. Each holder gives up with the reason,
+// which reaches the session's trail through the lease; both replicas stay
+// up, the one standing by still standing by, neither grows; the sessions
+// end, and no lease is left.
+func TestKubeHostileRecording(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	b, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
+	prog := buildStatic(t, fakeVNC)
+	start(ra, "A")
+	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
+	roles.waitLeader(t, "A leads", pods[ra])
+	start(rb, "B")
+
+	var ids []string
+	holders := map[string]*testEnv{}
+	for i := 0; i < 2; i++ {
+		st, body := ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"kind": "desktop", "runtime": "runc", "record": true})
+		var s sessionInfo
+		if err := json.Unmarshal(body, &s); st != 201 || err != nil || s.State != "running" {
+			t.Fatalf("create a recorded desktop: %d %s", st, body)
+		}
+		t.Cleanup(func() { ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+s.ID, nil) })
+		ids = append(ids, s.ID)
+		holders[s.ID] = recordingHolder(t, ctx, b, s.ID, ra, rb)
+		ra.waitEvent(t, s.ID, "recording_started", time.Minute)
+	}
+	// (TestKubeReplicas holds the spreading to account; here it only
+	// decides which replica meets the attack.)
+	if holders[ids[0]] == holders[ids[1]] {
+		t.Logf("both recordings are on replica %s: only it meets the attack", holders[ids[0]].gwAddr)
+	}
+	// The control: each holder has stored a segment of its display.
+	for _, id := range ids {
+		waitFor(t, time.Minute, "a segment of "+id, func() bool { return recordingSegments(t, ra, id) > 0 })
+	}
+
+	rss0 := map[*testEnv]int64{}
+	for _, r := range []*testEnv{ra, rb} {
+		rss0[r], _ = r.gatewayMemory(t)
+	}
+	for _, id := range ids {
+		if st, body := ra.api(t, ra.keyA, "PUT", "/v1/sessions/"+id+"/files?path=/home/sandgate/workspace/fakevnc", prog); st/100 != 2 {
+			t.Fatalf("upload: %d %s", st, body)
+		}
+		ra.runInBackground(t, id, "chmod +x ~/workspace/fakevnc && "+takeOverDisplay+"exec ~/workspace/fakevnc")
+	}
+	for _, id := range ids {
+		waitFor(t, time.Minute, "the fake VNC server of "+id, func() bool {
+			out := ra.execIn(t, ra.keyA, id, map[string]any{"cmd": []string{"sh", "-c", "test -e /tmp/fakevnc.ready && echo ready || true"}})
+			return strings.Contains(string(out.Stdout), "ready")
+		})
+	}
+	for _, id := range ids {
+		ra.waitEvent(t, id, "recording_interrupted", time.Minute)
+		failed := ra.waitEvent(t, id, "recording_failed", 2*time.Minute)
+		if !strings.Contains(fmt.Sprint(failed["reason"]), "65535x65535") {
+			t.Errorf("recording_failed of %s (recorded by %s) says %v", id, holders[id].gwAddr, failed)
+		}
+	}
+	if st, body := getBody(t, ra.gwURL+"/readyz"); st != 200 || !strings.Contains(body, `"ready"`) {
+		t.Errorf("A after the attack: %d %s", st, body)
+	}
+	if st, body := getBody(t, rb.gwURL+"/readyz"); st != 200 || !strings.Contains(body, "standby") {
+		t.Errorf("B after the attack: %d %s", st, body)
+	}
+	for _, r := range []*testEnv{ra, rb} {
+		rss, peak := r.gatewayMemory(t)
+		t.Logf("replica %s: RSS %d MiB before the attack, %d MiB after, peak %d MiB", r.gwAddr, rss0[r]>>20, rss>>20, peak>>20)
+		if rss-rss0[r] > 64<<20 {
+			t.Errorf("replica %s grew by %d MiB", r.gwAddr, (rss-rss0[r])>>20)
+		}
+	}
+	for _, r := range []*testEnv{ra, rb} {
+		if !bytes.Contains(readFile(t, r.gwLog), []byte("65535x65535")) {
+			t.Errorf("replica %s's log does not show the refused screen", r.gwAddr)
+		}
+	}
+
+	// The sessions end as usual: their recordings (what was recorded
+	// before the attack) are finished, and no lease is left.
+	for _, id := range ids {
+		if st, body := ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+id, nil); st != http.StatusOK {
+			t.Fatalf("delete %s: %d %s", id, st, body)
+		}
+	}
+	for _, id := range ids {
+		waitFor(t, 2*time.Minute, "the recording of "+id+" to be finished and its lease to go", func() bool {
+			_, err := b.Client().CoordinationV1().Leases(b.Namespace()).Get(ctx, "sandgate-recording-"+id, metav1.GetOptions{})
+			return apierrors.IsNotFound(err) && findKind(ra.artifacts(t, ra.keyA, id), "recording", "video/mp4") != nil
+		})
+	}
+}
