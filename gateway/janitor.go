@@ -130,7 +130,7 @@ func (s *Server) noteFinished(ctx context.Context, tenant, id string, m *recordi
 		return
 	}
 	f := finalisedFields(m)
-	if s.sessions.Record(id, "recording_finalised", f) {
+	if _, err := s.sessions.Get(tenant, id); err == nil && s.sessions.Record(id, "recording_finalised", f) {
 		s.durable(id)
 		return
 	}

@@ -140,22 +140,25 @@ func RecordHeld(ctx context.Context, rec *recordings.Recorder, session string, p
 // was writing, those it had not stored yet) of the recordings still
 // placed, which another replica records now: the leader joins them into
 // the recording at its end, so they are not lost. Run it before this
-// replica takes any recording (Hand stops one that runs here). Those of
-// recordings no longer placed (the session ended meanwhile) stay on the
-// host: the janitor finishes them into a recording of their own, and
-// says so in the trail, once this replica leads.
-func HandLeftovers(ctx context.Context, rec *recordings.Recorder, placed []PlacedRecording, log *slog.Logger) {
-	tenantOf := map[string]string{}
-	for _, p := range placed {
-		tenantOf[p.Session] = p.Params["tenant"]
-	}
+// replica takes any recording. placed reads, from the API server, the
+// parameters of a session's recording (nil: no longer placed): the
+// leader removes it before it reads the store to finish the recording,
+// so segments stored while it is placed are joined. Those of a recording no longer placed (its
+// session ended meanwhile, perhaps as they were stored) stay on the host
+// too: the janitor finishes them into a recording of their own, and says
+// so in the trail, once this replica leads.
+func HandLeftovers(ctx context.Context, rec *recordings.Recorder, placed func(ctx context.Context, session string) (map[string]string, error), log *slog.Logger) {
 	for _, l := range rec.Pending(false) {
 		tn, id := l[0], l[1]
-		if t, ok := tenantOf[id]; !ok || t != tn {
+		still := func(ctx context.Context) bool {
+			p, err := placed(ctx, id)
+			return err == nil && p != nil && p["tenant"] == tn
+		}
+		if !tenant.ValidName(tn) || !ids.IsSession(id) || !still(ctx) {
 			continue
 		}
-		if _, err := rec.Hand(ctx, tn, id); err != nil {
-			log.Warn("cannot store the recording segments an earlier run of this replica left; they stay on this host", "session", id, "tenant", tn, "err", err)
+		if err := rec.HandLeft(ctx, tn, id, still); err != nil {
+			log.Warn("the recording segments an earlier run of this replica left stay on this host", "session", id, "tenant", tn, "err", err)
 			continue
 		}
 		log.Info("stored the recording segments an earlier run of this replica left", "session", id, "tenant", tn)

@@ -490,6 +490,43 @@ func (r *Recorder) Hand(ctx context.Context, tenant, session string) (recorded b
 		<-p.done
 		recorded = p.connected
 	}
+	if err := r.storeAll(ctx, tenant, session); err != nil {
+		return recorded, err
+	}
+	os.RemoveAll(r.sessionDir(tenant, session))
+	return recorded, nil
+}
+
+// HandLeft stores in MinIO the segments an earlier run on this host left
+// of the session (nothing records it here). The local copies go only if
+// joined, asked once all are stored, says the recording's end has not
+// read the store yet (it will join them); else they stay, for a Finish
+// on this host to make a recording of.
+func (r *Recorder) HandLeft(ctx context.Context, tenant, session string, joined func(context.Context) bool) error {
+	p, done, err := r.claim(ctx, session)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if p != nil {
+		r.mu.Lock()
+		r.parts[session] = p // not a leftover: it records here
+		r.mu.Unlock()
+		return fmt.Errorf("session %s is recorded on this host", session)
+	}
+	if err := r.storeAll(ctx, tenant, session); err != nil {
+		return err
+	}
+	if !joined(ctx) {
+		return fmt.Errorf("the recording of session %s may have been finished without them: they stay on this host", session)
+	}
+	os.RemoveAll(r.sessionDir(tenant, session))
+	return nil
+}
+
+// storeAll stores every segment of the session on this host that is not
+// stored yet, trying a failed upload again until ctx ends.
+func (r *Recorder) storeAll(ctx context.Context, tenant, session string) error {
 	dir := r.sessionDir(tenant, session)
 	for {
 		left := 0
@@ -502,12 +539,11 @@ func (r *Recorder) Hand(ctx context.Context, tenant, session string) (recorded b
 			}
 		}
 		if left == 0 {
-			os.RemoveAll(dir)
-			return recorded, nil
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return recorded, fmt.Errorf("%d segments of session %s not stored; they stay on this host: %w", left, session, ctx.Err())
+			return fmt.Errorf("%d segments of session %s not stored; they stay on this host: %w", left, session, ctx.Err())
 		case <-time.After(time.Second):
 		}
 	}

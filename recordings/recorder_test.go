@@ -2,12 +2,14 @@ package recordings
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -334,4 +336,62 @@ func TestRecorderSessionEnding(t *testing.T) {
 	if srv.accepted.Load() != 1 || tr.count("recording_interrupted") != 0 {
 		t.Fatalf("%d connections; trail: %s", srv.accepted.Load(), &tr)
 	}
+}
+
+// TestHandLeft: segments an earlier run left on the host are stored; the
+// local copies go only when the recording's end will still join them
+// (joined), and stay otherwise, for a Finish here. A session recorded
+// here now is not a leftover: its part goes on.
+func TestHandLeft(t *testing.T) {
+	r := newTestRecorder(t)
+	ctx := context.Background()
+	leave := func(session string) string {
+		dir := r.sessionDir("t", session)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"1000-000000.ts", "1000-000001.ts"} {
+			os.WriteFile(filepath.Join(dir, n), []byte("segment"), 0o600)
+		}
+		os.WriteFile(filepath.Join(dir, "1000-000000.ts.up"), nil, 0o600) // stored before the death
+		return dir
+	}
+	stored := func(dir string) bool {
+		_, err := os.Stat(filepath.Join(dir, "1000-000001.ts.up"))
+		return err == nil
+	}
+
+	dir := leave("s-0000000000000001")
+	asked := 0
+	if err := r.HandLeft(ctx, "t", "s-0000000000000001", func(context.Context) bool { asked++; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) || asked != 1 {
+		t.Errorf("joined: the local copies stay (%v), or joined was asked %d times", err, asked)
+	}
+
+	dir = leave("s-0000000000000002")
+	if err := r.HandLeft(ctx, "t", "s-0000000000000002", func(context.Context) bool { return false }); err == nil {
+		t.Error("not joined: no error")
+	}
+	if !stored(dir) || len(segments(dir)) != 2 {
+		t.Errorf("not joined: stored %v, %d local segments, want both kept", stored(dir), len(segments(dir)))
+	}
+	if p := r.Pending(false); len(p) != 1 || p[0] != [2]string{"t", "s-0000000000000002"} {
+		t.Errorf("pending %v, want the one kept for a Finish", p)
+	}
+
+	vnc := serveVNC(t, freeAddr(t), 64, 48)
+	var tr trail
+	<-r.Start(Target{Tenant: "t", Session: "s-0000000000000003", VNC: vnc.ln.Addr().String(), Width: 64, Height: 48, Note: tr.note})
+	if err := r.HandLeft(ctx, "t", "s-0000000000000003", func(context.Context) bool { return true }); err == nil {
+		t.Error("a session recorded here was taken for a leftover")
+	}
+	r.mu.Lock()
+	_, recording := r.parts["s-0000000000000003"]
+	r.mu.Unlock()
+	if !recording {
+		t.Error("the part recording here was dropped")
+	}
+	stop(r, "s-0000000000000003")
 }

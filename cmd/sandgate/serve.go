@@ -167,11 +167,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// What this replica's last run left of recordings that
 			// another replica has taken over since, before it takes any.
 			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			if placed, err := (sharedRecordings{recShare}).Placed(lctx); err != nil {
-				log.Warn("cannot list the recordings placed; segments an earlier run left stay on this host", "err", err)
-			} else {
-				gateway.HandLeftovers(lctx, heldRec, placed, log.With("component", "recordings"))
-			}
+			gateway.HandLeftovers(lctx, heldRec, recShare.Params, log.With("component", "recordings"))
 			cancel()
 		}
 		shareCtx, endShare := context.WithCancel(context.WithoutCancel(ctx))

@@ -270,7 +270,7 @@ func (s *Shared) Collect(ctx context.Context, session string) (string, error) {
 			// (Refuse), and a holder that stopped renewing has died.
 			if result != "" || holder == "" || s.leases.runOut(cur) {
 				if holder != "" && result == "" {
-					s.log.Warn("the replica that held this work stopped renewing its lease; what it had not stored is lost", "kind", s.kind, "session", session)
+					s.log.Warn("the replica that held this work stopped renewing its lease; what it had not stored stays on its host", "kind", s.kind, "session", session)
 				}
 				rv := cur.ResourceVersion
 				err = leases.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
@@ -292,6 +292,21 @@ func (s *Shared) Collect(ctx context.Context, session string) (string, error) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// Params is the parameters of the session's work, from the API server:
+// nil when it is not placed (no lease).
+func (s *Shared) Params(ctx context.Context, session string) (map[string]string, error) {
+	le, err := s.leases.Client.CoordinationV1().Leases(s.leases.Namespace).Get(ctx, s.name(session), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	params := map[string]string{}
+	json.Unmarshal([]byte(le.Annotations[annotationParams]), &params)
+	return params, nil
 }
 
 // Placed is a piece of work as the leases show it.
