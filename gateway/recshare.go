@@ -143,10 +143,11 @@ func RecordHeld(ctx context.Context, rec *recordings.Recorder, session string, p
 // replica takes any recording. placed reads, from the API server, the
 // parameters of a session's recording (nil: no longer placed): the
 // leader removes it before it reads the store to finish the recording,
-// so segments stored while it is placed are joined. Those of a recording no longer placed (its
-// session ended meanwhile, perhaps as they were stored) stay on the host
-// too: the janitor finishes them into a recording of their own, and says
-// so in the trail, once this replica leads.
+// so segments stored while it is placed are joined. Those of a
+// recording no longer placed (its session ended meanwhile, perhaps as
+// they were stored) stay on the host: the janitor finishes them into a
+// recording of their own, and says so in the trail, once this replica
+// leads.
 func HandLeftovers(ctx context.Context, rec *recordings.Recorder, placed func(ctx context.Context, session string) (map[string]string, error), log *slog.Logger) {
 	for _, l := range rec.Pending(false) {
 		tn, id := l[0], l[1]

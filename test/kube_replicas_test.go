@@ -737,9 +737,6 @@ func (r *gatewayRoles) waitLeader(t *testing.T, when string, names ...string) {
 	}
 }
 
-// recordingParts counts the parts of a session's recording stored so far
-// (one per gateway that recorded it: a segment's name starts with its
-// part's).
 // recordingHolder is the replica of rs that holds the session's
 // recording's lease (by its process id, part of its identity).
 func recordingHolder(t *testing.T, ctx context.Context, b *kube.Backend, id string, rs ...*testEnv) *testEnv {
@@ -827,6 +824,9 @@ func recordingSegments(t *testing.T, e *testEnv, id string) int {
 	return n
 }
 
+// recordingParts counts the parts of a session's recording stored so far
+// (one per gateway that recorded it: a segment's name starts with its
+// part's).
 func recordingParts(t *testing.T, e *testEnv, id string) int {
 	parts := map[string]bool{}
 	for _, a := range e.artifacts(t, e.keyA, id) {

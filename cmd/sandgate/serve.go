@@ -163,16 +163,21 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}
 		}
 		recShare = kb.NewShared(identity, "recording", record, log.With("component", "recordings"))
-		if heldRec != nil {
-			// What this replica's last run left of recordings that
-			// another replica has taken over since, before it takes any.
-			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			gateway.HandLeftovers(lctx, heldRec, recShare.Params, log.With("component", "recordings"))
-			cancel()
-		}
 		shareCtx, endShare := context.WithCancel(context.WithoutCancel(ctx))
 		shared := make(chan struct{})
-		go func() { defer close(shared); recShare.Serve(shareCtx) }()
+		go func() {
+			defer close(shared)
+			if heldRec != nil {
+				// What this replica's last run left of recordings that
+				// another replica has taken over since, before it takes
+				// any (beside the start-up, not in its way: MinIO may be
+				// slow).
+				lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				gateway.HandLeftovers(lctx, heldRec, recShare.Params, log.With("component", "recordings"))
+				cancel()
+			}
+			recShare.Serve(shareCtx)
+		}()
 		defer func() { endShare(); <-shared }()
 		// A leader that loses the lease stops at once, without a drain
 		// or a last flush: another replica may lead from the next

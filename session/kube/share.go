@@ -684,8 +684,9 @@ func (s *Shared) change(ctx context.Context, name string, do func(*coordinationv
 // renewAll renews the leases held, each every third of its duration
 // (after a failure, at each look), each on its own: one slow renewal
 // holds no other up. The deadline, not the renewal, stops a piece whose
-// lease could not be renewed in time. A renewal that reads a stop stops the piece; a
-// piece whose lease another replica holds, or that is gone, stops here.
+// lease could not be renewed in time. A renewal that reads a stop stops
+// the piece; a piece whose lease another replica holds, or that is
+// gone, stops here.
 func (s *Shared) renewAll(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
