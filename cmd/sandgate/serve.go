@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -103,8 +104,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		// reach stands by meanwhile, forwarding what it is sent to the
 		// leader, and takes over when the leader stops renewing; one
 		// without is refused once the leader has kept the lease a while.
-		host, _ := os.Hostname()
-		identity := fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomHex(4))
+		// Named by its Pod where it runs in one, so that the next run of
+		// its container knows this one's hold (below).
+		name, _ := os.Hostname()
+		if cfg.Kubernetes.Pod != "" {
+			name = cfg.Kubernetes.Pod
+		}
+		identity := kube.Identity(name, os.Getpid(), randomHex(4))
 		holdCtx, endHold := context.WithCancel(context.WithoutCancel(ctx))
 		defer endHold()
 		if own := cfg.Kubernetes.Pod; own != "" {
@@ -117,6 +123,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			role = kube.NewRole(holdCtx, own, log)
 		}
 		wait := 3 * kube.HoldDuration
+		// knowsDead: this run serves in its Pod at the advertised port,
+		// so any earlier run of the Pod's container is dead (below).
+		knowsDead := false
 		if cfg.Kubernetes.Advertise != "" {
 			ln, err := net.Listen("tcp", cfg.Listen)
 			if err != nil {
@@ -143,6 +152,23 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}, log.With("component", "front"))
 			defer front.Close()
 			wait = 0
+			// A container that restarted (its last run was SIGKILLed, or
+			// ran out of memory) may find that run's hold: it is dead,
+			// and holding the advertised port proves no run serves
+			// there still, so the hold is given back at once and a
+			// replica leads within a second or so, not once the hold
+			// runs out (up to its whole 15 s).
+			if cfg.Kubernetes.Pod != "" && listensAt(ln, cfg.Kubernetes.Advertise) {
+				knowsDead = true
+				fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				dead, err := kb.FreeDeadHold(fctx, cfg.Kubernetes.Pod, identity, cfg.Kubernetes.Advertise)
+				cancel()
+				if err != nil {
+					log.Warn("cannot read whether this replica's last run left the namespace's gateway lease; it runs out on its own", "err", err)
+				} else if dead != "" {
+					log.Info("this replica's last run, dead, held the namespace's gateway lease: given back, so that a replica leads at once", "dead", dead)
+				}
+			}
 			// A replica that led in this Pod before its container
 			// restarted may have left the leader's label on it.
 			role.StandBy(holds)
@@ -163,6 +189,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}
 		}
 		recShare = kb.NewShared(identity, "recording", record, log.With("component", "recordings"))
+		if knowsDead {
+			// The recordings an earlier run of this Pod's container held
+			// are taken over at once (after their left segments are
+			// stored, below), not once their leases run out.
+			pod := cfg.Kubernetes.Pod
+			recShare.HoldersDead(func(h string) bool { return kube.Predecessor(pod, h, identity) })
+		}
 		shareCtx, endShare := context.WithCancel(context.WithoutCancel(ctx))
 		shared := make(chan struct{})
 		go func() {
@@ -533,6 +566,21 @@ func sharedRecorder(ctx context.Context, cfg *Config, log *slog.Logger) (*record
 }
 
 // randomHex is n random bytes in hex.
+// listensAt reports whether ln holds address's port on its address, or
+// on every address of the host (address is ip:port).
+func listensAt(ln net.Listener, address string) bool {
+	want, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return false
+	}
+	tcp, ok := ln.Addr().(*net.TCPAddr)
+	if !ok || tcp.Port != int(want.Port()) {
+		return false
+	}
+	got, ok := netip.AddrFromSlice(tcp.IP)
+	return ok && (got.IsUnspecified() || got.Unmap() == want.Addr().Unmap())
+}
+
 func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -153,4 +154,74 @@ func (b *Backend) Leader(ctx context.Context) (identity, address string, err err
 		return "", "", nil
 	}
 	return deref(le.Spec.HolderIdentity), le.Annotations[AnnotationAddress], nil
+}
+
+// Identity names one run of a gateway replica in Pod pod: the Pod's
+// name, the process's id and a random word of 8 hex digits. The next run
+// of the replica's container (it was SIGKILLed, or ran out of memory)
+// tells its predecessor's leases by it (Predecessor, FreeDeadHold).
+func Identity(pod string, pid int, word string) string {
+	return fmt.Sprintf("%s-%d-%s", pod, pid, word)
+}
+
+// Predecessor reports whether holder names an earlier run in Pod pod
+// than identity: the Pod's name, then "-<pid>-<8 hex digits>", and not
+// identity itself. (A Pod named "gw-a" is not taken for "gw-a-x".) Such
+// a run is dead once this one runs in the Pod and has bound the port
+// that run served at: a container's next run starts after the last
+// one's processes are gone, and a Pod's name is its own in the
+// namespace while it exists.
+func Predecessor(pod, holder, identity string) bool {
+	rest, ok := strings.CutPrefix(holder, pod+"-")
+	if !ok || holder == identity {
+		return false
+	}
+	pid, word, ok := strings.Cut(rest, "-")
+	if !ok || pid == "" || len(word) != 8 {
+		return false
+	}
+	for _, c := range pid {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	for _, c := range word {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
+}
+
+// FreeDeadHold gives the namespace's hold back when an earlier run of
+// this replica, in the same Pod and serving at the same address, holds
+// it: that run is dead (its container restarted), so nobody need wait
+// for its hold to run out before leading. It returns the identity it
+// freed, "" when it freed nothing. The caller must hold a listener on
+// address's port already (no earlier run serves there still), and pod
+// must be the Pod it runs in: a Pod's name is its own in the namespace
+// while it exists. The delete is conditional on the version read, so a
+// hold renewed or taken meanwhile is left alone.
+func (b *Backend) FreeDeadHold(ctx context.Context, pod, identity, address string) (string, error) {
+	leases := b.client.CoordinationV1().Leases(b.cfg.Namespace)
+	le, err := leases.Get(ctx, HoldLease, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	holder := deref(le.Spec.HolderIdentity)
+	if !Predecessor(pod, holder, identity) || address == "" || le.Annotations[AnnotationAddress] != address {
+		return "", nil
+	}
+	rv := le.ResourceVersion
+	err = leases.Delete(ctx, HoldLease, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return "", nil // given back, renewed or taken meanwhile
+	}
+	if err != nil {
+		return "", err
+	}
+	return holder, nil
 }

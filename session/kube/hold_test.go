@@ -140,3 +140,28 @@ func TestHoldHandover(t *testing.T) {
 		}
 	}
 }
+
+// TestPredecessor: only an earlier run in the same Pod is taken for a
+// dead predecessor, never this run, another Pod (whose name the Pod's
+// begins), nor a name of another form.
+func TestPredecessor(t *testing.T) {
+	me := Identity("gw-a", 7, "0123abcd")
+	for holder, want := range map[string]bool{
+		Identity("gw-a", 1, "ffee0011"):   true,  // the container's last run
+		Identity("gw-a", 7, "99887766"):   true,  // the same pid, another run
+		me:                                false, // this run
+		Identity("gw-a-x", 1, "ffee0011"): false, // another Pod
+		Identity("gw-a-1", 2, "ffee0011"): false, // a StatefulSet's Pod, say
+		Identity("gw-b", 1, "ffee0011"):   false,
+		"gw-a-1":                          false,
+		"gw-a-1-FFEE0011":                 false,
+		"gw-a--ffee0011":                  false,
+		"gw-a-1x-ffee0011":                false,
+		"gw-a-1-ffee00111":                false,
+		"":                                false,
+	} {
+		if got := Predecessor("gw-a", holder, me); got != want {
+			t.Errorf("Predecessor(gw-a, %q) = %v, want %v", holder, got, want)
+		}
+	}
+}

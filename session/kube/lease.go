@@ -42,6 +42,10 @@ type Leases struct {
 	// Existing keeps Acquire from creating a lease: it takes only what
 	// another placed (and not what has been removed since).
 	Existing bool
+	// Dead, when set, names holders known to be dead (an earlier run of
+	// this replica's container, see Predecessor): their leases count as
+	// run out at once. Set before the Leases are used.
+	Dead func(holder string) bool
 
 	mu   sync.Mutex
 	seen map[string]observed // lease name: the version last seen, and when
@@ -61,8 +65,12 @@ func (l *Leases) runOut(le *coordinationv1.Lease) bool {
 		l.seen = map[string]observed{}
 	}
 	now := l.now()
-	if deref(le.Spec.HolderIdentity) == "" {
+	holder := deref(le.Spec.HolderIdentity)
+	if holder == "" {
 		return true // given back: free at once
+	}
+	if l.Dead != nil && l.Dead(holder) {
+		return true
 	}
 	o, ok := l.seen[le.Name]
 	if !ok || o.version != le.ResourceVersion {

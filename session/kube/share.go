@@ -145,6 +145,11 @@ func (b *Backend) NewShared(identity, kind string, run func(ctx context.Context,
 	return s
 }
 
+// HoldersDead names holders known to be dead (an earlier run of this
+// replica's container, Predecessor): their pieces are taken over at
+// once, not once their leases run out. Call it before Serve.
+func (s *Shared) HoldersDead(dead func(holder string) bool) { s.leases.Dead = dead }
+
 func (s *Shared) name(session string) string { return "sandgate-" + s.kind + "-" + session }
 
 // Place puts a piece of work on the session up for a replica to take,
