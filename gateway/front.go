@@ -46,6 +46,10 @@ type Front struct {
 	conns  chan net.Conn
 	closed chan struct{}
 	once   sync.Once
+	// served is closed once the gateway stops serving (it closed
+	// Listener): connections get 503 until Close.
+	served    chan struct{}
+	serveOnce sync.Once
 }
 
 // Bounds of what a replica standing by reads before it forwards: the
@@ -67,7 +71,7 @@ const (
 // NewFront serves ln; leader reads where the leading replica serves.
 func NewFront(ln net.Listener, leader func(context.Context) (string, error), log *slog.Logger) *Front {
 	f := &Front{ln: ln, log: log, leader: leader, forwarded: map[net.Conn]struct{}{},
-		slots: make(chan struct{}, frontMaxConns), conns: make(chan net.Conn), closed: make(chan struct{})}
+		slots: make(chan struct{}, frontMaxConns), conns: make(chan net.Conn), closed: make(chan struct{}), served: make(chan struct{})}
 	go f.accept()
 	return f
 }
@@ -93,7 +97,11 @@ func (f *Front) Lead() {
 	}
 }
 
-// Listener is what the gateway serves once this replica leads.
+// Listener is what the gateway serves once this replica leads. Closing
+// it (the gateway stops serving) leaves the socket to the Front, which
+// answers 503 from then on, until Close: a replica holds its port until
+// it has given its leases back, so the next run of its container knows
+// it is gone (see kube.FreeDeadHold).
 func (f *Front) Listener() net.Listener { return frontListener{f} }
 
 // Close stops accepting and cuts the forwarded connections.
@@ -118,9 +126,14 @@ func (l frontListener) Accept() (net.Conn, error) {
 		return c, nil
 	case <-l.f.closed:
 		return nil, net.ErrClosed
+	case <-l.f.served:
+		return nil, net.ErrClosed
 	}
 }
-func (l frontListener) Close() error   { return l.f.Close() }
+func (l frontListener) Close() error {
+	l.f.serveOnce.Do(func() { close(l.f.served) })
+	return nil
+}
 func (l frontListener) Addr() net.Addr { return l.f.ln.Addr() }
 
 func (f *Front) accept() {
@@ -161,6 +174,18 @@ func (f *Front) accept() {
 		}
 		select {
 		case f.conns <- c:
+		case <-f.served:
+			// The gateway has stopped; this replica gives its leases
+			// back before it lets the port go.
+			select {
+			case f.slots <- struct{}{}:
+				go func() {
+					defer func() { <-f.slots }()
+					frontAnswer(c, 503, "unavailable", "this gateway replica is stopping; retry", 2)
+				}()
+			default:
+				c.Close()
+			}
 		case <-f.closed:
 			c.Close()
 			return
@@ -289,6 +314,8 @@ func (f *Front) handOver(c net.Conn, br *bufio.Reader, line []byte) {
 	rc := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(append(append([]byte(nil), line...), peekAll(br)...)), c)}
 	select {
 	case f.conns <- rc:
+	case <-f.served:
+		frontAnswer(c, 503, "unavailable", "this gateway replica is stopping; retry", 2)
 	case <-f.closed:
 		c.Close()
 	}

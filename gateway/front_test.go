@@ -20,7 +20,8 @@ import (
 // everything else to the leader byte for byte (keep-alive, bodies), says
 // 503 in the API's JSON when nobody leads or the leader is gone, bounds
 // what it reads, and hands its listener to the gateway once it leads,
-// cutting what it forwarded to the old leader.
+// cutting what it forwarded to the old leader; once the gateway stops
+// serving, it keeps the port (503) until it is closed.
 func TestFront(t *testing.T) {
 	var mu sync.Mutex
 	leader := ""
@@ -193,6 +194,19 @@ func TestFront(t *testing.T) {
 	held.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := hr.ReadByte(); err == nil || isTimeout(err) {
 		t.Errorf("a connection forwarded to the old leader is still open after the lead: %v", err)
+	}
+
+	// The gateway stops serving (it closes its listener): the Front keeps
+	// the port, answering 503, until it is closed itself.
+	client.CloseIdleConnections()
+	srv.Close()
+	if st, body, h := get("GET", "/v1/sessions", ""); st != 503 || apiError(body) != "unavailable" || !strings.Contains(body, "stopping") || h.Get("Retry-After") == "" {
+		t.Errorf("after the gateway stopped: %d %s", st, body)
+	}
+	f.Close()
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Error("the port still takes connections after the Front closed")
 	}
 }
 

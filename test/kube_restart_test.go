@@ -47,11 +47,36 @@ func TestKubeLeaderRestart(t *testing.T) {
 		}
 		return holder, renewed
 	}
+	logSize := func(r *testEnv) int64 {
+		fi, err := os.Stat(r.gwLog)
+		if err != nil {
+			return 0
+		}
+		return fi.Size()
+	}
+	logSince := func(r *testEnv, from int64) string {
+		raw, _ := os.ReadFile(r.gwLog)
+		if int64(len(raw)) < from {
+			return ""
+		}
+		return string(raw[from:])
+	}
+	// listening waits until the run of r started at from has looked for
+	// a dead run's hold: it says it listens just after (its front
+	// answers /healthz before).
+	listening := func(r *testEnv, from int64) {
+		t.Helper()
+		waitFor(t, time.Minute, r.gwAddr+" to say it listens", func() bool {
+			return strings.Contains(logSince(r, from), "sandgate replica listening")
+		})
+	}
 	leaderA, _ := hold()
 	if !strings.HasPrefix(leaderA, pods[ra]+"-") {
 		t.Fatalf("A leads as %q, not named by its Pod %s", leaderA, pods[ra])
 	}
+	fromB := logSize(rb)
 	start(rb, "B")
+	listening(rb, fromB)
 	roles.waitLeader(t, "B stands by", pods[ra])
 	if h, _ := hold(); h != leaderA {
 		t.Fatalf("B, of another Pod, started and the hold went from %q to %q", leaderA, h)
@@ -145,23 +170,10 @@ func TestKubeLeaderRestart(t *testing.T) {
 
 	// A starts again: the hold is B's, of another Pod, so A frees
 	// nothing and stands by.
-	logSize := func(r *testEnv) int64 {
-		fi, err := os.Stat(r.gwLog)
-		if err != nil {
-			return 0
-		}
-		return fi.Size()
-	}
-	logSince := func(r *testEnv, from int64) string {
-		raw, _ := os.ReadFile(r.gwLog)
-		if int64(len(raw)) < from {
-			return ""
-		}
-		return string(raw[from:])
-	}
 	const freedSays = "given back, so that a replica leads at once"
 	fromA := logSize(ra)
 	start(ra, "A, started again")
+	listening(ra, fromA)
 	waitFor(t, time.Minute, "A to stand by, ready", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
 	if h, _ := hold(); h != leaderB {
 		t.Fatalf("A started again while B led, and the hold went from %q to %q", leaderB, h)
@@ -170,22 +182,25 @@ func TestKubeLeaderRestart(t *testing.T) {
 		t.Errorf("A, started again while B led, says it freed a hold")
 	}
 	// B holds both recordings (the one it took over too).
-	var recRenewedB []time.Time
 	for _, id := range recorded {
-		h, r, _ := recording(id)
-		if h != leaderB {
+		if h, _, _ := recording(id); h != leaderB {
 			t.Fatalf("the recording of %s is held by %q, not by B (%s)", id, h, leaderB)
 		}
-		recRenewedB = append(recRenewedB, r)
 	}
 
 	// B is SIGKILLed, and its container starts again at once: the run
 	// that starts gives the dead run's hold back, and a replica leads
 	// (whichever takes it first) before that hold would have run out.
-	_, renewed = hold()
-	fromB := logSize(rb)
+	fromB = logSize(rb)
 	killed = time.Now()
 	rb.stopGateway(syscall.SIGKILL)
+	// When B's dead run last renewed (it renews no more).
+	_, renewed = hold()
+	var recRenewedB []time.Time
+	for _, id := range recorded {
+		_, r, _ := recording(id)
+		recRenewedB = append(recRenewedB, r)
+	}
 	start(rb, "B, started again")
 	served(ra, "after B's death and restart")
 	fast := time.Since(killed)

@@ -104,24 +104,23 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		// reach stands by meanwhile, forwarding what it is sent to the
 		// leader, and takes over when the leader stops renewing; one
 		// without is refused once the leader has kept the lease a while.
-		// Named by its Pod where it runs in one, so that the next run of
-		// its container knows this one's hold (below).
-		name, _ := os.Hostname()
-		if cfg.Kubernetes.Pod != "" {
-			name = cfg.Kubernetes.Pod
-		}
-		identity := kube.Identity(name, os.Getpid(), randomHex(4))
 		holdCtx, endHold := context.WithCancel(context.WithoutCancel(ctx))
 		defer endHold()
+		// Named by its Pod (name and UID) where it runs in one, so that
+		// the next run of its container knows this one's leases (below).
+		name, _ := os.Hostname()
+		var uid string
 		if own := cfg.Kubernetes.Pod; own != "" {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := kb.CheckPod(cctx, own)
+			uid, err = kb.CheckPod(cctx, own)
 			cancel()
 			if err != nil {
 				return fmt.Errorf("kubernetes.pod: %w", err)
 			}
 			role = kube.NewRole(holdCtx, own, log)
+			name = own
 		}
+		identity := kube.Identity(name, uid, os.Getpid(), randomHex(4))
 		wait := 3 * kube.HoldDuration
 		// knowsDead: this run serves in its Pod at the advertised port,
 		// so any earlier run of the Pod's container is dead (below).
@@ -153,15 +152,16 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			defer front.Close()
 			wait = 0
 			// A container that restarted (its last run was SIGKILLed, or
-			// ran out of memory) may find that run's hold: it is dead,
-			// and holding the advertised port proves no run serves
-			// there still, so the hold is given back at once and a
-			// replica leads within a second or so, not once the hold
-			// runs out (up to its whole 15 s).
-			if cfg.Kubernetes.Pod != "" && listensAt(ln, cfg.Kubernetes.Advertise) {
+			// ran out of memory) may find that run's hold: the kubelet
+			// starts a container's next run once the last one's processes
+			// are gone, and a run holds its port until it has given its
+			// leases back (the front closes last), so the hold is given
+			// back at once and a replica leads within a few seconds, not
+			// once the hold runs out (up to its whole 15 s).
+			if uid != "" && listensAt(ln, cfg.Kubernetes.Advertise) {
 				knowsDead = true
 				fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				dead, err := kb.FreeDeadHold(fctx, cfg.Kubernetes.Pod, identity, cfg.Kubernetes.Advertise)
+				dead, err := kb.FreeDeadHold(fctx, cfg.Kubernetes.Pod, uid, identity, cfg.Kubernetes.Advertise)
 				cancel()
 				if err != nil {
 					log.Warn("cannot read whether this replica's last run left the namespace's gateway lease; it runs out on its own", "err", err)
@@ -194,7 +194,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// are taken over at once (after their left segments are
 			// stored, below), not once their leases run out.
 			pod := cfg.Kubernetes.Pod
-			recShare.HoldersDead(func(h string) bool { return kube.Predecessor(pod, h, identity) })
+			recShare.HoldersDead(func(h string) bool { return kube.Predecessor(pod, uid, h, identity) })
 		}
 		shareCtx, endShare := context.WithCancel(context.WithoutCancel(ctx))
 		shared := make(chan struct{})
@@ -565,7 +565,6 @@ func sharedRecorder(ctx context.Context, cfg *Config, log *slog.Logger) (*record
 	return newRecorder(cfg, store, log)
 }
 
-// randomHex is n random bytes in hex.
 // listensAt reports whether ln holds address's port on its address, or
 // on every address of the host (address is ip:port).
 func listensAt(ln net.Listener, address string) bool {
@@ -581,6 +580,7 @@ func listensAt(ln net.Listener, address string) bool {
 	return ok && (got.IsUnspecified() || got.Unmap() == want.Addr().Unmap())
 }
 
+// randomHex is n random bytes in hex.
 func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)

@@ -156,23 +156,31 @@ func (b *Backend) Leader(ctx context.Context) (identity, address string, err err
 	return deref(le.Spec.HolderIdentity), le.Annotations[AnnotationAddress], nil
 }
 
-// Identity names one run of a gateway replica in Pod pod: the Pod's
-// name, the process's id and a random word of 8 hex digits. The next run
-// of the replica's container (it was SIGKILLed, or ran out of memory)
-// tells its predecessor's leases by it (Predecessor, FreeDeadHold).
-func Identity(pod string, pid int, word string) string {
-	return fmt.Sprintf("%s-%d-%s", pod, pid, word)
+// Identity names one run of a gateway replica in Pod pod, whose UID
+// is uid: the Pod's name and UID (without its dashes), the process's id
+// and a random word of 8 hex digits. The next run of the replica's
+// container (it was SIGKILLed, or ran out of memory) tells its
+// predecessor's leases by it (Predecessor, FreeDeadHold). A replica in
+// no Pod (uid "") is named by its host's name, pid and word alone.
+func Identity(pod, uid string, pid int, word string) string {
+	if uid == "" {
+		return fmt.Sprintf("%s-%d-%s", pod, pid, word)
+	}
+	return fmt.Sprintf("%s-%s-%d-%s", pod, strings.ReplaceAll(uid, "-", ""), pid, word)
 }
 
-// Predecessor reports whether holder names an earlier run in Pod pod
-// than identity: the Pod's name, then "-<pid>-<8 hex digits>", and not
-// identity itself. (A Pod named "gw-a" is not taken for "gw-a-x".) Such
-// a run is dead once this one runs in the Pod and has bound the port
-// that run served at: a container's next run starts after the last
-// one's processes are gone, and a Pod's name is its own in the
-// namespace while it exists.
-func Predecessor(pod, holder, identity string) bool {
-	rest, ok := strings.CutPrefix(holder, pod+"-")
+// Predecessor reports whether holder names an earlier run than
+// identity in the Pod of that name and UID: the Pod's name and UID,
+// then "-<pid>-<8 hex digits>", and not identity itself. A Pod's UID is
+// its own for good (a Pod made again under the same name has another),
+// and the kubelet starts a container's next run only once the last
+// one's processes are gone: such a run is dead once this one runs in
+// the Pod.
+func Predecessor(pod, uid, holder, identity string) bool {
+	if uid == "" {
+		return false
+	}
+	rest, ok := strings.CutPrefix(holder, pod+"-"+strings.ReplaceAll(uid, "-", "")+"-")
 	if !ok || holder == identity {
 		return false
 	}
@@ -193,16 +201,21 @@ func Predecessor(pod, holder, identity string) bool {
 	return true
 }
 
+// deadGrace: the hold of a dead run is given back once it has not been
+// renewed for this long, so that what that run sent just before it died
+// (a Pod's create, a trail's upload) has landed before another replica
+// adopts its sessions.
+const deadGrace = 2 * time.Second
+
 // FreeDeadHold gives the namespace's hold back when an earlier run of
-// this replica, in the same Pod and serving at the same address, holds
-// it: that run is dead (its container restarted), so nobody need wait
-// for its hold to run out before leading. It returns the identity it
-// freed, "" when it freed nothing. The caller must hold a listener on
-// address's port already (no earlier run serves there still), and pod
-// must be the Pod it runs in: a Pod's name is its own in the namespace
-// while it exists. The delete is conditional on the version read, so a
+// this replica, in the same Pod (name and UID) and serving at the same
+// address, holds it: that run is dead (its container restarted), so
+// nobody need wait for its hold to run out before leading. It waits
+// until the hold is deadGrace old. It returns the identity it freed, ""
+// when it freed nothing. The caller must hold a listener on address's
+// port already. The delete is conditional on the version read, so a
 // hold renewed or taken meanwhile is left alone.
-func (b *Backend) FreeDeadHold(ctx context.Context, pod, identity, address string) (string, error) {
+func (b *Backend) FreeDeadHold(ctx context.Context, pod, uid, identity, address string) (string, error) {
 	leases := b.client.CoordinationV1().Leases(b.cfg.Namespace)
 	le, err := leases.Get(ctx, HoldLease, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -212,8 +225,15 @@ func (b *Backend) FreeDeadHold(ctx context.Context, pod, identity, address strin
 		return "", err
 	}
 	holder := deref(le.Spec.HolderIdentity)
-	if !Predecessor(pod, holder, identity) || address == "" || le.Annotations[AnnotationAddress] != address {
+	if !Predecessor(pod, uid, holder, identity) || address == "" || le.Annotations[AnnotationAddress] != address {
 		return "", nil
+	}
+	if r := le.Spec.RenewTime; r != nil {
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(time.Until(r.Add(deadGrace))):
+		}
 	}
 	rv := le.ResourceVersion
 	err = leases.Delete(ctx, HoldLease, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})

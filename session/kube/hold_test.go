@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -141,27 +142,32 @@ func TestHoldHandover(t *testing.T) {
 	}
 }
 
-// TestPredecessor: only an earlier run in the same Pod is taken for a
-// dead predecessor, never this run, another Pod (whose name the Pod's
-// begins), nor a name of another form.
+// TestPredecessor: only an earlier run in the same Pod (name and UID)
+// is taken for a dead predecessor, never this run, a Pod made again
+// under the same name, another Pod (whose name the Pod's begins), a
+// replica in no Pod, nor a name of another form.
 func TestPredecessor(t *testing.T) {
-	me := Identity("gw-a", 7, "0123abcd")
+	const uid = "6f1c1a2e-0b7d-4c52-9a51-0d1e2f3a4b5c"
+	me := Identity("gw-a", uid, 7, "0123abcd")
 	for holder, want := range map[string]bool{
-		Identity("gw-a", 1, "ffee0011"):   true,  // the container's last run
-		Identity("gw-a", 7, "99887766"):   true,  // the same pid, another run
-		me:                                false, // this run
-		Identity("gw-a-x", 1, "ffee0011"): false, // another Pod
-		Identity("gw-a-1", 2, "ffee0011"): false, // a StatefulSet's Pod, say
-		Identity("gw-b", 1, "ffee0011"):   false,
-		"gw-a-1":                          false,
-		"gw-a-1-FFEE0011":                 false,
-		"gw-a--ffee0011":                  false,
-		"gw-a-1x-ffee0011":                false,
-		"gw-a-1-ffee00111":                false,
-		"":                                false,
+		Identity("gw-a", uid, 1, "ffee0011"): true,  // the container's last run
+		Identity("gw-a", uid, 7, "99887766"): true,  // the same pid, another run
+		me:                                   false, // this run
+		Identity("gw-a", "0f1c1a2e-0b7d-4c52-9a51-0d1e2f3a4b5c", 1, "ffee0011"): false, // the name again, another Pod
+		Identity("gw-a-x", uid, 1, "ffee0011"):                                  false,
+		Identity("gw-b", uid, 1, "ffee0011"):                                    false,
+		Identity("gw-a", "", 1, "ffee0011"):                                     false, // in no Pod, on a host so named
+		Identity("gw-a", uid, 1, "FFEE0011"):                                    false,
+		Identity("gw-a", uid, 1, "ffee00111"):                                   false,
+		"gw-a-" + strings.ReplaceAll(uid, "-", "") + "--ffee0011":               false,
+		"gw-a-" + strings.ReplaceAll(uid, "-", "") + "-1x-ffee0011":             false,
+		"": false,
 	} {
-		if got := Predecessor("gw-a", holder, me); got != want {
+		if got := Predecessor("gw-a", uid, holder, me); got != want {
 			t.Errorf("Predecessor(gw-a, %q) = %v, want %v", holder, got, want)
 		}
+	}
+	if Predecessor("gw-a", "", Identity("gw-a", "", 1, "ffee0011"), Identity("gw-a", "", 2, "0123abcd")) {
+		t.Error("a replica in no Pod took another for its dead predecessor")
 	}
 }

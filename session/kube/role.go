@@ -62,16 +62,16 @@ func (b *Backend) Unmark(ctx context.Context, pod string) error {
 }
 
 // CheckPod says whether pod can be a gateway replica's own: it exists,
-// and it is no session's.
-func (b *Backend) CheckPod(ctx context.Context, pod string) error {
+// and it is no session's. It returns the Pod's UID (see Identity).
+func (b *Backend) CheckPod(ctx context.Context, pod string) (uid string, err error) {
 	p, err := b.client.CoreV1().Pods(b.cfg.Namespace).Get(ctx, pod, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("this gateway's Pod %s in namespace %s: %w", pod, b.cfg.Namespace, err)
+		return "", fmt.Errorf("this gateway's Pod %s in namespace %s: %w", pod, b.cfg.Namespace, err)
 	}
 	if isSessionPod(p.Labels) {
-		return fmt.Errorf("pod %s is a session's, not a gateway replica's", pod)
+		return "", fmt.Errorf("pod %s is a session's, not a gateway replica's", pod)
 	}
-	return nil
+	return string(p.UID), nil
 }
 
 func isSessionPod(labels map[string]string) bool {
