@@ -24,6 +24,7 @@ const (
 	localClaims   = "claims"
 	localEndpoint = "endpoint"
 	localUpstream = "upstream"
+	localInfo     = "info"
 )
 
 func jwtTime(t time.Time) *jwt.NumericDate { return jwt.NewNumericDate(t) }
@@ -41,16 +42,16 @@ func (s *Server) previewAuth(scopes ...string) fiber.Handler {
 		if t, ok := strings.CutPrefix(c.Get(fiber.HeaderAuthorization), "Bearer "); ok && token == "" {
 			token = t
 		}
-		claims, err := s.tokens.verify(token, time.Now())
-		if err != nil || !slices.Contains(scopes, claims.Scope) {
-			return errUnauthenticated("the preview token is missing, invalid or expired")
+		claims, ep, info, err := s.live.admit(token)
+		if err != nil {
+			return err
 		}
-		ep, err := s.sessions.Endpoint(claims.Tenant, claims.Session)
-		if err != nil || s.sessions.Revoked(claims.Session, claims.ID) || !s.tenants.Enabled(claims.Tenant) {
+		if !slices.Contains(scopes, claims.Scope) {
 			return errUnauthenticated("the preview token is missing, invalid or expired")
 		}
 		c.Locals(localClaims, claims)
 		c.Locals(localEndpoint, ep)
+		c.Locals(localInfo, info)
 		return c.Next()
 	}
 }
@@ -86,7 +87,7 @@ func (s *Server) cdpDiscovery(c *fiber.Ctx) error {
 		s.staleVersion(claims.Tenant, claims.Session)
 		return proxyError(ctx, err)
 	}
-	s.sessions.Touch(claims.Session)
+	s.live.touch(claims)
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSONCharsetUTF8)
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.Send(body)
@@ -222,11 +223,15 @@ func (s *Server) cdpProxy() fiber.Handler {
 	return websocket.New(func(client *websocket.Conn) {
 		target := client.Locals(localUpstream).(string)
 		claims := client.Locals(localClaims).(*previewClaims)
-		live := func() bool {
-			_, err := s.sessions.Endpoint(claims.Tenant, claims.Session)
-			return err == nil
+		live := func() bool { return s.live.running(claims.Tenant, claims.Session) }
+		var up net.Conn
+		var upr *bufio.Reader
+		ok := false
+		// A relay keeps no spares: it would not see the session end
+		// (the leader drops a session's spare then).
+		if _, relaying := s.live.(*relayLive); !relaying {
+			up, upr, ok = s.takeSpare(claims.Session, target, live)
 		}
-		up, upr, ok := s.takeSpare(claims.Session, target, live)
 		var err error
 		if !ok {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -308,7 +313,7 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 		}
 		return side + " closed the connection"
 	}
-	release, err := s.sessions.Track(claims.Tenant, claims.Session, claims.ID, closerFunc(func() error {
+	release, err := s.live.track(claims, closerFunc(func() error {
 		shut("preview revoked or session ended")
 		return nil
 	}))
@@ -322,7 +327,7 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 	})
 	defer expiry.Stop()
 	log.Info("cdp connection opened")
-	s.sessions.Record(claims.Session, "preview_connected", map[string]any{"preview": claims.ID, "scope": claims.Scope})
+	s.live.record(claims, "preview_connected", map[string]any{"preview": claims.ID, "scope": claims.Scope})
 	start := time.Now()
 
 	done := make(chan struct{})
@@ -370,7 +375,7 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 			buf = nil
 		}
 		if now := time.Now(); now.Sub(lastTouch) > time.Second {
-			s.sessions.Touch(claims.Session)
+			s.live.touch(claims)
 			lastTouch = now
 		}
 		// Downloads stay where the gateway stores them from, whatever
@@ -394,10 +399,7 @@ func (s *Server) pump(client *websocket.Conn, up net.Conn, upr *bufio.Reader, cl
 		}
 	}
 	<-done
-	if reason == "browser closed the connection" {
-		go s.checkBrowser(claims.Tenant, claims.Session)
-	}
-	s.clientLeft(claims.Session)
+	s.live.left(claims, reason == "browser closed the connection")
 	log.Info("cdp connection closed", "duration", time.Since(start).Round(time.Millisecond))
-	s.sessions.Record(claims.Session, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(start).Milliseconds(), "reason": reason})
+	s.live.record(claims, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(start).Milliseconds(), "reason": reason})
 }

@@ -57,7 +57,7 @@ func (s *Server) staleVersion(tenant, id string) { s.keepVersion(tenant, id, nil
 func (s *Server) keepVersion(tenant, id string, body []byte) {
 	s.versions.mu.Lock()
 	defer s.versions.mu.Unlock()
-	if _, err := s.sessions.Endpoint(tenant, id); err == nil {
+	if s.live.running(tenant, id) {
 		s.versions.m[id] = body
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 )
@@ -28,24 +29,33 @@ type Front struct {
 	log *slog.Logger
 	// leader is where the leading replica serves: "" while nobody
 	// leads, or while this replica takes over.
-	leader func(context.Context) (string, error)
+	leader func(context.Context) (addr string, relays bool, err error)
 
 	mu        sync.Mutex
 	leading   bool
 	taking    bool
 	forwarded map[net.Conn]struct{}
 	cached    string
-	cachedAt  time.Time
+	// cachedRelays: the cached leader answers relaying replicas.
+	cachedRelays bool
+	cachedAt     time.Time
 
 	// lookup lets one read of the leader run at a time: the others
 	// wait for it and take its answer (or its error) from the cache.
 	lookup  sync.Mutex
 	lastErr error
 
-	slots  chan struct{} // connections being answered or forwarded
-	conns  chan net.Conn
-	closed chan struct{}
-	once   sync.Once
+	slots chan struct{} // connections being answered or forwarded
+	conns chan net.Conn
+	// relay takes the preview connections while this replica stands by
+	// (RelayListener); nil: they are forwarded too. relayDone is closed
+	// once the relay stops serving.
+	relay       chan net.Conn
+	relayDone   chan struct{}
+	relayOnce   sync.Once
+	relayUsable func() bool // false: forward them for now
+	closed      chan struct{}
+	once        sync.Once
 	// served is closed once the gateway stops serving (it closed
 	// Listener): connections get 503 until Close.
 	served    chan struct{}
@@ -68,8 +78,9 @@ const (
 	frontLinger = 30 * time.Second
 )
 
-// NewFront serves ln; leader reads where the leading replica serves.
-func NewFront(ln net.Listener, leader func(context.Context) (string, error), log *slog.Logger) *Front {
+// NewFront serves ln; leader reads where the leading replica serves,
+// and whether it answers replicas that relay preview connections.
+func NewFront(ln net.Listener, leader func(context.Context) (addr string, relays bool, err error), log *slog.Logger) *Front {
 	f := &Front{ln: ln, log: log, leader: leader, forwarded: map[net.Conn]struct{}{},
 		slots: make(chan struct{}, frontMaxConns), conns: make(chan net.Conn), closed: make(chan struct{}), served: make(chan struct{})}
 	go f.accept()
@@ -102,7 +113,29 @@ func (f *Front) Lead() {
 // answers 503 from then on, until Close: a replica holds its port until
 // it has given its leases back, so the next run of its container knows
 // it is gone (see kube.FreeDeadHold).
-func (f *Front) Listener() net.Listener { return frontListener{f} }
+func (f *Front) Listener() net.Listener {
+	return frontListener{f: f, conns: f.conns, done: f.served, once: &f.serveOnce}
+}
+
+// RelayListener is what a relay (NewRelay) serves: the preview
+// connections (CDP and VNC) this replica is sent while it stands by,
+// which it carries itself rather than forwarding them to the leader,
+// while the leader answers relays and usable says so.
+// Call it once, before such connections come; until then they are
+// forwarded.
+func (f *Front) RelayListener(usable func() bool) net.Listener {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.relay == nil {
+		f.relay, f.relayDone, f.relayUsable = make(chan net.Conn), make(chan struct{}), usable
+	}
+	return frontListener{f: f, conns: f.relay, done: f.relayDone, once: &f.relayOnce}
+}
+
+// isPreviewPath: a path of the preview connections a relay carries.
+func isPreviewPath(path string) bool {
+	return path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/")
+}
 
 // Close stops accepting and cuts the forwarded connections.
 func (f *Front) Close() error {
@@ -118,20 +151,28 @@ func (f *Front) Close() error {
 	return err
 }
 
-type frontListener struct{ f *Front }
+type frontListener struct {
+	f     *Front
+	conns chan net.Conn
+	done  chan struct{} // closed by Close
+	once  *sync.Once
+}
 
 func (l frontListener) Accept() (net.Conn, error) {
 	select {
-	case c := <-l.f.conns:
+	case c := <-l.conns:
 		return c, nil
 	case <-l.f.closed:
 		return nil, net.ErrClosed
-	case <-l.f.served:
+	case <-l.done:
 		return nil, net.ErrClosed
 	}
 }
+
+// Close ends what the listener's server takes; the Front keeps the
+// socket (Front.Close lets it go).
 func (l frontListener) Close() error {
-	l.f.serveOnce.Do(func() { close(l.f.served) })
+	l.once.Do(func() { close(l.done) })
 	return nil
 }
 func (l frontListener) Addr() net.Addr { return l.f.ln.Addr() }
@@ -209,14 +250,18 @@ func (f *Front) standBy(c net.Conn) {
 	}
 	method, path := requestTarget(line)
 	f.mu.Lock()
-	taking, leading := f.taking, f.leading
+	taking, leading, relay, relayDone := f.taking, f.leading, f.relay, f.relayDone
 	f.mu.Unlock()
 	switch {
 	case leading:
 		// The lead came while this request was read: the gateway gets
 		// it whole, what was read first.
 		c.SetReadDeadline(time.Time{})
-		f.handOver(c, br, line)
+		f.handOver(c, br, line, f.conns, f.served)
+		return
+	case relay != nil && !taking && isPreviewPath(path) && f.relayUsable() && f.leaderRelays():
+		c.SetReadDeadline(time.Time{})
+		f.handOver(c, br, line, relay, relayDone)
 		return
 	case method == "GET" && path == "/healthz":
 		status := "standby"
@@ -266,7 +311,7 @@ func (f *Front) standBy(c net.Conn) {
 			return
 		}
 		c.SetReadDeadline(time.Time{})
-		f.handOver(c, br, line)
+		f.handOver(c, br, line, f.conns, f.served)
 		return
 	}
 	defer func() {
@@ -308,13 +353,13 @@ func (f *Front) leaderAnswers() bool {
 	return true
 }
 
-// handOver gives the gateway a connection whose request line (and what
-// else was read) this replica has read already.
-func (f *Front) handOver(c net.Conn, br *bufio.Reader, line []byte) {
+// handOver gives the gateway (or the relay: to) a connection whose
+// request line (and what else was read) this replica has read already.
+func (f *Front) handOver(c net.Conn, br *bufio.Reader, line []byte, to chan net.Conn, gone chan struct{}) {
 	rc := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(append(append([]byte(nil), line...), peekAll(br)...)), c)}
 	select {
-	case f.conns <- rc:
-	case <-f.served:
+	case to <- rc:
+	case <-gone:
 		frontAnswer(c, 503, "unavailable", "this gateway replica is stopping; retry", 2)
 	case <-f.closed:
 		c.Close()
@@ -348,26 +393,38 @@ func (f *Front) untrack(c, up net.Conn) {
 // leaderAddr is the leader's address, read at most once a second
 // however many connections ask (an error too is kept that long).
 func (f *Front) leaderAddr() (string, error) {
+	a, _, err := f.leaderRead()
+	return a, err
+}
+
+// leaderRelays: a leader is known and answers replicas that relay
+// preview connections.
+func (f *Front) leaderRelays() bool {
+	a, relays, err := f.leaderRead()
+	return err == nil && a != "" && relays
+}
+
+func (f *Front) leaderRead() (string, bool, error) {
 	f.lookup.Lock()
 	defer f.lookup.Unlock()
 	f.mu.Lock()
 	if !f.cachedAt.IsZero() && time.Since(f.cachedAt) < frontLeaderCache {
-		a, err := f.cached, f.lastErr
+		a, relays, err := f.cached, f.cachedRelays, f.lastErr
 		f.mu.Unlock()
-		return a, err
+		return a, relays, err
 	}
 	f.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), frontDial)
 	defer cancel()
-	a, err := f.leader(ctx)
+	a, relays, err := f.leader(ctx)
 	if err != nil {
 		f.log.Warn("cannot read which replica leads", "err", err)
-		a = ""
+		a, relays = "", false
 	}
 	f.mu.Lock()
-	f.cached, f.lastErr, f.cachedAt = a, err, time.Now()
+	f.cached, f.cachedRelays, f.lastErr, f.cachedAt = a, relays, err, time.Now()
 	f.mu.Unlock()
-	return a, err
+	return a, relays, err
 }
 
 // forget drops a cached address that did not answer.

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -36,7 +37,7 @@ func TestFront(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := NewFront(ln, func(context.Context) (string, error) { mu.Lock(); defer mu.Unlock(); return leader, nil }, slog.New(slog.DiscardHandler))
+	f := NewFront(ln, func(context.Context) (string, bool, error) { mu.Lock(); defer mu.Unlock(); return leader, false, nil }, slog.New(slog.DiscardHandler))
 	defer f.Close()
 	base := "http://" + ln.Addr().String()
 	client := &http.Client{Timeout: 10 * time.Second}
@@ -226,7 +227,7 @@ func BenchmarkFront(b *testing.B) {
 		b.Fatal(err)
 	}
 	addr := strings.TrimPrefix(leader.URL, "http://")
-	f := NewFront(ln, func(context.Context) (string, error) { return addr, nil }, slog.New(slog.DiscardHandler))
+	f := NewFront(ln, func(context.Context) (string, bool, error) { return addr, false, nil }, slog.New(slog.DiscardHandler))
 	defer f.Close()
 	for _, c := range []struct{ name, url string }{{"direct", leader.URL}, {"through-standby", "http://" + ln.Addr().String()}} {
 		b.Run(c.name, func(b *testing.B) {
@@ -240,5 +241,51 @@ func BenchmarkFront(b *testing.B) {
 				resp.Body.Close()
 			}
 		})
+	}
+}
+
+// TestFrontRelay: while it stands by, a replica with a relay hands the
+// preview connections (CDP, VNC) to it, and forwards everything else to
+// the leader; it forwards those too to a leader that does not answer
+// relaying replicas (an earlier version's, in a rolling update).
+func TestFrontRelay(t *testing.T) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "leader %s", r.URL.Path) }))
+	defer leader.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var relays atomic.Bool
+	addr := strings.TrimPrefix(leader.URL, "http://")
+	f := NewFront(ln, func(context.Context) (string, bool, error) { return addr, relays.Load(), nil }, slog.New(slog.DiscardHandler))
+	defer f.Close()
+	relay := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "relay %s", r.URL.Path) })}
+	go relay.Serve(f.RelayListener(func() bool { return true }))
+	defer relay.Close()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	get := func(path string) string {
+		t.Helper()
+		resp, err := client.Get("http://" + ln.Addr().String() + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	paths := map[string]bool{"/cdp/tok/json/version": true, "/cdp": true, "/cdp/devtools/browser/x": true, "/vnc/tok": true,
+		"/v1/sessions": false, "/cdpx": false, "/vnc": false, "/view/tok": false, "/review/tok": false}
+	for _, on := range []bool{false, true} {
+		relays.Store(on)
+		time.Sleep(frontLeaderCache + 100*time.Millisecond) // the Front's cache of the leader's word
+		for p, preview := range paths {
+			want := "leader " + p
+			if on && preview {
+				want = "relay " + p
+			}
+			if got := get(p); got != want {
+				t.Errorf("leader relays %v: GET %s: %q, want %q", on, p, got, want)
+			}
+		}
 	}
 }

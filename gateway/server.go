@@ -88,12 +88,18 @@ type Server struct {
 	cfg      Config
 	app      *fiber.App
 	sessions *session.Manager
-	tenants  *tenant.Registry
-	store    *recordings.Store
-	tokens   *signer
-	vault    *vault.Vault         // nil: no credentials
-	recorder *recordings.Recorder // nil: no recordings
-	recShare RecordingShare       // nil: recordings are made here
+	// live is what the preview routes use of the sessions: sessions,
+	// or the leader's word on a replica that relays (NewRelay).
+	live    previewLive
+	relayed relayed // the connections replicas that stand by carry
+	// relayNonces: the signed relay requests taken lately.
+	relayNonces relayNonces
+	tenants     *tenant.Registry
+	store       *recordings.Store
+	tokens      *signer
+	vault       *vault.Vault         // nil: no credentials
+	recorder    *recordings.Recorder // nil: no recordings
+	recShare    RecordingShare       // nil: recordings are made here
 	// retention per tenant; the janitor enforces it.
 	retention    map[string]time.Duration
 	janitorEvery time.Duration
@@ -116,6 +122,16 @@ type Server struct {
 
 // New builds the gateway's routes.
 func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *slog.Logger, opts ...Option) (*Server, error) {
+	s, err := newServer(cfg, sessions, store, log, opts...)
+	if err != nil {
+		return nil, err
+	}
+	s.routes()
+	return s, nil
+}
+
+// newServer builds a gateway with no routes yet.
+func newServer(cfg Config, sessions *session.Manager, store *recordings.Store, log *slog.Logger, opts ...Option) (*Server, error) {
 	if cfg.PublicURL == nil || cfg.PublicURL.Host == "" {
 		return nil, fmt.Errorf("gateway: public URL is required")
 	}
@@ -156,6 +172,7 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 		origin:   cfg.PublicURL.Scheme + "://" + strings.ToLower(cfg.PublicURL.Host),
 		wsScheme: "ws",
 	}
+	s.live = managerLive{s}
 	if cfg.PublicURL.Scheme == "https" {
 		s.wsScheme = "wss"
 	}
@@ -223,7 +240,6 @@ func New(cfg Config, sessions *session.Manager, store *recordings.Store, log *sl
 		}
 		return fasthttp.RequestConfig{}
 	}
-	s.routes()
 	return s, nil
 }
 
@@ -332,14 +348,23 @@ func (s *Server) routes() {
 	v1.Post("/profiles/:pid/rollback", s.rollbackProfile)
 	v1.Get("/artifacts/:id", s.getArtifact)
 
+	a.Post(relayAdmitPath, s.relayAuth, s.relayAdmit)
+	a.Post(relaySyncPath, s.relayAuth, s.relaySync)
 	a.Get("/viewer-assets/:name", s.viewerAsset)
-	a.Get("/vnc/:token", s.checkOrigin, s.previewAuth(ScopeVNC, ScopeView), s.vncUpgrade, s.vncProxy())
 	a.Get("/view/:token", s.previewAuth(ScopeView), s.viewPage)
 	a.Get("/review/:token", s.reviewAuth, s.review)
 	a.Get("/review/:token/artifacts/:id", s.reviewAuth, s.reviewArtifact)
 	a.All("/review*", refuseToken)
-	a.All("/vnc*", refuseToken)
 	a.All("/view*", refuseToken)
+	s.previewRoutes()
+}
+
+// previewRoutes are the routes of preview connections, CDP and VNC:
+// what a replica that stands by serves itself (NewRelay).
+func (s *Server) previewRoutes() {
+	a := s.app
+	a.Get("/vnc/:token", s.checkOrigin, s.previewAuth(ScopeVNC, ScopeView), s.vncUpgrade, s.vncProxy())
+	a.All("/vnc*", refuseToken)
 
 	// The same with the token in an Authorization header instead of the
 	// path, for tools that take an endpoint and headers (Playwright MCP's

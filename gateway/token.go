@@ -29,6 +29,9 @@ type previewClaims struct {
 	Scope    string `json:"scp"`
 	ViewOnly bool   `json:"vo,omitempty"`
 	jwt.RegisteredClaims
+	// raw is the token these were read from (a relaying replica passes
+	// it on to the leader).
+	raw string
 }
 
 // signer issues and checks preview tokens with HMAC-SHA256 keys.
@@ -85,6 +88,7 @@ func (s *signer) verify(token string, now time.Time) (*previewClaims, error) {
 	if c.Session == "" || c.Tenant == "" || c.ID == "" {
 		return nil, errBadToken
 	}
+	c.raw = token
 	return &c, nil
 }
 

@@ -47,7 +47,7 @@ func (s *Server) vncProxy() fiber.Handler {
 			drainWS(client)
 			return
 		}
-		s.pumpVNC(client, up, claims, log)
+		s.pumpVNC(client, up, claims, client.Locals(localInfo).(session.Info), log)
 	}, websocket.Config{
 		Subprotocols:    []string{"binary"},
 		ReadBufferSize:  64 << 10,
@@ -55,7 +55,7 @@ func (s *Server) vncProxy() fiber.Handler {
 	})
 }
 
-func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewClaims, log interface {
+func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewClaims, info session.Info, log interface {
 	Info(string, ...any)
 	Warn(string, ...any)
 }) {
@@ -76,7 +76,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 		})
 	}
 	shut := func(code int, why string) { end(code, why, false) }
-	release, err := s.sessions.Track(claims.Tenant, claims.Session, claims.ID, closerFunc(func() error {
+	release, err := s.live.track(claims, closerFunc(func() error {
 		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
 		return nil
 	}))
@@ -91,21 +91,15 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 	})
 	defer expiry.Stop()
 	log.Info("vnc connection opened")
-	s.sessions.Record(claims.Session, "preview_connected", map[string]any{"preview": claims.ID, "scope": claims.Scope, "view_only": claims.ViewOnly})
+	s.live.record(claims, "preview_connected", map[string]any{"preview": claims.ID, "scope": claims.Scope, "view_only": claims.ViewOnly})
 	opened := time.Now()
 	defer func() {
-		s.sessions.Record(claims.Session, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(opened).Milliseconds()})
+		s.live.record(claims, "preview_closed", map[string]any{"preview": claims.ID, "scope": claims.Scope, "duration_ms": time.Since(opened).Milliseconds()})
 	}()
 
 	done := make(chan struct{})
 	// The filter checks both ways; the server may announce at most the
 	// session's configured screen.
-	info, err := s.sessions.Get(claims.Tenant, claims.Session)
-	if err != nil {
-		shut(fws.ClosePolicyViolation, "preview revoked or session ended")
-		drainWS(client)
-		return
-	}
 	filter := &desktop.Filter{ViewOnly: claims.ViewOnly, MaxWidth: info.Screen.Width, MaxHeight: info.Screen.Height}
 	go func() { // session -> viewer
 		defer close(done)
@@ -141,7 +135,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 			case <-done:
 				return
 			case <-t.C:
-				s.sessions.Touch(claims.Session)
+				s.live.touch(claims)
 				wmu.Lock()
 				err := client.WriteControl(fws.PingMessage, nil, time.Now().Add(5*time.Second))
 				wmu.Unlock()
@@ -160,7 +154,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 		mt, data, err := readMessage(client, maxVNCMessage)
 		if errors.Is(err, errMessageTooBig) {
 			log.Warn("vnc viewer sent a message over the limit", "limit", maxVNCMessage)
-			s.sessions.Record(claims.Session, "message_too_big", map[string]any{"preview": claims.ID, "scope": claims.Scope, "limit": maxVNCMessage})
+			s.live.record(claims, "message_too_big", map[string]any{"preview": claims.ID, "scope": claims.Scope, "limit": maxVNCMessage})
 			end(fws.CloseMessageTooBig, tooBigReason(maxVNCMessage), true)
 			client.SetReadDeadline(time.Unix(1, 0)) // also when closing already: not a byte more
 			break
@@ -183,7 +177,7 @@ func (s *Server) pumpVNC(client *websocket.Conn, up net.Conn, claims *previewCla
 			break
 		}
 		if now := time.Now(); !claims.ViewOnly && now.Sub(lastTouch) > time.Second {
-			s.sessions.Touch(claims.Session)
+			s.live.touch(claims)
 			lastTouch = now
 		}
 		if len(out) > 0 {

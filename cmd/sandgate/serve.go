@@ -133,21 +133,22 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// (Its own copies: kb and cfg are read again on taking the
 			// lead, while the front still runs.)
 			holds, own := kb, cfg.Kubernetes.Advertise
-			front = gateway.NewFront(ln, func(ctx context.Context) (string, error) {
-				leader, addr, err := holds.Leader(ctx)
+			front = gateway.NewFront(ln, func(ctx context.Context) (string, bool, error) {
+				l, err := holds.ReadLead(ctx)
+				leader, addr := l.Identity, l.Address
 				if leader == identity {
-					return "", err // this replica: it is taking over
+					return "", false, err // this replica: it is taking over
 				}
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
 					// The lease is the gateway's own (rbac.yaml), but an
 					// address that is no ip:port is not dialled.
-					return "", fmt.Errorf("the leading replica %s advertises %q, which is not ip:port", leader, addr)
+					return "", false, fmt.Errorf("the leading replica %s advertises %q, which is not ip:port", leader, addr)
 				}
 				if addr == own {
 					// Forwarding there would come back here, for good.
-					return "", fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
+					return "", false, fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
 				}
-				return addr, err
+				return addr, l.Relays, err
 			}, log.With("component", "front"))
 			defer front.Close()
 			wait = 0
@@ -169,6 +170,21 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					log.Info("this replica's last run, dead, held the namespace's gateway lease: given back, so that a replica leads at once", "dead", dead)
 				}
 			}
+			// While it stands by, it carries the preview connections (CDP
+			// and VNC) it is sent itself, straight to the sessions'
+			// Pods, asking the leader about each (gateway.NewRelay).
+			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
+				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
+				if err == nil && addr != "" && checkAdvertise(addr) != nil {
+					return "", fmt.Errorf("the leading replica advertises %q, which is not ip:port", addr)
+				}
+				return addr, err
+			}, log.With("component", "relay"))
+			if err != nil {
+				return err
+			}
+			go relay.App().Listener(front.RelayListener(relay.RelayUsable))
+			defer relay.App().ShutdownWithTimeout(5 * time.Second)
 			// A replica that led in this Pod before its container
 			// restarted may have left the leader's label on it.
 			role.StandBy(holds)
@@ -449,14 +465,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return fmt.Errorf("config: listen %q: %w", cfg.Listen, err)
 	}
 	opts = append(opts, gateway.WithMCP(mcpserver.Handler(self, pub.Host, version())))
-	srv, err := gateway.New(gateway.Config{
-		PublicURL: pub, Hosts: cfg.Hosts, AdminKeys: admins,
-		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
-		TrustedProxies: cfg.TrustedProxies, ReadTimeout: cfg.ReadTimeout.Duration, UploadTimeout: cfg.UploadTimeout.Duration,
-		DrainTimeout: cfg.DrainTimeout.Duration,
-		CDP:          gateway.CDPLimits{ClientMessage: cfg.Limits.CDPClientMessageBytes, BrowserMessage: cfg.Limits.CDPBrowserMessageBytes},
-		Downloads:    browser.DownloadLimits{Bytes: cfg.Limits.DownloadBytes, PerSession: cfg.Limits.DownloadsPerSession},
-	}, mgr, store, log, opts...)
+	srv, err := gateway.New(gatewayConfig(cfg, pub, admins), mgr, store, log, opts...)
 	if err != nil {
 		return err
 	}
@@ -563,6 +572,18 @@ func sharedRecorder(ctx context.Context, cfg *Config, log *slog.Logger) (*record
 		return nil, err
 	}
 	return newRecorder(cfg, store, log)
+}
+
+// gatewayConfig is the gateway's part of the config.
+func gatewayConfig(cfg *Config, pub *url.URL, admins map[string]bool) gateway.Config {
+	return gateway.Config{
+		PublicURL: pub, Hosts: cfg.Hosts, AdminKeys: admins,
+		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,
+		TrustedProxies: cfg.TrustedProxies, ReadTimeout: cfg.ReadTimeout.Duration, UploadTimeout: cfg.UploadTimeout.Duration,
+		DrainTimeout: cfg.DrainTimeout.Duration,
+		CDP:          gateway.CDPLimits{ClientMessage: cfg.Limits.CDPClientMessageBytes, BrowserMessage: cfg.Limits.CDPBrowserMessageBytes},
+		Downloads:    browser.DownloadLimits{Bytes: cfg.Limits.DownloadBytes, PerSession: cfg.Limits.DownloadsPerSession},
+	}
 }
 
 // listensAt reports whether ln holds address's port on its address, or

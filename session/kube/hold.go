@@ -42,6 +42,14 @@ const renewRetry = time.Second
 // serves (ip:port), for the replicas that stand by to forward to.
 const AnnotationAddress = "sandgate.io/address"
 
+// AnnotationRelays, on the hold lease, says the leading replica answers
+// the replicas that relay preview connections themselves (its internal
+// relay routes): its value is the holder's identity, so that a leader
+// of an earlier version, which keeps the annotation it found, does not
+// seem to. A replica standing by relays them only then, and forwards
+// them to a leader of an earlier version, as in a rolling update.
+const AnnotationRelays = "sandgate.io/relays"
+
 // Hold takes the namespace's hold for identity, which serves at address
 // ("" when no other replica can reach it). With wait > 0, a holder
 // that renews for that long keeps it and Hold fails naming it; with
@@ -55,7 +63,7 @@ const AnnotationAddress = "sandgate.io/address"
 // hold to run out.
 func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: holdDuration,
-		Annotations: map[string]string{AnnotationAddress: address}}
+		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity}}
 	deadline := time.Now().Add(wait)
 	said := ""
 	var sent time.Time // when the acquisition that succeeded was sent
@@ -141,19 +149,35 @@ func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait
 // this machine's clock): a replica that stopped renewing may be dead,
 // and its address someone else's by now.
 func (b *Backend) Leader(ctx context.Context) (identity, address string, err error) {
+	l, err := b.ReadLead(ctx)
+	return l.Identity, l.Address, err
+}
+
+// Lead is the namespace's hold as a replica reads it (ReadLead).
+type Lead struct {
+	Identity, Address string
+	// Relays: the leader answers replicas that relay preview
+	// connections (AnnotationRelays).
+	Relays bool
+}
+
+// ReadLead reads the namespace's hold as Leader does, with whether the
+// leader answers relaying replicas.
+func (b *Backend) ReadLead(ctx context.Context) (Lead, error) {
 	le, err := b.client.CoordinationV1().Leases(b.cfg.Namespace).Get(ctx, HoldLease, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return "", "", nil
+		return Lead{}, nil
 	}
 	if err != nil {
-		return "", "", err
+		return Lead{}, err
 	}
 	renewed := le.Spec.RenewTime
 	d := time.Duration(deref(le.Spec.LeaseDurationSeconds)) * time.Second
 	if renewed == nil || time.Since(renewed.Time) > d {
-		return "", "", nil
+		return Lead{}, nil
 	}
-	return deref(le.Spec.HolderIdentity), le.Annotations[AnnotationAddress], nil
+	holder := deref(le.Spec.HolderIdentity)
+	return Lead{Identity: holder, Address: le.Annotations[AnnotationAddress], Relays: holder != "" && le.Annotations[AnnotationRelays] == holder}, nil
 }
 
 // Identity names one run of a gateway replica in Pod pod, whose UID

@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"io"
+	"time"
+
+	"github.com/sandgate/sandgate/session"
+)
+
+// previewLive is what the preview routes (CDP and VNC) need of a
+// session while they carry its connections: the session manager's word
+// on the replica that runs the sessions (managerLive), the leader's on
+// a replica that stands by and carries the connections it is sent
+// itself (relayLive, relay.go).
+type previewLive interface {
+	// admit reads a preview token and checks that its session runs,
+	// its preview was not revoked and its tenant is enabled; it
+	// returns the token's claims, where the session serves and its
+	// record (the screen's size). Every refusal is errUnauthenticated's,
+	// so a client learns nothing of other sessions; a leader that
+	// cannot be asked is 503.
+	admit(token string) (*previewClaims, session.Endpoint, session.Info, error)
+	// running reports whether the session runs, as far as this replica
+	// knows (what it keeps of it may go).
+	running(tenant, id string) bool
+	// track registers a connection of the preview: closer ends it when
+	// the preview is revoked, the session ends or its tenant is
+	// disabled. Bounded per session and per preview.
+	track(c *previewClaims, closer io.Closer) (release func(), err error)
+	// record adds an event of the connection to the session's trail:
+	// preview_connected, preview_closed or message_too_big.
+	record(c *previewClaims, typ string, fields map[string]any)
+	// touch says the session's client is active (the idle timeout).
+	touch(c *previewClaims)
+	// left says a CDP client left; browserGone when the browser closed
+	// the connection (the session's browser is checked).
+	left(c *previewClaims, browserGone bool)
+}
+
+// managerLive answers from this gateway's session manager.
+type managerLive struct{ s *Server }
+
+func (l managerLive) admit(token string) (*previewClaims, session.Endpoint, session.Info, error) {
+	s := l.s
+	bad := errUnauthenticated("the preview token is missing, invalid or expired")
+	c, err := s.tokens.verify(token, time.Now())
+	if err != nil {
+		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	ep, err := s.sessions.Endpoint(c.Tenant, c.Session)
+	if err != nil || s.sessions.Revoked(c.Session, c.ID) || !s.tenants.Enabled(c.Tenant) {
+		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	info, err := s.sessions.Get(c.Tenant, c.Session)
+	if err != nil {
+		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	return c, ep, info, nil
+}
+
+func (l managerLive) running(tenant, id string) bool {
+	_, err := l.s.sessions.Endpoint(tenant, id)
+	return err == nil
+}
+
+func (l managerLive) track(c *previewClaims, closer io.Closer) (func(), error) {
+	return l.s.sessions.Track(c.Tenant, c.Session, c.ID, closer)
+}
+
+func (l managerLive) record(c *previewClaims, typ string, fields map[string]any) {
+	l.s.sessions.Record(c.Session, typ, fields)
+}
+
+func (l managerLive) touch(c *previewClaims) { l.s.sessions.Touch(c.Session) }
+
+func (l managerLive) left(c *previewClaims, browserGone bool) {
+	if browserGone {
+		go l.s.checkBrowser(c.Tenant, c.Session)
+	}
+	l.s.clientLeft(c.Session)
+}

@@ -1,0 +1,749 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gofiber/contrib/websocket"
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/session"
+)
+
+// A replica that stands by carries the preview connections (CDP and
+// VNC) it is sent itself, straight to the session's Pod, rather than
+// forwarding them to the leader: the gateway's bandwidth for them is
+// every replica's, and they outlive the leader's death. The leader
+// keeps the word on every session: it admits each connection (the
+// token's session runs, its preview is not revoked, its tenant is
+// enabled) and is told, every relaySyncEvery, which connections each
+// replica carries. It registers them as its own (so a session's bounds
+// on connections count them), and its answer names those to end: the
+// preview revoked, the session ended, the tenant disabled. What a
+// connection records in the session's trail and its activity (the idle
+// timeout) go with the same report. A replica that cannot reach a
+// leader for relayGrace (one died; the next takes a lease's duration
+// and its adoption) ends the connections it carries: nobody could end
+// them when they are revoked.
+//
+// The two internal routes are the leader's; a replica signs its
+// requests with the gateway's preview-token keys (HMAC over the time,
+// the path and the body), so nothing else can ask where a session's Pod
+// is, and each connection's own token is checked again.
+const (
+	relayAdmitPath = "/internal/v1/relay/admit"
+	relaySyncPath  = "/internal/v1/relay/sync"
+	relayHeader    = "X-Sandgate-Relay"
+	// relaySkew bounds how far a signed request's time may be from the
+	// leader's clock.
+	relaySkew = time.Minute
+	// relaySyncEvery is how often a replica reports its connections: a
+	// revocation reaches them within about that.
+	relaySyncEvery = time.Second
+	// relayGrace: a replica that has not reached a leader for this long
+	// ends the connections it carries.
+	relayGrace = 30 * time.Second
+	// relayForget: the leader drops the registration of a connection
+	// no report has named for this long (its replica died).
+	relayForget = 10 * time.Second
+	// maxRelayConns bounds the connections one replica carries, and so
+	// one report.
+	maxRelayConns = 1024
+	// maxRelayEvents bounds the events a replica keeps for the leader
+	// while none answers; past it the oldest go.
+	maxRelayEvents = 4096
+	// relayEventGrace: an event is taken with a token that expired up
+	// to this long ago (a connection closed by its expiry reports it).
+	relayEventGrace = 10 * time.Minute
+	maxRelayBody    = 4 << 20
+	maxRelayNonces  = 1 << 16
+	// maxReportEvents bounds the events of one report.
+	maxReportEvents = 256
+)
+
+// relaySign is the signature of a relay request: the key's id, the
+// time, a nonce (a request is taken once), and an HMAC of them with the
+// path and body.
+func relaySign(keys map[string][]byte, kid string, at time.Time, nonce, path string, body []byte) string {
+	ts := strconv.FormatInt(at.Unix(), 10)
+	m := hmac.New(sha256.New, keys[kid])
+	m.Write([]byte("sandgate relay\x00" + ts + "\x00" + nonce + "\x00" + path + "\x00"))
+	m.Write(body)
+	return kid + " " + ts + " " + nonce + " " + hex.EncodeToString(m.Sum(nil))
+}
+
+// relayNonces are the nonces of the signed requests taken within
+// twice relaySkew: one seen again is a replay.
+type relayNonces struct {
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+// fresh records nonce, reporting whether it is new.
+func (n *relayNonces) fresh(nonce string, now time.Time) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.m == nil {
+		n.m = map[string]time.Time{}
+	}
+	if _, seen := n.m[nonce]; seen {
+		return false
+	}
+	if len(n.m) >= 1024 {
+		for k, at := range n.m {
+			if now.Sub(at) > 2*relaySkew {
+				delete(n.m, k)
+			}
+		}
+		if len(n.m) >= maxRelayNonces {
+			return false // more than replicas sign in that time
+		}
+	}
+	n.m[nonce] = now
+	return true
+}
+
+// relayAuth lets through only requests a replica signed with one of the
+// gateway's keys, within relaySkew of now. Anything else is a 404, as
+// for any route that is not there.
+func (s *Server) relayAuth(c *fiber.Ctx) error {
+	parts := strings.Fields(c.Get(relayHeader))
+	notFound := errNotFound("no such endpoint")
+	if len(parts) != 4 || s.tokens.keys[parts[0]] == nil || len(parts[2]) != 32 {
+		return notFound
+	}
+	ts, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return notFound
+	}
+	at := time.Unix(ts, 0)
+	if d := time.Since(at); d > relaySkew || d < -relaySkew {
+		return notFound
+	}
+	want := relaySign(s.tokens.keys, parts[0], at, parts[2], c.Path(), c.Body())
+	if !hmac.Equal([]byte(want), []byte(strings.Join(parts, " "))) || !s.relayNonces.fresh(parts[2], time.Now()) {
+		return notFound
+	}
+	return c.Next()
+}
+
+type relayAdmitRequest struct {
+	Token string `json:"token"`
+}
+
+type relayAdmitAnswer struct {
+	CDP     string         `json:"cdp"`
+	VNC     string         `json:"vnc"`
+	Version []byte         `json:"version,omitempty"`
+	Screen  session.Screen `json:"screen"`
+	// The token's claims as the leader read them (its keys are the
+	// word: a replica that stood by since before a rotation may lack
+	// one).
+	Session  string `json:"session"`
+	Tenant   string `json:"tenant"`
+	Scope    string `json:"scope"`
+	ViewOnly bool   `json:"view_only,omitempty"`
+	Preview  string `json:"preview"`
+	Expires  int64  `json:"expires"`
+}
+
+// relayAdmit answers a replica about to carry a connection: where the
+// token's session serves, if the leader would admit it itself.
+func (s *Server) relayAdmit(c *fiber.Ctx) error {
+	var req relayAdmitRequest
+	if err := json.Unmarshal(c.Body(), &req); err != nil {
+		return errInvalid("the body must be a relay admission")
+	}
+	claims, ep, info, err := managerLive{s}.admit(req.Token)
+	if err != nil {
+		return err
+	}
+	return c.JSON(relayAdmitAnswer{CDP: ep.CDP.String(), VNC: ep.VNC.String(), Version: ep.Version, Screen: info.Screen,
+		Session: claims.Session, Tenant: claims.Tenant, Scope: claims.Scope, ViewOnly: claims.ViewOnly, Preview: claims.ID, Expires: claims.ExpiresAt.Unix()})
+}
+
+type relaySyncRequest struct {
+	Relay  string           `json:"relay"`
+	Conns  []relayConnState `json:"conns"`
+	Events []relayEvent     `json:"events"`
+}
+
+type relayConnState struct {
+	ID     string `json:"id"`
+	Token  string `json:"token"`
+	Active bool   `json:"active,omitempty"`
+}
+
+type relayEvent struct {
+	Token      string `json:"token"`
+	Type       string `json:"type"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Limit      int64  `json:"limit,omitempty"`
+}
+
+type relaySyncAnswer struct {
+	Close []relayClose `json:"close"`
+}
+
+type relayClose struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"`
+}
+
+// relayed is what the leader knows of the connections replicas carry.
+type relayed struct {
+	mu    sync.Mutex
+	m     map[string]*relayedConn // relay + "\x00" + connection id
+	sweep sync.Once
+}
+
+type relayedConn struct {
+	release func()
+	// closed: the preview was revoked, or the session ended. Set by the
+	// session manager's closer, under the manager's lock: no lock here.
+	closed atomic.Bool
+	seen   time.Time
+}
+
+// relaySync takes a replica's report: it registers the connections it
+// names, drops those it no longer names, records their events and
+// activity, and answers which must end.
+func (s *Server) relaySync(c *fiber.Ctx) error {
+	var req relaySyncRequest
+	if err := json.Unmarshal(c.Body(), &req); err != nil || req.Relay == "" || len(req.Relay) > 256 ||
+		len(req.Conns) > maxRelayConns || len(req.Events) > maxRelayEvents {
+		return errInvalid("the body must be a relay report")
+	}
+	s.relayed.sweep.Do(func() { go s.sweepRelayed() })
+	now := time.Now()
+	var ans relaySyncAnswer
+	named := map[string]bool{}
+	for _, rc := range req.Conns {
+		if rc.ID == "" || len(rc.ID) > 64 {
+			ans.Close = append(ans.Close, relayClose{ID: rc.ID, Reason: "invalid report"})
+			continue
+		}
+		key := req.Relay + "\x00" + rc.ID
+		named[key] = true
+		claims, err := s.tokens.verify(rc.Token, now)
+		if err != nil {
+			ans.Close = append(ans.Close, relayClose{ID: rc.ID, Reason: "preview expired"})
+			continue
+		}
+		if why := s.relayKeep(key, claims, now); why != "" {
+			ans.Close = append(ans.Close, relayClose{ID: rc.ID, Reason: why})
+			continue
+		}
+		if rc.Active {
+			s.sessions.Touch(claims.Session)
+		}
+	}
+	// What the replica no longer names has closed there. (Released
+	// outside the lock: the manager's closers are called under its own.)
+	prefix := req.Relay + "\x00"
+	var gone []func()
+	s.relayed.mu.Lock()
+	for key, rc := range s.relayed.m {
+		if strings.HasPrefix(key, prefix) && !named[key] {
+			gone = append(gone, rc.release)
+			delete(s.relayed.m, key)
+		}
+	}
+	s.relayed.mu.Unlock()
+	for _, release := range gone {
+		release()
+	}
+	for _, ev := range req.Events {
+		claims, err := s.tokens.verify(ev.Token, now.Add(-relayEventGrace))
+		if err != nil {
+			continue
+		}
+		s.relayEvent(claims, ev)
+	}
+	return c.JSON(ans)
+}
+
+// relayKeep registers a connection a replica carries, or renews its
+// registration; it returns why it must end ("" if it may go on).
+func (s *Server) relayKeep(key string, claims *previewClaims, now time.Time) string {
+	s.relayed.mu.Lock()
+	if s.relayed.m == nil {
+		s.relayed.m = map[string]*relayedConn{}
+	}
+	const ended = "preview revoked or session ended"
+	rc := s.relayed.m[key]
+	if rc != nil {
+		rc.seen = now
+		s.relayed.mu.Unlock()
+		if rc.closed.Load() || !s.tenants.Enabled(claims.Tenant) {
+			return ended
+		}
+		return ""
+	}
+	s.relayed.mu.Unlock()
+	if _, _, _, err := (managerLive{s}).admit(claims.raw); err != nil {
+		return ended
+	}
+	rc = &relayedConn{seen: now}
+	release, err := s.sessions.Track(claims.Tenant, claims.Session, claims.ID, closerFunc(func() error {
+		rc.closed.Store(true)
+		return nil
+	}))
+	if err != nil {
+		if errors.Is(err, session.ErrQuota) {
+			return "too many live connections"
+		}
+		return ended
+	}
+	rc.release = release
+	s.relayed.mu.Lock()
+	if old := s.relayed.m[key]; old != nil { // two reports at once
+		s.relayed.mu.Unlock()
+		release()
+		return ""
+	}
+	s.relayed.m[key] = rc
+	s.relayed.mu.Unlock()
+	return ""
+}
+
+// relayEvent records what a replica's connection reported, with fields
+// the leader makes from the token and bounded values: a replica does not
+// write a trail's event as it likes.
+func (s *Server) relayEvent(claims *previewClaims, ev relayEvent) {
+	// The same fields as the leader's own connections record.
+	base := map[string]any{"preview": claims.ID, "scope": claims.Scope}
+	switch ev.Type {
+	case "preview_connected":
+		if claims.Scope != ScopeCDP {
+			base["view_only"] = claims.ViewOnly
+		}
+		s.sessions.Record(claims.Session, ev.Type, base)
+	case "preview_closed":
+		base["duration_ms"] = max(ev.DurationMS, 0)
+		if claims.Scope == ScopeCDP {
+			base["reason"] = truncate(ev.Reason, 200)
+		}
+		s.sessions.Record(claims.Session, ev.Type, base)
+	case "message_too_big":
+		base["limit"] = max(ev.Limit, 0)
+		s.sessions.Record(claims.Session, ev.Type, base)
+	case "client_left":
+		s.clientLeft(claims.Session)
+	case "browser_gone":
+		go s.checkBrowser(claims.Tenant, claims.Session)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// sweepRelayed drops, now and then, the registrations of connections no
+// report has named for relayForget: their replica died.
+func (s *Server) sweepRelayed() {
+	t := time.NewTicker(relayForget / 2)
+	defer t.Stop()
+	for range t.C {
+		cutoff := time.Now().Add(-relayForget)
+		var gone []func()
+		s.relayed.mu.Lock()
+		for key, rc := range s.relayed.m {
+			if rc.seen.Before(cutoff) {
+				gone = append(gone, rc.release)
+				delete(s.relayed.m, key)
+			}
+		}
+		s.relayed.mu.Unlock()
+		for _, release := range gone {
+			release()
+		}
+	}
+}
+
+// relayLive is a relaying replica's previewLive: the leader's word.
+type relayLive struct {
+	identity string
+	leader   func(ctx context.Context) (string, error)
+	keys     map[string][]byte
+	kid      string
+	host     string // the Host the leader takes: the gateway's own
+	client   *http.Client
+	log      *slog.Logger
+	forget   func(id string) // drops what the server keeps of a session
+
+	mu     sync.Mutex
+	conns  map[string]*relayConn
+	events []relayEvent
+	// base counts the events ever taken off the front of events (sent
+	// or dropped): the report's answer takes off those it carried.
+	base     int
+	dropped  int
+	admitted map[string]time.Time // session: when a connection was last admitted
+	reached  time.Time            // when a leader last answered a report
+	addr     string               // the leader's, read at addrAt
+	addrAt   time.Time
+	addrErr  error
+	lookup   sync.Mutex // one read of the leader at a time
+	// refusedAt: when the leader last refused this replica's signature
+	// (unix ns; 0 never).
+	refusedAt atomic.Int64
+}
+
+type relayConn struct {
+	token            string
+	session, preview string
+	closer           io.Closer
+	active           bool
+}
+
+// NewRelay builds the gateway a replica standing by serves preview
+// connections with (CDP and VNC, their tokens in the path or a header),
+// asking the leader (at leader's address) about each. identity names
+// the replica to the leader.
+func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), log *slog.Logger) (*Server, error) {
+	s, err := newServer(cfg, nil, nil, log)
+	if err != nil {
+		return nil, err
+	}
+	l := &relayLive{identity: identity, leader: leader, keys: s.tokens.keys, kid: s.tokens.active,
+		host: cfg.PublicURL.Host, log: log.With("component", "relay"), forget: s.forgetVersion,
+		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		conns:    map[string]*relayConn{},
+		admitted: map[string]time.Time{},
+	}
+	s.live = l
+	// One request a connection, but for the upgrade: the Front hands a
+	// connection over by its first request, and another on it may be no
+	// preview's.
+	s.app.Use(func(c *fiber.Ctx) error {
+		if !websocket.IsWebSocketUpgrade(c) {
+			c.Context().SetConnectionClose()
+		}
+		return c.Next()
+	})
+	s.app.Use(s.limitBody)
+	s.app.Use(s.checkHost)
+	s.previewRoutes()
+	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
+	go l.loop()
+	return s, nil
+}
+
+// leaderAddr is where the leader serves, read at most every
+// relayLeaderCache.
+func (l *relayLive) leaderAddr(ctx context.Context) (string, error) {
+	l.lookup.Lock()
+	defer l.lookup.Unlock()
+	l.mu.Lock()
+	addr, at, err := l.addr, l.addrAt, l.addrErr
+	l.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < relayLeaderCache {
+		return addr, err
+	}
+	addr, err = l.leader(ctx)
+	if err == nil && addr == "" {
+		err = errors.New("no replica leads")
+	}
+	if err != nil {
+		addr, err = "", fmt.Errorf("no leader: %w", err)
+	}
+	l.mu.Lock()
+	l.addr, l.addrAt, l.addrErr = addr, time.Now(), err
+	l.mu.Unlock()
+	return addr, err
+}
+
+const relayLeaderCache = 2 * time.Second
+
+// call posts a signed request to the leader and decodes its answer.
+func (l *relayLive) call(ctx context.Context, path string, in, out any) (int, error) {
+	addr, err := l.leaderAddr(ctx)
+	if err != nil {
+		return 0, err
+	}
+	body, err := json.Marshal(in)
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Host = l.host
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(relayHeader, relaySign(l.keys, l.kid, time.Now(), randomNonce(), path, body))
+	resp, err := l.client.Do(req)
+	if err != nil {
+		// Another may lead by now: read again (at most each
+		// relayLeaderCache, however many ask).
+		l.mu.Lock()
+		if l.addr == addr && time.Since(l.addrAt) > relayLeaderCache/4 {
+			l.addrAt = time.Time{}
+		}
+		l.mu.Unlock()
+		return 0, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxRelayBody))
+	if err != nil {
+		return resp.StatusCode, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, fmt.Errorf("the leader answered %d", resp.StatusCode)
+	}
+	return resp.StatusCode, json.Unmarshal(raw, out)
+}
+
+func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, session.Info, error) {
+	bad := errUnauthenticated("the preview token is missing, invalid or expired")
+	if token == "" || len(token) > 4096 {
+		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var ans relayAdmitAnswer
+	st, err := l.call(ctx, relayAdmitPath, relayAdmitRequest{Token: token}, &ans)
+	switch {
+	case st == http.StatusUnauthorized:
+		return nil, session.Endpoint{}, session.Info{}, bad
+	case st == http.StatusNotFound:
+		// The leader does not take this replica's signature (its keys
+		// changed since this replica started): the Front forwards
+		// preview connections to the leader for a while.
+		l.refusedAt.Store(time.Now().UnixNano())
+		l.log.Warn("the leader refuses this replica's relay requests (are the token keys the same?): preview connections go to the leader for a while")
+		fallthrough
+	case err != nil:
+		l.log.Warn("cannot ask the leader about a preview connection", "err", err)
+		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry", err: err}
+	}
+	cdp, err1 := netip.ParseAddrPort(ans.CDP)
+	vnc, err2 := netip.ParseAddrPort(ans.VNC)
+	if err1 != nil || err2 != nil || ans.Session == "" || ans.Tenant == "" || ans.Preview == "" {
+		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 502, code: "unavailable", msg: "the gateway cannot check the preview now; retry", err: errors.Join(err1, err2)}
+	}
+	c := &previewClaims{Session: ans.Session, Tenant: ans.Tenant, Scope: ans.Scope, ViewOnly: ans.ViewOnly, raw: token}
+	c.ID = ans.Preview
+	c.ExpiresAt = jwtTime(time.Unix(ans.Expires, 0))
+	l.mu.Lock()
+	l.admitted[c.Session] = time.Now()
+	l.mu.Unlock()
+	return c, session.Endpoint{Addr: cdp.Addr(), CDP: cdp, VNC: vnc, Version: ans.Version},
+		session.Info{ID: c.Session, Tenant: c.Tenant, Screen: ans.Screen}, nil
+}
+
+// RelayUsable says whether the Front may hand preview connections to
+// this relay (NewRelay): not within a minute of the leader refusing its
+// signature (they are forwarded then).
+func (s *Server) RelayUsable() bool {
+	l, ok := s.live.(*relayLive)
+	return ok && l.usable()
+}
+
+func (l *relayLive) usable() bool {
+	at := l.refusedAt.Load()
+	return at == 0 || time.Since(time.Unix(0, at)) > time.Minute
+}
+
+func randomNonce() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (l *relayLive) running(tenant, id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at, ok := l.admitted[id]
+	return ok && time.Since(at) < relayGrace
+}
+
+func (l *relayLive) track(c *previewClaims, closer io.Closer) (func(), error) {
+	id := ids.NewPreview()
+	l.mu.Lock()
+	// The session's bounds, here too (the leader counts every
+	// replica's at the next report): a link's holder cannot fill this
+	// replica's share.
+	perSession, perPreview := 0, 0
+	for _, rc := range l.conns {
+		if rc.session == c.Session {
+			perSession++
+			if rc.preview == c.ID {
+				perPreview++
+			}
+		}
+	}
+	if len(l.conns) >= maxRelayConns || perSession >= session.MaxSessionConns || perPreview >= session.MaxPreviewConns {
+		l.mu.Unlock()
+		return nil, errors.New("too many live connections")
+	}
+	if len(l.conns) == 0 {
+		l.reached = time.Now() // the grace counts from the first
+	}
+	l.conns[id] = &relayConn{token: c.raw, session: c.Session, preview: c.ID, closer: closer, active: true}
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		delete(l.conns, id)
+		l.mu.Unlock()
+	}, nil
+}
+
+func (l *relayLive) event(ev relayEvent) {
+	l.mu.Lock()
+	if len(l.events) >= maxRelayEvents {
+		l.events = l.events[1:]
+		l.base++
+		l.dropped++
+	}
+	l.events = append(l.events, ev)
+	l.mu.Unlock()
+}
+
+func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) {
+	ev := relayEvent{Token: c.raw, Type: typ}
+	if v, ok := fields["duration_ms"].(int64); ok {
+		ev.DurationMS = v
+	}
+	if v, ok := fields["reason"].(string); ok {
+		ev.Reason = v
+	}
+	switch v := fields["limit"].(type) {
+	case int:
+		ev.Limit = int64(v)
+	case int64:
+		ev.Limit = v
+	}
+	l.event(ev)
+}
+
+func (l *relayLive) touch(c *previewClaims) {
+	l.mu.Lock()
+	for _, rc := range l.conns {
+		if rc.token == c.raw {
+			rc.active = true
+		}
+	}
+	l.mu.Unlock()
+}
+
+func (l *relayLive) left(c *previewClaims, browserGone bool) {
+	if browserGone {
+		l.event(relayEvent{Token: c.raw, Type: "browser_gone"})
+	}
+	l.event(relayEvent{Token: c.raw, Type: "client_left"})
+}
+
+// loop reports to the leader every relaySyncEvery, while there is
+// anything to report.
+func (l *relayLive) loop() {
+	t := time.NewTicker(relaySyncEvery)
+	defer t.Stop()
+	for range t.C {
+		l.sync()
+	}
+}
+
+// sync reports until the events kept are sent (at most a few reports
+// a tick: one holder's connections cannot crowd out the others').
+func (l *relayLive) sync() {
+	for range 16 {
+		if !l.report() {
+			return
+		}
+	}
+}
+
+// report sends one report; it says whether there are events left to
+// send.
+func (l *relayLive) report() bool {
+	l.mu.Lock()
+	for id, at := range l.admitted {
+		if time.Since(at) > 5*time.Minute {
+			delete(l.admitted, id)
+			go l.forget(id)
+		}
+	}
+	if len(l.conns) == 0 && len(l.events) == 0 {
+		l.mu.Unlock()
+		return false
+	}
+	// A report carries at most maxReportEvents (with the connections,
+	// it stays well under the gateway's body limit); the rest go next.
+	carried := l.events[:min(len(l.events), maxReportEvents)]
+	req := relaySyncRequest{Relay: l.identity, Events: append([]relayEvent(nil), carried...)}
+	upTo := l.base + len(carried) // the events this report carries end there
+	closers := map[string]io.Closer{}
+	for id, rc := range l.conns {
+		req.Conns = append(req.Conns, relayConnState{ID: id, Token: rc.token, Active: rc.active})
+		rc.active = false
+		closers[id] = rc.closer
+	}
+	dropped := l.dropped
+	l.dropped = 0
+	l.mu.Unlock()
+	if dropped > 0 {
+		l.log.Warn("events of relayed connections dropped while no leader answered", "dropped", dropped)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	var ans relaySyncAnswer
+	_, err := l.call(ctx, relaySyncPath, req, &ans)
+	cancel()
+	l.mu.Lock()
+	if err != nil {
+		// The activity goes with the next report; the connections end
+		// once no leader has answered for relayGrace.
+		for _, c := range req.Conns {
+			if rc := l.conns[c.ID]; rc != nil && c.Active {
+				rc.active = true
+			}
+		}
+		late := time.Since(l.reached) > relayGrace
+		l.mu.Unlock()
+		if late {
+			l.log.Warn("no leader answered for a while: ending the preview connections this replica carries", "err", err)
+			for _, c := range closers {
+				go c.Close() // a close may wait on a viewer's write
+			}
+		}
+		return false
+	}
+	l.reached = time.Now()
+	// The events sent are taken; those added meanwhile stay.
+	if cut := min(upTo-l.base, len(l.events)); cut > 0 {
+		l.events = append([]relayEvent(nil), l.events[cut:]...)
+		l.base += cut
+	}
+	more := len(l.events) > 0
+	l.mu.Unlock()
+	for _, c := range ans.Close {
+		if cl := closers[c.ID]; cl != nil {
+			go cl.Close() // a close may wait on a viewer's write
+		}
+	}
+	return more
+}
