@@ -44,6 +44,9 @@ func (s *Server) previewAuth(scopes ...string) fiber.Handler {
 		}
 		claims, ep, info, err := s.live.admit(token)
 		if err != nil {
+			if ae, ok := err.(*apiError); ok && ae.status == fiber.StatusServiceUnavailable {
+				c.Set(fiber.HeaderRetryAfter, "2")
+			}
 			return err
 		}
 		if !slices.Contains(scopes, claims.Scope) {

@@ -21,7 +21,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gofiber/contrib/websocket"
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/ids"
@@ -59,8 +58,9 @@ const (
 	// revocation reaches them within about that.
 	relaySyncEvery = time.Second
 	// relayGrace: a replica that has not reached a leader for this long
-	// ends the connections it carries.
-	relayGrace = 30 * time.Second
+	// ends the connections it carries. Longer than a takeover: the
+	// hold's duration, its renewal period and the adoption.
+	relayGrace = 90 * time.Second
 	// relayForget: the leader drops the registration of a connection
 	// no report has named for this long (its replica died).
 	relayForget = 10 * time.Second
@@ -75,6 +75,8 @@ const (
 	relayEventGrace = 10 * time.Minute
 	maxRelayBody    = 4 << 20
 	maxRelayNonces  = 1 << 16
+	// maxRelayAdmits bounds the admissions a replica asks at once.
+	maxRelayAdmits = 64
 	// maxReportEvents bounds the events of one report.
 	maxReportEvents = 256
 )
@@ -93,38 +95,55 @@ func relaySign(keys map[string][]byte, kid string, at time.Time, nonce, path str
 // relayNonces are the nonces of the signed requests taken within
 // twice relaySkew: one seen again is a replay.
 type relayNonces struct {
-	mu sync.Mutex
-	m  map[string]time.Time
+	mu     sync.Mutex
+	m      map[string]time.Time
+	pruned time.Time
 }
 
-// fresh records nonce, reporting whether it is new.
-func (n *relayNonces) fresh(nonce string, now time.Time) bool {
+// take records nonce: errReplay when it was seen, errBusy when the
+// store is full (more than replicas sign in that time).
+func (n *relayNonces) take(nonce string, now time.Time) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.m == nil {
 		n.m = map[string]time.Time{}
 	}
 	if _, seen := n.m[nonce]; seen {
-		return false
+		return errReplay
 	}
-	if len(n.m) >= 1024 {
+	// The old ones go, at most once a second.
+	if len(n.m) >= 1024 && now.Sub(n.pruned) > time.Second {
+		n.pruned = now
 		for k, at := range n.m {
 			if now.Sub(at) > 2*relaySkew {
 				delete(n.m, k)
 			}
 		}
-		if len(n.m) >= maxRelayNonces {
-			return false // more than replicas sign in that time
-		}
+	}
+	if len(n.m) >= maxRelayNonces {
+		return errBusy
 	}
 	n.m[nonce] = now
-	return true
+	return nil
 }
+
+var (
+	errReplay = errors.New("a relay request seen before")
+	errBusy   = errors.New("too many relay requests")
+)
 
 // relayAuth lets through only requests a replica signed with one of the
 // gateway's keys, within relaySkew of now. Anything else is a 404, as
-// for any route that is not there.
-func (s *Server) relayAuth(c *fiber.Ctx) error {
+// for any route that is not there. once: a request with a nonce seen
+// before is refused too (a report: replayed, it would write its events
+// again). An admission replayed tells the replayer only what it saw go
+// by, and admissions come as fast as clients connect, so their nonces
+// are not kept.
+func (s *Server) relayAuth(once bool) fiber.Handler {
+	return func(c *fiber.Ctx) error { return s.relayCheck(c, once) }
+}
+
+func (s *Server) relayCheck(c *fiber.Ctx, once bool) error {
 	parts := strings.Fields(c.Get(relayHeader))
 	notFound := errNotFound("no such endpoint")
 	if len(parts) != 4 || s.tokens.keys[parts[0]] == nil || len(parts[2]) != 32 {
@@ -139,8 +158,18 @@ func (s *Server) relayAuth(c *fiber.Ctx) error {
 		return notFound
 	}
 	want := relaySign(s.tokens.keys, parts[0], at, parts[2], c.Path(), c.Body())
-	if !hmac.Equal([]byte(want), []byte(strings.Join(parts, " "))) || !s.relayNonces.fresh(parts[2], time.Now()) {
+	if !hmac.Equal([]byte(want), []byte(strings.Join(parts, " "))) {
 		return notFound
+	}
+	if !once {
+		return c.Next()
+	}
+	switch s.relayNonces.take(parts[2], time.Now()) {
+	case errReplay:
+		return notFound
+	case errBusy:
+		c.Set(fiber.HeaderRetryAfter, "2")
+		return &apiError{status: 503, code: "unavailable", msg: "too many relay requests; retry"}
 	}
 	return c.Next()
 }
@@ -184,6 +213,9 @@ type relaySyncRequest struct {
 	Relay  string           `json:"relay"`
 	Conns  []relayConnState `json:"conns"`
 	Events []relayEvent     `json:"events"`
+	// Touched: tokens of requests with no connection of their own (CDP
+	// discovery) since the last report: activity.
+	Touched []string `json:"touched,omitempty"`
 }
 
 type relayConnState struct {
@@ -229,7 +261,7 @@ type relayedConn struct {
 // activity, and answers which must end.
 func (s *Server) relaySync(c *fiber.Ctx) error {
 	var req relaySyncRequest
-	if err := json.Unmarshal(c.Body(), &req); err != nil || req.Relay == "" || len(req.Relay) > 256 ||
+	if err := json.Unmarshal(c.Body(), &req); err != nil || req.Relay == "" || len(req.Relay) > 256 || strings.ContainsRune(req.Relay, 0) ||
 		len(req.Conns) > maxRelayConns || len(req.Events) > maxRelayEvents {
 		return errInvalid("the body must be a relay report")
 	}
@@ -238,7 +270,7 @@ func (s *Server) relaySync(c *fiber.Ctx) error {
 	var ans relaySyncAnswer
 	named := map[string]bool{}
 	for _, rc := range req.Conns {
-		if rc.ID == "" || len(rc.ID) > 64 {
+		if rc.ID == "" || len(rc.ID) > 64 || strings.ContainsRune(rc.ID, 0) {
 			ans.Close = append(ans.Close, relayClose{ID: rc.ID, Reason: "invalid report"})
 			continue
 		}
@@ -271,6 +303,14 @@ func (s *Server) relaySync(c *fiber.Ctx) error {
 	s.relayed.mu.Unlock()
 	for _, release := range gone {
 		release()
+	}
+	for i, tok := range req.Touched {
+		if i >= maxRelayConns {
+			break
+		}
+		if claims, err := s.tokens.verify(tok, now); err == nil {
+			s.sessions.Touch(claims.Session)
+		}
 	}
 	for _, ev := range req.Events {
 		claims, err := s.tokens.verify(ev.Token, now.Add(-relayEventGrace))
@@ -402,14 +442,20 @@ type relayLive struct {
 	base     int
 	dropped  int
 	admitted map[string]time.Time // session: when a connection was last admitted
-	reached  time.Time            // when a leader last answered a report
-	addr     string               // the leader's, read at addrAt
-	addrAt   time.Time
-	addrErr  error
-	lookup   sync.Mutex // one read of the leader at a time
+	touched  map[string]bool      // tokens of discovery requests since the last report
+	// admits bounds the admissions asked of the leader at once.
+	admits  chan struct{}
+	reached time.Time // when a leader last answered a report
+	addr    string    // the leader's, read at addrAt
+	addrAt  time.Time
+	addrErr error
+	lookup  sync.Mutex // one read of the leader at a time
 	// refusedAt: when the leader last refused this replica's signature
 	// (unix ns; 0 never).
 	refusedAt atomic.Int64
+	warned    atomic.Int64 // when the last "cannot ask" was logged (unix ns)
+	reporting sync.Mutex
+	signer    *signer
 }
 
 type relayConn struct {
@@ -428,22 +474,25 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 	if err != nil {
 		return nil, err
 	}
-	l := &relayLive{identity: identity, leader: leader, keys: s.tokens.keys, kid: s.tokens.active,
+	l := &relayLive{identity: identity, leader: leader, keys: s.tokens.keys, kid: s.tokens.active, signer: s.tokens,
 		host: cfg.PublicURL.Host, log: log.With("component", "relay"), forget: s.forgetVersion,
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		conns:    map[string]*relayConn{},
 		admitted: map[string]time.Time{},
+		touched:  map[string]bool{},
+		admits:   make(chan struct{}, maxRelayAdmits),
 	}
 	s.live = l
 	// One request a connection, but for the upgrade: the Front hands a
 	// connection over by its first request, and another on it may be no
 	// preview's.
 	s.app.Use(func(c *fiber.Ctx) error {
-		if !websocket.IsWebSocketUpgrade(c) {
+		err := c.Next()
+		if err != nil || c.Response().StatusCode() != fiber.StatusSwitchingProtocols {
 			c.Context().SetConnectionClose()
 		}
-		return c.Next()
+		return err
 	})
 	s.app.Use(s.limitBody)
 	s.app.Use(s.checkHost)
@@ -523,6 +572,19 @@ func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, sessi
 	if token == "" || len(token) > 4096 {
 		return nil, session.Endpoint{}, session.Info{}, bad
 	}
+	// A token this replica can read itself must be good before the
+	// leader is asked: a stranger's junk costs the leader nothing. One
+	// signed with a key this replica does not know (added since it
+	// started) is the leader's to read.
+	if _, err := l.signer.verify(token, time.Now()); err != nil && l.signer.knows(token) {
+		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	select {
+	case l.admits <- struct{}{}:
+		defer func() { <-l.admits }()
+	default:
+		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 503, code: "unavailable", msg: "the gateway is busy; retry"}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var ans relayAdmitAnswer
@@ -538,13 +600,20 @@ func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, sessi
 		l.log.Warn("the leader refuses this replica's relay requests (are the token keys the same?): preview connections go to the leader for a while")
 		fallthrough
 	case err != nil:
-		l.log.Warn("cannot ask the leader about a preview connection", "err", err)
-		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry", err: err}
+		if last := l.warned.Load(); time.Since(time.Unix(0, last)) > 10*time.Second && l.warned.CompareAndSwap(last, time.Now().UnixNano()) {
+			l.log.Warn("cannot ask the leader about a preview connection", "err", err)
+		}
+		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry"}
 	}
+	return l.fromAnswer(token, ans)
+}
+
+// fromAnswer makes the claims, endpoint and record of an admission.
+func (l *relayLive) fromAnswer(token string, ans relayAdmitAnswer) (*previewClaims, session.Endpoint, session.Info, error) {
 	cdp, err1 := netip.ParseAddrPort(ans.CDP)
 	vnc, err2 := netip.ParseAddrPort(ans.VNC)
 	if err1 != nil || err2 != nil || ans.Session == "" || ans.Tenant == "" || ans.Preview == "" {
-		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 502, code: "unavailable", msg: "the gateway cannot check the preview now; retry", err: errors.Join(err1, err2)}
+		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry", err: errors.Join(err1, err2)}
 	}
 	c := &previewClaims{Session: ans.Session, Tenant: ans.Tenant, Scope: ans.Scope, ViewOnly: ans.ViewOnly, raw: token}
 	c.ID = ans.Preview
@@ -643,10 +712,14 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 
 func (l *relayLive) touch(c *previewClaims) {
 	l.mu.Lock()
+	found := false
 	for _, rc := range l.conns {
 		if rc.token == c.raw {
-			rc.active = true
+			rc.active, found = true, true
 		}
+	}
+	if !found && len(l.touched) < maxRelayConns {
+		l.touched[c.raw] = true
 	}
 	l.mu.Unlock()
 }
@@ -671,6 +744,8 @@ func (l *relayLive) loop() {
 // sync reports until the events kept are sent (at most a few reports
 // a tick: one holder's connections cannot crowd out the others').
 func (l *relayLive) sync() {
+	l.reporting.Lock() // one report at a time
+	defer l.reporting.Unlock()
 	for range 16 {
 		if !l.report() {
 			return
@@ -688,7 +763,7 @@ func (l *relayLive) report() bool {
 			go l.forget(id)
 		}
 	}
-	if len(l.conns) == 0 && len(l.events) == 0 {
+	if len(l.conns) == 0 && len(l.events) == 0 && len(l.touched) == 0 {
 		l.mu.Unlock()
 		return false
 	}
@@ -696,6 +771,10 @@ func (l *relayLive) report() bool {
 	// it stays well under the gateway's body limit); the rest go next.
 	carried := l.events[:min(len(l.events), maxReportEvents)]
 	req := relaySyncRequest{Relay: l.identity, Events: append([]relayEvent(nil), carried...)}
+	for tok := range l.touched {
+		req.Touched = append(req.Touched, tok)
+	}
+	clear(l.touched)              // activity: one lost with a report is not worth keeping
 	upTo := l.base + len(carried) // the events this report carries end there
 	closers := map[string]io.Closer{}
 	for id, rc := range l.conns {

@@ -2,18 +2,25 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 )
 
 // TestRelayAuth: the leader's relay routes take only requests signed
 // with one of the gateway's keys, over this path and body, within a
-// minute of now, once each; anything else is a 404, as a route that is
-// not there.
+// minute of now (a report once); anything else is a 404, as a route
+// that is not there.
 // A signed admission with a bad token is a 401, and a signed report
 // names a connection with a bad token to be ended. (The relay carrying
 // real connections is TestKubeRelay's.)
@@ -64,17 +71,142 @@ func TestRelayAuth(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d", c.name, st, body, c.status)
 		}
 	}
-	// A signed request taken once is not taken again.
-	replayed := sign(s.tokens.keys, now, relayAdmitPath, admit)
-	if st, body := post(relayAdmitPath, admit, replayed); st != 401 {
-		t.Errorf("a signed admission, first: %d %s, want 401", st, body)
-	}
-	if st, body := post(relayAdmitPath, admit, replayed); st != 404 {
-		t.Errorf("the same signed admission again: %d %s, want 404", st, body)
-	}
 	st, body := post(relaySyncPath, sync, sign(s.tokens.keys, now, relaySyncPath, sync))
 	var ans relaySyncAnswer
 	if err := json.Unmarshal([]byte(body), &ans); st != 200 || err != nil || len(ans.Close) != 1 || ans.Close[0].ID != "c1" {
 		t.Errorf("a signed report of a connection with a bad token: %d %s, want it named to end", st, body)
+	}
+	// A report is taken once: replayed, it is refused.
+	replayed := sign(s.tokens.keys, now, relaySyncPath, sync)
+	if st, body := post(relaySyncPath, sync, replayed); st != 200 {
+		t.Errorf("a signed report, first: %d %s", st, body)
+	}
+	if st, body := post(relaySyncPath, sync, replayed); st != 404 {
+		t.Errorf("the same signed report again: %d %s, want 404", st, body)
+	}
+}
+
+// TestRelayLive: the relay's side against a stand-in leader (the
+// leader's side is TestRelayAuth's, and both together TestKubeRelay's).
+// A token the relay can read and finds bad never reaches the leader; a
+// good one is the leader's to admit; a connection the leader
+// names is closed; events go with the reports and are not sent twice;
+// a leader that refuses the relay's signature makes it unusable for a
+// while.
+func TestRelayLive(t *testing.T) {
+	var mu sync.Mutex
+	var admits, syncs int
+	var closeID string
+	var got []relayEvent
+	refuse := false
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse || r.Header.Get(relayHeader) == "" {
+			w.WriteHeader(404)
+			return
+		}
+		switch r.URL.Path {
+		case relayAdmitPath:
+			admits++
+			json.NewEncoder(w).Encode(relayAdmitAnswer{CDP: "10.0.0.9:9222", VNC: "10.0.0.9:5900", Session: "s-1", Tenant: "t", Scope: ScopeCDP, Preview: "p-1", Expires: time.Now().Add(time.Hour).Unix()})
+		case relaySyncPath:
+			syncs++
+			var req relaySyncRequest
+			json.Unmarshal(body, &req)
+			got = append(got, req.Events...)
+			var ans relaySyncAnswer
+			for _, c := range req.Conns {
+				if c.ID == closeID {
+					ans.Close = append(ans.Close, relayClose{ID: c.ID, Reason: "preview revoked or session ended"})
+				}
+			}
+			json.NewEncoder(w).Encode(ans)
+		}
+	}))
+	defer leader.Close()
+	u, _ := url.Parse("http://gw.test:8080")
+	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
+		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil }, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := srv.live.(*relayLive)
+	count := func() (int, int) { mu.Lock(); defer mu.Unlock(); return admits, syncs }
+
+	// Junk, and a token of this relay's key whose signature is wrong:
+	// refused here.
+	good, _ := srv.tokens.issue(previewClaims{Session: "s-1", Tenant: "t", Scope: ScopeCDP, RegisteredClaims: jwt.RegisteredClaims{ID: "p-1", ExpiresAt: jwtTime(time.Now().Add(time.Hour))}})
+	for _, tok := range []string{"junk", good[:len(good)-4] + "AAAA"} {
+		if _, _, _, err := l.admit(tok); err == nil {
+			t.Errorf("admit(%q) passed", tok)
+		}
+	}
+	if a, _ := count(); a != 0 {
+		t.Fatalf("bad tokens reached the leader: %d admissions", a)
+	}
+	// A good one is the leader's to admit, each time (a revocation
+	// holds at once).
+	c, ep, _, err := l.admit(good)
+	if err != nil || c.Session != "s-1" || c.ID != "p-1" || ep.CDP.String() != "10.0.0.9:9222" {
+		t.Fatalf("admit(good): %+v %v %v", c, ep, err)
+	}
+	if a, _ := count(); a != 1 {
+		t.Errorf("an admission asked the leader %d times, want 1", a)
+	}
+
+	// Two connections; the leader names one to close.
+	closed := make(chan string, 2)
+	rel1, err1 := l.track(c, closerFunc(func() error { closed <- "one"; return nil }))
+	rel2, err2 := l.track(c, closerFunc(func() error { closed <- "two"; return nil }))
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	defer rel1()
+	defer rel2()
+	l.mu.Lock()
+	for id, rc := range l.conns {
+		if rc.closer != nil {
+			mu.Lock()
+			closeID = id
+			mu.Unlock()
+			break
+		}
+	}
+	l.mu.Unlock()
+	l.record(c, "preview_connected", map[string]any{"preview": "p-1", "scope": ScopeCDP})
+	l.sync()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection the leader named was not closed")
+	}
+	select {
+	case which := <-closed:
+		t.Errorf("both connections were closed (%s too)", which)
+	case <-time.After(100 * time.Millisecond):
+	}
+	l.sync()
+	mu.Lock()
+	n := len(got)
+	mu.Unlock()
+	if n != 1 || got[0].Type != "preview_connected" {
+		t.Errorf("the leader got events %+v, want one preview_connected, once", got)
+	}
+
+	// A leader that refuses the signature: not usable for a while.
+	if !srv.RelayUsable() {
+		t.Fatal("unusable before any refusal")
+	}
+	mu.Lock()
+	refuse = true
+	mu.Unlock()
+	other, _ := srv.tokens.issue(previewClaims{Session: "s-2", Tenant: "t", Scope: ScopeCDP, RegisteredClaims: jwt.RegisteredClaims{ID: "p-2", ExpiresAt: jwtTime(time.Now().Add(time.Hour))}})
+	if _, _, _, err := l.admit(other); err == nil {
+		t.Error("admitted while the leader refuses")
+	}
+	if srv.RelayUsable() {
+		t.Error("still usable after the leader refused its signature")
 	}
 }

@@ -348,8 +348,8 @@ func (s *Server) routes() {
 	v1.Post("/profiles/:pid/rollback", s.rollbackProfile)
 	v1.Get("/artifacts/:id", s.getArtifact)
 
-	a.Post(relayAdmitPath, s.relayAuth, s.relayAdmit)
-	a.Post(relaySyncPath, s.relayAuth, s.relaySync)
+	a.Post(relayAdmitPath, s.relayAuth(false), s.relayAdmit)
+	a.Post(relaySyncPath, s.relayAuth(true), s.relaySync)
 	a.Get("/viewer-assets/:name", s.viewerAsset)
 	a.Get("/view/:token", s.previewAuth(ScopeView), s.viewPage)
 	a.Get("/review/:token", s.reviewAuth, s.review)

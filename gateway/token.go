@@ -92,6 +92,20 @@ func (s *signer) verify(token string, now time.Time) (*previewClaims, error) {
 	return &c, nil
 }
 
+// knows reports whether token names (in its header, unchecked) a key
+// this signer has.
+func (s *signer) knows(token string) bool {
+	if len(token) > 4096 {
+		return false
+	}
+	t, _, err := jwt.NewParser().ParseUnverified(token, &previewClaims{})
+	if err != nil {
+		return true // not a token at all: nothing to ask anyone
+	}
+	kid, _ := t.Header["kid"].(string)
+	return s.keys[kid] != nil
+}
+
 // viewer is a short keyed digest of a caller's address within one
 // session: it tells one session's callers apart in a trail that its
 // links' holders read, without giving them each other's addresses, and

@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -339,6 +343,30 @@ func TestOpenAPIContract(t *testing.T) {
 		keep(p)
 	}
 	c.do(t, call{method: "POST", path: sp + "/previews", key: e.keyA, body: []byte(`{"scope":"everything"}`), status: 400, invalid: true})
+
+	// The replicas' internal routes (the relay of backend kubernetes),
+	// signed as a replica signs them: with the token key, over the
+	// time, a nonce, the path and the body.
+	relay := func(path string, body []byte, status int, invalid bool) []byte {
+		t.Helper()
+		ts, nonce := strconv.FormatInt(time.Now().Unix(), 10), randHex(16)
+		m := hmac.New(sha256.New, []byte(e.tokenKey))
+		m.Write([]byte("sandgate relay\x00" + ts + "\x00" + nonce + "\x00" + path + "\x00"))
+		m.Write(body)
+		h := http.Header{"X-Sandgate-Relay": {"k1 " + ts + " " + nonce + " " + hex.EncodeToString(m.Sum(nil))}}
+		return c.do(t, call{method: "POST", path: path, header: h, body: body, status: status, invalid: invalid})
+	}
+	admitBody, _ := json.Marshal(map[string]string{"token": token(pc)})
+	if out := relay("/internal/v1/relay/admit", admitBody, 200, false); jsonField(out, "session") != s.ID || jsonField(out, "preview") != pc.ID {
+		t.Errorf("a relay's admission: %s", trim(out))
+	}
+	relay("/internal/v1/relay/admit", []byte(`{"token":"x"}`), 401, false)
+	relay("/internal/v1/relay/admit", []byte(`{`), 400, true)
+	c.do(t, call{method: "POST", path: "/internal/v1/relay/admit", body: admitBody, status: 404}) // unsigned
+	report, _ := json.Marshal(map[string]any{"relay": "contract", "conns": []map[string]any{{"id": "c1", "token": token(pc), "active": true}}})
+	relay("/internal/v1/relay/sync", report, 200, false)
+	relay("/internal/v1/relay/sync", []byte(`{"relay":"contract","conns":[]}`), 200, false) // c1 closed
+	relay("/internal/v1/relay/sync", []byte(`{"conns":[]}`), 400, true)
 	c.do(t, call{method: "DELETE", path: sp + "/previews/" + gone.ID, key: e.keyA, status: 204})
 	c.do(t, call{method: "DELETE", path: sp + "/previews/p-0000000000000000", key: e.keyB, status: 404})
 
