@@ -45,8 +45,9 @@ import (
 //
 // The two internal routes are the leader's; a replica signs its
 // requests with the gateway's preview-token keys (HMAC over the time,
-// the path and the body), so nothing else can ask where a session's Pod
-// is, and each connection's own token is checked again.
+// a nonce, the path and the body), so nothing else can ask where a
+// session's Pod is, and the leader reads each connection's token with
+// its own keys.
 const (
 	relayAdmitPath = "/internal/v1/relay/admit"
 	relaySyncPath  = "/internal/v1/relay/sync"
