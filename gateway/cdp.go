@@ -230,9 +230,7 @@ func (s *Server) cdpProxy() fiber.Handler {
 		var up net.Conn
 		var upr *bufio.Reader
 		ok := false
-		// A relay keeps no spares: it would not see the session end
-		// (the leader drops a session's spare then).
-		if _, relaying := s.live.(*relayLive); !relaying {
+		if s.live.spares() {
 			up, upr, ok = s.takeSpare(claims.Session, target, live)
 		}
 		var err error

@@ -277,7 +277,15 @@ func TestFrontRelay(t *testing.T) {
 		"/v1/sessions": false, "/cdpx": false, "/vnc": false, "/view/tok": false, "/review/tok": false}
 	for _, on := range []bool{false, true} {
 		relays.Store(on)
-		time.Sleep(frontLeaderCache + 100*time.Millisecond) // the Front's cache of the leader's word
+		// The Front keeps the leader's word a while: until a preview
+		// path shows the change (bounded), the rest must agree.
+		deadline := time.Now().Add(10 * time.Second)
+		for want := map[bool]string{false: "leader /vnc/tok", true: "relay /vnc/tok"}[on]; get("/vnc/tok") != want; {
+			if time.Now().After(deadline) {
+				t.Fatalf("leader relays %v: /vnc/tok still not %q", on, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 		for p, preview := range paths {
 			want := "leader " + p
 			if on && preview {

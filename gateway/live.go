@@ -35,6 +35,9 @@ type previewLive interface {
 	// left says a CDP client left; browserGone when the browser closed
 	// the connection (the session's browser is checked).
 	left(c *previewClaims, browserGone bool)
+	// spares: whether this replica keeps spare browser connections
+	// (it sees the sessions end, and drops them then).
+	spares() bool
 }
 
 // managerLive answers from this gateway's session manager.
@@ -72,6 +75,8 @@ func (l managerLive) record(c *previewClaims, typ string, fields map[string]any)
 }
 
 func (l managerLive) touch(c *previewClaims) { l.s.sessions.Touch(c.Session) }
+
+func (l managerLive) spares() bool { return true }
 
 func (l managerLive) left(c *previewClaims, browserGone bool) {
 	if browserGone {

@@ -428,8 +428,6 @@ func (s *Server) sweepRelayed() {
 type relayLive struct {
 	identity string
 	leader   func(ctx context.Context) (string, error)
-	keys     map[string][]byte
-	kid      string
 	host     string // the Host the leader takes: the gateway's own
 	client   *http.Client
 	log      *slog.Logger
@@ -456,7 +454,7 @@ type relayLive struct {
 	refusedAt atomic.Int64
 	warned    atomic.Int64 // when the last "cannot ask" was logged (unix ns)
 	reporting sync.Mutex
-	signer    *signer
+	signer    *signer // the token keys: it signs with them, and reads the tokens it can
 }
 
 type relayConn struct {
@@ -475,7 +473,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 	if err != nil {
 		return nil, err
 	}
-	l := &relayLive{identity: identity, leader: leader, keys: s.tokens.keys, kid: s.tokens.active, signer: s.tokens,
+	l := &relayLive{identity: identity, leader: leader, signer: s.tokens,
 		host: cfg.PublicURL.Host, log: log.With("component", "relay"), forget: s.forgetVersion,
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
@@ -545,7 +543,7 @@ func (l *relayLive) call(ctx context.Context, path string, in, out any) (int, er
 	}
 	req.Host = l.host
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(relayHeader, relaySign(l.keys, l.kid, time.Now(), randomNonce(), path, body))
+	req.Header.Set(relayHeader, relaySign(l.signer.keys, l.signer.active, time.Now(), randomNonce(), path, body))
 	resp, err := l.client.Do(req)
 	if err != nil {
 		// Another may lead by now: read again (at most each
@@ -724,6 +722,9 @@ func (l *relayLive) touch(c *previewClaims) {
 	}
 	l.mu.Unlock()
 }
+
+// spares: a relay keeps none; it would not see the session end.
+func (l *relayLive) spares() bool { return false }
 
 func (l *relayLive) left(c *previewClaims, browserGone bool) {
 	if browserGone {

@@ -28,9 +28,7 @@ func TestKubeHostileRecording(t *testing.T) {
 	defer cancel()
 	b, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
 	prog := buildStatic(t, fakeVNC)
-	start(ra, "A")
-	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
-	roles.waitLeader(t, "A leads", pods[ra])
+	startLeading(t, ra, "A", start, roles, pods[ra])
 	start(rb, "B")
 
 	var ids []string

@@ -30,9 +30,7 @@ func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	_, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
-	start(ra, "A")
-	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
-	roles.waitLeader(t, "A leads", pods[ra])
+	startLeading(t, ra, "A", start, roles, pods[ra])
 	start(rb, "B")
 	roles.waitLeader(t, "B stands by", pods[ra])
 

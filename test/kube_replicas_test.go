@@ -628,6 +628,15 @@ func kubeReplicaPair(t *testing.T, ctx context.Context) (b *kube.Backend, ra, rb
 	return b, ra, rb, pods, roles, start
 }
 
+// startLeading starts replica r (named name) and waits until it leads:
+// ready, its Pod (pod) labelled the leader's.
+func startLeading(t *testing.T, r *testEnv, name string, start func(*testEnv, string), roles *gatewayRoles, pod string) {
+	t.Helper()
+	start(r, name)
+	waitFor(t, time.Minute, "replica "+name+" to lead (ready)", func() bool { return httpStatus(r.gwURL+"/readyz") == 200 })
+	roles.waitLeader(t, name+" leads", pod)
+}
+
 // gatewayStandIns makes a running Pod for each name, labelled as the
 // Deployment labels the gateway's, and the egress proxy's Service.
 func gatewayStandIns(t *testing.T, ctx context.Context, b *kube.Backend, names ...string) *gatewayRoles {

@@ -30,9 +30,7 @@ func TestKubeLeaderRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	b, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
-	start(ra, "A")
-	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
-	roles.waitLeader(t, "A leads", pods[ra])
+	startLeading(t, ra, "A", start, roles, pods[ra])
 	hold := func() (holder string, renewed time.Time) {
 		t.Helper()
 		le, err := b.Client().CoordinationV1().Leases(b.Namespace()).Get(ctx, kube.HoldLease, metav1.GetOptions{})
@@ -62,12 +60,12 @@ func TestKubeLeaderRestart(t *testing.T) {
 		return string(raw[from:])
 	}
 	// listening waits until the run of r started at from has looked for
-	// a dead run's hold: it says it listens just after (its front
-	// answers /healthz before).
+	// a dead run's hold (its front answers /healthz before).
 	listening := func(r *testEnv, from int64) {
 		t.Helper()
-		waitFor(t, time.Minute, r.gwAddr+" to say it listens", func() bool {
-			return strings.Contains(logSince(r, from), "sandgate replica listening")
+		waitFor(t, time.Minute, r.gwAddr+" to have looked for a dead run's hold", func() bool {
+			// (Each outcome of the look names the lease.)
+			return strings.Contains(logSince(r, from), "namespace's gateway lease")
 		})
 	}
 	leaderA, _ := hold()

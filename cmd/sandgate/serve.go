@@ -125,6 +125,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		// knowsDead: this run serves in its Pod at the advertised port,
 		// so any earlier run of the Pod's container is dead (below).
 		knowsDead := false
+		// freed is closed once the look for a dead run's hold is over:
+		// it runs beside the start-up (it may wait for the hold's grace),
+		// and the bid for the lead waits for it.
+		freed := make(chan struct{})
 		if cfg.Kubernetes.Advertise != "" {
 			ln, err := net.Listen("tcp", cfg.Listen)
 			if err != nil {
@@ -161,14 +165,20 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// once the hold runs out (up to its whole 15 s).
 			if uid != "" && listensAt(ln, cfg.Kubernetes.Advertise) {
 				knowsDead = true
-				fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				dead, err := kb.FreeDeadHold(fctx, cfg.Kubernetes.Pod, uid, identity, cfg.Kubernetes.Advertise)
-				cancel()
-				if err != nil {
-					log.Warn("cannot read whether this replica's last run left the namespace's gateway lease; it runs out on its own", "err", err)
-				} else if dead != "" {
-					log.Info("this replica's last run, dead, held the namespace's gateway lease: given back, so that a replica leads at once", "dead", dead)
-				}
+				go func() {
+					defer close(freed)
+					fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					dead, err := kb.FreeDeadHold(fctx, cfg.Kubernetes.Pod, uid, identity, cfg.Kubernetes.Advertise)
+					cancel()
+					switch {
+					case err != nil:
+						log.Warn("cannot read whether this replica's last run left the namespace's gateway lease; it runs out on its own", "err", err)
+					case dead != "":
+						log.Info("this replica's last run, dead, held the namespace's gateway lease: given back, so that a replica leads at once", "dead", dead)
+					default:
+						log.Info("no dead run of this replica holds the namespace's gateway lease")
+					}
+				}()
 			}
 			// While it stands by, it carries the preview connections (CDP
 			// and VNC) it is sent itself, straight to the sessions'
@@ -240,6 +250,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}
 			os.Exit(3)
 		}
+		if !knowsDead {
+			close(freed)
+		}
+		<-freed
 		released, err := kb.Hold(ctx, holdCtx, identity, cfg.Kubernetes.Advertise, wait, log, lose)
 		if err != nil {
 			if ctx.Err() != nil {
