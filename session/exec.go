@@ -57,6 +57,18 @@ func (m *Manager) Start(ctx context.Context, tenant, id string, spec ExecSpec) (
 
 // startIn is Start in a sandbox, whatever its session's state.
 func (m *Manager) startIn(ctx context.Context, sb Sandbox, id string, spec ExecSpec) (*Process, error) {
+	return StartIn(ctx, sb, spec, func(err error) { m.log.Warn("exec", "session", id, "err", err) })
+}
+
+// StartIn runs a command in a session's sandbox as Start does (the same
+// user, home and environment), for a gateway replica that runs no
+// session manager: one that stands by carries a shell it is sent
+// straight to the session's Pod. log takes what goes wrong after the
+// start.
+func StartIn(ctx context.Context, sb Sandbox, spec ExecSpec, log func(error)) (*Process, error) {
+	if len(spec.Args) == 0 || spec.Args[0] == "" {
+		return nil, publicf(ErrInvalid, "cmd must name a program", nil)
+	}
 	if spec.Cwd == "" {
 		spec.Cwd = homeDir
 	}
@@ -71,7 +83,7 @@ func (m *Manager) startIn(ctx context.Context, sb Sandbox, id string, spec ExecS
 	if err != nil {
 		return nil, err
 	}
-	return &Process{p: p, log: func(err error) { m.log.Warn("exec", "session", id, "err", err) }}, nil
+	return &Process{p: p, log: log}, nil
 }
 
 // Wait waits for the process to exit and for its output to be copied, and

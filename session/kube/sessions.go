@@ -152,6 +152,11 @@ func (s *Sessions) List(ctx context.Context) ([]session.Sandbox, error) {
 	return out, nil
 }
 
+// Sandbox is the Pod of session id, to run commands in (the address
+// and record are not read): a replica that stands by carries a shell
+// the leader admitted straight to the Pod.
+func (s *Sessions) Sandbox(id string) session.Sandbox { return &pod{s: s, id: id} }
+
 // Sweep has nothing to do: the kubelet removes what a Pod held.
 func (s *Sessions) Sweep(func(string) bool) {}
 
