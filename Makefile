@@ -49,6 +49,9 @@ bench:
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Runtimes -benchtime 5x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench EgressPageLoad -benchtime 20x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Recording -benchtime 1x ./test/
+	# Two replicas on the trial cluster: CDP and shell round trips
+	# through the leader and through a replica that stands by.
+	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench KubeRelay -benchtime 200x ./test/
 
 # Issue 15's load and soak run (about 40 minutes; see test/load_test.go
 # for its knobs): 20 sessions, 200 CDP clients, 10 VNC viewers for 5

@@ -54,49 +54,57 @@ var classes = []struct {
 // errorHandler is the one place errors become HTTP responses.
 func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 	return func(c *fiber.Ctx, err error) error {
-		status, code, msg := 500, "internal", "internal error"
 		var ae *apiError
-		var pe *session.PublicError
-		var fe *fiber.Error
-		switch {
-		case errors.As(err, &ae):
-			status, code, msg = ae.status, ae.code, ae.msg
-		case errors.As(err, &pe):
-			msg = pe.Msg
-			if qe := (*session.QuotaError)(nil); errors.As(err, &qe) {
-				c.Set(fiber.HeaderRetryAfter, strconv.Itoa(qe.RetryAfter))
-			}
-			for _, k := range classes {
-				if errors.Is(pe.Class, k.class) {
-					status, code = k.status, k.code
-					break
-				}
-			}
-		case errors.As(err, &fe):
-			status, msg = fe.Code, fe.Message
-			switch {
-			case fe.Code == fiber.StatusRequestEntityTooLarge:
-				code = "invalid_argument"
-			case fe.Code == fiber.StatusNotFound:
-				code, msg = "not_found", "no such route"
-			case fe.Code == fiber.StatusMethodNotAllowed:
-				code, msg = "invalid_argument", "method not allowed"
-			case fe.Code < 500:
-				code = "invalid_argument"
-			default:
-				status, code, msg = 503, "unavailable", "the gateway cannot serve this now"
-			}
-		default:
-			for _, k := range classes {
-				if errors.Is(err, k.class) {
-					status, code, msg = k.status, k.code, k.code
-					break
-				}
-			}
+		if qe := (*session.QuotaError)(nil); !errors.As(err, &ae) && errors.As(err, &qe) {
+			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(qe.RetryAfter))
 		}
+		status, code, msg := publicOf(err)
 		if status >= 500 {
 			log.Error("request failed", "method", c.Method(), "route", c.Route().Path, "status", status, "err", err)
 		}
 		return c.Status(status).JSON(fiber.Map{"error": fiber.Map{"code": code, "message": msg}})
 	}
+}
+
+// publicOf is what a client is told of err: the status, the contract's
+// code and a message safe to show.
+func publicOf(err error) (status int, code, msg string) {
+	status, code, msg = 500, "internal", "internal error"
+	var ae *apiError
+	var pe *session.PublicError
+	var fe *fiber.Error
+	switch {
+	case errors.As(err, &ae):
+		status, code, msg = ae.status, ae.code, ae.msg
+	case errors.As(err, &pe):
+		msg = pe.Msg
+		for _, k := range classes {
+			if errors.Is(pe.Class, k.class) {
+				status, code = k.status, k.code
+				break
+			}
+		}
+	case errors.As(err, &fe):
+		status, msg = fe.Code, fe.Message
+		switch {
+		case fe.Code == fiber.StatusRequestEntityTooLarge:
+			code = "invalid_argument"
+		case fe.Code == fiber.StatusNotFound:
+			code, msg = "not_found", "no such route"
+		case fe.Code == fiber.StatusMethodNotAllowed:
+			code, msg = "invalid_argument", "method not allowed"
+		case fe.Code < 500:
+			code = "invalid_argument"
+		default:
+			status, code, msg = 503, "unavailable", "the gateway cannot serve this now"
+		}
+	default:
+		for _, k := range classes {
+			if errors.Is(err, k.class) {
+				status, code, msg = k.status, k.code, k.code
+				break
+			}
+		}
+	}
+	return status, code, msg
 }

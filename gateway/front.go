@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // Front owns a gateway replica's listener from the start. While another
@@ -29,15 +31,15 @@ type Front struct {
 	log *slog.Logger
 	// leader is where the leading replica serves: "" while nobody
 	// leads, or while this replica takes over.
-	leader func(context.Context) (addr string, relays bool, err error)
+	leader func(context.Context) (addr string, relays Relays, err error)
 
 	mu        sync.Mutex
 	leading   bool
 	taking    bool
 	forwarded map[net.Conn]struct{}
 	cached    string
-	// cachedRelays: the cached leader answers relaying replicas.
-	cachedRelays bool
+	// cachedRelays: what the cached leader answers relaying replicas.
+	cachedRelays Relays
 	cachedAt     time.Time
 
 	// lookup lets one read of the leader run at a time: the others
@@ -78,9 +80,16 @@ const (
 	frontLinger = 30 * time.Second
 )
 
+// Relays is what a leader admits of the connections replicas that
+// stand by carry themselves.
+type Relays struct {
+	Previews bool // CDP and VNC
+	Shells   bool
+}
+
 // NewFront serves ln; leader reads where the leading replica serves,
-// and whether it answers replicas that relay preview connections.
-func NewFront(ln net.Listener, leader func(context.Context) (addr string, relays bool, err error), log *slog.Logger) *Front {
+// and what it admits of replicas that relay.
+func NewFront(ln net.Listener, leader func(context.Context) (addr string, relays Relays, err error), log *slog.Logger) *Front {
 	f := &Front{ln: ln, log: log, leader: leader, forwarded: map[net.Conn]struct{}{},
 		slots: make(chan struct{}, frontMaxConns), conns: make(chan net.Conn), closed: make(chan struct{}), served: make(chan struct{})}
 	go f.accept()
@@ -118,7 +127,7 @@ func (f *Front) Listener() net.Listener {
 }
 
 // RelayListener is what a relay (NewRelay) serves: the preview
-// connections (CDP and VNC) this replica is sent while it stands by,
+// connections (CDP and VNC) and shells this replica is sent while it stands by,
 // which it carries itself rather than forwarding them to the leader,
 // while the leader answers relays and usable says so.
 // Call it once, before such connections come; until then they are
@@ -135,6 +144,13 @@ func (f *Front) RelayListener(usable func() bool) net.Listener {
 // isPreviewPath: a path of the preview connections a relay carries.
 func isPreviewPath(path string) bool {
 	return path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/")
+}
+
+// isShellPath: a session's shell, which a relay carries too.
+func isShellPath(method, path string) bool {
+	rest, ok := strings.CutPrefix(path, "/v1/sessions/")
+	id, tail, _ := strings.Cut(rest, "/")
+	return ok && method == "GET" && tail == "shell" && ids.IsSession(id)
 }
 
 // Close stops accepting and cuts the forwarded connections.
@@ -259,7 +275,7 @@ func (f *Front) standBy(c net.Conn) {
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, f.conns, f.served)
 		return
-	case relay != nil && !taking && isPreviewPath(path) && f.relayUsable() && f.leaderRelays():
+	case relay != nil && !taking && (isPreviewPath(path) || isShellPath(method, path)) && f.relayUsable() && f.leaderRelays(method, path):
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, relay, relayDone)
 		return
@@ -397,14 +413,20 @@ func (f *Front) leaderAddr() (string, error) {
 	return a, err
 }
 
-// leaderRelays: a leader is known and answers replicas that relay
-// preview connections.
-func (f *Front) leaderRelays() bool {
+// leaderRelays: a leader is known and admits the connection of path
+// that a replica carries.
+func (f *Front) leaderRelays(method, path string) bool {
 	a, relays, err := f.leaderRead()
-	return err == nil && a != "" && relays
+	if err != nil || a == "" {
+		return false
+	}
+	if isShellPath(method, path) {
+		return relays.Shells
+	}
+	return relays.Previews
 }
 
-func (f *Front) leaderRead() (string, bool, error) {
+func (f *Front) leaderRead() (string, Relays, error) {
 	f.lookup.Lock()
 	defer f.lookup.Unlock()
 	f.mu.Lock()
@@ -419,7 +441,7 @@ func (f *Front) leaderRead() (string, bool, error) {
 	a, relays, err := f.leader(ctx)
 	if err != nil {
 		f.log.Warn("cannot read which replica leads", "err", err)
-		a, relays = "", false
+		a, relays = "", Relays{}
 	}
 	f.mu.Lock()
 	f.cached, f.cachedRelays, f.lastErr, f.cachedAt = a, relays, err, time.Now()

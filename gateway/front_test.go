@@ -12,9 +12,10 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // TestFront: a replica standing by answers its probes itself, forwards
@@ -37,7 +38,11 @@ func TestFront(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := NewFront(ln, func(context.Context) (string, bool, error) { mu.Lock(); defer mu.Unlock(); return leader, false, nil }, slog.New(slog.DiscardHandler))
+	f := NewFront(ln, func(context.Context) (string, Relays, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return leader, Relays{}, nil
+	}, slog.New(slog.DiscardHandler))
 	defer f.Close()
 	base := "http://" + ln.Addr().String()
 	client := &http.Client{Timeout: 10 * time.Second}
@@ -227,7 +232,7 @@ func BenchmarkFront(b *testing.B) {
 		b.Fatal(err)
 	}
 	addr := strings.TrimPrefix(leader.URL, "http://")
-	f := NewFront(ln, func(context.Context) (string, bool, error) { return addr, false, nil }, slog.New(slog.DiscardHandler))
+	f := NewFront(ln, func(context.Context) (string, Relays, error) { return addr, Relays{}, nil }, slog.New(slog.DiscardHandler))
 	defer f.Close()
 	for _, c := range []struct{ name, url string }{{"direct", leader.URL}, {"through-standby", "http://" + ln.Addr().String()}} {
 		b.Run(c.name, func(b *testing.B) {
@@ -255,9 +260,10 @@ func TestFrontRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var relays atomic.Bool
+	var mu sync.Mutex
+	var relays Relays
 	addr := strings.TrimPrefix(leader.URL, "http://")
-	f := NewFront(ln, func(context.Context) (string, bool, error) { return addr, relays.Load(), nil }, slog.New(slog.DiscardHandler))
+	f := NewFront(ln, func(context.Context) (string, Relays, error) { mu.Lock(); defer mu.Unlock(); return addr, relays, nil }, slog.New(slog.DiscardHandler))
 	defer f.Close()
 	relay := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "relay %s", r.URL.Path) })}
 	go relay.Serve(f.RelayListener(func() bool { return true }))
@@ -273,26 +279,34 @@ func TestFrontRelay(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	paths := map[string]bool{"/cdp/tok/json/version": true, "/cdp": true, "/cdp/devtools/browser/x": true, "/vnc/tok": true,
-		"/v1/sessions": false, "/cdpx": false, "/vnc": false, "/view/tok": false, "/review/tok": false}
-	for _, on := range []bool{false, true} {
-		relays.Store(on)
-		// The Front keeps the leader's word a while: until a preview
-		// path shows the change (bounded), the rest must agree.
+	sid := ids.NewSession()
+	shell := "/v1/sessions/" + sid + "/shell"
+	// What each path is: a preview's, a shell's, or neither.
+	paths := map[string]string{"/cdp/tok/json/version": "preview", "/cdp": "preview", "/cdp/devtools/browser/x": "preview", "/vnc/tok": "preview",
+		shell: "shell", "/v1/sessions/" + sid + "/exec": "", "/v1/sessions/junk/shell": "", "/v1/sessions/" + sid + "/shell/x": "",
+		"/v1/sessions": "", "/cdpx": "", "/vnc": "", "/view/tok": "", "/review/tok": ""}
+	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Shells: true}, {}} {
+		mu.Lock()
+		relays = on
+		mu.Unlock()
+		// The Front keeps the leader's word a while: until a preview's
+		// path and the shell's show the change (bounded), the rest
+		// must agree.
+		where := map[bool]string{false: "leader ", true: "relay "}
 		deadline := time.Now().Add(10 * time.Second)
-		for want := map[bool]string{false: "leader /vnc/tok", true: "relay /vnc/tok"}[on]; get("/vnc/tok") != want; {
+		for get("/vnc/tok") != where[on.Previews]+"/vnc/tok" || get(shell) != where[on.Shells]+shell {
 			if time.Now().After(deadline) {
-				t.Fatalf("leader relays %v: /vnc/tok still not %q", on, want)
+				t.Fatalf("leader relays %+v: still not shown", on)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		for p, preview := range paths {
+		for p, kind := range paths {
 			want := "leader " + p
-			if on && preview {
+			if kind == "preview" && on.Previews || kind == "shell" && on.Shells {
 				want = "relay " + p
 			}
 			if got := get(p); got != want {
-				t.Errorf("leader relays %v: GET %s: %q, want %q", on, p, got, want)
+				t.Errorf("leader relays %+v: GET %s: %q, want %q", on, p, got, want)
 			}
 		}
 	}

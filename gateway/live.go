@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"context"
 	"io"
 	"time"
+
+	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/session"
 )
@@ -38,6 +41,32 @@ type previewLive interface {
 	// spares: whether this replica keeps spare browser connections
 	// (it sees the sessions end, and drops them then).
 	spares() bool
+}
+
+// shellLive is what the shell route needs besides previewLive, whose
+// track, record and touch take the claims openShell returns.
+type shellLive interface {
+	// openShell checks that the request may open session id's shell
+	// (its API key, on a replica that stands by) and that the session
+	// runs. The claims name the tenant and the session, with
+	// scopeShell and shellPreview (the bound on a session's shells).
+	openShell(c *fiber.Ctx, id string) (*previewClaims, error)
+	// startShell starts the shell's command in the session.
+	startShell(ctx context.Context, c *previewClaims, spec session.ExecSpec) (*session.Process, error)
+}
+
+// A shell's claims: a scope no preview token has (a preview route
+// refuses it), and the name its connections are bounded under, per
+// session.
+const (
+	scopeShell   = "shell"
+	shellPreview = "shell"
+)
+
+func shellClaims(tenant, id, ticket string) *previewClaims {
+	c := &previewClaims{Session: id, Tenant: tenant, Scope: scopeShell, raw: ticket}
+	c.ID = shellPreview
+	return c
 }
 
 // managerLive answers from this gateway's session manager.
@@ -83,4 +112,16 @@ func (l managerLive) left(c *previewClaims, browserGone bool) {
 		go l.s.checkBrowser(c.Tenant, c.Session)
 	}
 	l.s.clientLeft(c.Session)
+}
+
+// openShell: the API key was checked by the route's middleware.
+func (l managerLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) {
+	if _, err := l.s.sessions.Endpoint(tenantOf(c), id); err != nil {
+		return nil, err
+	}
+	return shellClaims(tenantOf(c), id, ""), nil
+}
+
+func (l managerLive) startShell(ctx context.Context, c *previewClaims, spec session.ExecSpec) (*session.Process, error) {
+	return l.s.sessions.Start(ctx, c.Tenant, c.Session, spec)
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/tenant"
 )
 
 // A replica that stands by carries the preview connections (CDP and
@@ -43,6 +44,12 @@ import (
 // and its adoption) ends the connections it carries: nobody could end
 // them when they are revoked.
 //
+// It carries the sessions' shells the same way, through the Pod exec
+// API: the leader admits each by the client's API key (its tenants are
+// the word) and answers with a ticket, a token of scopeShell that no
+// preview route takes, which the replica's reports name the shell by
+// in place of a preview token.
+//
 // The two internal routes are the leader's; a replica signs its
 // requests with the gateway's preview-token keys (HMAC over the time,
 // a nonce, the path and the body), so nothing else can ask where a
@@ -51,7 +58,9 @@ import (
 const (
 	relayAdmitPath = "/internal/v1/relay/admit"
 	relaySyncPath  = "/internal/v1/relay/sync"
-	relayHeader    = "X-Sandgate-Relay"
+	// relayShellRoute: the shells a relay carries (with a sandbox).
+	relayShellRoute = "/v1/sessions/:id/shell"
+	relayHeader     = "X-Sandgate-Relay"
 	// relaySkew bounds how far a signed request's time may be from the
 	// leader's clock.
 	relaySkew = time.Minute
@@ -76,8 +85,10 @@ const (
 	relayEventGrace = 10 * time.Minute
 	maxRelayBody    = 4 << 20
 	maxRelayNonces  = 1 << 16
-	// maxRelayAdmits bounds the admissions a replica asks at once.
+	// maxRelayAdmits bounds the admissions of preview connections a
+	// replica asks at once; maxShellAdmits those of shells.
 	maxRelayAdmits = 64
+	maxShellAdmits = 16
 	// maxReportEvents bounds the events of one report.
 	maxReportEvents = 256
 )
@@ -176,7 +187,18 @@ func (s *Server) relayCheck(c *fiber.Ctx, once bool) error {
 }
 
 type relayAdmitRequest struct {
-	Token string `json:"token"`
+	Token string `json:"token,omitempty"`
+	// Shell asks for a session's shell instead of a preview's
+	// connection.
+	Shell *relayShellRequest `json:"shell,omitempty"`
+}
+
+type relayShellRequest struct {
+	Session string `json:"session"`
+	// Key is the client's API key: the leader's tenants are the word
+	// (a replica that stands by may lack a key issued since it
+	// started, or keep one revoked since).
+	Key string `json:"key"`
 }
 
 type relayAdmitAnswer struct {
@@ -193,6 +215,19 @@ type relayAdmitAnswer struct {
 	ViewOnly bool   `json:"view_only,omitempty"`
 	Preview  string `json:"preview"`
 	Expires  int64  `json:"expires"`
+	// Ticket, for a shell: what the replica's reports name the
+	// shell's connection by (a token of scopeShell, which no preview
+	// route takes), in place of a preview token.
+	Ticket string `json:"ticket,omitempty"`
+	// Refused, for a shell: why the leader would not open it itself
+	// (the status and error the client gets).
+	Refused *relayRefusal `json:"refused,omitempty"`
+}
+
+type relayRefusal struct {
+	Status  int    `json:"status"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
 }
 
 // relayAdmit answers a replica about to carry a connection: where the
@@ -202,12 +237,65 @@ func (s *Server) relayAdmit(c *fiber.Ctx) error {
 	if err := json.Unmarshal(c.Body(), &req); err != nil {
 		return errInvalid("the body must be a relay admission")
 	}
+	if req.Shell != nil {
+		return s.relayShell(c, *req.Shell)
+	}
 	claims, ep, info, err := managerLive{s}.admit(req.Token)
 	if err != nil {
 		return err
 	}
+	if claims.Scope == scopeShell {
+		return errUnauthenticated("the preview token is missing, invalid or expired")
+	}
 	return c.JSON(relayAdmitAnswer{CDP: ep.CDP.String(), VNC: ep.VNC.String(), Version: ep.Version, Screen: info.Screen,
 		Session: claims.Session, Tenant: claims.Tenant, Scope: claims.Scope, ViewOnly: claims.ViewOnly, Preview: claims.ID, Expires: claims.ExpiresAt.Unix()})
+}
+
+// relayShell answers a replica about to carry a shell: whether the
+// leader would open it itself (the API key's tenant, enabled; its
+// session, running), and the ticket the replica's reports name it by.
+// A refusal is an answer (200), so that the replica tells its
+// client what the leader would have.
+func (s *Server) relayShell(c *fiber.Ctx, req relayShellRequest) error {
+	refuse := func(err error) error {
+		st, code, msg := publicOf(err)
+		if st >= 500 {
+			s.log.Error("a relay's shell admission failed", "session", req.Session, "status", st, "err", err)
+		}
+		return c.JSON(relayAdmitAnswer{Refused: &relayRefusal{Status: st, Code: code, Message: msg}})
+	}
+	tenantName, err := s.tenants.Authenticate(req.Key)
+	switch {
+	case errors.Is(err, tenant.ErrDisabled):
+		return refuse(errDenied("the tenant is disabled"))
+	case err != nil:
+		return refuse(errUnauthenticated("the API key is not valid"))
+	case !ids.IsSession(req.Session):
+		return refuse(errNotFound("no such session"))
+	}
+	if _, err := s.sessions.Endpoint(tenantName, req.Session); err != nil {
+		return refuse(err)
+	}
+	info, err := s.sessions.Get(tenantName, req.Session)
+	if err != nil {
+		return refuse(err)
+	}
+	// The ticket lasts as long as the session may (its TTL extended
+	// to the tenant's longest): the session's end closes the shell.
+	lim, _ := s.sessions.Limits(tenantName)
+	until := info.CreatedAt.Add(lim.MaxTTL)
+	if info.ExpiresAt.After(until) {
+		until = info.ExpiresAt
+	}
+	until = until.Add(time.Minute)
+	claims := shellClaims(tenantName, req.Session, "")
+	claims.ExpiresAt = jwtTime(until)
+	ticket, err := s.tokens.issue(*claims)
+	if err != nil {
+		return err
+	}
+	return c.JSON(relayAdmitAnswer{Session: claims.Session, Tenant: claims.Tenant, Scope: claims.Scope, Preview: claims.ID,
+		Expires: until.Unix(), Ticket: ticket})
 }
 
 type relaySyncRequest struct {
@@ -231,6 +319,7 @@ type relayEvent struct {
 	DurationMS int64  `json:"duration_ms,omitempty"`
 	Reason     string `json:"reason,omitempty"`
 	Limit      int64  `json:"limit,omitempty"`
+	ExitCode   int    `json:"exit_code,omitempty"` // shell_closed
 }
 
 type relaySyncAnswer struct {
@@ -371,6 +460,10 @@ func (s *Server) relayKeep(key string, claims *previewClaims, now time.Time) str
 // the leader makes from the token and bounded values: a replica does not
 // write a trail's event as it likes.
 func (s *Server) relayEvent(claims *previewClaims, ev relayEvent) {
+	if claims.Scope == scopeShell {
+		s.relayShellEvent(claims, ev)
+		return
+	}
 	// The same fields as the leader's own connections record.
 	base := map[string]any{"preview": claims.ID, "scope": claims.Scope}
 	switch ev.Type {
@@ -392,6 +485,19 @@ func (s *Server) relayEvent(claims *previewClaims, ev relayEvent) {
 		s.clientLeft(claims.Session)
 	case "browser_gone":
 		go s.checkBrowser(claims.Tenant, claims.Session)
+	}
+}
+
+// relayShellEvent records a shell's event with the fields the leader's
+// own shells record.
+func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
+	switch ev.Type {
+	case "shell_opened":
+		s.sessions.Record(claims.Session, ev.Type, nil)
+	case "shell_closed":
+		s.sessions.Record(claims.Session, ev.Type, map[string]any{"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0)})
+	case "message_too_big":
+		s.sessions.Record(claims.Session, ev.Type, map[string]any{"scope": scopeShell, "limit": max(ev.Limit, 0)})
 	}
 }
 
@@ -443,18 +549,24 @@ type relayLive struct {
 	admitted map[string]time.Time // session: when a connection was last admitted
 	touched  map[string]bool      // tokens of discovery requests since the last report
 	// admits bounds the admissions asked of the leader at once.
-	admits  chan struct{}
-	reached time.Time // when a leader last answered a report
-	addr    string    // the leader's, read at addrAt
-	addrAt  time.Time
-	addrErr error
-	lookup  sync.Mutex // one read of the leader at a time
+	admits chan struct{}
+	// shellAdmits bounds the shell admissions asked at once, apart:
+	// an API key cannot be checked here, so a stranger's junk keys
+	// reach the leader, and must not take the previews' turns.
+	shellAdmits chan struct{}
+	reached     time.Time // when a leader last answered a report
+	addr        string    // the leader's, read at addrAt
+	addrAt      time.Time
+	addrErr     error
+	lookup      sync.Mutex // one read of the leader at a time
 	// refusedAt: when the leader last refused this replica's signature
 	// (unix ns; 0 never).
 	refusedAt atomic.Int64
 	warned    atomic.Int64 // when the last "cannot ask" was logged (unix ns)
 	reporting sync.Mutex
 	signer    *signer // the token keys: it signs with them, and reads the tokens it can
+	// sandbox names a session's Pod, for the shells (nil: none).
+	sandbox func(id string) session.Sandbox
 }
 
 type relayConn struct {
@@ -468,7 +580,11 @@ type relayConn struct {
 // connections with (CDP and VNC, their tokens in the path or a header),
 // asking the leader (at leader's address) about each. identity names
 // the replica to the leader.
-func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), log *slog.Logger) (*Server, error) {
+//
+// With sandbox (nil: not), it carries the sessions' shells too, the
+// leader admitting each by its API key: sandbox names a session's Pod,
+// which the shell's command runs in.
+func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), sandbox func(id string) session.Sandbox, log *slog.Logger) (*Server, error) {
 	s, err := newServer(cfg, nil, nil, log)
 	if err != nil {
 		return nil, err
@@ -477,12 +593,14 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		host: cfg.PublicURL.Host, log: log.With("component", "relay"), forget: s.forgetVersion,
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		conns:    map[string]*relayConn{},
-		admitted: map[string]time.Time{},
-		touched:  map[string]bool{},
-		admits:   make(chan struct{}, maxRelayAdmits),
+		conns:       map[string]*relayConn{},
+		admitted:    map[string]time.Time{},
+		touched:     map[string]bool{},
+		admits:      make(chan struct{}, maxRelayAdmits),
+		shellAdmits: make(chan struct{}, maxShellAdmits),
+		sandbox:     sandbox,
 	}
-	s.live = l
+	s.live, s.shells = l, l
 	// One request a connection, but for the upgrade: the Front hands a
 	// connection over by its first request, and another on it may be no
 	// preview's.
@@ -496,6 +614,15 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 	s.app.Use(s.limitBody)
 	s.app.Use(s.checkHost)
 	s.previewRoutes()
+	if sandbox != nil {
+		// The key is asked for first, as the leader's middleware does.
+		s.app.Get(relayShellRoute, func(c *fiber.Ctx) error {
+			if _, err := bearerKey(c); err != nil {
+				return err
+			}
+			return c.Next()
+		}, s.shellUpgrade, s.shell())
+	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()
 	return s, nil
@@ -578,33 +705,99 @@ func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, sessi
 	if _, err := l.signer.verify(token, time.Now()); err != nil && l.signer.knows(token) {
 		return nil, session.Endpoint{}, session.Info{}, bad
 	}
-	select {
-	case l.admits <- struct{}{}:
-		defer func() { <-l.admits }()
-	default:
-		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 503, code: "unavailable", msg: "the gateway is busy; retry"}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var ans relayAdmitAnswer
-	st, err := l.call(ctx, relayAdmitPath, relayAdmitRequest{Token: token}, &ans)
+	ans, st, err := l.ask(relayAdmitRequest{Token: token})
 	switch {
 	case st == http.StatusUnauthorized:
 		return nil, session.Endpoint{}, session.Info{}, bad
+	case err != nil:
+		return nil, session.Endpoint{}, session.Info{}, err
+	}
+	return l.fromAnswer(token, ans)
+}
+
+// ask asks the leader for an admission. Its errors are for the client
+// (503s), but for the leader's 401, errLeaderRefused.
+func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
+	var ans relayAdmitAnswer
+	slots := l.admits
+	if req.Shell != nil {
+		slots = l.shellAdmits
+	}
+	select {
+	case slots <- struct{}{}:
+		defer func() { <-slots }()
+	default:
+		return ans, 0, &apiError{status: 503, code: "unavailable", msg: "the gateway is busy; retry"}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := l.call(ctx, relayAdmitPath, req, &ans)
+	switch {
+	case st == http.StatusUnauthorized:
+		return ans, st, errLeaderRefused
 	case st == http.StatusNotFound:
 		// The leader does not take this replica's signature (its keys
 		// changed since this replica started): the Front forwards
-		// preview connections to the leader for a while.
+		// preview connections and shells to the leader for a while.
 		l.refusedAt.Store(time.Now().UnixNano())
-		l.log.Warn("the leader refuses this replica's relay requests (are the token keys the same?): preview connections go to the leader for a while")
+		l.log.Warn("the leader refuses this replica's relay requests (are the token keys the same?): preview connections and shells go to the leader for a while")
 		fallthrough
 	case err != nil:
 		if last := l.warned.Load(); time.Since(time.Unix(0, last)) > 10*time.Second && l.warned.CompareAndSwap(last, time.Now().UnixNano()) {
-			l.log.Warn("cannot ask the leader about a preview connection", "err", err)
+			l.log.Warn("cannot ask the leader about a connection", "err", err)
 		}
-		return nil, session.Endpoint{}, session.Info{}, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry"}
+		return ans, st, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry"}
 	}
-	return l.fromAnswer(token, ans)
+	return ans, st, nil
+}
+
+var errLeaderRefused = errors.New("the leader refused the admission")
+
+// openShell asks the leader whether the request's API key may open
+// session id's shell.
+func (l *relayLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) {
+	unavailable := &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry"}
+	key, err := bearerKey(c)
+	if err != nil {
+		return nil, err
+	}
+	if len(key) > 4096 {
+		return nil, errUnauthenticated("the API key is not valid")
+	}
+	ans, _, err := l.ask(relayAdmitRequest{Shell: &relayShellRequest{Session: id, Key: key}})
+	switch {
+	case errors.Is(err, errLeaderRefused):
+		return nil, unavailable // a shell's refusal is an answer
+	case err != nil:
+		return nil, err
+	case ans.Refused != nil:
+		r := ans.Refused
+		if r.Status < 400 || r.Status > 599 || r.Code == "" {
+			return nil, unavailable
+		}
+		return nil, &apiError{status: r.Status, code: r.Code, msg: truncate(r.Message, 500)}
+	case ans.Session != id || ans.Tenant == "" || ans.Scope != scopeShell || ans.Ticket == "" || len(ans.Ticket) > 4096:
+		return nil, unavailable
+	}
+	// A ticket signed with a key this replica knows must read as the
+	// answer says (one signed with a newer key is the leader's word).
+	if l.signer.knows(ans.Ticket) {
+		t, err := l.signer.verify(ans.Ticket, time.Now())
+		if err != nil || t.Session != id || t.Tenant != ans.Tenant || t.Scope != scopeShell {
+			return nil, unavailable
+		}
+	}
+	l.mu.Lock()
+	l.admitted[id] = time.Now()
+	l.mu.Unlock()
+	return shellClaims(ans.Tenant, id, ans.Ticket), nil
+}
+
+// startShell runs the shell's command in the session's Pod itself.
+func (l *relayLive) startShell(ctx context.Context, c *previewClaims, spec session.ExecSpec) (*session.Process, error) {
+	return session.StartIn(ctx, l.sandbox(c.Session), spec, func(err error) {
+		l.log.Warn("exec", "session", c.Session, "err", err)
+	})
 }
 
 // fromAnswer makes the claims, endpoint and record of an admission.
@@ -699,6 +892,9 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 	}
 	if v, ok := fields["reason"].(string); ok {
 		ev.Reason = v
+	}
+	if v, ok := fields["exit_code"].(int); ok {
+		ev.ExitCode = v
 	}
 	switch v := fields["limit"].(type) {
 	case int:
@@ -806,7 +1002,7 @@ func (l *relayLive) report() bool {
 		late := time.Since(l.reached) > relayGrace
 		l.mu.Unlock()
 		if late {
-			l.log.Warn("no leader answered for a while: ending the preview connections this replica carries", "err", err)
+			l.log.Warn("no leader answered for a while: ending the preview connections and shells this replica carries", "err", err)
 			for _, c := range closers {
 				go c.Close() // a close may wait on a viewer's write
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,9 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/session"
 )
 
 // TestRelayAuth: the leader's relay routes take only requests signed
@@ -76,6 +80,14 @@ func TestRelayAuth(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &ans); st != 200 || err != nil || len(ans.Close) != 1 || ans.Close[0].ID != "c1" {
 		t.Errorf("a signed report of a connection with a bad token: %d %s, want it named to end", st, body)
 	}
+	// A shell's admission: the leader's tenants judge the key; a
+	// refusal is an answer.
+	for key, want := range map[string]string{"nope": `"status":401`, "good-key": `"status":404`} {
+		shell, _ := json.Marshal(relayAdmitRequest{Shell: &relayShellRequest{Session: "not-an-id", Key: key}})
+		if st, body := post(relayAdmitPath, shell, sign(s.tokens.keys, now, relayAdmitPath, shell)); st != 200 || !strings.Contains(body, want) || strings.Contains(body, "ticket") {
+			t.Errorf("a shell's admission: %d %s, want a refusal with %s", st, body, want)
+		}
+	}
 	// A report is taken once: replayed, it is refused.
 	replayed := sign(s.tokens.keys, now, relaySyncPath, sync)
 	if st, body := post(relaySyncPath, sync, replayed); st != 200 {
@@ -128,7 +140,7 @@ func TestRelayLive(t *testing.T) {
 	defer leader.Close()
 	u, _ := url.Parse("http://gw.test:8080")
 	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
-		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil }, slog.New(slog.DiscardHandler))
+		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil }, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,4 +221,134 @@ func TestRelayLive(t *testing.T) {
 	if srv.RelayUsable() {
 		t.Error("still usable after the leader refused its signature")
 	}
+}
+
+// TestRelayShellAdmission: a relay asks the leader about each shell by
+// the client's API key, and tells its client what the leader would
+// have (its refusal, bounded: a status that is no error, or an answer
+// for another session, is a 503); a request with no key never reaches
+// the leader. (A shell carried for real is TestKubeRelay's.)
+func TestRelayShellAdmission(t *testing.T) {
+	sid, other := ids.NewSession(), ids.NewSession()
+	var srv *Server
+	var err error
+	var mu sync.Mutex
+	var asked []relayShellRequest
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req relayAdmitRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		if r.URL.Path != relayAdmitPath || req.Shell == nil {
+			w.WriteHeader(400)
+			return
+		}
+		mu.Lock()
+		asked = append(asked, *req.Shell)
+		mu.Unlock()
+		ticket := func(id string) string {
+			c := shellClaims("t", id, "")
+			c.ExpiresAt = jwtTime(time.Now().Add(time.Hour))
+			tok, _ := srv.tokens.issue(*c)
+			return tok
+		}
+		ok := relayAdmitAnswer{Session: req.Shell.Session, Tenant: "t", Scope: scopeShell, Preview: shellPreview, Ticket: ticket(req.Shell.Session)}
+		switch req.Shell.Key {
+		case "good":
+		case "wrong-session":
+			ok.Session = other
+		case "wrong-ticket":
+			ok.Ticket = ticket(other)
+		case "junk-ticket":
+			ok.Ticket = "junk"
+		case "no-ticket":
+			ok.Ticket = ""
+		case "odd-status":
+			ok = relayAdmitAnswer{Refused: &relayRefusal{Status: 200, Code: "ok", Message: "fine"}}
+		default:
+			ok = relayAdmitAnswer{Refused: &relayRefusal{Status: 404, Code: "not_found", Message: "no such session"}}
+		}
+		json.NewEncoder(w).Encode(ok)
+	}))
+	defer leader.Close()
+	u, _ := url.Parse("http://gw.test:8080")
+	started := make(chan string, 1)
+	srv, err = NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
+		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil },
+		func(id string) session.Sandbox { return failingSandbox{id: id, started: started} }, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shell := func(key string) (int, string) {
+		t.Helper()
+		req := httptest.NewRequest("GET", "http://gw.test:8080/v1/sessions/"+sid+"/shell", nil)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := srv.App().Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for key, want := range map[string]int{"": 401, "missing": 404, "wrong-session": 503, "wrong-ticket": 503, "junk-ticket": 503, "no-ticket": 503, "odd-status": 503} {
+		if st, body := shell(key); st != want {
+			t.Errorf("a shell with key %q: %d %s, want %d", key, st, body, want)
+		}
+	}
+	// Without an upgrade: the key is asked for first, as the leader
+	// asks for it.
+	for key, want := range map[string]int{"": 401, "good": 400} {
+		req := httptest.NewRequest("GET", "http://gw.test:8080/v1/sessions/"+sid+"/shell", nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := srv.App().Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != want {
+			t.Errorf("a shell with key %q and no upgrade: %d, want %d", key, resp.StatusCode, want)
+		}
+	}
+	mu.Lock()
+	n := len(asked)
+	for _, a := range asked {
+		if a.Session != sid || a.Key == "" {
+			t.Errorf("the leader was asked %+v", a)
+		}
+	}
+	mu.Unlock()
+	if n != 6 {
+		t.Errorf("the leader was asked %d times, want 6 (never without a key)", n)
+	}
+	// The positive control: a good key is upgraded, and the shell is
+	// started in the session the leader named, with the ticket for
+	// the reports.
+	if st, body := shell("good"); st != 101 {
+		t.Fatalf("a shell with a good key: %d %s, want 101", st, body)
+	}
+	select {
+	case id := <-started:
+		if id != sid {
+			t.Errorf("the shell started in %s, want %s", id, sid)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the admitted shell was not started")
+	}
+}
+
+// failingSandbox reports the start of a command and fails it.
+type failingSandbox struct {
+	session.Sandbox
+	id      string
+	started chan string
+}
+
+func (f failingSandbox) Exec(context.Context, session.ExecSpec, []string) (session.ExecProc, error) {
+	f.started <- f.id
+	return nil, errors.New("no sandbox in a unit test")
 }

@@ -91,6 +91,7 @@ type Server struct {
 	// live is what the preview routes use of the sessions: sessions,
 	// or the leader's word on a replica that relays (NewRelay).
 	live    previewLive
+	shells  shellLive
 	relayed relayed // the connections replicas that stand by carry
 	// relayNonces: the signed relay requests taken lately.
 	relayNonces relayNonces
@@ -172,7 +173,7 @@ func newServer(cfg Config, sessions *session.Manager, store *recordings.Store, l
 		origin:   cfg.PublicURL.Scheme + "://" + strings.ToLower(cfg.PublicURL.Host),
 		wsScheme: "ws",
 	}
-	s.live = managerLive{s}
+	s.live, s.shells = managerLive{s}, managerLive{s}
 	if cfg.PublicURL.Scheme == "https" {
 		s.wsScheme = "wss"
 	}
@@ -465,12 +466,20 @@ func (s *Server) checkOrigin(c *fiber.Ctx) error {
 
 const localTenant = "tenant"
 
+// bearerKey is the request's API key (Authorization: Bearer).
+func bearerKey(c *fiber.Ctx) (string, error) {
+	key, ok := strings.CutPrefix(c.Get(fiber.HeaderAuthorization), "Bearer ")
+	if !ok || key == "" {
+		return "", errUnauthenticated("an API key is required: Authorization: Bearer <key>")
+	}
+	return key, nil
+}
+
 // authenticate maps the bearer API key to its tenant.
 func (s *Server) authenticate(c *fiber.Ctx) error {
-	h := c.Get(fiber.HeaderAuthorization)
-	key, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok || key == "" {
-		return errUnauthenticated("an API key is required: Authorization: Bearer <key>")
+	key, err := bearerKey(c)
+	if err != nil {
+		return err
 	}
 	name, err := s.tenants.Authenticate(key)
 	switch {

@@ -17,8 +17,6 @@ import (
 	"github.com/sandgate/sandgate/session"
 )
 
-const localSession = "session"
-
 // shellUpgrade checks the session before the WebSocket upgrade.
 func (s *Server) shellUpgrade(c *fiber.Ctx) error {
 	if !websocket.IsWebSocketUpgrade(c) {
@@ -28,10 +26,14 @@ func (s *Server) shellUpgrade(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.sessions.Endpoint(tenantOf(c), id); err != nil {
+	claims, err := s.shells.openShell(c, id)
+	if err != nil {
+		if ae, ok := err.(*apiError); ok && ae.status == fiber.StatusServiceUnavailable {
+			c.Set(fiber.HeaderRetryAfter, "2")
+		}
 		return err
 	}
-	c.Locals(localSession, id)
+	c.Locals(localClaims, claims)
 	return c.Next()
 }
 
@@ -47,8 +49,8 @@ type shellControl struct {
 // the client, {"type":"exit","exit_code":N} from the server at the end.
 func (s *Server) shell() fiber.Handler {
 	return websocket.New(func(ws *websocket.Conn) {
-		tenant := ws.Locals(localTenant).(string)
-		id := ws.Locals(localSession).(string)
+		claims := ws.Locals(localClaims).(*previewClaims)
+		tenant, id := claims.Tenant, claims.Session
 		cols, _ := strconv.Atoi(ws.Query("cols", "80"))
 		rows, _ := strconv.Atoi(ws.Query("rows", "24"))
 		log := s.log.With("session", id, "tenant", tenant)
@@ -66,7 +68,7 @@ func (s *Server) shell() fiber.Handler {
 		})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{
+		proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{
 			Args: []string{"bash", "-l"}, Terminal: true, Stdin: stdinR, Stdout: out,
 			Cols: uint16(clamp(cols, 1, 1000)), Rows: uint16(clamp(rows, 1, 1000)),
 		})
@@ -96,7 +98,7 @@ func (s *Server) shell() fiber.Handler {
 			})
 		}
 		shut := func(code int, why string) { end(code, why, false) }
-		release, err := s.sessions.Track(tenant, id, "shell", closerFunc(func() error {
+		release, err := s.live.track(claims, closerFunc(func() error {
 			shut(fws.CloseGoingAway, "the session ended")
 			return nil
 		}))
@@ -107,7 +109,8 @@ func (s *Server) shell() fiber.Handler {
 		}
 		defer release()
 		start := time.Now()
-		s.sessions.Record(id, "shell_opened", nil)
+		s.live.record(claims, "shell_opened", nil)
+		log.Info("shell opened")
 
 		// The reader runs until the client's close frame or an error: after
 		// the shell exits it drops what still arrives, until the client
@@ -119,7 +122,7 @@ func (s *Server) shell() fiber.Handler {
 				mt, data, err := readMessage(ws, maxShellMessage)
 				if errors.Is(err, errMessageTooBig) {
 					log.Warn("shell client sent a message over the limit", "limit", maxShellMessage)
-					s.sessions.Record(id, "message_too_big", map[string]any{"scope": "shell", "limit": maxShellMessage})
+					s.live.record(claims, "message_too_big", map[string]any{"scope": scopeShell, "limit": maxShellMessage})
 					end(fws.CloseMessageTooBig, tooBigReason(maxShellMessage), true)
 					return
 				}
@@ -127,7 +130,7 @@ func (s *Server) shell() fiber.Handler {
 					stdinW.Close()
 					return
 				}
-				s.sessions.Touch(id)
+				s.live.touch(claims)
 				if mt == fws.BinaryMessage {
 					stdinW.Write(data) // fails once the shell is gone; the reader goes on draining
 					continue
@@ -144,7 +147,8 @@ func (s *Server) shell() fiber.Handler {
 		msg, _ := json.Marshal(map[string]any{"type": "exit", "exit_code": code})
 		send(fws.TextMessage, msg)
 		shut(fws.CloseNormalClosure, "the shell exited")
-		s.sessions.Record(id, "shell_closed", map[string]any{"exit_code": code, "duration_ms": time.Since(start).Milliseconds()})
+		s.live.record(claims, "shell_closed", map[string]any{"exit_code": code, "duration_ms": time.Since(start).Milliseconds()})
+		log.Info("shell closed", "exit_code", code)
 		select { // the client's answer to the close, within closeLinger
 		case <-readerDone:
 		case <-time.After(closeLinger + time.Second):

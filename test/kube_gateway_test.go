@@ -58,9 +58,9 @@ func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Back
 	}
 	dir := t.TempDir()
 	k := &testEnv{dir: dir, bin: e.bin, gwAddr: fmt.Sprintf("127.0.0.1:%d", port), gwLog: filepath.Join(dir, "gateway.log"),
-		keyA: e.keyA, minioAddr: e.minioAddr, tokenKey: e.tokenKey, vaultKey: e.vaultKey, canary: e.canary}
+		keyA: e.keyA, keyB: e.keyB, minioAddr: e.minioAddr, tokenKey: e.tokenKey, vaultKey: e.vaultKey, canary: e.canary}
 	k.gwURL = "http://" + k.gwAddr
-	sum := sha256.Sum256([]byte(e.keyA))
+	sum, sumB := sha256.Sum256([]byte(e.keyA)), sha256.Sum256([]byte(e.keyB))
 	cfg := map[string]any{
 		"listen": k.gwAddr, "public_url": k.gwURL, "hosts": []string{fmt.Sprintf("localhost:%d", port)},
 		"state_dir": filepath.Join(dir, "state"), "cache_dir": cacheDir(),
@@ -84,6 +84,7 @@ func kubeGatewayConfig(t testing.TB, e *testEnv, kubeconfig string, b *kube.Back
 		"default_runtime": "runc",
 		"tenants": []map[string]any{
 			{"name": "tenant-a", "api_key_sha256": []string{hex.EncodeToString(sum[:])}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h"},
+			{"name": "tenant-b", "api_key_sha256": []string{hex.EncodeToString(sumB[:])}, "max_sessions": 1, "default_ttl": "10m", "max_ttl": "1h"},
 		},
 	}
 	for _, x := range extra {

@@ -208,7 +208,7 @@ func setSubjects(subjects []rbacv1.Subject, ns string) {
 // under names of their own, removed after) and returns a kubeconfig with
 // a token of the gateway's ServiceAccount, as a Pod of the Deployment
 // would have mounted, once its Role is in effect.
-func kubeGatewayIdentity(t *testing.T, admin *kube.Backend, kubeconfig string) string {
+func kubeGatewayIdentity(t testing.TB, admin *kube.Backend, kubeconfig string) string {
 	t.Helper()
 	ns, c := admin.Namespace(), admin.Client()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"syscall"
@@ -19,20 +20,20 @@ import (
 // Pod, asking the leader about each, so they outlive the leader's
 // death. Through B, standing by: a CDP connection and a VNC viewer work,
 // and B's log, not A's, has them; the leader's trail has their
-// preview_connected. A preview revoked through the leader ends the
+// preview_connected. A shell through B is B's too, through the Pod
+// exec API, admitted by the leader (another tenant's key and none are
+// refused); the leader's trail has its shell_opened. A preview revoked through the leader ends the
 // connection B carries within seconds (the control: another preview's
 // connection goes on). A is SIGKILLed: the connection through A breaks
 // (the control), the ones through B go on, answering while nobody leads
-// and after B leads; once closed, their preview_closed reaches the new
+// and after B leads (the shell too, and its exit code comes back);
+// once closed, their preview_closed and shell_closed reach the new
 // leader's trail. A request B cannot sign, and a signed one with a bad
 // token, get nothing from the leader's internal routes.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	_, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
-	startLeading(t, ra, "A", start, roles, pods[ra])
-	start(rb, "B")
-	roles.waitLeader(t, "B stands by", pods[ra])
+	ra, rb := leaderAndStandby(t, ctx)
 
 	st, body := rb.api(t, rb.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
 	var s sessionInfo
@@ -87,6 +88,44 @@ func TestKubeRelay(t *testing.T) {
 	if !opened(ra, "cdp", p1.ID) {
 		t.Errorf("A's log lacks the CDP connection made through it (the control)")
 	}
+
+	// A shell through B, and one through A (the control): B carries its
+	// own, through the Pod exec API, the leader admitting it by the
+	// API key. Another tenant's key and none are refused through B as
+	// the leader refuses them.
+	for key, want := range map[string]int{rb.keyB: 404, "": 401, "sk-junk": 401} {
+		if _, st, err := shellDial(rb.gwAddr, key, s.ID); err == nil || st != want {
+			t.Errorf("a shell through B with key %q: %d %v, want %d", key[:min(len(key), 6)], st, err, want)
+		}
+	}
+	shB, st, err := shellDial(rb.gwAddr, rb.keyA, s.ID)
+	if err != nil {
+		t.Fatalf("a shell through B: %d %v", st, err)
+	}
+	defer shB.Close()
+	shA, st, err := shellDial(ra.gwAddr, ra.keyA, s.ID)
+	if err != nil {
+		t.Fatalf("a shell through A: %d %v", st, err)
+	}
+	defer shA.Close()
+	for name, c := range map[string]*websocket.Conn{"B": shB, "A": shA} {
+		if err := shellRun(c, "echo shell-$((6*7))", "shell-42"); err != nil {
+			t.Fatalf("the shell through %s: %v", name, err)
+		}
+	}
+	shells := func(r *testEnv) int {
+		raw, _ := os.ReadFile(r.gwLog)
+		n := 0
+		for _, line := range strings.Split(string(raw), "\n") {
+			if strings.Contains(line, "shell opened") && strings.Contains(line, s.ID) {
+				n++
+			}
+		}
+		return n
+	}
+	if shells(rb) != 1 || shells(ra) != 1 {
+		t.Errorf("each replica's log should have the one shell made through it: B %d, A %d", shells(rb), shells(ra))
+	}
 	// The leader's trail has what B reported.
 	connected := func(r *testEnv, typ, preview string) bool {
 		for _, ev := range r.events(t, r.keyA, s.ID) {
@@ -98,6 +137,15 @@ func TestKubeRelay(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "preview_connected of the connections B carries in the trail", func() bool {
 		return connected(ra, "preview_connected", p2.ID) && connected(ra, "preview_connected", vnc.ID)
+	})
+	waitFor(t, 30*time.Second, "shell_opened of the shells through A and B in the trail", func() bool {
+		n := 0
+		for _, ev := range ra.events(t, ra.keyA, s.ID) {
+			if ev.Type == "shell_opened" {
+				n++
+			}
+		}
+		return n == 2
 	})
 
 	// Revoked through the leader: the connection B carries ends.
@@ -127,6 +175,12 @@ func TestKubeRelay(t *testing.T) {
 	if _, err := rfb.Capture(); err != nil {
 		t.Fatalf("the viewer through B right after A's death: %v", err)
 	}
+	if err := shellRun(shA, "echo dead-$((6*7))", "dead-42"); err == nil {
+		t.Error("the shell through A answers after A was killed")
+	}
+	if err := shellRun(shB, "echo alive-$((6*7))", "alive-42"); err != nil {
+		t.Fatalf("the shell through B right after A's death: %v", err)
+	}
 	if st := httpStatus(rb.gwURL + "/readyz"); st == 200 {
 		t.Logf("(B answers ready already: it leads %.1f s after the kill)", time.Since(killed).Seconds())
 	}
@@ -143,6 +197,20 @@ func TestKubeRelay(t *testing.T) {
 	if _, err := rfb.Capture(); err != nil {
 		t.Fatalf("the viewer through B after it took the lead: %v", err)
 	}
+	if err := shellRun(shB, "echo led-$((6*7))", "led-42"); err != nil {
+		t.Fatalf("the shell through B after it took the lead: %v", err)
+	}
+	if code, err := shellExit(shB, "exit 5"); err != nil || code != 5 {
+		t.Fatalf("the shell through B's exit: %d %v, want 5", code, err)
+	}
+	waitFor(t, 30*time.Second, "shell_closed of the shell B carried, in the trail of B, leading", func() bool {
+		for _, ev := range rb.events(t, rb.keyA, s.ID) {
+			if ev.Type == "shell_closed" && fmt.Sprint(ev.Fields["exit_code"]) == "5" {
+				return true
+			}
+		}
+		return false
+	})
 	// Closed, they reach the trail of the leader B is now.
 	throughB1.Close()
 	vconn.Close()
@@ -154,8 +222,19 @@ func TestKubeRelay(t *testing.T) {
 	}
 }
 
+// leaderAndStandby starts two replicas on the trial cluster: A, which
+// leads, and B, which stands by.
+func leaderAndStandby(t testing.TB, ctx context.Context) (ra, rb *testEnv) {
+	t.Helper()
+	_, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
+	startLeading(t, ra, "A", start, roles, pods[ra])
+	start(rb, "B")
+	roles.waitLeader(t, "B stands by", pods[ra])
+	return ra, rb
+}
+
 // cdpDial opens a CDP WebSocket.
-func cdpDial(t *testing.T, ws string) *websocket.Conn {
+func cdpDial(t testing.TB, ws string) *websocket.Conn {
 	t.Helper()
 	c, resp, err := websocket.DefaultDialer.Dial(ws, nil)
 	if err != nil {
@@ -194,4 +273,134 @@ func cdpTry(c *websocket.Conn, id int) error {
 			return nil
 		}
 	}
+}
+
+// shellDial opens session id's shell through the gateway at addr; on a
+// refusal, it returns the handshake's status.
+func shellDial(addr, key, id string) (*websocket.Conn, int, error) {
+	h := http.Header{}
+	if key != "" {
+		h.Set("Authorization", "Bearer "+key)
+	}
+	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second}
+	c, resp, err := d.Dial("ws://"+addr+"/v1/sessions/"+id+"/shell?cols=80&rows=24", h)
+	if err != nil {
+		if resp != nil {
+			return nil, resp.StatusCode, err
+		}
+		return nil, 0, err
+	}
+	return c, 101, nil
+}
+
+// shellRun types line into a shell and waits (20 s) for want in its
+// output.
+func shellRun(c *websocket.Conn, line, want string) error {
+	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	if err := c.WriteMessage(websocket.BinaryMessage, []byte(line+"\n")); err != nil {
+		return err
+	}
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	var out strings.Builder
+	for !strings.Contains(out.String(), want) {
+		mt, data, err := c.ReadMessage()
+		if err != nil {
+			return fmt.Errorf("%w (output: %q)", err, out.String())
+		}
+		if mt == websocket.BinaryMessage {
+			out.Write(data)
+		}
+	}
+	return nil
+}
+
+// shellExit types line (which ends the shell) and returns the exit code
+// the gateway sends.
+func shellExit(c *websocket.Conn, line string) (int, error) {
+	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	if err := c.WriteMessage(websocket.BinaryMessage, []byte(line+"\n")); err != nil {
+		return -1, err
+	}
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	for {
+		mt, data, err := c.ReadMessage()
+		if err != nil {
+			return -1, err
+		}
+		var ctl struct {
+			Type     string `json:"type"`
+			ExitCode int    `json:"exit_code"`
+		}
+		if mt == websocket.TextMessage && json.Unmarshal(data, &ctl) == nil && ctl.Type == "exit" {
+			return ctl.ExitCode, nil
+		}
+	}
+}
+
+// BenchmarkKubeRelay: the round trip of a CDP command and of a shell's
+// echo on one session, through the leader and through a replica that
+// stands by and carries them itself (the relay), alternately in the
+// same run.
+func BenchmarkKubeRelay(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ra, rb := leaderAndStandby(b, ctx)
+	st, body := ra.api(b, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	if st != 201 {
+		b.Fatalf("create: %d %s", st, body)
+	}
+	id := jsonField(body, "id")
+	defer ra.api(b, ra.keyA, "DELETE", "/v1/sessions/"+id, nil)
+	p := ra.preview(b, ra.keyA, id, 600)
+	cdpA := cdpDial(b, browserWS(b, p.URL))
+	defer cdpA.Close()
+	cdpB := cdpDial(b, browserWS(b, strings.Replace(p.URL, ra.gwAddr, rb.gwAddr, 1)))
+	defer cdpB.Close()
+	shA, _, errA := shellDial(ra.gwAddr, ra.keyA, id)
+	shB, _, errB := shellDial(rb.gwAddr, rb.keyA, id)
+	if errA != nil || errB != nil {
+		b.Fatal(errA, errB)
+	}
+	defer shA.Close()
+	defer shB.Close()
+	// A first round, and B carries its own (else this measures
+	// forwarding).
+	for i, c := range []*websocket.Conn{cdpA, cdpB} {
+		if err := cdpTry(c, i+1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range []*websocket.Conn{shA, shB} {
+		if err := shellRun(c, "echo warm-$((6*7))", "warm-42"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	raw, _ := os.ReadFile(rb.gwLog)
+	if !strings.Contains(string(raw), "shell opened") || !strings.Contains(string(raw), "cdp connection opened") {
+		b.Fatal("B's log lacks the shell or the CDP connection: B did not carry them")
+	}
+	var cdpLead, cdpStandby, shLead, shStandby []time.Duration
+	timed := func(to *[]time.Duration, f func() error) {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+		*to = append(*to, time.Since(t0))
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		timed(&cdpLead, func() error { return cdpTry(cdpA, 10+i) })
+		timed(&cdpStandby, func() error { return cdpTry(cdpB, 10+i) })
+		line, want := fmt.Sprintf("echo m-$((%d*2))", i), fmt.Sprintf("m-%d", 2*i)
+		timed(&shLead, func() error { return shellRun(shA, line, want) })
+		timed(&shStandby, func() error { return shellRun(shB, line, want) })
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(percentile(cdpLead, 0.5)), "cdp-leader-p50-ms")
+	b.ReportMetric(ms(percentile(cdpStandby, 0.5)), "cdp-standby-p50-ms")
+	b.ReportMetric(float64(percentile(cdpStandby, 0.5))/float64(percentile(cdpLead, 0.5)), "cdp-standby/leader-p50")
+	b.ReportMetric(ms(percentile(shLead, 0.5)), "shell-leader-p50-ms")
+	b.ReportMetric(ms(percentile(shStandby, 0.5)), "shell-standby-p50-ms")
+	b.ReportMetric(float64(percentile(shStandby, 0.5))/float64(percentile(shLead, 0.5)), "shell-standby/leader-p50")
 }

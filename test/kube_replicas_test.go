@@ -588,7 +588,7 @@ const kubePauseImage = "sandgate.local/pause:1"
 // trial cluster of their own, as TestKubeReplicas describes (recording in
 // segments of 2 s), with stand-in Pods: start runs one, and stops it at
 // the test's end.
-func kubeReplicaPair(t *testing.T, ctx context.Context) (b *kube.Backend, ra, rb *testEnv, pods map[*testEnv]string, roles *gatewayRoles, start func(r *testEnv, name string)) {
+func kubeReplicaPair(t testing.TB, ctx context.Context) (b *kube.Backend, ra, rb *testEnv, pods map[*testEnv]string, roles *gatewayRoles, start func(r *testEnv, name string)) {
 	t.Helper()
 	e := needE2E(t)
 	kubeconfig := needKube(t)
@@ -630,7 +630,7 @@ func kubeReplicaPair(t *testing.T, ctx context.Context) (b *kube.Backend, ra, rb
 
 // startLeading starts replica r (named name) and waits until it leads:
 // ready, its Pod (pod) labelled the leader's.
-func startLeading(t *testing.T, r *testEnv, name string, start func(*testEnv, string), roles *gatewayRoles, pod string) {
+func startLeading(t testing.TB, r *testEnv, name string, start func(*testEnv, string), roles *gatewayRoles, pod string) {
 	t.Helper()
 	start(r, name)
 	waitFor(t, time.Minute, "replica "+name+" to lead (ready)", func() bool { return httpStatus(r.gwURL+"/readyz") == 200 })
@@ -639,7 +639,7 @@ func startLeading(t *testing.T, r *testEnv, name string, start func(*testEnv, st
 
 // gatewayStandIns makes a running Pod for each name, labelled as the
 // Deployment labels the gateway's, and the egress proxy's Service.
-func gatewayStandIns(t *testing.T, ctx context.Context, b *kube.Backend, names ...string) *gatewayRoles {
+func gatewayStandIns(t testing.TB, ctx context.Context, b *kube.Backend, names ...string) *gatewayRoles {
 	t.Helper()
 	r := &gatewayRoles{b: b, ctx: ctx, pods: names, podIPs: map[string]string{}}
 	var gw *appsv1.Deployment
@@ -688,7 +688,7 @@ func gatewayStandIns(t *testing.T, ctx context.Context, b *kube.Backend, names .
 }
 
 // label puts the leader's label on a Pod, as a replica that led there.
-func (r *gatewayRoles) label(t *testing.T, name string) {
+func (r *gatewayRoles) label(t testing.TB, name string) {
 	t.Helper()
 	pods := r.b.Client().CoreV1().Pods(r.b.Namespace())
 	p, err := pods.Get(r.ctx, name, metav1.GetOptions{})
@@ -703,7 +703,7 @@ func (r *gatewayRoles) label(t *testing.T, name string) {
 
 // waitLeader waits until the leader's label is on exactly these Pods,
 // and the egress proxy's Service sends to exactly their addresses.
-func (r *gatewayRoles) waitLeader(t *testing.T, when string, names ...string) {
+func (r *gatewayRoles) waitLeader(t testing.TB, when string, names ...string) {
 	t.Helper()
 	want := map[string]bool{}
 	for _, n := range names {

@@ -363,6 +363,28 @@ func TestOpenAPIContract(t *testing.T) {
 	relay("/internal/v1/relay/admit", []byte(`{"token":"x"}`), 401, false)
 	relay("/internal/v1/relay/admit", []byte(`{`), 400, true)
 	c.do(t, call{method: "POST", path: "/internal/v1/relay/admit", body: admitBody, status: 404}) // unsigned
+	// A shell: admitted by the tenant's API key, with a ticket that no
+	// preview admission takes; another tenant's key or a bad one is
+	// refused, in the answer.
+	shellBody := func(key string) []byte {
+		b, _ := json.Marshal(map[string]any{"shell": map[string]string{"session": s.ID, "key": key}})
+		return b
+	}
+	shellAns := relay("/internal/v1/relay/admit", shellBody(e.keyA), 200, false)
+	ticket := jsonField(shellAns, "ticket")
+	if jsonField(shellAns, "session") != s.ID || jsonField(shellAns, "scope") != "shell" || ticket == "" || bytes.Contains(shellAns, []byte("refused")) {
+		t.Errorf("a relay's shell admission: %s", trim(shellAns))
+	}
+	for key, want := range map[string]string{e.keyB: `"status":404`, "sk-bad": `"status":401`} {
+		if out := relay("/internal/v1/relay/admit", shellBody(key), 200, false); !bytes.Contains(out, []byte(want)) || jsonField(out, "ticket") != "" {
+			t.Errorf("a shell admission with another tenant's key or a bad one: %s, want %s", trim(out), want)
+		}
+	}
+	ticketBody, _ := json.Marshal(map[string]string{"token": ticket})
+	relay("/internal/v1/relay/admit", ticketBody, 401, false)
+	shellReport, _ := json.Marshal(map[string]any{"relay": "contract", "conns": []map[string]any{{"id": "sh1", "token": ticket, "active": true}},
+		"events": []map[string]any{{"token": ticket, "type": "shell_opened"}, {"token": ticket, "type": "shell_closed", "exit_code": 4, "duration_ms": 10}}})
+	relay("/internal/v1/relay/sync", shellReport, 200, false)
 	report, _ := json.Marshal(map[string]any{"relay": "contract", "conns": []map[string]any{{"id": "c1", "token": token(pc), "active": true}}})
 	relay("/internal/v1/relay/sync", report, 200, false)
 	relay("/internal/v1/relay/sync", []byte(`{"relay":"contract","conns":[]}`), 200, false) // c1 closed

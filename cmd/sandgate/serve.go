@@ -137,22 +137,22 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// (Its own copies: kb and cfg are read again on taking the
 			// lead, while the front still runs.)
 			holds, own := kb, cfg.Kubernetes.Advertise
-			front = gateway.NewFront(ln, func(ctx context.Context) (string, bool, error) {
+			front = gateway.NewFront(ln, func(ctx context.Context) (string, gateway.Relays, error) {
 				l, err := holds.ReadLead(ctx)
 				leader, addr := l.Identity, l.Address
 				if leader == identity {
-					return "", false, err // this replica: it is taking over
+					return "", gateway.Relays{}, err // this replica: it is taking over
 				}
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
 					// The lease is the gateway's own (rbac.yaml), but an
 					// address that is no ip:port is not dialled.
-					return "", false, fmt.Errorf("the leading replica %s advertises %q, which is not ip:port", leader, addr)
+					return "", gateway.Relays{}, fmt.Errorf("the leading replica %s advertises %q, which is not ip:port", leader, addr)
 				}
 				if addr == own {
 					// Forwarding there would come back here, for good.
-					return "", false, fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
+					return "", gateway.Relays{}, fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
 				}
-				return addr, l.Relays, err
+				return addr, gateway.Relays{Previews: l.Relays, Shells: l.Shells}, err
 			}, log.With("component", "front"))
 			defer front.Close()
 			wait = 0
@@ -181,15 +181,16 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				}()
 			}
 			// While it stands by, it carries the preview connections (CDP
-			// and VNC) it is sent itself, straight to the sessions'
-			// Pods, asking the leader about each (gateway.NewRelay).
+			// and VNC) and the shells it is sent itself, straight to the
+			// sessions' Pods, asking the leader about each
+			// (gateway.NewRelay).
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
 					return "", fmt.Errorf("the leading replica advertises %q, which is not ip:port", addr)
 				}
 				return addr, err
-			}, log.With("component", "relay"))
+			}, kube.NewSessions(ctx, holds).Sandbox, log.With("component", "relay"))
 			if err != nil {
 				return err
 			}

@@ -50,6 +50,12 @@ const AnnotationAddress = "sandgate.io/address"
 // them to a leader of an earlier version, as in a rolling update.
 const AnnotationRelays = "sandgate.io/relays"
 
+// AnnotationRelayShells, on the hold lease, says the same of the
+// sessions' shells: the leader admits a shell that a replica carries
+// (its value, too, is the holder's identity). A leader of the version
+// before relays only preview connections.
+const AnnotationRelayShells = "sandgate.io/relay-shells"
+
 // Hold takes the namespace's hold for identity, which serves at address
 // ("" when no other replica can reach it). With wait > 0, a holder
 // that renews for that long keeps it and Hold fails naming it; with
@@ -63,7 +69,7 @@ const AnnotationRelays = "sandgate.io/relays"
 // hold to run out.
 func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: holdDuration,
-		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity}}
+		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayShells: identity}}
 	deadline := time.Now().Add(wait)
 	said := ""
 	var sent time.Time // when the acquisition that succeeded was sent
@@ -159,6 +165,9 @@ type Lead struct {
 	// Relays: the leader answers replicas that relay preview
 	// connections (AnnotationRelays).
 	Relays bool
+	// Shells: it admits the shells such replicas carry
+	// (AnnotationRelayShells).
+	Shells bool
 }
 
 // ReadLead reads the namespace's hold as Leader does, with whether the
@@ -177,7 +186,9 @@ func (b *Backend) ReadLead(ctx context.Context) (Lead, error) {
 		return Lead{}, nil
 	}
 	holder := deref(le.Spec.HolderIdentity)
-	return Lead{Identity: holder, Address: le.Annotations[AnnotationAddress], Relays: holder != "" && le.Annotations[AnnotationRelays] == holder}, nil
+	return Lead{Identity: holder, Address: le.Annotations[AnnotationAddress],
+		Relays: holder != "" && le.Annotations[AnnotationRelays] == holder,
+		Shells: holder != "" && le.Annotations[AnnotationRelayShells] == holder}, nil
 }
 
 // Identity names one run of a gateway replica in Pod pod, whose UID
