@@ -20,7 +20,8 @@ import (
 // Pod, asking the leader about each, so they outlive the leader's
 // death. Through B, standing by: a CDP connection and a VNC viewer work,
 // and B's log, not A's, has them; the leader's trail has their
-// preview_connected. A shell through B is B's too, through the Pod
+// preview_connected; the view-only viewer's pointer is dropped there
+// (an interactive one's is not). A shell through B is B's too, through the Pod
 // exec API, admitted by the leader (another tenant's key and none are
 // refused); the leader's trail has its shell_opened. A preview revoked through the leader ends the
 // connection B carries within seconds (the control: another preview's
@@ -88,6 +89,34 @@ func TestKubeRelay(t *testing.T) {
 	if !opened(ra, "cdp", p1.ID) {
 		t.Errorf("A's log lacks the CDP connection made through it (the control)")
 	}
+
+	// The viewer B carries is view-only: its pointer never reaches the
+	// session; an interactive one's through B does (the control). A
+	// frame asked after the event proves it was passed or dropped.
+	ra.mustAction(t, ra.keyA, s.ID, map[string]any{"action": "mouse_move", "coordinate": []int{5, 5}})
+	if err := rfb.Pointer(300, 200, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rfb.Capture(); err != nil {
+		t.Fatal(err)
+	}
+	if x, y := ra.cursor(t, s.ID); x != 5 || y != 5 {
+		t.Errorf("a view-only viewer through B moved the cursor to %d,%d", x, y)
+	}
+	interactive := rb.vncPreview(t, rb.keyA, s.ID, "vnc", false, 300)
+	interactive.URL = viaB(interactive.URL)
+	irfb, iconn := rfbThroughGateway(t, interactive)
+	if err := irfb.Pointer(300, 200, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := irfb.Capture(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "an interactive viewer through B to move the cursor", func() bool {
+		x, y := ra.cursor(t, s.ID)
+		return x == 300 && y == 200
+	})
+	iconn.Close()
 
 	// A shell through B, and one through A (the control): B carries its
 	// own, through the Pod exec API, the leader admitting it by the
