@@ -49,7 +49,7 @@ bench:
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Runtimes -benchtime 5x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench EgressPageLoad -benchtime 20x ./test/
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench Recording -benchtime 1x ./test/
-	# Two replicas on the trial cluster: CDP and shell round trips
+	# Two replicas on the trial cluster: CDP, shell and exec round trips
 	# through the leader and through a replica that stands by.
 	SANDGATE_E2E=1 go test -count=1 -timeout 40m -run '^$$' -bench KubeRelay -benchtime 200x ./test/
 

@@ -57,8 +57,9 @@ func noNUL(ss ...string) bool {
 	return true
 }
 
-// checkExec validates a request and returns the spec's parts.
-func (s *Server) checkExec(tenant string, req *execRequest) (env []string, stdin []byte, timeout time.Duration, root bool, err error) {
+// checkExec validates a request and returns the spec's parts; root
+// asks for root, which the tenant may not allow.
+func checkExec(req *execRequest) (env []string, stdin []byte, timeout time.Duration, root bool, err error) {
 	if len(req.Cmd) == 0 || req.Cmd[0] == "" {
 		return nil, nil, 0, false, errInvalid("cmd must be a non-empty array, the program first")
 	}
@@ -96,9 +97,6 @@ func (s *Server) checkExec(tenant string, req *execRequest) (env []string, stdin
 	switch req.User {
 	case "", "sandgate":
 	case "root":
-		if lim, _ := s.sessions.Limits(tenant); !lim.AllowRoot {
-			return nil, nil, 0, false, errDenied("this tenant may not run commands as root")
-		}
 		root = true
 	default:
 		return nil, nil, 0, false, errInvalid(`user must be "sandgate" or "root"`)
@@ -116,10 +114,16 @@ func (s *Server) exec(c *fiber.Ctx) error {
 	if err := decode(c, &req); err != nil {
 		return err
 	}
-	tenant := tenantOf(c)
-	env, stdin, timeout, root, err := s.checkExec(tenant, &req)
+	env, stdin, timeout, root, err := checkExec(&req)
 	if err != nil {
 		return err
+	}
+	claims, err := s.shells.openShell(c, id)
+	if err != nil {
+		return err
+	}
+	if root && !claims.allowRoot {
+		return errDenied("this tenant may not run commands as root")
 	}
 	records := make(chan execRecord, 256)
 	out := &recordWriter{stream: "stdout", c: records}
@@ -130,7 +134,7 @@ func (s *Server) exec(c *fiber.Ctx) error {
 	// one pipe in order; the gateway's own deadline is the backstop.
 	args := append([]string{"/usr/local/bin/sandgate-exec", strconv.FormatInt(int64(timeout/time.Second), 10)}, req.Cmd...)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+10*time.Second)
-	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{
+	proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{
 		Args: args, Env: env, Cwd: req.Cwd, Root: root,
 		Stdin: strings.NewReader(string(stdin)), Stdout: frames, Stderr: errw,
 	})
@@ -147,7 +151,7 @@ func (s *Server) exec(c *fiber.Ctx) error {
 	for k := range req.Env {
 		envNames = append(envNames, k)
 	}
-	s.sessions.Touch(id)
+	s.live.touch(claims)
 
 	go func() {
 		defer cancel()
@@ -166,11 +170,12 @@ func (s *Server) exec(c *fiber.Ctx) error {
 		errw.close()
 		records <- final
 		close(records)
-		s.sessions.Record(id, "exec", map[string]any{
+		s.live.record(claims, "exec", map[string]any{
 			"argv": req.Cmd, "user": user, "cwd": req.Cwd, "env_names": envNames,
 			"exit_code": code, "duration_ms": took.Milliseconds(), "timed_out": timedOut,
 			"stdout_bytes": out.total(), "stderr_bytes": errw.total(),
 		})
+		s.log.Info("command ran", "session", id, "exit_code", code, "duration_ms", took.Milliseconds(), "timed_out", timedOut)
 	}()
 
 	c.Set(fiber.HeaderContentType, "application/x-ndjson")

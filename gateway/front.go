@@ -84,7 +84,7 @@ const (
 // stand by carry themselves.
 type Relays struct {
 	Previews bool // CDP and VNC
-	Shells   bool
+	Exec     bool // shells and commands (the Pod exec API)
 }
 
 // NewFront serves ln; leader reads where the leading replica serves,
@@ -146,11 +146,12 @@ func isPreviewPath(path string) bool {
 	return path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/")
 }
 
-// isShellPath: a session's shell, which a relay carries too.
-func isShellPath(method, path string) bool {
+// isExecPath: a session's shell or command (exec), which a relay
+// carries too.
+func isExecPath(method, path string) bool {
 	rest, ok := strings.CutPrefix(path, "/v1/sessions/")
 	id, tail, _ := strings.Cut(rest, "/")
-	return ok && method == "GET" && tail == "shell" && ids.IsSession(id)
+	return ok && ids.IsSession(id) && (method == "GET" && tail == "shell" || method == "POST" && tail == "exec")
 }
 
 // Close stops accepting and cuts the forwarded connections.
@@ -275,7 +276,7 @@ func (f *Front) standBy(c net.Conn) {
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, f.conns, f.served)
 		return
-	case relay != nil && !taking && (isPreviewPath(path) || isShellPath(method, path)) && f.relayUsable() && f.leaderRelays(method, path):
+	case relay != nil && !taking && (isPreviewPath(path) || isExecPath(method, path)) && f.relayUsable() && f.leaderRelays(method, path):
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, relay, relayDone)
 		return
@@ -420,8 +421,8 @@ func (f *Front) leaderRelays(method, path string) bool {
 	if err != nil || a == "" {
 		return false
 	}
-	if isShellPath(method, path) {
-		return relays.Shells
+	if isExecPath(method, path) {
+		return relays.Exec
 	}
 	return relays.Previews
 }

@@ -269,23 +269,27 @@ func TestFrontRelay(t *testing.T) {
 	go relay.Serve(f.RelayListener(func() bool { return true }))
 	defer relay.Close()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	get := func(path string) string {
+	do := func(method, path string) string {
 		t.Helper()
-		resp, err := client.Get("http://" + ln.Addr().String() + path)
+		req, _ := http.NewRequest(method, "http://"+ln.Addr().String()+path, nil)
+		resp, err := client.Do(req)
 		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
+			t.Fatalf("%s %s: %v", method, path, err)
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
+	get := func(path string) string { t.Helper(); return do("GET", path) }
 	sid := ids.NewSession()
-	shell := "/v1/sessions/" + sid + "/shell"
-	// What each path is: a preview's, a shell's, or neither.
-	paths := map[string]string{"/cdp/tok/json/version": "preview", "/cdp": "preview", "/cdp/devtools/browser/x": "preview", "/vnc/tok": "preview",
-		shell: "shell", "/v1/sessions/" + sid + "/exec": "", "/v1/sessions/junk/shell": "", "/v1/sessions/" + sid + "/shell/x": "",
-		"/v1/sessions": "", "/cdpx": "", "/vnc": "", "/view/tok": "", "/review/tok": ""}
-	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Shells: true}, {}} {
+	shell, exec := "/v1/sessions/"+sid+"/shell", "/v1/sessions/"+sid+"/exec"
+	// What each request is: a preview's, a shell's or command's, or
+	// neither.
+	paths := map[string]string{"GET /cdp/tok/json/version": "preview", "GET /cdp": "preview", "GET /cdp/devtools/browser/x": "preview", "GET /vnc/tok": "preview",
+		"GET " + shell: "exec", "POST " + exec: "exec", "GET " + exec: "", "POST " + shell: "", "POST /v1/sessions/junk/exec": "",
+		"GET /v1/sessions/junk/shell": "", "GET " + shell + "/x": "", "POST /v1/sessions/" + sid + "/files": "",
+		"GET /v1/sessions": "", "GET /cdpx": "", "GET /vnc": "", "GET /view/tok": "", "GET /review/tok": ""}
+	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Exec: true}, {}} {
 		mu.Lock()
 		relays = on
 		mu.Unlock()
@@ -294,19 +298,20 @@ func TestFrontRelay(t *testing.T) {
 		// must agree.
 		where := map[bool]string{false: "leader ", true: "relay "}
 		deadline := time.Now().Add(10 * time.Second)
-		for get("/vnc/tok") != where[on.Previews]+"/vnc/tok" || get(shell) != where[on.Shells]+shell {
+		for get("/vnc/tok") != where[on.Previews]+"/vnc/tok" || get(shell) != where[on.Exec]+shell {
 			if time.Now().After(deadline) {
 				t.Fatalf("leader relays %+v: still not shown", on)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		for p, kind := range paths {
+		for r, kind := range paths {
+			method, p, _ := strings.Cut(r, " ")
 			want := "leader " + p
-			if kind == "preview" && on.Previews || kind == "shell" && on.Shells {
+			if kind == "preview" && on.Previews || kind == "exec" && on.Exec {
 				want = "relay " + p
 			}
-			if got := get(p); got != want {
-				t.Errorf("leader relays %+v: GET %s: %q, want %q", on, p, got, want)
+			if got := do(method, p); got != want {
+				t.Errorf("leader relays %+v: %s: %q, want %q", on, r, got, want)
 			}
 		}
 	}

@@ -43,15 +43,18 @@ type previewLive interface {
 	spares() bool
 }
 
-// shellLive is what the shell route needs besides previewLive, whose
-// track, record and touch take the claims openShell returns.
+// shellLive is what the shell and exec routes need besides
+// previewLive, whose track, record and touch take the claims openShell
+// returns.
 type shellLive interface {
-	// openShell checks that the request may open session id's shell
-	// (its API key, on a replica that stands by) and that the session
-	// runs. The claims name the tenant and the session, with
-	// scopeShell and shellPreview (the bound on a session's shells).
+	// openShell checks that the request may run commands in session
+	// id (its API key, on a replica that stands by) and that the
+	// session runs. The claims name the tenant and the session, with
+	// scopeShell and shellPreview (the bound on a session's shells),
+	// and whether the tenant may run commands as root.
 	openShell(c *fiber.Ctx, id string) (*previewClaims, error)
-	// startShell starts the shell's command in the session.
+	// startShell starts a command (a shell's, or exec's) in the
+	// session.
 	startShell(ctx context.Context, c *previewClaims, spec session.ExecSpec) (*session.Process, error)
 }
 
@@ -119,7 +122,10 @@ func (l managerLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) 
 	if _, err := l.s.sessions.Endpoint(tenantOf(c), id); err != nil {
 		return nil, err
 	}
-	return shellClaims(tenantOf(c), id, ""), nil
+	claims := shellClaims(tenantOf(c), id, "")
+	lim, _ := l.s.sessions.Limits(tenantOf(c))
+	claims.allowRoot = lim.AllowRoot
+	return claims, nil
 }
 
 func (l managerLive) startShell(ctx context.Context, c *previewClaims, spec session.ExecSpec) (*session.Process, error) {

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -44,11 +45,12 @@ import (
 // and its adoption) ends the connections it carries: nobody could end
 // them when they are revoked.
 //
-// It carries the sessions' shells the same way, through the Pod exec
-// API: the leader admits each by the client's API key (its tenants are
-// the word) and answers with a ticket, a token of scopeShell that no
-// preview route takes, which the replica's reports name the shell by
-// in place of a preview token.
+// It carries the sessions' shells and commands (exec) the same way,
+// through the Pod exec API: the leader admits each by the client's API
+// key (its tenants are the word) and answers with a ticket, a token of
+// scopeShell that no preview route takes, which the replica's reports
+// name the shell (and a command's event) by in place of a preview
+// token.
 //
 // The two internal routes are the leader's; a replica signs its
 // requests with the gateway's preview-token keys (HMAC over the time,
@@ -58,8 +60,10 @@ import (
 const (
 	relayAdmitPath = "/internal/v1/relay/admit"
 	relaySyncPath  = "/internal/v1/relay/sync"
-	// relayShellRoute: the shells a relay carries (with a sandbox).
+	// relayShellRoute, relayExecRoute: the shells and commands a relay
+	// carries (with a sandbox).
 	relayShellRoute = "/v1/sessions/:id/shell"
+	relayExecRoute  = "/v1/sessions/:id/exec"
 	relayHeader     = "X-Sandgate-Relay"
 	// relaySkew bounds how far a signed request's time may be from the
 	// leader's clock.
@@ -222,6 +226,8 @@ type relayAdmitAnswer struct {
 	// Refused, for a shell: why the leader would not open it itself
 	// (the status and error the client gets).
 	Refused *relayRefusal `json:"refused,omitempty"`
+	// AllowRoot, for a shell: the tenant may run commands as root.
+	AllowRoot bool `json:"allow_root,omitempty"`
 }
 
 type relayRefusal struct {
@@ -295,7 +301,7 @@ func (s *Server) relayShell(c *fiber.Ctx, req relayShellRequest) error {
 		return err
 	}
 	return c.JSON(relayAdmitAnswer{Session: claims.Session, Tenant: claims.Tenant, Scope: claims.Scope, Preview: claims.ID,
-		Expires: until.Unix(), Ticket: ticket})
+		Expires: until.Unix(), Ticket: ticket, AllowRoot: lim.AllowRoot})
 }
 
 type relaySyncRequest struct {
@@ -319,7 +325,53 @@ type relayEvent struct {
 	DurationMS int64  `json:"duration_ms,omitempty"`
 	Reason     string `json:"reason,omitempty"`
 	Limit      int64  `json:"limit,omitempty"`
-	ExitCode   int    `json:"exit_code,omitempty"` // shell_closed
+	ExitCode   int    `json:"exit_code,omitempty"` // shell_closed, exec
+	// exec's: the command, as its trail event has it (argv bounded by
+	// the relay, relayArgvBytes).
+	Argv          []string `json:"argv,omitempty"`
+	ArgvTruncated bool     `json:"argv_truncated,omitempty"`
+	User          string   `json:"user,omitempty"`
+	Cwd           string   `json:"cwd,omitempty"`
+	EnvNames      []string `json:"env_names,omitempty"`
+	TimedOut      bool     `json:"timed_out,omitempty"`
+	StdoutBytes   int64    `json:"stdout_bytes,omitempty"`
+	StderrBytes   int64    `json:"stderr_bytes,omitempty"`
+	// wire is what the event takes in a report (its JSON), measured as
+	// it is kept.
+	wire int
+}
+
+// Bounds of what a relay reports, well under the leader's limit on a
+// request's body (the gateway's, a megabyte by default), so that no
+// report is refused for its size and none holds up those after it:
+// relayArgvBytes bounds the command an exec's event carries (a
+// request's body may hold a megabyte of it), relayEventBytes one
+// event's JSON (escaped, a byte may take six), relayReportBytes the
+// events of one report, relayReportMax the whole report.
+const (
+	relayArgvBytes   = 16 << 10
+	relayEventBytes  = 128 << 10
+	relayReportBytes = 256 << 10
+	relayReportMax   = 768 << 10
+)
+
+// measure sets ev.wire, cutting an exec's command (then its working
+// directory and names) until the event fits relayEventBytes.
+func (ev *relayEvent) measure() {
+	for _, budget := range []int{relayArgvBytes, 2 << 10, 0} {
+		if budget < relayArgvBytes {
+			var cut bool
+			ev.Argv, cut = boundArgv(ev.Argv, budget)
+			ev.ArgvTruncated = ev.ArgvTruncated || cut
+		}
+		if budget == 0 {
+			ev.Cwd, ev.EnvNames, ev.ArgvTruncated = "", nil, true
+		}
+		raw, _ := json.Marshal(ev)
+		if ev.wire = len(raw); ev.wire <= relayEventBytes {
+			return
+		}
+	}
 }
 
 type relaySyncAnswer struct {
@@ -498,7 +550,27 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		s.sessions.Record(claims.Session, ev.Type, map[string]any{"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0)})
 	case "message_too_big":
 		s.sessions.Record(claims.Session, ev.Type, map[string]any{"scope": scopeShell, "limit": max(ev.Limit, 0)})
+	case "exec":
+		if ev.User != "root" {
+			ev.User = "sandgate"
+		}
+		fields := map[string]any{
+			"argv": nonNil(ev.Argv), "user": ev.User, "cwd": ev.Cwd, "env_names": nonNil(ev.EnvNames),
+			"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0), "timed_out": ev.TimedOut,
+			"stdout_bytes": max(ev.StdoutBytes, 0), "stderr_bytes": max(ev.StderrBytes, 0),
+		}
+		if ev.ArgvTruncated {
+			fields["argv_truncated"] = true
+		}
+		s.sessions.Record(claims.Session, ev.Type, fields)
 	}
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 func truncate(s string, n int) string {
@@ -581,9 +653,9 @@ type relayConn struct {
 // asking the leader (at leader's address) about each. identity names
 // the replica to the leader.
 //
-// With sandbox (nil: not), it carries the sessions' shells too, the
-// leader admitting each by its API key: sandbox names a session's Pod,
-// which the shell's command runs in.
+// With sandbox (nil: not), it carries the sessions' shells and commands
+// too, the leader admitting each by its API key: sandbox names a
+// session's Pod, which they run in.
 func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), sandbox func(id string) session.Sandbox, log *slog.Logger) (*Server, error) {
 	s, err := newServer(cfg, nil, nil, log)
 	if err != nil {
@@ -616,12 +688,14 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 	s.previewRoutes()
 	if sandbox != nil {
 		// The key is asked for first, as the leader's middleware does.
-		s.app.Get(relayShellRoute, func(c *fiber.Ctx) error {
+		key := func(c *fiber.Ctx) error {
 			if _, err := bearerKey(c); err != nil {
 				return err
 			}
 			return c.Next()
-		}, s.shellUpgrade, s.shell())
+		}
+		s.app.Get(relayShellRoute, key, s.shellUpgrade, s.shell())
+		s.app.Post(relayExecRoute, key, s.exec)
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()
@@ -790,7 +864,9 @@ func (l *relayLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) {
 	l.mu.Lock()
 	l.admitted[id] = time.Now()
 	l.mu.Unlock()
-	return shellClaims(ans.Tenant, id, ans.Ticket), nil
+	claims := shellClaims(ans.Tenant, id, ans.Ticket)
+	claims.allowRoot = ans.AllowRoot
+	return claims, nil
 }
 
 // startShell runs the shell's command in the session's Pod itself.
@@ -875,6 +951,7 @@ func (l *relayLive) track(c *previewClaims, closer io.Closer) (func(), error) {
 }
 
 func (l *relayLive) event(ev relayEvent) {
+	ev.measure()
 	l.mu.Lock()
 	if len(l.events) >= maxRelayEvents {
 		l.events = l.events[1:]
@@ -896,6 +973,17 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 	if v, ok := fields["exit_code"].(int); ok {
 		ev.ExitCode = v
 	}
+	if typ == "exec" {
+		argv, _ := fields["argv"].([]string)
+		ev.Argv, ev.ArgvTruncated = boundArgv(argv, relayArgvBytes)
+		ev.User, _ = fields["user"].(string)
+		ev.Cwd, _ = fields["cwd"].(string)
+		ev.Cwd = truncate(ev.Cwd, 4096)
+		ev.EnvNames, _ = fields["env_names"].([]string)
+		ev.TimedOut, _ = fields["timed_out"].(bool)
+		ev.StdoutBytes, _ = fields["stdout_bytes"].(int64)
+		ev.StderrBytes, _ = fields["stderr_bytes"].(int64)
+	}
 	switch v := fields["limit"].(type) {
 	case int:
 		ev.Limit = int64(v)
@@ -903,6 +991,28 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 		ev.Limit = v
 	}
 	l.event(ev)
+}
+
+// boundArgv is a command's argv within n bytes: the arguments that fit,
+// then the one that does not, cut short at a character's start (none
+// when nothing is left), and whether anything was cut.
+func boundArgv(argv []string, n int) ([]string, bool) {
+	out := make([]string, 0, len(argv))
+	for _, a := range argv {
+		if len(a) > n {
+			cut := n
+			for cut > 0 && !utf8.RuneStart(a[cut]) {
+				cut--
+			}
+			if cut > 0 {
+				out = append(out, a[:cut])
+			}
+			return out, true
+		}
+		out = append(out, a)
+		n -= len(a)
+	}
+	return out, false
 }
 
 func (l *relayLive) touch(c *previewClaims) {
@@ -965,15 +1075,22 @@ func (l *relayLive) report() bool {
 		l.mu.Unlock()
 		return false
 	}
-	// A report carries at most maxReportEvents (with the connections,
-	// it stays well under the gateway's body limit); the rest go next.
-	carried := l.events[:min(len(l.events), maxReportEvents)]
+	// A report carries at most maxReportEvents, and relayReportBytes
+	// of them (with the connections, it stays well under the gateway's
+	// body limit); the rest go next.
+	n, size := 0, 0
+	for n < min(len(l.events), maxReportEvents) && (n == 0 || size+l.events[n].wire <= relayReportBytes) {
+		size += l.events[n].wire
+		n++
+	}
+	carried := l.events[:n]
 	req := relaySyncRequest{Relay: l.identity, Events: append([]relayEvent(nil), carried...)}
 	for tok := range l.touched {
 		req.Touched = append(req.Touched, tok)
 	}
-	clear(l.touched)              // activity: one lost with a report is not worth keeping
-	upTo := l.base + len(carried) // the events this report carries end there
+	clear(l.touched) // activity: one lost with a report is not worth keeping
+	base := l.base
+	upTo := base + len(carried) // the events this report carries end there
 	closers := map[string]io.Closer{}
 	for id, rc := range l.conns {
 		req.Conns = append(req.Conns, relayConnState{ID: id, Token: rc.token, Active: rc.active})
@@ -983,6 +1100,27 @@ func (l *relayLive) report() bool {
 	dropped := l.dropped
 	l.dropped = 0
 	l.mu.Unlock()
+	// The whole report within relayReportMax: the activity goes first,
+	// then half the events at a time (the connections must be named).
+	for {
+		raw, _ := json.Marshal(req)
+		if len(raw) <= relayReportMax {
+			break
+		}
+		switch {
+		case req.Touched != nil:
+			req.Touched = nil
+		case len(req.Events) > 0:
+			req.Events = req.Events[:len(req.Events)/2]
+			upTo = base + len(req.Events)
+		default:
+			l.log.Warn("the connections this replica carries are too many to report; ending them", "conns", len(req.Conns))
+			for _, c := range closers {
+				go c.Close()
+			}
+			return false
+		}
+	}
 	if dropped > 0 {
 		l.log.Warn("events of relayed connections dropped while no leader answered", "dropped", dropped)
 	}

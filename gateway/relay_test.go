@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	fws "github.com/fasthttp/websocket"
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/sandgate/sandgate/ids"
@@ -107,7 +110,7 @@ func TestRelayAuth(t *testing.T) {
 // while.
 func TestRelayLive(t *testing.T) {
 	var mu sync.Mutex
-	var admits, syncs int
+	var admits, syncs, biggest int
 	var closeID string
 	var got []relayEvent
 	refuse := false
@@ -125,6 +128,7 @@ func TestRelayLive(t *testing.T) {
 			json.NewEncoder(w).Encode(relayAdmitAnswer{CDP: "10.0.0.9:9222", VNC: "10.0.0.9:5900", Session: "s-1", Tenant: "t", Scope: ScopeCDP, Preview: "p-1", Expires: time.Now().Add(time.Hour).Unix()})
 		case relaySyncPath:
 			syncs++
+			biggest = max(biggest, len(body))
 			var req relaySyncRequest
 			json.Unmarshal(body, &req)
 			got = append(got, req.Events...)
@@ -206,6 +210,44 @@ func TestRelayLive(t *testing.T) {
 	if n != 1 || got[0].Type != "preview_connected" {
 		t.Errorf("the leader got events %+v, want one preview_connected, once", got)
 	}
+
+	// Commands' events: each argv bounded, each report bounded by
+	// size; all arrive, once, in order.
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	big := strings.Repeat("<", 1<<20) // six bytes each in JSON
+	for i := range 40 {
+		l.record(c, "exec", map[string]any{"argv": []string{"sh", "-c", big}, "user": "sandgate", "exit_code": i, "duration_ms": int64(5),
+			"stdout_bytes": int64(7), "env_names": []string{}})
+	}
+	for range 10 { // each sync sends a few reports
+		l.sync()
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n >= 40 {
+			break
+		}
+	}
+	mu.Lock()
+	if len(got) != 40 {
+		t.Errorf("the leader got %d exec events, want 40", len(got))
+	}
+	for i, ev := range got {
+		n := 0
+		for _, a := range ev.Argv {
+			n += len(a)
+		}
+		if ev.Type != "exec" || ev.ExitCode != i || !ev.ArgvTruncated || n > relayArgvBytes || ev.Argv[0] != "sh" || ev.StdoutBytes != 7 {
+			t.Errorf("exec event %d: %s, exit %d, truncated %v, %d bytes of argv", i, ev.Type, ev.ExitCode, ev.ArgvTruncated, n)
+			break
+		}
+	}
+	if biggest > relayReportMax {
+		t.Errorf("a report of %d bytes, over relayReportMax", biggest)
+	}
+	mu.Unlock()
 
 	// A leader that refuses the signature: not usable for a while.
 	if !srv.RelayUsable() {
@@ -328,9 +370,23 @@ func TestRelayShellAdmission(t *testing.T) {
 	// The positive control: a good key is upgraded, and the shell is
 	// started in the session the leader named, with the ticket for
 	// the reports.
-	if st, body := shell("good"); st != 101 {
-		t.Fatalf("a shell with a good key: %d %s, want 101", st, body)
+	// (Served for real: the upgraded connection is the handler's.)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	go srv.App().Listener(ln)
+	defer srv.App().Shutdown()
+	ws, resp, err := fws.DefaultDialer.Dial("ws://"+ln.Addr().String()+"/v1/sessions/"+sid+"/shell",
+		http.Header{"Authorization": {"Bearer good"}, "Host": {"gw.test:8080"}})
+	if err != nil {
+		st := 0
+		if resp != nil {
+			st = resp.StatusCode
+		}
+		t.Fatalf("a shell with a good key: %d %v, want 101", st, err)
+	}
+	defer ws.Close()
 	select {
 	case id := <-started:
 		if id != sid {
@@ -351,4 +407,28 @@ type failingSandbox struct {
 func (f failingSandbox) Exec(context.Context, session.ExecSpec, []string) (session.ExecProc, error) {
 	f.started <- f.id
 	return nil, errors.New("no sandbox in a unit test")
+}
+
+// TestBoundArgv: a command cut to its bound keeps whole arguments, cuts
+// the one that does not fit at a character's start, and adds no empty
+// one.
+func TestBoundArgv(t *testing.T) {
+	for _, c := range []struct {
+		argv []string
+		n    int
+		want []string
+		cut  bool
+	}{
+		{[]string{"sh", "-c", "true"}, 100, []string{"sh", "-c", "true"}, false},
+		{[]string{"aaaa", "rm", "-rf"}, 4, []string{"aaaa"}, true},
+		{[]string{"ab", "cdef"}, 4, []string{"ab", "cd"}, true},
+		{[]string{"é", "x"}, 1, []string{}, true},
+		{[]string{"aé"}, 2, []string{"a"}, true},
+		{nil, 10, []string{}, false},
+	} {
+		got, cut := boundArgv(c.argv, c.n)
+		if fmt.Sprint(got) != fmt.Sprint(c.want) || len(got) != len(c.want) || cut != c.cut {
+			t.Errorf("boundArgv(%q, %d) = %q %v, want %q %v", c.argv, c.n, got, cut, c.want, c.cut)
+		}
+	}
 }

@@ -32,6 +32,9 @@ type previewClaims struct {
 	// raw is the token these were read from (a relaying replica passes
 	// it on to the leader).
 	raw string
+	// allowRoot, in a shell's claims: the tenant may run commands as
+	// root.
+	allowRoot bool
 }
 
 // signer issues and checks preview tokens with HMAC-SHA256 keys.

@@ -42,12 +42,18 @@ type execRec struct {
 // execIn runs a command through POST /exec and collects the stream.
 func (e *testEnv) execIn(t testing.TB, key, id string, req map[string]any) execOut {
 	t.Helper()
+	return execWith(t, http.DefaultClient, e.gwURL, key, id, req)
+}
+
+// execWith is execIn through client, at the gateway at gwURL.
+func execWith(t testing.TB, client *http.Client, gwURL, key, id string, req map[string]any) execOut {
+	t.Helper()
 	raw, _ := json.Marshal(req)
-	hreq, _ := http.NewRequest("POST", e.gwURL+"/v1/sessions/"+id+"/exec", bytes.NewReader(raw))
+	hreq, _ := http.NewRequest("POST", gwURL+"/v1/sessions/"+id+"/exec", bytes.NewReader(raw))
 	hreq.Header.Set("Authorization", "Bearer "+key)
 	hreq.Header.Set("Content-Type", "application/json")
 	t0 := time.Now()
-	resp, err := http.DefaultClient.Do(hreq)
+	resp, err := client.Do(hreq)
 	if err != nil {
 		t.Fatal(err)
 	}

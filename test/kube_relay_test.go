@@ -1,6 +1,8 @@
 package test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,14 +23,16 @@ import (
 // death. Through B, standing by: a CDP connection and a VNC viewer work,
 // and B's log, not A's, has them; the leader's trail has their
 // preview_connected; the view-only viewer's pointer is dropped there
-// (an interactive one's is not). A shell through B is B's too, through the Pod
-// exec API, admitted by the leader (another tenant's key and none are
-// refused); the leader's trail has its shell_opened. A preview revoked through the leader ends the
+// (an interactive one's is not). A shell and a command (exec) through
+// B are B's too, through the Pod exec API, admitted by the leader
+// (another tenant's key and none are refused); the leader's trail has
+// their shell_opened and exec. A preview revoked through the leader ends the
 // connection B carries within seconds (the control: another preview's
 // connection goes on). A is SIGKILLed: the connection through A breaks
 // (the control), the ones through B go on, answering while nobody leads
-// and after B leads (the shell too, and its exit code comes back);
-// once closed, their preview_closed and shell_closed reach the new
+// and after B leads (the shell too, and its exit code comes back; a
+// command through B that runs across the kill ends whole); once
+// closed, their preview_closed, shell_closed and exec reach the new
 // leader's trail. A request B cannot sign, and a signed one with a bad
 // token, get nothing from the leader's internal routes.
 func TestKubeRelay(t *testing.T) {
@@ -74,13 +78,7 @@ func TestKubeRelay(t *testing.T) {
 	// B carries them: its log has them, A's has not (A's has the one
 	// through A).
 	opened := func(r *testEnv, kind, preview string) bool {
-		raw, _ := os.ReadFile(r.gwLog)
-		for _, line := range strings.Split(string(raw), "\n") {
-			if strings.Contains(line, kind+" connection opened") && strings.Contains(line, preview) {
-				return true
-			}
-		}
-		return false
+		return logLines(r, kind+" connection opened", preview) > 0
 	}
 	if !opened(rb, "cdp", p2.ID) || !opened(rb, "vnc", vnc.ID) || opened(ra, "cdp", p2.ID) || opened(ra, "vnc", vnc.ID) {
 		t.Errorf("B's log should have the CDP connection of %s and the viewer of %s, and A's neither (B: %v %v, A: %v %v)",
@@ -142,16 +140,7 @@ func TestKubeRelay(t *testing.T) {
 			t.Fatalf("the shell through %s: %v", name, err)
 		}
 	}
-	shells := func(r *testEnv) int {
-		raw, _ := os.ReadFile(r.gwLog)
-		n := 0
-		for _, line := range strings.Split(string(raw), "\n") {
-			if strings.Contains(line, "shell opened") && strings.Contains(line, s.ID) {
-				n++
-			}
-		}
-		return n
-	}
+	shells := func(r *testEnv) int { return logLines(r, "shell opened", s.ID) }
 	if shells(rb) != 1 || shells(ra) != 1 {
 		t.Errorf("each replica's log should have the one shell made through it: B %d, A %d", shells(rb), shells(ra))
 	}
@@ -177,6 +166,39 @@ func TestKubeRelay(t *testing.T) {
 		return n == 2
 	})
 
+	// A command through B is B's too, through the Pod exec API; one
+	// through A is A's (the control). Another tenant's key is refused
+	// through B as the leader refuses it. Its exec event reaches the
+	// leader's trail. (On a new connection each: a replica standing by
+	// sends a whole connection where its first request goes, and the
+	// ones this test made before went to the leader.)
+	fresh := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
+	out := execWith(t, fresh, rb.gwURL, rb.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo relayed-$((6*7)); exit 3"}})
+	if out.ExitCode != 3 || string(out.Stdout) != "relayed-42\n" {
+		t.Fatalf("a command through B: exit %d, stdout %q", out.ExitCode, out.Stdout)
+	}
+	if out := ra.execIn(t, ra.keyA, s.ID, map[string]any{"cmd": []string{"true"}}); out.ExitCode != 0 {
+		t.Fatalf("a command through A: exit %d", out.ExitCode)
+	}
+	other, _ := http.NewRequest("POST", rb.gwURL+"/v1/sessions/"+s.ID+"/exec", strings.NewReader(`{"cmd":["true"]}`))
+	other.Header.Set("Authorization", "Bearer "+rb.keyB)
+	if resp, err := fresh.Do(other); err != nil || resp.StatusCode != 404 {
+		t.Errorf("a command through B with another tenant's key: %v %v, want 404", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	ran := func(r *testEnv) int { return logLines(r, "command ran", s.ID) }
+	waitFor(t, 10*time.Second, "each replica's log to have the one command run through it", func() bool { return ran(rb) == 1 && ran(ra) == 1 })
+	execEvent := func(r *testEnv, code int, arg string) bool {
+		for _, ev := range r.events(t, r.keyA, s.ID) {
+			if ev.Type == "exec" && fmt.Sprint(ev.Fields["exit_code"]) == fmt.Sprint(code) && strings.Contains(fmt.Sprint(ev.Fields["argv"]), arg) {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(t, 30*time.Second, "the exec event of the command through B in the leader's trail", func() bool { return execEvent(ra, 3, "relayed") })
+
 	// Revoked through the leader: the connection B carries ends.
 	revoked := time.Now()
 	if st, body := ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+s.ID+"/previews/"+p2.ID, nil); st != 204 {
@@ -193,6 +215,21 @@ func TestKubeRelay(t *testing.T) {
 
 	// A dies: what went through A breaks; what B carries goes on, while
 	// nobody leads and after.
+	// A command through B that runs across A's death.
+	raw, _ := json.Marshal(map[string]any{"cmd": []string{"sh", "-c", "echo started; sleep 3; echo survived"}})
+	req, _ := http.NewRequest("POST", rb.gwURL+"/v1/sessions/"+s.ID+"/exec", bytes.NewReader(raw))
+	req.Header.Set("Authorization", "Bearer "+rb.keyA)
+	resp, err := fresh.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("a long command through B: %v", err)
+	}
+	defer resp.Body.Close()
+	long := bufio.NewScanner(resp.Body)
+	var first execRec
+	if !long.Scan() || json.Unmarshal(long.Bytes(), &first) != nil || string(first.Data) != "started\n" {
+		t.Fatalf("the long command's first record: %q", long.Text())
+	}
+
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
 	if err := cdpTry(throughA, 4); err == nil {
@@ -209,6 +246,20 @@ func TestKubeRelay(t *testing.T) {
 	}
 	if err := shellRun(shB, "echo alive-$((6*7))", "alive-42"); err != nil {
 		t.Fatalf("the shell through B right after A's death: %v", err)
+	}
+	var rest execOut
+	for long.Scan() {
+		var r execRec
+		if err := json.Unmarshal(long.Bytes(), &r); err != nil {
+			t.Fatalf("record %q: %v", long.Text(), err)
+		}
+		rest.Stdout = append(rest.Stdout, r.Data...)
+		if r.ExitCode != nil {
+			rest.ExitCode, rest.Records = *r.ExitCode, append(rest.Records, r)
+		}
+	}
+	if string(rest.Stdout) != "survived\n" || len(rest.Records) != 1 || rest.ExitCode != 0 {
+		t.Fatalf("the command through B across A's death: stdout %q, exit %d (%d exits)", rest.Stdout, rest.ExitCode, len(rest.Records))
 	}
 	if st := httpStatus(rb.gwURL + "/readyz"); st == 200 {
 		t.Logf("(B answers ready already: it leads %.1f s after the kill)", time.Since(killed).Seconds())
@@ -240,6 +291,9 @@ func TestKubeRelay(t *testing.T) {
 		}
 		return false
 	})
+	waitFor(t, 30*time.Second, "the exec event of the command that ran across A's death, in the trail of B, leading", func() bool {
+		return execEvent(rb, 0, "survived")
+	})
 	// Closed, they reach the trail of the leader B is now.
 	throughB1.Close()
 	vconn.Close()
@@ -260,6 +314,23 @@ func leaderAndStandby(t testing.TB, ctx context.Context) (ra, rb *testEnv) {
 	start(rb, "B")
 	roles.waitLeader(t, "B stands by", pods[ra])
 	return ra, rb
+}
+
+// logLines counts the lines of r's gateway log that hold every one of
+// parts.
+func logLines(r *testEnv, parts ...string) int {
+	raw, _ := os.ReadFile(r.gwLog)
+	n := 0
+	for _, line := range strings.Split(string(raw), "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
 }
 
 // cdpDial opens a CDP WebSocket.
@@ -366,10 +437,10 @@ func shellExit(c *websocket.Conn, line string) (int, error) {
 	}
 }
 
-// BenchmarkKubeRelay: the round trip of a CDP command and of a shell's
-// echo on one session, through the leader and through a replica that
-// stands by and carries them itself (the relay), alternately in the
-// same run.
+// BenchmarkKubeRelay: the round trip of a CDP command, of a shell's
+// echo and of a command (exec true) on one session, through the leader
+// and through a replica that stands by and carries them itself (the
+// relay), alternately in the same run.
 func BenchmarkKubeRelay(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -408,7 +479,18 @@ func BenchmarkKubeRelay(b *testing.B) {
 	if !strings.Contains(string(raw), "shell opened") || !strings.Contains(string(raw), "cdp connection opened") {
 		b.Fatal("B's log lacks the shell or the CDP connection: B did not carry them")
 	}
-	var cdpLead, cdpStandby, shLead, shStandby []time.Duration
+	// Commands each on a new connection, through both (a standby sends
+	// a whole connection where its first request goes).
+	fresh := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
+	run := func(r *testEnv) func() error {
+		return func() error {
+			if out := execWith(b, fresh, r.gwURL, r.keyA, id, map[string]any{"cmd": []string{"true"}}); out.ExitCode != 0 {
+				return fmt.Errorf("exit %d", out.ExitCode)
+			}
+			return nil
+		}
+	}
+	var cdpLead, cdpStandby, shLead, shStandby, exLead, exStandby []time.Duration
 	timed := func(to *[]time.Duration, f func() error) {
 		t0 := time.Now()
 		if err := f(); err != nil {
@@ -423,6 +505,8 @@ func BenchmarkKubeRelay(b *testing.B) {
 		line, want := fmt.Sprintf("echo m-$((%d*2))", i), fmt.Sprintf("m-%d", 2*i)
 		timed(&shLead, func() error { return shellRun(shA, line, want) })
 		timed(&shStandby, func() error { return shellRun(shB, line, want) })
+		timed(&exLead, run(ra))
+		timed(&exStandby, run(rb))
 	}
 	b.StopTimer()
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -432,4 +516,7 @@ func BenchmarkKubeRelay(b *testing.B) {
 	b.ReportMetric(ms(percentile(shLead, 0.5)), "shell-leader-p50-ms")
 	b.ReportMetric(ms(percentile(shStandby, 0.5)), "shell-standby-p50-ms")
 	b.ReportMetric(float64(percentile(shStandby, 0.5))/float64(percentile(shLead, 0.5)), "shell-standby/leader-p50")
+	b.ReportMetric(ms(percentile(exLead, 0.5)), "exec-leader-p50-ms")
+	b.ReportMetric(ms(percentile(exStandby, 0.5)), "exec-standby-p50-ms")
+	b.ReportMetric(float64(percentile(exStandby, 0.5))/float64(percentile(exLead, 0.5)), "exec-standby/leader-p50")
 }

@@ -383,7 +383,8 @@ func TestOpenAPIContract(t *testing.T) {
 	ticketBody, _ := json.Marshal(map[string]string{"token": ticket})
 	relay("/internal/v1/relay/admit", ticketBody, 401, false)
 	shellReport, _ := json.Marshal(map[string]any{"relay": "contract", "conns": []map[string]any{{"id": "sh1", "token": ticket, "active": true}},
-		"events": []map[string]any{{"token": ticket, "type": "shell_opened"}, {"token": ticket, "type": "shell_closed", "exit_code": 4, "duration_ms": 10}}})
+		"events": []map[string]any{{"token": ticket, "type": "shell_opened"}, {"token": ticket, "type": "shell_closed", "exit_code": 4, "duration_ms": 10},
+			{"token": ticket, "type": "exec", "argv": []string{"true"}, "user": "sandgate", "exit_code": 0, "duration_ms": 3, "stdout_bytes": 0}}})
 	relay("/internal/v1/relay/sync", shellReport, 200, false)
 	report, _ := json.Marshal(map[string]any{"relay": "contract", "conns": []map[string]any{{"id": "c1", "token": token(pc), "active": true}}})
 	relay("/internal/v1/relay/sync", report, 200, false)

@@ -50,11 +50,12 @@ const AnnotationAddress = "sandgate.io/address"
 // them to a leader of an earlier version, as in a rolling update.
 const AnnotationRelays = "sandgate.io/relays"
 
-// AnnotationRelayShells, on the hold lease, says the same of the
-// sessions' shells: the leader admits a shell that a replica carries
-// (its value, too, is the holder's identity). A leader of the version
-// before relays only preview connections.
-const AnnotationRelayShells = "sandgate.io/relay-shells"
+// AnnotationRelayExec, on the hold lease, says the same of what goes
+// through the Pod exec API, the sessions' shells and commands: the
+// leader admits those a replica carries (its value, too, is the
+// holder's identity). A leader of the version before admits only
+// preview connections.
+const AnnotationRelayExec = "sandgate.io/relay-exec"
 
 // Hold takes the namespace's hold for identity, which serves at address
 // ("" when no other replica can reach it). With wait > 0, a holder
@@ -69,7 +70,7 @@ const AnnotationRelayShells = "sandgate.io/relay-shells"
 // hold to run out.
 func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: holdDuration,
-		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayShells: identity}}
+		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayExec: identity}}
 	deadline := time.Now().Add(wait)
 	said := ""
 	var sent time.Time // when the acquisition that succeeded was sent
@@ -165,9 +166,9 @@ type Lead struct {
 	// Relays: the leader answers replicas that relay preview
 	// connections (AnnotationRelays).
 	Relays bool
-	// Shells: it admits the shells such replicas carry
-	// (AnnotationRelayShells).
-	Shells bool
+	// Exec: it admits the shells and commands such replicas carry
+	// (AnnotationRelayExec).
+	Exec bool
 }
 
 // ReadLead reads the namespace's hold as Leader does, with whether the
@@ -188,7 +189,7 @@ func (b *Backend) ReadLead(ctx context.Context) (Lead, error) {
 	holder := deref(le.Spec.HolderIdentity)
 	return Lead{Identity: holder, Address: le.Annotations[AnnotationAddress],
 		Relays: holder != "" && le.Annotations[AnnotationRelays] == holder,
-		Shells: holder != "" && le.Annotations[AnnotationRelayShells] == holder}, nil
+		Exec:   holder != "" && le.Annotations[AnnotationRelayExec] == holder}, nil
 }
 
 // Identity names one run of a gateway replica in Pod pod, whose UID
