@@ -216,31 +216,7 @@ func TestHostileVNCServer(t *testing.T) {
 			}
 
 			// A viewer is cut with the reason, before it sees the screen.
-			p := e.vncPreview(t, e.keyA, s.ID, "view", true, 300)
-			u := strings.Replace(strings.Replace(p.URL, "http://", "ws://", 1), "/view/", "/vnc/", 1)
-			conn, _, err := websocket.DefaultDialer.Dial(u, nil)
-			if err != nil {
-				t.Fatalf("dial vnc: %v", err)
-			}
-			conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-			conn.WriteMessage(websocket.BinaryMessage, []byte("RFB 003.008\n"))
-			sentChoice := false
-			for {
-				_, msg, err := conn.ReadMessage()
-				if err != nil {
-					var ce *websocket.CloseError
-					if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || !strings.Contains(ce.Text, "65535x65535") {
-						t.Fatalf("viewer ended with %v, want a policy-violation close naming the screen", err)
-					}
-					t.Logf("viewer closed: %d %q", ce.Code, ce.Text)
-					break
-				}
-				if !sentChoice && len(msg) > 0 && bytes.Contains(msg, []byte{1, 1}) {
-					conn.WriteMessage(websocket.BinaryMessage, []byte{1, 1}) // None, shared
-					sentChoice = true
-				}
-			}
-			conn.Close()
+			viewerCut(t, e.vncPreview(t, e.keyA, s.ID, "view", true, 300).URL)
 
 			// The recorder lost its display, tried again, and gave up with the reason.
 			e.waitEvent(t, s.ID, "recording_interrupted", 30*time.Second)
@@ -262,6 +238,38 @@ func TestHostileVNCServer(t *testing.T) {
 				t.Errorf("the gateway's log does not show the refused screen")
 			}
 		})
+	}
+}
+
+// viewerCut connects a viewer to the preview at url (a /view/ or
+// /vnc/ link) whose session runs the fake VNC server: the gateway must
+// cut it with a policy-violation close that names the screen, before
+// it sees the screen.
+func viewerCut(t testing.TB, url string) {
+	t.Helper()
+	u := strings.Replace(strings.Replace(url, "http://", "ws://", 1), "/view/", "/vnc/", 1)
+	conn, _, err := websocket.DefaultDialer.Dial(u, nil)
+	if err != nil {
+		t.Fatalf("dial vnc: %v", err)
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	conn.WriteMessage(websocket.BinaryMessage, []byte("RFB 003.008\n"))
+	sentChoice := false
+	for {
+		_, msg, err := conn.ReadMessage()
+		if err != nil {
+			var ce *websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || !strings.Contains(ce.Text, "65535x65535") {
+				t.Fatalf("viewer ended with %v, want a policy-violation close naming the screen", err)
+			}
+			t.Logf("viewer closed: %d %q", ce.Code, ce.Text)
+			return
+		}
+		if !sentChoice && len(msg) > 0 && bytes.Contains(msg, []byte{1, 1}) {
+			conn.WriteMessage(websocket.BinaryMessage, []byte{1, 1}) // None, shared
+			sentChoice = true
+		}
 	}
 }
 

@@ -19,7 +19,9 @@ import (
 // a replica that serves no API. Two recorded desktop sessions, one
 // recorded by each replica (the control: each records its display
 // first), replace their VNC servers with one that announces a
-// 65535x65535 screen and sends it. Each holder gives up with the reason,
+// 65535x65535 screen and sends it. A view-only viewer that B carries,
+// standing by, is cut with the reason (before the attack it saw the
+// display). Each holder gives up with the reason,
 // which reaches the session's trail through the lease; both replicas stay
 // up, the one standing by still standing by, neither grows; the sessions
 // end, and no lease is left.
@@ -54,6 +56,17 @@ func TestKubeHostileRecording(t *testing.T) {
 		waitFor(t, time.Minute, "a segment of "+id, func() bool { return recordingSegments(t, ra, id) > 0 })
 	}
 
+	// The control: a view-only viewer B carries, standing by, sees the
+	// first session's display.
+	viaB := func(u string) string { return strings.Replace(u, ra.gwAddr, rb.gwAddr, 1) }
+	control := ra.vncPreview(t, ra.keyA, ids[0], "vnc", true, 300)
+	control.URL = viaB(control.URL)
+	crfb, cconn := rfbThroughGateway(t, control)
+	if _, err := crfb.Capture(); err != nil {
+		t.Fatalf("a viewer through B before the attack: %v", err)
+	}
+	cconn.Close()
+
 	rss0 := map[*testEnv]int64{}
 	for _, r := range []*testEnv{ra, rb} {
 		rss0[r], _ = r.gatewayMemory(t)
@@ -69,6 +82,12 @@ func TestKubeHostileRecording(t *testing.T) {
 			out := ra.execIn(t, ra.keyA, id, map[string]any{"cmd": []string{"sh", "-c", "test -e /tmp/fakevnc.ready && echo ready || true"}})
 			return strings.Contains(string(out.Stdout), "ready")
 		})
+	}
+	// A view-only viewer B carries is cut with the reason, as the
+	// leader's are.
+	viewerCut(t, viaB(ra.vncPreview(t, ra.keyA, ids[0], "vnc", true, 300).URL))
+	if logLines(rb, "vnc connection closing", "65535x65535") == 0 {
+		t.Error("B's log does not show the viewer it carried cut for the screen")
 	}
 	for _, id := range ids {
 		ra.waitEvent(t, id, "recording_interrupted", time.Minute)
