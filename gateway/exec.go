@@ -170,11 +170,7 @@ func (s *Server) exec(c *fiber.Ctx) error {
 		errw.close()
 		records <- final
 		close(records)
-		s.live.record(claims, "exec", map[string]any{
-			"argv": req.Cmd, "user": user, "cwd": req.Cwd, "env_names": envNames,
-			"exit_code": code, "duration_ms": took.Milliseconds(), "timed_out": timedOut,
-			"stdout_bytes": out.total(), "stderr_bytes": errw.total(),
-		})
+		s.live.record(claims, "exec", execFields(req.Cmd, user, req.Cwd, envNames, code, took.Milliseconds(), timedOut, out.total(), errw.total()))
 		s.log.Info("command ran", "session", id, "exit_code", code, "duration_ms", took.Milliseconds(), "timed_out", timedOut)
 	}()
 
@@ -195,6 +191,16 @@ func (s *Server) exec(c *fiber.Ctx) error {
 		}
 	})
 	return nil
+}
+
+// execFields are the fields of a command's exec event in the trail:
+// the same whichever replica ran it.
+func execFields(argv []string, user, cwd string, envNames []string, code int, durationMS int64, timedOut bool, stdout, stderr int64) map[string]any {
+	return map[string]any{
+		"argv": argv, "user": user, "cwd": cwd, "env_names": envNames,
+		"exit_code": code, "duration_ms": durationMS, "timed_out": timedOut,
+		"stdout_bytes": stdout, "stderr_bytes": stderr,
+	}
 }
 
 // maxExecFrame bounds one sandgate-exec frame; sandgate-exec writes at

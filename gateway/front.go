@@ -141,17 +141,16 @@ func (f *Front) RelayListener(usable func() bool) net.Listener {
 	return frontListener{f: f, conns: f.relay, done: f.relayDone, once: &f.relayOnce}
 }
 
-// isPreviewPath: a path of the preview connections a relay carries.
-func isPreviewPath(path string) bool {
-	return path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/")
-}
-
-// isExecPath: a session's shell or command (exec), which a relay
-// carries too.
-func isExecPath(method, path string) bool {
+// relayable is which of what a relay carries a request is: a preview
+// connection's (CDP, VNC), a session's shell or command (exec), or
+// neither (the zero Relays).
+func relayable(method, path string) Relays {
+	if path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/") {
+		return Relays{Previews: true}
+	}
 	rest, ok := strings.CutPrefix(path, "/v1/sessions/")
 	id, tail, _ := strings.Cut(rest, "/")
-	return ok && ids.IsSession(id) && (method == "GET" && tail == "shell" || method == "POST" && tail == "exec")
+	return Relays{Exec: ok && ids.IsSession(id) && (method == "GET" && tail == "shell" || method == "POST" && tail == "exec")}
 }
 
 // Close stops accepting and cuts the forwarded connections.
@@ -266,6 +265,7 @@ func (f *Front) standBy(c net.Conn) {
 		return
 	}
 	method, path := requestTarget(line)
+	kind := relayable(method, path)
 	f.mu.Lock()
 	taking, leading, relay, relayDone := f.taking, f.leading, f.relay, f.relayDone
 	f.mu.Unlock()
@@ -276,7 +276,7 @@ func (f *Front) standBy(c net.Conn) {
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, f.conns, f.served)
 		return
-	case relay != nil && !taking && (isPreviewPath(path) || isExecPath(method, path)) && f.relayUsable() && f.leaderRelays(method, path):
+	case relay != nil && !taking && kind != (Relays{}) && f.relayUsable() && f.leaderRelays(kind):
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, relay, relayDone)
 		return
@@ -414,17 +414,11 @@ func (f *Front) leaderAddr() (string, error) {
 	return a, err
 }
 
-// leaderRelays: a leader is known and admits the connection of path
-// that a replica carries.
-func (f *Front) leaderRelays(method, path string) bool {
+// leaderRelays: a leader is known and admits the kind of connection
+// (relayable's) that a replica carries.
+func (f *Front) leaderRelays(kind Relays) bool {
 	a, relays, err := f.leaderRead()
-	if err != nil || a == "" {
-		return false
-	}
-	if isExecPath(method, path) {
-		return relays.Exec
-	}
-	return relays.Previews
+	return err == nil && a != "" && (kind.Previews && relays.Previews || kind.Exec && relays.Exec)
 }
 
 func (f *Front) leaderRead() (string, Relays, error) {

@@ -554,11 +554,8 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		if ev.User != "root" {
 			ev.User = "sandgate"
 		}
-		fields := map[string]any{
-			"argv": nonNil(ev.Argv), "user": ev.User, "cwd": ev.Cwd, "env_names": nonNil(ev.EnvNames),
-			"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0), "timed_out": ev.TimedOut,
-			"stdout_bytes": max(ev.StdoutBytes, 0), "stderr_bytes": max(ev.StderrBytes, 0),
-		}
+		fields := execFields(nonNil(ev.Argv), ev.User, ev.Cwd, nonNil(ev.EnvNames), ev.ExitCode, max(ev.DurationMS, 0), ev.TimedOut,
+			max(ev.StdoutBytes, 0), max(ev.StderrBytes, 0))
 		if ev.ArgvTruncated {
 			fields["argv_truncated"] = true
 		}
