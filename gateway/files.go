@@ -26,6 +26,9 @@ import (
 
 const defaultMaxFileBytes = session.DefaultMaxFileBytes
 
+// maxPathBytes bounds a files request's path.
+const maxPathBytes = 4096
+
 // filePath checks the path query parameter: absolute, clean, no NUL.
 // fileTarget reads the session id and the ?path= of a files request.
 func (s *Server) fileTarget(c *fiber.Ctx) (id, p string, err error) {
@@ -40,7 +43,7 @@ func (s *Server) fileTarget(c *fiber.Ctx) (id, p string, err error) {
 		return "", "", errInvalid("path must not contain NUL bytes")
 	case !strings.HasPrefix(p, "/"):
 		return "", "", errInvalid("path must be absolute")
-	case len(p) > 4096:
+	case len(p) > maxPathBytes:
 		return "", "", errInvalid("path is too long")
 	}
 	return id, path.Clean(p), nil
@@ -113,9 +116,9 @@ const (
 	uploadPrefix  = ".sandgate-upload-"
 )
 
-func (s *Server) fileKind(ctx context.Context, tenant, id, p string, root bool) (string, error) {
+func (s *Server) fileKind(ctx context.Context, claims *previewClaims, p string) (string, error) {
 	var out bytes.Buffer
-	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptKind, "sandgate", p}, Stdout: &limitWriter{w: &out, n: 64}, Root: root})
+	proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{Args: []string{"sh", "-c", scriptKind, "sandgate", p}, Stdout: &limitWriter{w: &out, n: 64}})
 	if err != nil {
 		return "", err
 	}
@@ -126,6 +129,27 @@ func (s *Server) fileKind(ctx context.Context, tenant, id, p string, root bool) 
 	return strings.TrimSpace(out.String()), nil
 }
 
+// runIn runs argv in the session to its end, its output dropped, and
+// gives its exit code.
+func (s *Server) runIn(ctx context.Context, claims *previewClaims, argv []string) (int, error) {
+	proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{Args: argv})
+	if err != nil {
+		return 0, err
+	}
+	defer proc.Close()
+	return proc.Wait(ctx)
+}
+
+// uploadFields and downloadFields are the fields of a file's events in
+// the trail: the same whichever replica carried it.
+func uploadFields(p string, n int64, sha256 string) map[string]any {
+	return map[string]any{"path": p, "bytes": n, "sha256": sha256}
+}
+
+func downloadFields(p, kind string, n int64) map[string]any {
+	return map[string]any{"path": p, "kind": kind, "bytes": n}
+}
+
 // putFile writes the request body to a path in the session, streaming it
 // through the command's standard input.
 func (s *Server) putFile(c *fiber.Ctx) error {
@@ -133,9 +157,11 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	tenant := tenantOf(c)
-	lim, _ := s.sessions.Limits(tenant)
-	max := lim.MaxFileBytes
+	claims, err := s.shells.openShell(c, id)
+	if err != nil {
+		return err
+	}
+	max := claims.maxFileBytes
 	if max <= 0 {
 		max = defaultMaxFileBytes
 	}
@@ -160,12 +186,12 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	}
 	// Run apart from the request's context: what is left of a refused
 	// upload goes even once the request has ended.
-	run := func(args ...string) (session.ExecResult, error) {
+	run := func(args ...string) (int, error) {
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer ccancel()
-		return s.sessions.Exec(cctx, tenant, id, args)
+		return s.runIn(cctx, claims, args)
 	}
-	proc, err := s.sessions.Start(ctx, tenant, id, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p, tmp, size, staged}, Stdin: counted})
+	proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p, tmp, size, staged}, Stdin: counted})
 	if err != nil {
 		return err
 	}
@@ -226,8 +252,8 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	}
 	switch written {
 	case tmp:
-		res, err := run("sh", "-c", scriptPutDone, "sandgate", tmp, p)
-		if err != nil || res.ExitCode != 0 {
+		code, err := run("sh", "-c", scriptPutDone, "sandgate", tmp, p)
+		if err != nil || code != 0 {
 			run("rm", "-f", "--", tmp)
 			return errDenied("the session refused to write path (permissions?)")
 		}
@@ -235,23 +261,24 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 		// The copy gets its own time, by the file's size: one cut by a
 		// deadline would leave the file it writes over cut short.
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second+time.Duration(counted.n/copyRate)*time.Second)
-		res, err := s.sessions.Exec(cctx, tenant, id, []string{"sh", "-c", scriptPutCopy, "sandgate", staged, p})
+		code, err := s.runIn(cctx, claims, []string{"sh", "-c", scriptPutCopy, "sandgate", staged, p})
 		ccancel()
 		switch {
 		case err != nil:
 			run("rm", "-f", "--", staged)
 			return &apiError{status: 503, code: "unavailable", msg: "the copy over the file at path did not finish; that file may be cut short", err: err}
-		case res.ExitCode == putDenied:
+		case code == putDenied:
 			return errDenied("the session may not write to path")
-		case res.ExitCode == putCopyFailed:
+		case code == putCopyFailed:
 			return &apiError{status: 413, code: "invalid_argument", msg: "the session could not write the whole file over the one at path (is its disk full?); that file is cut short"}
-		case res.ExitCode != 0:
+		case code != 0:
 			run("rm", "-f", "--", staged)
 			return errDenied("the session refused to write path (permissions?)")
 		}
 	}
 	sum := hex.EncodeToString(sha.Sum(nil))
-	s.sessions.Record(id, "file_upload", map[string]any{"path": p, "bytes": counted.n, "sha256": sum})
+	s.live.record(claims, "file_upload", uploadFields(p, counted.n, sum))
+	s.log.Info("file written", "session", id, "bytes", counted.n)
 	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"path": p, "size": counted.n, "sha256": sum})
 }
 
@@ -365,9 +392,12 @@ func (s *Server) getFile(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	tenant := tenantOf(c)
+	claims, err := s.shells.openShell(c, id)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
-	kind, err := s.fileKind(ctx, tenant, id, p, false)
+	kind, err := s.fileKind(ctx, claims, p)
 	cancel()
 	if err != nil {
 		return err
@@ -391,7 +421,7 @@ func (s *Server) getFile(c *fiber.Ctx) error {
 	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	// tar's complaints (a file per line) are not kept: a session could
 	// make millions.
-	proc, err := s.sessions.Start(sctx, tenant, id, session.ExecSpec{Args: args, Stdout: pw})
+	proc, err := s.shells.startShell(sctx, claims, session.ExecSpec{Args: args, Stdout: pw})
 	if err != nil {
 		scancel()
 		return err
@@ -405,7 +435,7 @@ func (s *Server) getFile(c *fiber.Ctx) error {
 		}
 		pw.CloseWithError(err)
 	}()
-	s.sessions.Touch(id)
+	s.live.touch(claims)
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer scancel()
@@ -414,7 +444,8 @@ func (s *Server) getFile(c *fiber.Ctx) error {
 			pr.CloseWithError(err)
 		}
 		w.Flush()
-		s.sessions.Record(id, "file_download", map[string]any{"path": p, "kind": kind, "bytes": counter.n})
+		s.live.record(claims, "file_download", downloadFields(p, kind, counter.n))
+		s.log.Info("file read", "session", id, "kind", kind, "bytes", counter.n)
 	})
 	return nil
 }

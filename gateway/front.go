@@ -85,6 +85,7 @@ const (
 type Relays struct {
 	Previews bool // CDP and VNC
 	Exec     bool // shells and commands (the Pod exec API)
+	Files    bool // file uploads and downloads (the Pod exec API too)
 }
 
 // NewFront serves ln; leader reads where the leading replica serves,
@@ -142,15 +143,19 @@ func (f *Front) RelayListener(usable func() bool) net.Listener {
 }
 
 // relayable is which of what a relay carries a request is: a preview
-// connection's (CDP, VNC), a session's shell or command (exec), or
-// neither (the zero Relays).
+// connection's (CDP, VNC), a session's shell or command (exec), a
+// session's file, or neither (the zero Relays).
 func relayable(method, path string) Relays {
 	if path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/") {
 		return Relays{Previews: true}
 	}
 	rest, ok := strings.CutPrefix(path, "/v1/sessions/")
 	id, tail, _ := strings.Cut(rest, "/")
-	return Relays{Exec: ok && ids.IsSession(id) && (method == "GET" && tail == "shell" || method == "POST" && tail == "exec")}
+	if !ok || !ids.IsSession(id) {
+		return Relays{}
+	}
+	return Relays{Exec: method == "GET" && tail == "shell" || method == "POST" && tail == "exec",
+		Files: (method == "GET" || method == "PUT") && tail == "files"}
 }
 
 // Close stops accepting and cuts the forwarded connections.
@@ -418,7 +423,7 @@ func (f *Front) leaderAddr() (string, error) {
 // (relayable's) that a replica carries.
 func (f *Front) leaderRelays(kind Relays) bool {
 	a, relays, err := f.leaderRead()
-	return err == nil && a != "" && (kind.Previews && relays.Previews || kind.Exec && relays.Exec)
+	return err == nil && a != "" && (kind.Previews && relays.Previews || kind.Exec && relays.Exec || kind.Files && relays.Files)
 }
 
 func (f *Front) leaderRead() (string, Relays, error) {

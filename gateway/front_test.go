@@ -250,8 +250,9 @@ func BenchmarkFront(b *testing.B) {
 }
 
 // TestFrontRelay: while it stands by, a replica with a relay hands the
-// preview connections (CDP, VNC) to it, and forwards everything else to
-// the leader; it forwards those too to a leader that does not answer
+// preview connections (CDP, VNC), shells, commands and files to it, each
+// kind while the leader admits it, and forwards everything else to the
+// leader; it forwards those too to a leader that does not answer
 // relaying replicas (an earlier version's, in a rolling update).
 func TestFrontRelay(t *testing.T) {
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "leader %s", r.URL.Path) }))
@@ -282,14 +283,15 @@ func TestFrontRelay(t *testing.T) {
 	}
 	get := func(path string) string { t.Helper(); return do("GET", path) }
 	sid := ids.NewSession()
-	shell, exec := "/v1/sessions/"+sid+"/shell", "/v1/sessions/"+sid+"/exec"
-	// What each request is: a preview's, a shell's or command's, or
-	// neither.
+	shell, exec, files := "/v1/sessions/"+sid+"/shell", "/v1/sessions/"+sid+"/exec", "/v1/sessions/"+sid+"/files"
+	// What each request is: a preview's, a shell's or command's, a
+	// file's, or neither.
 	paths := map[string]string{"GET /cdp/tok/json/version": "preview", "GET /cdp": "preview", "GET /cdp/devtools/browser/x": "preview", "GET /vnc/tok": "preview",
 		"GET " + shell: "exec", "POST " + exec: "exec", "GET " + exec: "", "POST " + shell: "", "POST /v1/sessions/junk/exec": "",
-		"GET /v1/sessions/junk/shell": "", "GET " + shell + "/x": "", "POST /v1/sessions/" + sid + "/files": "",
+		"GET /v1/sessions/junk/shell": "", "GET " + shell + "/x": "", "POST " + files: "", "DELETE " + files: "",
+		"GET " + files + "?path=/x": "files", "PUT " + files + "?path=/x": "files", "GET /v1/sessions/junk/files": "", "GET " + files + "/x": "",
 		"GET /v1/sessions": "", "GET /cdpx": "", "GET /vnc": "", "GET /view/tok": "", "GET /review/tok": ""}
-	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Exec: true}, {}} {
+	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Exec: true}, {Previews: true, Exec: true, Files: true}, {Files: true}, {}} {
 		mu.Lock()
 		relays = on
 		mu.Unlock()
@@ -298,7 +300,7 @@ func TestFrontRelay(t *testing.T) {
 		// must agree.
 		where := map[bool]string{false: "leader ", true: "relay "}
 		deadline := time.Now().Add(10 * time.Second)
-		for get("/vnc/tok") != where[on.Previews]+"/vnc/tok" || get(shell) != where[on.Exec]+shell {
+		for get("/vnc/tok") != where[on.Previews]+"/vnc/tok" || get(shell) != where[on.Exec]+shell || get(files) != where[on.Files]+files {
 			if time.Now().After(deadline) {
 				t.Fatalf("leader relays %+v: still not shown", on)
 			}
@@ -306,9 +308,10 @@ func TestFrontRelay(t *testing.T) {
 		}
 		for r, kind := range paths {
 			method, p, _ := strings.Cut(r, " ")
-			want := "leader " + p
-			if kind == "preview" && on.Previews || kind == "exec" && on.Exec {
-				want = "relay " + p
+			bare, _, _ := strings.Cut(p, "?") // what the server's answer names
+			want := "leader " + bare
+			if kind == "preview" && on.Previews || kind == "exec" && on.Exec || kind == "files" && on.Files {
+				want = "relay " + bare
 			}
 			if got := do(method, p); got != want {
 				t.Errorf("leader relays %+v: %s: %q, want %q", on, r, got, want)

@@ -125,6 +125,7 @@ func (l managerLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) 
 	claims := shellClaims(tenantOf(c), id, "")
 	lim, _ := l.s.sessions.Limits(tenantOf(c))
 	claims.allowRoot = lim.AllowRoot
+	claims.maxFileBytes = lim.MaxFileBytes
 	return claims, nil
 }
 

@@ -60,10 +60,11 @@ import (
 const (
 	relayAdmitPath = "/internal/v1/relay/admit"
 	relaySyncPath  = "/internal/v1/relay/sync"
-	// relayShellRoute, relayExecRoute: the shells and commands a relay
-	// carries (with a sandbox).
+	// relayShellRoute, relayExecRoute, relayFilesRoute: the shells,
+	// commands and files a relay carries (with a sandbox).
 	relayShellRoute = "/v1/sessions/:id/shell"
 	relayExecRoute  = "/v1/sessions/:id/exec"
+	relayFilesRoute = "/v1/sessions/:id/files"
 	relayHeader     = "X-Sandgate-Relay"
 	// relaySkew bounds how far a signed request's time may be from the
 	// leader's clock.
@@ -228,6 +229,9 @@ type relayAdmitAnswer struct {
 	Refused *relayRefusal `json:"refused,omitempty"`
 	// AllowRoot, for a shell: the tenant may run commands as root.
 	AllowRoot bool `json:"allow_root,omitempty"`
+	// MaxFileBytes, for a shell: the largest file the tenant may
+	// upload (0: the default).
+	MaxFileBytes int64 `json:"max_file_bytes,omitempty"`
 }
 
 type relayRefusal struct {
@@ -301,7 +305,7 @@ func (s *Server) relayShell(c *fiber.Ctx, req relayShellRequest) error {
 		return err
 	}
 	return c.JSON(relayAdmitAnswer{Session: claims.Session, Tenant: claims.Tenant, Scope: claims.Scope, Preview: claims.ID,
-		Expires: until.Unix(), Ticket: ticket, AllowRoot: lim.AllowRoot})
+		Expires: until.Unix(), Ticket: ticket, AllowRoot: lim.AllowRoot, MaxFileBytes: max(lim.MaxFileBytes, 0)})
 }
 
 type relaySyncRequest struct {
@@ -336,6 +340,12 @@ type relayEvent struct {
 	TimedOut      bool     `json:"timed_out,omitempty"`
 	StdoutBytes   int64    `json:"stdout_bytes,omitempty"`
 	StderrBytes   int64    `json:"stderr_bytes,omitempty"`
+	// file_upload's and file_download's: the file's path, its size,
+	// its digest (an upload's) and kind (a download's: file or dir).
+	Path   string `json:"path,omitempty"`
+	Bytes  int64  `json:"bytes,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	Kind   string `json:"kind,omitempty"`
 	// wire is what the event takes in a report (its JSON), measured as
 	// it is kept.
 	wire int
@@ -454,12 +464,24 @@ func (s *Server) relaySync(c *fiber.Ctx) error {
 			s.sessions.Touch(claims.Session)
 		}
 	}
+	changed := map[string]string{} // session: tenant
 	for _, ev := range req.Events {
 		claims, err := s.tokens.verify(ev.Token, now.Add(-relayEventGrace))
 		if err != nil {
 			continue
 		}
 		s.relayEvent(claims, ev)
+		if claims.Scope == scopeShell && ev.Type == "file_upload" {
+			changed[claims.Session] = claims.Tenant
+		}
+	}
+	// An upload changed its session: its event is stored before the
+	// answer, as the leader's own (routes), for the relay waits for
+	// this answer to answer its client.
+	for id, tenant := range changed {
+		if _, err := s.sessions.Get(tenant, id); err == nil {
+			s.durable(id)
+		}
 	}
 	return c.JSON(ans)
 }
@@ -560,6 +582,17 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 			fields["argv_truncated"] = true
 		}
 		s.sessions.Record(claims.Session, ev.Type, fields)
+	case "file_upload":
+		sum := ev.SHA256
+		if len(sum) != 64 || strings.Trim(sum, "0123456789abcdef") != "" {
+			sum = ""
+		}
+		s.sessions.Record(claims.Session, ev.Type, uploadFields(truncate(ev.Path, maxPathBytes), max(ev.Bytes, 0), sum))
+	case "file_download":
+		if ev.Kind != "dir" {
+			ev.Kind = "file"
+		}
+		s.sessions.Record(claims.Session, ev.Type, downloadFields(truncate(ev.Path, maxPathBytes), ev.Kind, max(ev.Bytes, 0)))
 	}
 }
 
@@ -650,9 +683,9 @@ type relayConn struct {
 // asking the leader (at leader's address) about each. identity names
 // the replica to the leader.
 //
-// With sandbox (nil: not), it carries the sessions' shells and commands
-// too, the leader admitting each by its API key: sandbox names a
-// session's Pod, which they run in.
+// With sandbox (nil: not), it carries the sessions' shells, commands
+// and files too, the leader admitting each by its API key: sandbox
+// names a session's Pod, which they run in.
 func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), sandbox func(id string) session.Sandbox, log *slog.Logger) (*Server, error) {
 	s, err := newServer(cfg, nil, nil, log)
 	if err != nil {
@@ -693,6 +726,8 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		}
 		s.app.Get(relayShellRoute, key, s.shellUpgrade, s.shell())
 		s.app.Post(relayExecRoute, key, s.exec)
+		s.app.Put(relayFilesRoute, key, s.putFile)
+		s.app.Get(relayFilesRoute, key, s.getFile)
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()
@@ -863,6 +898,7 @@ func (l *relayLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) {
 	l.mu.Unlock()
 	claims := shellClaims(ans.Tenant, id, ans.Ticket)
 	claims.allowRoot = ans.AllowRoot
+	claims.maxFileBytes = max(ans.MaxFileBytes, 0)
 	return claims, nil
 }
 
@@ -981,6 +1017,13 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 		ev.StdoutBytes, _ = fields["stdout_bytes"].(int64)
 		ev.StderrBytes, _ = fields["stderr_bytes"].(int64)
 	}
+	if typ == "file_upload" || typ == "file_download" {
+		ev.Path, _ = fields["path"].(string)
+		ev.Path = truncate(ev.Path, maxPathBytes)
+		ev.Bytes, _ = fields["bytes"].(int64)
+		ev.SHA256, _ = fields["sha256"].(string)
+		ev.Kind, _ = fields["kind"].(string)
+	}
 	switch v := fields["limit"].(type) {
 	case int:
 		ev.Limit = int64(v)
@@ -988,6 +1031,12 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 		ev.Limit = v
 	}
 	l.event(ev)
+	if typ == "file_upload" {
+		// A change: reported (and stored by the leader) before the
+		// client is answered, as the leader's own are. A leader that
+		// does not answer gets it with the next report.
+		l.sync()
+	}
 }
 
 // boundArgv is a command's argv within n bytes: the arguments that fit,

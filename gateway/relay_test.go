@@ -105,7 +105,8 @@ func TestRelayAuth(t *testing.T) {
 // leader's side is TestRelayAuth's, and both together TestKubeRelay's).
 // A token the relay can read and finds bad never reaches the leader; a
 // good one is the leader's to admit; a connection the leader
-// names is closed; events go with the reports and are not sent twice;
+// names is closed; events go with the reports and are not sent twice
+// (an upload's at once);
 // a leader that refuses the relay's signature makes it unusable for a
 // while.
 func TestRelayLive(t *testing.T) {
@@ -246,6 +247,28 @@ func TestRelayLive(t *testing.T) {
 	}
 	if biggest > relayReportMax {
 		t.Errorf("a report of %d bytes, over relayReportMax", biggest)
+	}
+	mu.Unlock()
+
+	// Files' events: a download's goes with the next report (the
+	// control); an upload's is reported before record returns (it
+	// changed the session: the client is answered once the leader has
+	// it), the download's with it.
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	sum := strings.Repeat("ab", 32)
+	l.record(c, "file_download", downloadFields("/home/sandgate/d", "dir", 10240))
+	mu.Lock()
+	if len(got) != 0 {
+		t.Errorf("a download's event was reported at once: %+v", got)
+	}
+	mu.Unlock()
+	l.record(c, "file_upload", uploadFields("/home/sandgate/u.txt", 12, sum))
+	mu.Lock()
+	if len(got) != 2 || got[0].Type != "file_download" || got[0].Kind != "dir" || got[0].Bytes != 10240 ||
+		got[1].Type != "file_upload" || got[1].Path != "/home/sandgate/u.txt" || got[1].Bytes != 12 || got[1].SHA256 != sum {
+		t.Errorf("after an upload's record the leader has %+v, want the download's event and the upload's", got)
 	}
 	mu.Unlock()
 

@@ -35,6 +35,9 @@ type previewClaims struct {
 	// allowRoot, in a shell's claims: the tenant may run commands as
 	// root.
 	allowRoot bool
+	// maxFileBytes, in a shell's claims: the largest file the tenant
+	// may upload (0: the default).
+	maxFileBytes int64
 }
 
 // signer issues and checks preview tokens with HMAC-SHA256 keys.

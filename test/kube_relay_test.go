@@ -4,10 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"syscall"
@@ -23,10 +27,11 @@ import (
 // death. Through B, standing by: a CDP connection and a VNC viewer work,
 // and B's log, not A's, has them; the leader's trail has their
 // preview_connected; the view-only viewer's pointer is dropped there
-// (an interactive one's is not). A shell and a command (exec) through
-// B are B's too, through the Pod exec API, admitted by the leader
-// (another tenant's key and none are refused); the leader's trail has
-// their shell_opened and exec. A preview revoked through the leader ends the
+// (an interactive one's is not). A shell, a command (exec) and files
+// through B are B's too, through the Pod exec API, admitted by the
+// leader (another tenant's key and none are refused); the leader's
+// trail has their shell_opened, exec, file_upload (when B answers the
+// upload) and file_download. A preview revoked through the leader ends the
 // connection B carries within seconds (the control: another preview's
 // connection goes on). A is SIGKILLed: the connection through A breaks
 // (the control), the ones through B go on, answering while nobody leads
@@ -199,6 +204,49 @@ func TestKubeRelay(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "the exec event of the command through B in the leader's trail", func() bool { return execEvent(ra, 3, "relayed") })
 
+	// Files through B are B's too, through the Pod exec API: 4 MiB
+	// uploaded and read back whole through B; the upload's event is in
+	// the leader's trail when B answers (B reports it first, and the
+	// leader stores it), the download's soon after. A file through A is
+	// A's (the control); another tenant's key is refused through B as
+	// the leader refuses it.
+	content := make([]byte, 4<<20)
+	rand.Read(content)
+	digest := sha256.Sum256(content)
+	sum := hex.EncodeToString(digest[:])
+	const relayed = "/home/sandgate/workspace/relayed.bin"
+	if st, body := fileVia(t, fresh, rb.gwURL, rb.keyA, "PUT", s.ID, relayed, content); st != 201 || jsonField(body, "sha256") != sum {
+		t.Fatalf("a file put through B: %d %s", st, body)
+	}
+	fileEvent := func(r *testEnv, typ, p string) map[string]any {
+		for _, ev := range r.events(t, r.keyA, s.ID) {
+			if ev.Type == typ && ev.Fields["path"] == p {
+				return ev.Fields
+			}
+		}
+		return nil
+	}
+	if f := fileEvent(ra, "file_upload", relayed); f == nil || f["sha256"] != sum || f["bytes"] != float64(len(content)) {
+		t.Errorf("the leader's trail when B answered the upload: file_upload %v, want its path, size and digest", f)
+	}
+	if st, body := fileVia(t, fresh, rb.gwURL, rb.keyA, "GET", s.ID, relayed, nil); st != 200 || !bytes.Equal(body, content) {
+		t.Fatalf("the file read back through B: %d, %d bytes, want %d", st, len(body), len(content))
+	}
+	if st, body := fileVia(t, fresh, ra.gwURL, ra.keyA, "PUT", s.ID, "/home/sandgate/workspace/direct.txt", []byte("through A")); st != 201 {
+		t.Fatalf("a file put through A: %d %s", st, body)
+	}
+	if st, body := fileVia(t, fresh, rb.gwURL, rb.keyB, "GET", s.ID, relayed, nil); st != 404 {
+		t.Errorf("a file through B with another tenant's key: %d %s, want 404", st, body)
+	}
+	filesLogged := func(r *testEnv, what string) int { return logLines(r, what, s.ID) }
+	waitFor(t, 10*time.Second, "each replica's log to have the files through it", func() bool {
+		return filesLogged(rb, "file written") == 1 && filesLogged(rb, "file read") == 1 && filesLogged(ra, "file written") == 1 && filesLogged(ra, "file read") == 0
+	})
+	waitFor(t, 30*time.Second, "the file_download of the file read through B in the leader's trail", func() bool {
+		f := fileEvent(ra, "file_download", relayed)
+		return f != nil && f["kind"] == "file" && f["bytes"] == float64(len(content))
+	})
+
 	// Revoked through the leader: the connection B carries ends.
 	revoked := time.Now()
 	if st, body := ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+s.ID+"/previews/"+p2.ID, nil); st != 204 {
@@ -304,6 +352,28 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 200 && st != 204 {
 		t.Errorf("delete the session: %d %s", st, body)
 	}
+}
+
+// fileVia puts body at path p in session id, or gets it (body nil),
+// through the gateway at gwURL.
+func fileVia(t testing.TB, client *http.Client, gwURL, key, method, id, p string, body []byte) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		r = bytes.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, gwURL+"/v1/sessions/"+id+"/files?path="+url.QueryEscape(p), r)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, p, err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: the answer: %v", method, p, err)
+	}
+	return resp.StatusCode, got
 }
 
 // leaderAndStandby starts two replicas on the trial cluster: A, which

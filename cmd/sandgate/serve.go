@@ -152,7 +152,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					// Forwarding there would come back here, for good.
 					return "", gateway.Relays{}, fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
 				}
-				return addr, gateway.Relays{Previews: l.Relays, Exec: l.Exec}, err
+				return addr, gateway.Relays{Previews: l.Relays, Exec: l.Exec, Files: l.Files}, err
 			}, log.With("component", "front"))
 			defer front.Close()
 			wait = 0

@@ -57,6 +57,12 @@ const AnnotationRelays = "sandgate.io/relays"
 // preview connections.
 const AnnotationRelayExec = "sandgate.io/relay-exec"
 
+// AnnotationRelayFiles, on the hold lease, says the same of the
+// sessions' file uploads and downloads (its value, too, is the
+// holder's identity): the leader records their events as its own, and
+// stores an upload's before it answers the report.
+const AnnotationRelayFiles = "sandgate.io/relay-files"
+
 // Hold takes the namespace's hold for identity, which serves at address
 // ("" when no other replica can reach it). With wait > 0, a holder
 // that renews for that long keeps it and Hold fails naming it; with
@@ -70,7 +76,7 @@ const AnnotationRelayExec = "sandgate.io/relay-exec"
 // hold to run out.
 func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: holdDuration,
-		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayExec: identity}}
+		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayExec: identity, AnnotationRelayFiles: identity}}
 	deadline := time.Now().Add(wait)
 	said := ""
 	var sent time.Time // when the acquisition that succeeded was sent
@@ -169,6 +175,9 @@ type Lead struct {
 	// Exec: it admits the shells and commands such replicas carry
 	// (AnnotationRelayExec).
 	Exec bool
+	// Files: it admits the file uploads and downloads they carry
+	// (AnnotationRelayFiles).
+	Files bool
 }
 
 // ReadLead reads the namespace's hold as Leader does, with whether the
@@ -189,7 +198,8 @@ func (b *Backend) ReadLead(ctx context.Context) (Lead, error) {
 	holder := deref(le.Spec.HolderIdentity)
 	return Lead{Identity: holder, Address: le.Annotations[AnnotationAddress],
 		Relays: holder != "" && le.Annotations[AnnotationRelays] == holder,
-		Exec:   holder != "" && le.Annotations[AnnotationRelayExec] == holder}, nil
+		Exec:   holder != "" && le.Annotations[AnnotationRelayExec] == holder,
+		Files:  holder != "" && le.Annotations[AnnotationRelayFiles] == holder}, nil
 }
 
 // Identity names one run of a gateway replica in Pod pod, whose UID
