@@ -21,19 +21,30 @@ import (
 
 // sessionExec runs commands in one session for desktop actions.
 type sessionExec struct {
-	m          *session.Manager
-	tenant, id string
+	s      *Server
+	claims *previewClaims
 }
 
+// maxActionOutput bounds what is kept of an action's command's output
+// (it comes from inside the session).
+const maxActionOutput = 64 << 10
+
 func (e sessionExec) Exec(ctx context.Context, argv []string) ([]byte, error) {
-	res, err := e.m.Exec(ctx, e.tenant, e.id, argv)
+	var stdout, stderr bytes.Buffer
+	proc, err := e.s.shells.startShell(ctx, e.claims, session.ExecSpec{Args: argv,
+		Stdout: &limitWriter{w: &stdout, n: maxActionOutput}, Stderr: &limitWriter{w: &stderr, n: 1024}})
 	if err != nil {
 		return nil, err
 	}
-	if res.ExitCode != 0 {
-		return nil, fmt.Errorf("%s exited %d: %s", argv[0], res.ExitCode, strings.TrimSpace(string(res.Stderr)))
+	defer proc.Close()
+	code, err := proc.Wait(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return res.Stdout, nil
+	if code != 0 {
+		return nil, fmt.Errorf("%s exited %d: %s", argv[0], code, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
 }
 
 // screenPNG captures the session's whole screen over VNC, from outside
@@ -81,18 +92,20 @@ func (s *Server) action(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	tenant := tenantOf(c)
 	var kind struct {
 		Action string `json:"action"`
 	}
 	if json.Unmarshal(c.Body(), &kind) == nil && kind.Action == "fill_credential" {
-		return s.fillCredential(c, tenant, id)
+		if s.toLeader != nil {
+			return s.toLeader(c) // the vault is the leader's
+		}
+		return s.fillCredential(c, tenantOf(c), id)
 	}
 	var a desktop.Action
 	if err := decode(c, &a); err != nil {
 		return err
 	}
-	info, err := s.sessions.Get(tenant, id)
+	claims, ep, info, err := s.shells.openSession(c, id)
 	if err != nil {
 		return err
 	}
@@ -103,19 +116,15 @@ func (s *Server) action(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	ep, err := s.sessions.Endpoint(tenant, id)
-	if err != nil {
-		return err
-	}
 	ctx, cancel := reqCtx(c, 60*time.Second)
 	defer cancel()
 	start := time.Now()
-	ex := sessionExec{m: s.sessions, tenant: tenant, id: id}
+	ex := sessionExec{s: s, claims: claims}
 	if err := desktop.Run(ctx, ex, steps); err != nil {
 		return actionError(err)
 	}
-	s.sessions.Touch(id)
-	s.sessions.Record(id, "action", map[string]any{"action": a.Action})
+	s.live.touch(claims)
+	s.live.record(claims, "action", map[string]any{"action": a.Action})
 	resp := actionResponse{Action: a.Action}
 	switch a.Action {
 	case "cursor_position":
@@ -133,7 +142,7 @@ func (s *Server) action(c *fiber.Ctx) error {
 		if err != nil {
 			return &apiError{status: 503, code: "unavailable", msg: "the session's display did not deliver a screenshot", err: err}
 		}
-		art, err := s.storeScreenshot(ctx, tenant, id, png)
+		art, err := s.storeScreenshot(ctx, claims, png)
 		if err != nil {
 			return err
 		}
@@ -141,6 +150,7 @@ func (s *Server) action(c *fiber.Ctx) error {
 		resp.Artifact = &art
 	}
 	resp.TookMS = time.Since(start).Milliseconds()
+	s.log.Info("action carried out", "session", id, "action", a.Action, "took_ms", resp.TookMS)
 	return c.JSON(resp)
 }
 

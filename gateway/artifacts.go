@@ -18,12 +18,7 @@ func (s *Server) screenshot(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	tenant := tenantOf(c)
-	info, err := s.sessions.Get(tenant, id)
-	if err != nil {
-		return err
-	}
-	ep, err := s.sessions.Endpoint(tenant, id)
+	claims, ep, info, err := s.shells.openSession(c, id)
 	if err != nil {
 		return err
 	}
@@ -38,21 +33,31 @@ func (s *Server) screenshot(c *fiber.Ctx) error {
 	if err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the session did not deliver a screenshot", err: err}
 	}
-	a, err := s.storeScreenshot(ctx, tenant, id, png)
+	a, err := s.storeScreenshot(ctx, claims, png)
 	if err != nil {
 		return err
 	}
+	s.log.Info("screenshot stored", "session", id, "artifact", a.ID, "bytes", a.Size)
 	return c.Status(fiber.StatusCreated).JSON(a)
 }
 
-func (s *Server) storeScreenshot(ctx context.Context, tenant, id string, png []byte) (recordings.Artifact, error) {
+func (s *Server) storeScreenshot(ctx context.Context, claims *previewClaims, png []byte) (recordings.Artifact, error) {
 	name := "screenshot-" + time.Now().UTC().Format("20060102T150405.000Z") + ".png"
-	a, err := s.store.Put(ctx, tenant, id, recordings.KindScreenshot, name, "image/png", png)
+	if s.store == nil {
+		return recordings.Artifact{}, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+	}
+	a, err := s.store.Put(ctx, claims.Tenant, claims.Session, recordings.KindScreenshot, name, "image/png", png)
 	if err != nil {
 		return a, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
-	s.sessions.Record(id, "screenshot", map[string]any{"artifact": a.ID, "size": a.Size, "sha256": a.SHA256})
+	s.live.record(claims, "screenshot", screenshotFields(a))
 	return a, nil
+}
+
+// screenshotFields are the fields of a screenshot's event in the trail:
+// the same whichever replica took it.
+func screenshotFields(a recordings.Artifact) map[string]any {
+	return map[string]any{"artifact": a.ID, "size": a.Size, "sha256": a.SHA256}
 }
 
 func (s *Server) listArtifacts(c *fiber.Ctx) error {

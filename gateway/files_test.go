@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // TestUploadOutlivesReadTimeout: an upload's body streams past the
@@ -80,5 +82,50 @@ func TestUploadOutlivesReadTimeout(t *testing.T) {
 	}
 	if st, body, err := put("/test/plain/files"); err == nil && st == 200 && body == fmt.Sprint(chunks*chunk) {
 		t.Fatalf("control: the slow body on a route without the upload deadline was read whole (%d %q): the read timeout does not apply", st, body)
+	}
+}
+
+// TestRefusedUploadEndsConnection: an upload refused before its body
+// was read (no key; a bad path) ends its connection, so that the body's
+// bytes are never read as the next request; the control: two requests
+// sent at once on one connection are both answered.
+func TestRefusedUploadEndsConnection(t *testing.T) {
+	s := newTestServer(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.App().Listener(eofListener{ln}) // as Serve serves it
+	defer s.App().Shutdown()
+	answers := func(raw string) int {
+		t.Helper()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		// The server closes the connection after its last answer, or
+		// the client stops waiting at the deadline.
+		c.(*net.TCPConn).CloseWrite()
+		got, _ := io.ReadAll(c)
+		return strings.Count(string(got), "HTTP/1.1 ")
+	}
+	health := "GET /healthz HTTP/1.1\r\nHost: gw.test:8080\r\n\r\n"
+	if n := answers(health + health); n != 2 {
+		t.Fatalf("two requests on one connection: %d answers, want 2", n)
+	}
+	put := func(auth, query string) string {
+		return fmt.Sprintf("PUT /v1/sessions/%s/files?path=%s HTTP/1.1\r\nHost: gw.test:8080\r\n%sContent-Length: %d\r\n\r\n%s",
+			ids.NewSession(), query, auth, len(health), health)
+	}
+	key := "Authorization: Bearer good-key\r\n"
+	for name, raw := range map[string]string{"no key": put("", "/tmp/x"), "a relative path": put(key, "tmp/x")} {
+		if n := answers(raw + health); n != 1 {
+			t.Errorf("an upload refused for %s, its body a request, then a request: %d answers, want 1", name, n)
+		}
 	}
 }

@@ -86,6 +86,7 @@ type Relays struct {
 	Previews bool // CDP and VNC
 	Exec     bool // shells and commands (the Pod exec API)
 	Files    bool // file uploads and downloads (the Pod exec API too)
+	Actions  bool // actions and screenshots
 }
 
 // NewFront serves ln; leader reads where the leading replica serves,
@@ -144,7 +145,7 @@ func (f *Front) RelayListener(usable func() bool) net.Listener {
 
 // relayable is which of what a relay carries a request is: a preview
 // connection's (CDP, VNC), a session's shell or command (exec), a
-// session's file, or neither (the zero Relays).
+// session's file, action or screenshot, or neither (the zero Relays).
 func relayable(method, path string) Relays {
 	if path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/") {
 		return Relays{Previews: true}
@@ -155,7 +156,8 @@ func relayable(method, path string) Relays {
 		return Relays{}
 	}
 	return Relays{Exec: method == "GET" && tail == "shell" || method == "POST" && tail == "exec",
-		Files: (method == "GET" || method == "PUT") && tail == "files"}
+		Files:   (method == "GET" || method == "PUT") && tail == "files",
+		Actions: method == "POST" && (tail == "actions" || tail == "screenshot")}
 }
 
 // Close stops accepting and cuts the forwarded connections.
@@ -423,7 +425,7 @@ func (f *Front) leaderAddr() (string, error) {
 // (relayable's) that a replica carries.
 func (f *Front) leaderRelays(kind Relays) bool {
 	a, relays, err := f.leaderRead()
-	return err == nil && a != "" && (kind.Previews && relays.Previews || kind.Exec && relays.Exec || kind.Files && relays.Files)
+	return err == nil && a != "" && (kind.Previews && relays.Previews || kind.Exec && relays.Exec || kind.Files && relays.Files || kind.Actions && relays.Actions)
 }
 
 func (f *Front) leaderRead() (string, Relays, error) {

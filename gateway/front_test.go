@@ -250,10 +250,11 @@ func BenchmarkFront(b *testing.B) {
 }
 
 // TestFrontRelay: while it stands by, a replica with a relay hands the
-// preview connections (CDP, VNC), shells, commands and files to it, each
-// kind while the leader admits it, and forwards everything else to the
-// leader; it forwards those too to a leader that does not answer
-// relaying replicas (an earlier version's, in a rolling update).
+// preview connections (CDP, VNC), shells, commands, files, actions and
+// screenshots to it, each kind while the leader admits it, and forwards
+// everything else to the leader; it forwards those too to a leader that
+// does not answer relaying replicas (an earlier version's, in a rolling
+// update).
 func TestFrontRelay(t *testing.T) {
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "leader %s", r.URL.Path) }))
 	defer leader.Close()
@@ -290,8 +291,11 @@ func TestFrontRelay(t *testing.T) {
 		"GET " + shell: "exec", "POST " + exec: "exec", "GET " + exec: "", "POST " + shell: "", "POST /v1/sessions/junk/exec": "",
 		"GET /v1/sessions/junk/shell": "", "GET " + shell + "/x": "", "POST " + files: "", "DELETE " + files: "",
 		"GET " + files + "?path=/x": "files", "PUT " + files + "?path=/x": "files", "GET /v1/sessions/junk/files": "", "GET " + files + "/x": "",
+		"POST /v1/sessions/" + sid + "/actions": "actions", "POST /v1/sessions/" + sid + "/screenshot": "actions", "GET /v1/sessions/" + sid + "/actions": "",
+		"POST /v1/sessions/junk/actions": "", "POST /v1/sessions/" + sid + "/snapshots": "",
 		"GET /v1/sessions": "", "GET /cdpx": "", "GET /vnc": "", "GET /view/tok": "", "GET /review/tok": ""}
-	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Exec: true}, {Previews: true, Exec: true, Files: true}, {Files: true}, {}} {
+	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Exec: true}, {Previews: true, Exec: true, Files: true},
+		{Previews: true, Exec: true, Files: true, Actions: true}, {Files: true}, {Actions: true}, {}} {
 		mu.Lock()
 		relays = on
 		mu.Unlock()
@@ -300,7 +304,9 @@ func TestFrontRelay(t *testing.T) {
 		// must agree.
 		where := map[bool]string{false: "leader ", true: "relay "}
 		deadline := time.Now().Add(10 * time.Second)
-		for get("/vnc/tok") != where[on.Previews]+"/vnc/tok" || get(shell) != where[on.Exec]+shell || get(files) != where[on.Files]+files {
+		actions := "/v1/sessions/" + sid + "/actions"
+		for get("/vnc/tok") != where[on.Previews]+"/vnc/tok" || get(shell) != where[on.Exec]+shell || get(files) != where[on.Files]+files ||
+			do("POST", actions) != where[on.Actions]+actions {
 			if time.Now().After(deadline) {
 				t.Fatalf("leader relays %+v: still not shown", on)
 			}
@@ -310,7 +316,7 @@ func TestFrontRelay(t *testing.T) {
 			method, p, _ := strings.Cut(r, " ")
 			bare, _, _ := strings.Cut(p, "?") // what the server's answer names
 			want := "leader " + bare
-			if kind == "preview" && on.Previews || kind == "exec" && on.Exec || kind == "files" && on.Files {
+			if kind == "preview" && on.Previews || kind == "exec" && on.Exec || kind == "files" && on.Files || kind == "actions" && on.Actions {
 				want = "relay " + bare
 			}
 			if got := do(method, p); got != want {

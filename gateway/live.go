@@ -56,6 +56,9 @@ type shellLive interface {
 	// startShell starts a command (a shell's, or exec's) in the
 	// session.
 	startShell(ctx context.Context, c *previewClaims, spec session.ExecSpec) (*session.Process, error)
+	// openSession is openShell with where the session serves and its
+	// record (its kind and screen), for actions and screenshots.
+	openSession(c *fiber.Ctx, id string) (*previewClaims, session.Endpoint, session.Info, error)
 }
 
 // A shell's claims: a scope no preview token has (a preview route
@@ -127,6 +130,22 @@ func (l managerLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) 
 	claims.allowRoot = lim.AllowRoot
 	claims.maxFileBytes = lim.MaxFileBytes
 	return claims, nil
+}
+
+func (l managerLive) openSession(c *fiber.Ctx, id string) (*previewClaims, session.Endpoint, session.Info, error) {
+	claims, err := l.openShell(c, id)
+	if err != nil {
+		return nil, session.Endpoint{}, session.Info{}, err
+	}
+	ep, err := l.s.sessions.Endpoint(claims.Tenant, id)
+	if err != nil {
+		return nil, session.Endpoint{}, session.Info{}, err
+	}
+	info, err := l.s.sessions.Get(claims.Tenant, id)
+	if err != nil {
+		return nil, session.Endpoint{}, session.Info{}, err
+	}
+	return claims, ep, info, nil
 }
 
 func (l managerLive) startShell(ctx context.Context, c *previewClaims, spec session.ExecSpec) (*session.Process, error) {

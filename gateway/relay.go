@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +25,9 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/sandgate/sandgate/desktop"
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/tenant"
 )
@@ -60,12 +63,15 @@ import (
 const (
 	relayAdmitPath = "/internal/v1/relay/admit"
 	relaySyncPath  = "/internal/v1/relay/sync"
-	// relayShellRoute, relayExecRoute, relayFilesRoute: the shells,
-	// commands and files a relay carries (with a sandbox).
-	relayShellRoute = "/v1/sessions/:id/shell"
-	relayExecRoute  = "/v1/sessions/:id/exec"
-	relayFilesRoute = "/v1/sessions/:id/files"
-	relayHeader     = "X-Sandgate-Relay"
+	// relayShellRoute, relayExecRoute, relayFilesRoute,
+	// relayActionsRoute, relayScreenshotRoute: the shells, commands,
+	// files, actions and screenshots a relay carries (with a sandbox).
+	relayShellRoute      = "/v1/sessions/:id/shell"
+	relayExecRoute       = "/v1/sessions/:id/exec"
+	relayFilesRoute      = "/v1/sessions/:id/files"
+	relayActionsRoute    = "/v1/sessions/:id/actions"
+	relayScreenshotRoute = "/v1/sessions/:id/screenshot"
+	relayHeader          = "X-Sandgate-Relay"
 	// relaySkew bounds how far a signed request's time may be from the
 	// leader's clock.
 	relaySkew = time.Minute
@@ -232,6 +238,9 @@ type relayAdmitAnswer struct {
 	// MaxFileBytes, for a shell: the largest file the tenant may
 	// upload (0: the default).
 	MaxFileBytes int64 `json:"max_file_bytes,omitempty"`
+	// Kind, for a shell: the session's (browser or desktop), for
+	// actions and screenshots, with CDP, VNC and Screen.
+	Kind session.Kind `json:"kind,omitempty"`
 }
 
 type relayRefusal struct {
@@ -283,7 +292,8 @@ func (s *Server) relayShell(c *fiber.Ctx, req relayShellRequest) error {
 	case !ids.IsSession(req.Session):
 		return refuse(errNotFound("no such session"))
 	}
-	if _, err := s.sessions.Endpoint(tenantName, req.Session); err != nil {
+	ep, err := s.sessions.Endpoint(tenantName, req.Session)
+	if err != nil {
 		return refuse(err)
 	}
 	info, err := s.sessions.Get(tenantName, req.Session)
@@ -305,7 +315,8 @@ func (s *Server) relayShell(c *fiber.Ctx, req relayShellRequest) error {
 		return err
 	}
 	return c.JSON(relayAdmitAnswer{Session: claims.Session, Tenant: claims.Tenant, Scope: claims.Scope, Preview: claims.ID,
-		Expires: until.Unix(), Ticket: ticket, AllowRoot: lim.AllowRoot, MaxFileBytes: max(lim.MaxFileBytes, 0)})
+		Expires: until.Unix(), Ticket: ticket, AllowRoot: lim.AllowRoot, MaxFileBytes: max(lim.MaxFileBytes, 0),
+		CDP: ep.CDP.String(), VNC: ep.VNC.String(), Screen: info.Screen, Kind: info.Kind})
 }
 
 type relaySyncRequest struct {
@@ -346,6 +357,10 @@ type relayEvent struct {
 	Bytes  int64  `json:"bytes,omitempty"`
 	SHA256 string `json:"sha256,omitempty"`
 	Kind   string `json:"kind,omitempty"`
+	// action's: its name; screenshot's: the artifact (its size in
+	// Bytes, its digest in SHA256).
+	Action   string `json:"action,omitempty"`
+	Artifact string `json:"artifact,omitempty"`
 	// wire is what the event takes in a report (its JSON), measured as
 	// it is kept.
 	wire int
@@ -471,19 +486,51 @@ func (s *Server) relaySync(c *fiber.Ctx) error {
 			continue
 		}
 		s.relayEvent(claims, ev)
-		if claims.Scope == scopeShell && ev.Type == "file_upload" {
+		if claims.Scope == scopeShell && changes(ev.Type) {
 			changed[claims.Session] = claims.Tenant
 		}
 	}
-	// An upload changed its session: its event is stored before the
-	// answer, as the leader's own (routes), for the relay waits for
-	// this answer to answer its client.
-	for id, tenant := range changed {
-		if _, err := s.sessions.Get(tenant, id); err == nil {
-			s.durable(id)
-		}
-	}
+	s.durableAll(changed)
 	return c.JSON(ans)
+}
+
+// relayDurableWithin bounds how long a report's answer waits for the
+// trails to be stored: well under the relay's wait for it (a report
+// it gives up on comes again, and its events would be recorded twice).
+const relayDurableWithin = 2500 * time.Millisecond
+
+// durableAll stores the trails of the sessions (session: tenant) a
+// report's uploads or screenshots changed, a few at a time, within
+// relayDurableWithin: their events are stored before the answer, as the
+// leader's own are (routes), for the relay waits for this answer to
+// answer its client. Those left are the journal's to store.
+func (s *Server) durableAll(changed map[string]string) {
+	if len(changed) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), relayDurableWithin)
+	defer cancel()
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, 8)
+	for id, tenant := range changed {
+		if _, err := s.sessions.Get(tenant, id); err != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case slots <- struct{}{}:
+				defer func() { <-slots }()
+			case <-ctx.Done():
+				return
+			}
+			if err := s.sessions.Durable(ctx, id); err != nil {
+				s.log.Warn("the audit trail could not be stored at once; the journal tries again", "session", id, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // relayKeep registers a connection a replica carries, or renews its
@@ -584,7 +631,7 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		s.sessions.Record(claims.Session, ev.Type, fields)
 	case "file_upload":
 		sum := ev.SHA256
-		if len(sum) != 64 || strings.Trim(sum, "0123456789abcdef") != "" {
+		if !isDigest(sum) {
 			sum = ""
 		}
 		s.sessions.Record(claims.Session, ev.Type, uploadFields(truncate(ev.Path, maxPathBytes), max(ev.Bytes, 0), sum))
@@ -593,7 +640,27 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 			ev.Kind = "file"
 		}
 		s.sessions.Record(claims.Session, ev.Type, downloadFields(truncate(ev.Path, maxPathBytes), ev.Kind, max(ev.Bytes, 0)))
+	case "action":
+		if !slices.Contains(desktop.Actions, ev.Action) {
+			return
+		}
+		s.sessions.Record(claims.Session, ev.Type, map[string]any{"action": ev.Action})
+	case "screenshot":
+		rnd, ok := strings.CutPrefix(ev.Artifact, claims.Session+".")
+		if !ok || len(rnd) != 16 || strings.Trim(rnd, "0123456789abcdef") != "" || !isDigest(ev.SHA256) {
+			return
+		}
+		s.sessions.Record(claims.Session, ev.Type, screenshotFields(recordings.Artifact{ID: ev.Artifact, Size: max(ev.Bytes, 0), SHA256: ev.SHA256}))
 	}
+}
+
+// changes says whether a relayed event is of a change to its session
+// (stored before the request is answered).
+func changes(typ string) bool { return typ == "file_upload" || typ == "screenshot" }
+
+// isDigest: a SHA-256 in hex.
+func isDigest(s string) bool {
+	return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == ""
 }
 
 func nonNil(s []string) []string {
@@ -683,11 +750,12 @@ type relayConn struct {
 // asking the leader (at leader's address) about each. identity names
 // the replica to the leader.
 //
-// With sandbox (nil: not), it carries the sessions' shells, commands
-// and files too, the leader admitting each by its API key: sandbox
-// names a session's Pod, which they run in.
-func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), sandbox func(id string) session.Sandbox, log *slog.Logger) (*Server, error) {
-	s, err := newServer(cfg, nil, nil, log)
+// With sandbox (nil: not), it carries the sessions' shells, commands,
+// files and actions too, the leader admitting each by its API key:
+// sandbox names a session's Pod, which they run in. Screenshots (the
+// screenshot route's, and the actions') are stored in store.
+func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), sandbox func(id string) session.Sandbox, store *recordings.Store, log *slog.Logger) (*Server, error) {
+	s, err := newServer(cfg, nil, store, log)
 	if err != nil {
 		return nil, err
 	}
@@ -702,7 +770,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		shellAdmits: make(chan struct{}, maxShellAdmits),
 		sandbox:     sandbox,
 	}
-	s.live, s.shells = l, l
+	s.live, s.shells, s.toLeader = l, l, l.toLeader
 	// One request a connection, but for the upgrade: the Front hands a
 	// connection over by its first request, and another on it may be no
 	// preview's.
@@ -728,10 +796,19 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Post(relayExecRoute, key, s.exec)
 		s.app.Put(relayFilesRoute, key, s.putFile)
 		s.app.Get(relayFilesRoute, key, s.getFile)
+		s.app.Post(relayActionsRoute, key, s.action)
+		s.app.Post(relayScreenshotRoute, key, s.screenshot)
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()
 	return s, nil
+}
+
+// ServeRelay serves a relay (NewRelay) on ln, as Serve serves the
+// gateway's listener (a chunked upload whose client went at a chunk's
+// end is one cut short).
+func (s *Server) ServeRelay(ln net.Listener) error {
+	return s.app.Listener(eofListener{ln})
 }
 
 // leaderAddr is where the leader serves, read at most every
@@ -799,6 +876,50 @@ func (l *relayLive) call(ctx context.Context, path string, in, out any) (int, er
 	return resp.StatusCode, json.Unmarshal(raw, out)
 }
 
+// maxLeaderAnswer bounds the body of an answer toLeader passes on.
+const maxLeaderAnswer = 1 << 20
+
+// toLeader sends the request, as its client sent it (its API key, its
+// body), to the leader, and answers what the leader answers: for what
+// this replica cannot do itself, on a route it carries.
+func (l *relayLive) toLeader(c *fiber.Ctx) error {
+	ctx, cancel := reqCtx(c, 90*time.Second)
+	defer cancel()
+	addr, err := l.leaderAddr(ctx)
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "no gateway replica that answers leads the sessions; retry", err: err}
+	}
+	req, err := http.NewRequestWithContext(ctx, c.Method(), "http://"+addr+c.OriginalURL(), bytes.NewReader(c.Body()))
+	if err != nil {
+		return errInvalid("the request cannot be passed on")
+	}
+	req.Host = l.host
+	for _, h := range []string{fiber.HeaderAuthorization, fiber.HeaderContentType} {
+		if v := c.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
+	}
+	// The client's own timeout, not the reports' 5 s: filling a field
+	// takes what typing takes.
+	client := &http.Client{Transport: l.client.Transport, CheckRedirect: l.client.CheckRedirect}
+	resp, err := client.Do(req)
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; retry", err: err}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLeaderAnswer+1))
+	if err != nil || len(body) > maxLeaderAnswer {
+		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; retry", err: err}
+	}
+	if ct := resp.Header.Get(fiber.HeaderContentType); ct != "" {
+		c.Set(fiber.HeaderContentType, ct)
+	}
+	if ra := resp.Header.Get(fiber.HeaderRetryAfter); ra != "" {
+		c.Set(fiber.HeaderRetryAfter, ra)
+	}
+	return c.Status(resp.StatusCode).Send(body)
+}
+
 func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, session.Info, error) {
 	bad := errUnauthenticated("the preview token is missing, invalid or expired")
 	if token == "" || len(token) > 4096 {
@@ -859,38 +980,65 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 
 var errLeaderRefused = errors.New("the leader refused the admission")
 
+func relayUnavailable() error {
+	return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry"}
+}
+
 // openShell asks the leader whether the request's API key may open
 // session id's shell.
 func (l *relayLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) {
-	unavailable := &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry"}
+	claims, _, err := l.admitShell(c, id)
+	return claims, err
+}
+
+// openSession asks as openShell does; the leader's answer says where
+// the session serves, its kind and its screen.
+func (l *relayLive) openSession(c *fiber.Ctx, id string) (*previewClaims, session.Endpoint, session.Info, error) {
+	claims, ans, err := l.admitShell(c, id)
+	if err != nil {
+		return nil, session.Endpoint{}, session.Info{}, err
+	}
+	cdp, err1 := netip.ParseAddrPort(ans.CDP)
+	vnc, err2 := netip.ParseAddrPort(ans.VNC)
+	if err1 != nil || err2 != nil || ans.Kind == "" {
+		return nil, session.Endpoint{}, session.Info{}, relayUnavailable()
+	}
+	return claims, session.Endpoint{Addr: cdp.Addr(), CDP: cdp, VNC: vnc},
+		session.Info{ID: id, Tenant: claims.Tenant, Kind: ans.Kind, Screen: ans.Screen}, nil
+}
+
+// admitShell asks the leader whether the request's API key may run
+// commands in session id, and gives the claims and the answer.
+func (l *relayLive) admitShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmitAnswer, error) {
+	unavailable := relayUnavailable()
 	key, err := bearerKey(c)
 	if err != nil {
-		return nil, err
+		return nil, relayAdmitAnswer{}, err
 	}
 	if len(key) > 4096 {
-		return nil, errUnauthenticated("the API key is not valid")
+		return nil, relayAdmitAnswer{}, errUnauthenticated("the API key is not valid")
 	}
 	ans, _, err := l.ask(relayAdmitRequest{Shell: &relayShellRequest{Session: id, Key: key}})
 	switch {
 	case errors.Is(err, errLeaderRefused):
-		return nil, unavailable // a shell's refusal is an answer
+		return nil, ans, unavailable // a shell's refusal is an answer
 	case err != nil:
-		return nil, err
+		return nil, ans, err
 	case ans.Refused != nil:
 		r := ans.Refused
 		if r.Status < 400 || r.Status > 599 || r.Code == "" {
-			return nil, unavailable
+			return nil, ans, unavailable
 		}
-		return nil, &apiError{status: r.Status, code: r.Code, msg: truncate(r.Message, 500)}
+		return nil, ans, &apiError{status: r.Status, code: r.Code, msg: truncate(r.Message, 500)}
 	case ans.Session != id || ans.Tenant == "" || ans.Scope != scopeShell || ans.Ticket == "" || len(ans.Ticket) > 4096:
-		return nil, unavailable
+		return nil, ans, unavailable
 	}
 	// A ticket signed with a key this replica knows must read as the
 	// answer says (one signed with a newer key is the leader's word).
 	if l.signer.knows(ans.Ticket) {
 		t, err := l.signer.verify(ans.Ticket, time.Now())
 		if err != nil || t.Session != id || t.Tenant != ans.Tenant || t.Scope != scopeShell {
-			return nil, unavailable
+			return nil, ans, unavailable
 		}
 	}
 	l.mu.Lock()
@@ -899,7 +1047,7 @@ func (l *relayLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) {
 	claims := shellClaims(ans.Tenant, id, ans.Ticket)
 	claims.allowRoot = ans.AllowRoot
 	claims.maxFileBytes = max(ans.MaxFileBytes, 0)
-	return claims, nil
+	return claims, ans, nil
 }
 
 // startShell runs the shell's command in the session's Pod itself.
@@ -983,16 +1131,54 @@ func (l *relayLive) track(c *previewClaims, closer io.Closer) (func(), error) {
 	}, nil
 }
 
-func (l *relayLive) event(ev relayEvent) {
+// event keeps ev for the next report; it returns the count of events
+// ever kept, with ev (once base reaches it, ev was sent, or dropped).
+func (l *relayLive) event(ev relayEvent) int {
 	ev.measure()
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if len(l.events) >= maxRelayEvents {
 		l.events = l.events[1:]
 		l.base++
 		l.dropped++
 	}
 	l.events = append(l.events, ev)
-	l.mu.Unlock()
+	return l.base + len(l.events)
+}
+
+// relayFlushWithin bounds how long a request that changed its session
+// waits for its event to reach the leader before it is answered.
+const relayFlushWithin = 5 * time.Second
+
+// flush reports until the events up to upTo are with the leader, for
+// at most relayFlushWithin (past it, or once a report fails, they go
+// with the next reports); it says whether they are. Requests that
+// flush at once share the reports: one report carries the events of
+// all that are kept by then.
+func (l *relayLive) flush(upTo int) bool {
+	deadline := time.Now().Add(relayFlushWithin)
+	for {
+		l.mu.Lock()
+		done, reached := l.base >= upTo, l.reached
+		l.mu.Unlock()
+		switch {
+		case done:
+			return true
+		case time.Now().After(deadline):
+			return false
+		case l.reporting.TryLock():
+			l.report()
+			l.reporting.Unlock()
+			l.mu.Lock()
+			failed := l.reached.Equal(reached) && l.base < upTo
+			l.mu.Unlock()
+			if failed {
+				return false
+			}
+		default:
+			time.Sleep(10 * time.Millisecond) // another report is under way
+		}
+	}
 }
 
 func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) {
@@ -1017,12 +1203,20 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 		ev.StdoutBytes, _ = fields["stdout_bytes"].(int64)
 		ev.StderrBytes, _ = fields["stderr_bytes"].(int64)
 	}
-	if typ == "file_upload" || typ == "file_download" {
+	switch typ {
+	case "file_upload", "file_download":
 		ev.Path, _ = fields["path"].(string)
 		ev.Path = truncate(ev.Path, maxPathBytes)
 		ev.Bytes, _ = fields["bytes"].(int64)
 		ev.SHA256, _ = fields["sha256"].(string)
 		ev.Kind, _ = fields["kind"].(string)
+	case "action":
+		ev.Action, _ = fields["action"].(string)
+		ev.Action = truncate(ev.Action, 64)
+	case "screenshot":
+		ev.Artifact, _ = fields["artifact"].(string)
+		ev.Bytes, _ = fields["size"].(int64)
+		ev.SHA256, _ = fields["sha256"].(string)
 	}
 	switch v := fields["limit"].(type) {
 	case int:
@@ -1030,12 +1224,13 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 	case int64:
 		ev.Limit = v
 	}
-	l.event(ev)
-	if typ == "file_upload" {
-		// A change: reported (and stored by the leader) before the
-		// client is answered, as the leader's own are. A leader that
-		// does not answer gets it with the next report.
-		l.sync()
+	upTo := l.event(ev)
+	if changes(typ) && !l.flush(upTo) {
+		// A change is reported (and stored by the leader) before the
+		// client is answered, as the leader's own are; a leader that
+		// does not answer within relayFlushWithin gets it with the
+		// next report.
+		l.log.Warn("the event of a change is not with the leader yet; it goes with the next report", "session", c.Session, "type", typ)
 	}
 }
 

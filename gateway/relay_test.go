@@ -21,6 +21,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 )
 
@@ -145,7 +146,7 @@ func TestRelayLive(t *testing.T) {
 	defer leader.Close()
 	u, _ := url.Parse("http://gw.test:8080")
 	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
-		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil }, nil, slog.New(slog.DiscardHandler))
+		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil }, nil, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,6 +272,24 @@ func TestRelayLive(t *testing.T) {
 		t.Errorf("after an upload's record the leader has %+v, want the download's event and the upload's", got)
 	}
 	mu.Unlock()
+	// An action's goes with the next report; a screenshot's (stored:
+	// a change) at once.
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	l.record(c, "action", map[string]any{"action": "left_click"})
+	mu.Lock()
+	if len(got) != 0 {
+		t.Errorf("an action's event was reported at once: %+v", got)
+	}
+	mu.Unlock()
+	l.record(c, "screenshot", screenshotFields(recordings.Artifact{ID: "s-1.0123456789abcdef", Size: 99, SHA256: sum}))
+	mu.Lock()
+	if len(got) != 2 || got[0].Type != "action" || got[0].Action != "left_click" ||
+		got[1].Type != "screenshot" || got[1].Artifact != "s-1.0123456789abcdef" || got[1].Bytes != 99 || got[1].SHA256 != sum {
+		t.Errorf("after a screenshot's record the leader has %+v, want the action's event and the screenshot's", got)
+	}
+	mu.Unlock()
 
 	// A leader that refuses the signature: not usable for a while.
 	if !srv.RelayUsable() {
@@ -285,6 +304,20 @@ func TestRelayLive(t *testing.T) {
 	}
 	if srv.RelayUsable() {
 		t.Error("still usable after the leader refused its signature")
+	}
+	// A change's event with a leader that does not take reports: the
+	// request is not held past relayFlushWithin; the event stays for
+	// the next report.
+	t0 := time.Now()
+	l.record(c, "file_upload", uploadFields("/home/sandgate/v.txt", 1, sum))
+	if took := time.Since(t0); took > relayFlushWithin {
+		t.Errorf("an upload's record waited %v for a leader that refuses reports", took)
+	}
+	l.mu.Lock()
+	kept := len(l.events) > 0 && l.events[len(l.events)-1].Path == "/home/sandgate/v.txt"
+	l.mu.Unlock()
+	if !kept {
+		t.Error("the upload's event was not kept for the next report")
 	}
 }
 
@@ -338,7 +371,7 @@ func TestRelayShellAdmission(t *testing.T) {
 	started := make(chan string, 1)
 	srv, err = NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
 		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil },
-		func(id string) session.Sandbox { return failingSandbox{id: id, started: started} }, slog.New(slog.DiscardHandler))
+		func(id string) session.Sandbox { return failingSandbox{id: id, started: started} }, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,6 +101,10 @@ type Server struct {
 	vault       *vault.Vault         // nil: no credentials
 	recorder    *recordings.Recorder // nil: no recordings
 	recShare    RecordingShare       // nil: recordings are made here
+	// toLeader, on a replica that relays, sends a request it does not
+	// serve itself to the leader and answers the leader's answer
+	// (fill_credential: the vault is the leader's). Nil on the leader.
+	toLeader fiber.Handler
 	// retention per tenant; the janitor enforces it.
 	retention    map[string]time.Duration
 	janitorEvery time.Duration
@@ -411,7 +415,15 @@ func (s *Server) bodyLimit(c *fiber.Ctx) (limit int, streams bool) {
 func (s *Server) limitBody(c *fiber.Ctx) error {
 	limit, streams := s.bodyLimit(c)
 	if streams {
-		return c.Next()
+		// An upload refused, before its body was read or after, ends
+		// its connection: what is left of the body must not be read as
+		// the connection's next request.
+		err := c.Next()
+		if err != nil || c.Response().StatusCode() >= 400 {
+			c.Set(fiber.HeaderConnection, "close")
+			c.Context().SetConnectionClose()
+		}
+		return err
 	}
 	n := c.Request().Header.ContentLength()
 	if n > limit || n == -1 {

@@ -27,11 +27,13 @@ import (
 // death. Through B, standing by: a CDP connection and a VNC viewer work,
 // and B's log, not A's, has them; the leader's trail has their
 // preview_connected; the view-only viewer's pointer is dropped there
-// (an interactive one's is not). A shell, a command (exec) and files
-// through B are B's too, through the Pod exec API, admitted by the
-// leader (another tenant's key and none are refused); the leader's
-// trail has their shell_opened, exec, file_upload (when B answers the
-// upload) and file_download. A preview revoked through the leader ends the
+// (an interactive one's is not). A shell, a command (exec), files and
+// actions through B are B's too, through the Pod exec API, and so is a
+// screenshot (stored by B), all admitted by the leader (another
+// tenant's key and none are refused); the leader's trail has their
+// shell_opened, exec, file_upload and screenshot (when B answers),
+// file_download and action. fill_credential through B is the leader's,
+// answered as through A. A preview revoked through the leader ends the
 // connection B carries within seconds (the control: another preview's
 // connection goes on). A is SIGKILLed: the connection through A breaks
 // (the control), the ones through B go on, answering while nobody leads
@@ -247,6 +249,71 @@ func TestKubeRelay(t *testing.T) {
 		return f != nil && f["kind"] == "file" && f["bytes"] == float64(len(content))
 	})
 
+	// Actions and screenshots through B are B's too: the pointer moved
+	// through B is where B then reads it; a screenshot through B is
+	// stored (read back whole through A, the leader) and its event is in
+	// the leader's trail when B answers; the actions' events follow. A
+	// fill_credential through B is the leader's (the vault is): answered
+	// as through A.
+	actionsOfA := logLines(ra, "action carried out", s.ID) // (the pointer checks above)
+	actionEvents := func() int {
+		n := 0
+		for _, ev := range ra.events(t, ra.keyA, s.ID) {
+			if ev.Type == "action" && (ev.Fields["action"] == "mouse_move" || ev.Fields["action"] == "cursor_position") {
+				n++
+			}
+		}
+		return n
+	}
+	actionsBefore := actionEvents()
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+s.ID+"/actions", map[string]any{"action": "mouse_move", "coordinate": []int{37, 41}}); st != 200 {
+		t.Fatalf("mouse_move through B: %d %s", st, body)
+	}
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+s.ID+"/actions", map[string]any{"action": "cursor_position"})
+	var pos struct{ Cursor struct{ X, Y int } }
+	if err := json.Unmarshal(body, &pos); st != 200 || err != nil || pos.Cursor.X != 37 || pos.Cursor.Y != 41 {
+		t.Fatalf("cursor_position through B: %d %s, want 37,41", st, body)
+	}
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+s.ID+"/screenshot", nil)
+	var shot struct {
+		ID     string `json:"id"`
+		Size   int64  `json:"size"`
+		SHA256 string `json:"sha256"`
+	}
+	if err := json.Unmarshal(body, &shot); st != 201 || err != nil || shot.ID == "" || shot.Size < 100 {
+		t.Fatalf("a screenshot through B: %d %s", st, body)
+	}
+	shotEvent := false
+	for _, ev := range ra.events(t, ra.keyA, s.ID) {
+		shotEvent = shotEvent || ev.Type == "screenshot" && ev.Fields["artifact"] == shot.ID && ev.Fields["sha256"] == shot.SHA256
+	}
+	if !shotEvent {
+		t.Errorf("the leader's trail when B answered the screenshot lacks its event (%s)", shot.ID)
+	}
+	png := ra.fetchArtifact(t, ra.keyA, shot.ID)
+	if pngSum := sha256.Sum256(png); hex.EncodeToString(pngSum[:]) != shot.SHA256 || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Fatalf("the screenshot taken through B, read through A: %d bytes, not the PNG B stored", len(png))
+	}
+	if st, body := ra.api(t, ra.keyA, "POST", "/v1/sessions/"+s.ID+"/screenshot", nil); st != 201 {
+		t.Fatalf("a screenshot through A: %d %s", st, body)
+	}
+	fill := map[string]any{"action": "fill_credential", "credential": "cred-0123456789abcdef", "selector": "#password"}
+	stA, bodyA := callVia(t, fresh, ra.gwURL, ra.keyA, "POST", "/v1/sessions/"+s.ID+"/actions", fill)
+	stB, bodyB := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+s.ID+"/actions", fill)
+	if stA < 400 || stA >= 500 || stB != stA || jsonField(bodyB, "code") != jsonField(bodyA, "code") {
+		t.Errorf("fill_credential through B: %d %s; through A: %d %s; want the same client error", stB, bodyB, stA, bodyA)
+	}
+	var counts [4]int
+	defer func() { t.Logf("actions and screenshots in the logs of B, then A: %v", counts) }()
+	waitFor(t, 10*time.Second, "each replica's log to have the actions and screenshots through it", func() bool {
+		counts = [4]int{logLines(rb, "action carried out", s.ID), logLines(rb, "screenshot stored", s.ID),
+			logLines(ra, "action carried out", s.ID) - actionsOfA, logLines(ra, "screenshot stored", s.ID)}
+		return counts == [4]int{2, 1, 0, 1}
+	})
+	waitFor(t, 30*time.Second, "the actions through B in the leader's trail", func() bool {
+		return actionEvents() == actionsBefore+2
+	})
+
 	// Revoked through the leader: the connection B carries ends.
 	revoked := time.Now()
 	if st, body := ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+s.ID+"/previews/"+p2.ID, nil); st != 204 {
@@ -354,24 +421,45 @@ func TestKubeRelay(t *testing.T) {
 	}
 }
 
+// callVia sends a request with a JSON body (none when body is nil)
+// through the gateway at gwURL.
+func callVia(t testing.TB, client *http.Client, gwURL, key, method, path string, body any) (int, []byte) {
+	t.Helper()
+	if body == nil {
+		return sendVia(t, client, gwURL, key, method, path, nil, "")
+	}
+	raw, _ := json.Marshal(body)
+	return sendVia(t, client, gwURL, key, method, path, raw, "application/json")
+}
+
 // fileVia puts body at path p in session id, or gets it (body nil),
 // through the gateway at gwURL.
 func fileVia(t testing.TB, client *http.Client, gwURL, key, method, id, p string, body []byte) (int, []byte) {
+	t.Helper()
+	return sendVia(t, client, gwURL, key, method, "/v1/sessions/"+id+"/files?path="+url.QueryEscape(p), body, "")
+}
+
+// sendVia sends a request (no body when body is nil) through the
+// gateway at gwURL, and reads the whole answer.
+func sendVia(t testing.TB, client *http.Client, gwURL, key, method, path string, body []byte, contentType string) (int, []byte) {
 	t.Helper()
 	var r io.Reader
 	if body != nil {
 		r = bytes.NewReader(body)
 	}
-	req, _ := http.NewRequest(method, gwURL+"/v1/sessions/"+id+"/files?path="+url.QueryEscape(p), r)
+	req, _ := http.NewRequest(method, gwURL+path, r)
 	req.Header.Set("Authorization", "Bearer "+key)
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, p, err)
+		t.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
 	got, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("%s %s: the answer: %v", method, p, err)
+		t.Fatalf("%s %s: the answer: %v", method, path, err)
 	}
 	return resp.StatusCode, got
 }

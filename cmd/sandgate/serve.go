@@ -152,7 +152,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					// Forwarding there would come back here, for good.
 					return "", gateway.Relays{}, fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
 				}
-				return addr, gateway.Relays{Previews: l.Relays, Exec: l.Exec, Files: l.Files}, err
+				return addr, gateway.Relays{Previews: l.Relays, Exec: l.Exec, Files: l.Files, Actions: l.Actions}, err
 			}, log.With("component", "front"))
 			defer front.Close()
 			wait = 0
@@ -181,20 +181,25 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				}()
 			}
 			// While it stands by, it carries the preview connections (CDP
-			// and VNC) and the shells it is sent itself, straight to the
-			// sessions' Pods, asking the leader about each
-			// (gateway.NewRelay).
+			// and VNC), shells, commands, files, actions and screenshots
+			// it is sent itself, straight to the sessions' Pods, asking
+			// the leader about each (gateway.NewRelay); it stores the
+			// screenshots itself.
+			relayStore, err := recordings.New(ctx, storeConfig(cfg))
+			if err != nil {
+				return err
+			}
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
 					return "", fmt.Errorf("the leading replica advertises %q, which is not ip:port", addr)
 				}
 				return addr, err
-			}, kube.NewSessions(ctx, holds).Sandbox, log.With("component", "relay"))
+			}, kube.NewSessions(ctx, holds).Sandbox, relayStore, log.With("component", "relay"))
 			if err != nil {
 				return err
 			}
-			go relay.App().Listener(front.RelayListener(relay.RelayUsable))
+			go relay.ServeRelay(front.RelayListener(relay.RelayUsable))
 			defer relay.App().ShutdownWithTimeout(5 * time.Second)
 			// A replica that led in this Pod before its container
 			// restarted may have left the leader's label on it.

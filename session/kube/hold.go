@@ -63,6 +63,11 @@ const AnnotationRelayExec = "sandgate.io/relay-exec"
 // stores an upload's before it answers the report.
 const AnnotationRelayFiles = "sandgate.io/relay-files"
 
+// AnnotationRelayActions, on the hold lease, says the same of the
+// sessions' actions and screenshots (its value, too, is the holder's
+// identity).
+const AnnotationRelayActions = "sandgate.io/relay-actions"
+
 // Hold takes the namespace's hold for identity, which serves at address
 // ("" when no other replica can reach it). With wait > 0, a holder
 // that renews for that long keeps it and Hold fails naming it; with
@@ -76,7 +81,8 @@ const AnnotationRelayFiles = "sandgate.io/relay-files"
 // hold to run out.
 func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: holdDuration,
-		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayExec: identity, AnnotationRelayFiles: identity}}
+		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayExec: identity, AnnotationRelayFiles: identity,
+			AnnotationRelayActions: identity}}
 	deadline := time.Now().Add(wait)
 	said := ""
 	var sent time.Time // when the acquisition that succeeded was sent
@@ -178,6 +184,9 @@ type Lead struct {
 	// Files: it admits the file uploads and downloads they carry
 	// (AnnotationRelayFiles).
 	Files bool
+	// Actions: it admits the actions and screenshots they carry
+	// (AnnotationRelayActions).
+	Actions bool
 }
 
 // ReadLead reads the namespace's hold as Leader does, with whether the
@@ -197,9 +206,10 @@ func (b *Backend) ReadLead(ctx context.Context) (Lead, error) {
 	}
 	holder := deref(le.Spec.HolderIdentity)
 	return Lead{Identity: holder, Address: le.Annotations[AnnotationAddress],
-		Relays: holder != "" && le.Annotations[AnnotationRelays] == holder,
-		Exec:   holder != "" && le.Annotations[AnnotationRelayExec] == holder,
-		Files:  holder != "" && le.Annotations[AnnotationRelayFiles] == holder}, nil
+		Relays:  holder != "" && le.Annotations[AnnotationRelays] == holder,
+		Exec:    holder != "" && le.Annotations[AnnotationRelayExec] == holder,
+		Files:   holder != "" && le.Annotations[AnnotationRelayFiles] == holder,
+		Actions: holder != "" && le.Annotations[AnnotationRelayActions] == holder}, nil
 }
 
 // Identity names one run of a gateway replica in Pod pod, whose UID
