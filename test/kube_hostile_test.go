@@ -21,7 +21,8 @@ import (
 // first), replace their VNC servers with one that announces a
 // 65535x65535 screen and sends it. A view-only viewer that B carries,
 // standing by, is cut with the reason (before the attack it saw the
-// display). Each holder gives up with the reason,
+// display), and a screenshot action B takes is refused (503; before the
+// attack it was taken). Each holder gives up with the reason,
 // which reaches the session's trail through the lease; both replicas stay
 // up, the one standing by still standing by, neither grows; the sessions
 // end, and no lease is left.
@@ -66,6 +67,15 @@ func TestKubeHostileRecording(t *testing.T) {
 		t.Fatalf("a viewer through B before the attack: %v", err)
 	}
 	cconn.Close()
+	// A screenshot action through B reads the display over VNC itself
+	// (a new connection each: B carries a connection whole).
+	fresh := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
+	shot := func() (int, []byte) {
+		return callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+ids[0]+"/actions", map[string]any{"action": "screenshot"})
+	}
+	if st, body := shot(); st != 200 {
+		t.Fatalf("a screenshot action through B before the attack: %d %.200s", st, body)
+	}
 
 	rss0 := map[*testEnv]int64{}
 	for _, r := range []*testEnv{ra, rb} {
@@ -88,6 +98,11 @@ func TestKubeHostileRecording(t *testing.T) {
 	viewerCut(t, viaB(ra.vncPreview(t, ra.keyA, ids[0], "vnc", true, 300).URL))
 	if logLines(rb, "vnc connection closing", "65535x65535") == 0 {
 		t.Error("B's log does not show the viewer it carried cut for the screen")
+	}
+	// So is a screenshot action B takes: refused with the reason, B
+	// unharmed (below).
+	if st, body := shot(); st != 503 || !bytes.Contains(body, []byte(`"code":"unavailable"`)) {
+		t.Errorf("a screenshot action through B of the 65535x65535 screen: %d %.300s, want 503", st, body)
 	}
 	for _, id := range ids {
 		ra.waitEvent(t, id, "recording_interrupted", time.Minute)
