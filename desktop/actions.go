@@ -358,7 +358,7 @@ func CursorPosition(ctx context.Context, ex Executor) (x, y int, err error) {
 	xv, okx := vals["X"]
 	yv, oky := vals["Y"]
 	if !okx || !oky {
-		return 0, 0, fmt.Errorf("xdotool getmouselocation: unexpected output %q", out)
+		return 0, 0, fmt.Errorf("xdotool getmouselocation: unexpected output %q", out[:min(len(out), 200)])
 	}
 	return xv, yv, nil
 }

@@ -1,9 +1,12 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"image"
+	imgpng "image/png"
+	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -12,6 +15,10 @@ import (
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 )
+
+// maxScreenshots bounds the screenshots (the route's) a gateway takes at
+// once.
+const maxScreenshots = 8
 
 func (s *Server) screenshot(c *fiber.Ctx) error {
 	id, err := s.sessionID(c)
@@ -22,11 +29,27 @@ func (s *Server) screenshot(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	// A session's browser may answer with up to a CDP message's 64 MiB:
+	// a few at a time per replica.
+	select {
+	case s.shots <- struct{}{}:
+		defer func() { <-s.shots }()
+	default:
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(1))
+		return &apiError{status: 503, code: "unavailable", msg: "too many screenshots are being taken on this gateway now; retry"}
+	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
 	var png []byte
 	if info.Kind == session.KindBrowser {
 		png, err = browser.Screenshot(ctx, ep.CDP, info.Screen.Width, info.Screen.Height)
+		if err == nil {
+			// What the browser sent must be a PNG of at most its screen.
+			cfg, derr := imgpng.DecodeConfig(bytes.NewReader(png))
+			if derr != nil || cfg.Width > info.Screen.Width || cfg.Height > info.Screen.Height {
+				err = errors.Join(errors.New("the browser's screenshot is no PNG of its screen"), derr)
+			}
+		}
 	} else {
 		png, err = screenPNG(ctx, ep, info.Screen, image.Rectangle{})
 	}
@@ -37,6 +60,7 @@ func (s *Server) screenshot(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	s.live.changed(claims) // (not an action's: an agent takes many)
 	s.log.Info("screenshot stored", "session", id, "artifact", a.ID, "bytes", a.Size)
 	return c.Status(fiber.StatusCreated).JSON(a)
 }

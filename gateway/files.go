@@ -278,6 +278,7 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	}
 	sum := hex.EncodeToString(sha.Sum(nil))
 	s.live.record(claims, "file_upload", uploadFields(p, counted.n, sum))
+	s.live.changed(claims)
 	s.log.Info("file written", "session", id, "bytes", counted.n)
 	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"path": p, "size": counted.n, "sha256": sum})
 }

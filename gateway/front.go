@@ -55,7 +55,7 @@ type Front struct {
 	relay       chan net.Conn
 	relayDone   chan struct{}
 	relayOnce   sync.Once
-	relayUsable func() bool // false: forward them for now
+	relayUsable func(kind Relays) bool // false: forward those of kind for now
 	closed      chan struct{}
 	once        sync.Once
 	// served is closed once the gateway stops serving (it closed
@@ -128,13 +128,12 @@ func (f *Front) Listener() net.Listener {
 	return frontListener{f: f, conns: f.conns, done: f.served, once: &f.serveOnce}
 }
 
-// RelayListener is what a relay (NewRelay) serves: the preview
-// connections (CDP and VNC) and shells this replica is sent while it stands by,
-// which it carries itself rather than forwarding them to the leader,
-// while the leader answers relays and usable says so.
-// Call it once, before such connections come; until then they are
-// forwarded.
-func (f *Front) RelayListener(usable func() bool) net.Listener {
+// RelayListener is what a relay (NewRelay) serves: the connections
+// this replica is sent while it stands by that it carries itself (see
+// relayable) rather than forwarding them to the leader, while the
+// leader admits their kind and usable says so. Call it once, before
+// such connections come; until then they are forwarded.
+func (f *Front) RelayListener(usable func(kind Relays) bool) net.Listener {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.relay == nil {
@@ -283,7 +282,7 @@ func (f *Front) standBy(c net.Conn) {
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, f.conns, f.served)
 		return
-	case relay != nil && !taking && kind != (Relays{}) && f.relayUsable() && f.leaderRelays(kind):
+	case relay != nil && !taking && kind != (Relays{}) && f.relayUsable(kind) && f.leaderRelays(kind):
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, relay, relayDone)
 		return

@@ -268,7 +268,7 @@ func TestFrontRelay(t *testing.T) {
 	f := NewFront(ln, func(context.Context) (string, Relays, error) { mu.Lock(); defer mu.Unlock(); return addr, relays, nil }, slog.New(slog.DiscardHandler))
 	defer f.Close()
 	relay := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "relay %s", r.URL.Path) })}
-	go relay.Serve(f.RelayListener(func() bool { return true }))
+	go relay.Serve(f.RelayListener(func(Relays) bool { return true }))
 	defer relay.Close()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	do := func(method, path string) string {

@@ -35,6 +35,9 @@ type previewLive interface {
 	record(c *previewClaims, typ string, fields map[string]any)
 	// touch says the session's client is active (the idle timeout).
 	touch(c *previewClaims)
+	// changed says the request changed its session (an upload, a
+	// screenshot): what it recorded is stored before it is answered.
+	changed(c *previewClaims)
 	// left says a CDP client left; browserGone when the browser closed
 	// the connection (the session's browser is checked).
 	left(c *previewClaims, browserGone bool)
@@ -110,6 +113,9 @@ func (l managerLive) record(c *previewClaims, typ string, fields map[string]any)
 }
 
 func (l managerLive) touch(c *previewClaims) { l.s.sessions.Touch(c.Session) }
+
+// changed: the routes' middleware stores the trail (routes).
+func (l managerLive) changed(*previewClaims) {}
 
 func (l managerLive) spares() bool { return true }
 

@@ -100,8 +100,10 @@ const (
 	// replica asks at once; maxShellAdmits those of shells.
 	maxRelayAdmits = 64
 	maxShellAdmits = 16
-	// maxReportEvents bounds the events of one report.
-	maxReportEvents = 256
+	// maxReportEvents bounds the events of one report;
+	// maxReportDurable the sessions it asks to store.
+	maxReportEvents  = 256
+	maxReportDurable = 64
 )
 
 // relaySign is the signature of a relay request: the key's id, the
@@ -326,6 +328,9 @@ type relaySyncRequest struct {
 	// Touched: tokens of requests with no connection of their own (CDP
 	// discovery) since the last report: activity.
 	Touched []string `json:"touched,omitempty"`
+	// Durable: tickets of the sessions a request changed (an upload, a
+	// screenshot), whose trails the leader stores before it answers.
+	Durable []string `json:"durable,omitempty"`
 }
 
 type relayConnState struct {
@@ -479,14 +484,19 @@ func (s *Server) relaySync(c *fiber.Ctx) error {
 			s.sessions.Touch(claims.Session)
 		}
 	}
-	changed := map[string]string{} // session: tenant
 	for _, ev := range req.Events {
 		claims, err := s.tokens.verify(ev.Token, now.Add(-relayEventGrace))
 		if err != nil {
 			continue
 		}
 		s.relayEvent(claims, ev)
-		if claims.Scope == scopeShell && changes(ev.Type) {
+	}
+	changed := map[string]string{} // session: tenant
+	for i, tok := range req.Durable {
+		if i >= maxRelayConns {
+			break
+		}
+		if claims, err := s.tokens.verify(tok, now.Add(-relayEventGrace)); err == nil && claims.Scope == scopeShell {
 			changed[claims.Session] = claims.Tenant
 		}
 	}
@@ -642,21 +652,19 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		s.sessions.Record(claims.Session, ev.Type, downloadFields(truncate(ev.Path, maxPathBytes), ev.Kind, max(ev.Bytes, 0)))
 	case "action":
 		if !slices.Contains(desktop.Actions, ev.Action) {
-			return
+			s.log.Warn("a relay reported an action of no known name; recorded as invalid", "session", claims.Session)
+			ev.Action = "invalid"
 		}
 		s.sessions.Record(claims.Session, ev.Type, map[string]any{"action": ev.Action})
 	case "screenshot":
 		rnd, ok := strings.CutPrefix(ev.Artifact, claims.Session+".")
 		if !ok || len(rnd) != 16 || strings.Trim(rnd, "0123456789abcdef") != "" || !isDigest(ev.SHA256) {
-			return
+			s.log.Warn("a relay reported a screenshot with an artifact id or digest that cannot be; recorded without them", "session", claims.Session)
+			ev.Artifact, ev.SHA256 = "", ""
 		}
 		s.sessions.Record(claims.Session, ev.Type, screenshotFields(recordings.Artifact{ID: ev.Artifact, Size: max(ev.Bytes, 0), SHA256: ev.SHA256}))
 	}
 }
-
-// changes says whether a relayed event is of a change to its session
-// (stored before the request is answered).
-func changes(typ string) bool { return typ == "file_upload" || typ == "screenshot" }
 
 // isDigest: a SHA-256 in hex.
 func isDigest(s string) bool {
@@ -717,6 +725,7 @@ type relayLive struct {
 	dropped  int
 	admitted map[string]time.Time // session: when a connection was last admitted
 	touched  map[string]bool      // tokens of discovery requests since the last report
+	durable  map[string]string    // session: the ticket of a request that changed it, to report
 	// admits bounds the admissions asked of the leader at once.
 	admits chan struct{}
 	// shellAdmits bounds the shell admissions asked at once, apart:
@@ -766,6 +775,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		conns:       map[string]*relayConn{},
 		admitted:    map[string]time.Time{},
 		touched:     map[string]bool{},
+		durable:     map[string]string{},
 		admits:      make(chan struct{}, maxRelayAdmits),
 		shellAdmits: make(chan struct{}, maxShellAdmits),
 		sandbox:     sandbox,
@@ -856,13 +866,7 @@ func (l *relayLive) call(ctx context.Context, path string, in, out any) (int, er
 	req.Header.Set(relayHeader, relaySign(l.signer.keys, l.signer.active, time.Now(), randomNonce(), path, body))
 	resp, err := l.client.Do(req)
 	if err != nil {
-		// Another may lead by now: read again (at most each
-		// relayLeaderCache, however many ask).
-		l.mu.Lock()
-		if l.addr == addr && time.Since(l.addrAt) > relayLeaderCache/4 {
-			l.addrAt = time.Time{}
-		}
-		l.mu.Unlock()
+		l.forgetAddr(addr)
 		return 0, err
 	}
 	defer resp.Body.Close()
@@ -887,7 +891,7 @@ func (l *relayLive) toLeader(c *fiber.Ctx) error {
 	defer cancel()
 	addr, err := l.leaderAddr(ctx)
 	if err != nil {
-		return &apiError{status: 503, code: "unavailable", msg: "no gateway replica that answers leads the sessions; retry", err: err}
+		return retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "no gateway replica that answers leads the sessions; retry", err: err})
 	}
 	req, err := http.NewRequestWithContext(ctx, c.Method(), "http://"+addr+c.OriginalURL(), bytes.NewReader(c.Body()))
 	if err != nil {
@@ -904,12 +908,13 @@ func (l *relayLive) toLeader(c *fiber.Ctx) error {
 	client := &http.Client{Transport: l.client.Transport, CheckRedirect: l.client.CheckRedirect}
 	resp, err := client.Do(req)
 	if err != nil {
-		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; retry", err: err}
+		l.forgetAddr(addr)
+		return retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; retry", err: err})
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLeaderAnswer+1))
 	if err != nil || len(body) > maxLeaderAnswer {
-		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; retry", err: err}
+		return retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; retry", err: err})
 	}
 	if ct := resp.Header.Get(fiber.HeaderContentType); ct != "" {
 		c.Set(fiber.HeaderContentType, ct)
@@ -918,6 +923,16 @@ func (l *relayLive) toLeader(c *fiber.Ctx) error {
 		c.Set(fiber.HeaderRetryAfter, ra)
 	}
 	return c.Status(resp.StatusCode).Send(body)
+}
+
+// forgetAddr: the leader at addr did not answer. Another may lead by
+// now: read again (at most each relayLeaderCache, however many ask).
+func (l *relayLive) forgetAddr(addr string) {
+	l.mu.Lock()
+	if l.addr == addr && time.Since(l.addrAt) > relayLeaderCache/4 {
+		l.addrAt = time.Time{}
+	}
+	l.mu.Unlock()
 }
 
 func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, session.Info, error) {
@@ -991,6 +1006,16 @@ func (l *relayLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) {
 	return claims, err
 }
 
+// retrySoon: a 503 of the relay's own says when to retry, as the
+// Front's do.
+func retrySoon(c *fiber.Ctx, err error) error {
+	var ae *apiError
+	if errors.As(err, &ae) && ae.status == 503 {
+		c.Set(fiber.HeaderRetryAfter, "2")
+	}
+	return err
+}
+
 // openSession asks as openShell does; the leader's answer says where
 // the session serves, its kind and its screen.
 func (l *relayLive) openSession(c *fiber.Ctx, id string) (*previewClaims, session.Endpoint, session.Info, error) {
@@ -1010,6 +1035,11 @@ func (l *relayLive) openSession(c *fiber.Ctx, id string) (*previewClaims, sessio
 // admitShell asks the leader whether the request's API key may run
 // commands in session id, and gives the claims and the answer.
 func (l *relayLive) admitShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmitAnswer, error) {
+	claims, ans, err := l.askShell(c, id)
+	return claims, ans, retrySoon(c, err)
+}
+
+func (l *relayLive) askShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmitAnswer, error) {
 	unavailable := relayUnavailable()
 	key, err := bearerKey(c)
 	if err != nil {
@@ -1074,12 +1104,13 @@ func (l *relayLive) fromAnswer(token string, ans relayAdmitAnswer) (*previewClai
 		session.Info{ID: c.Session, Tenant: c.Tenant, Screen: ans.Screen}, nil
 }
 
-// RelayUsable says whether the Front may hand preview connections to
+// RelayUsable says whether the Front may hand connections of kind to
 // this relay (NewRelay): not within a minute of the leader refusing its
-// signature (they are forwarded then).
-func (s *Server) RelayUsable() bool {
+// signature (they are forwarded then), and actions and screenshots only
+// with a store to keep the screenshots in.
+func (s *Server) RelayUsable(kind Relays) bool {
 	l, ok := s.live.(*relayLive)
-	return ok && l.usable()
+	return ok && l.usable() && (!kind.Actions || s.store != nil)
 }
 
 func (l *relayLive) usable() bool {
@@ -1150,16 +1181,16 @@ func (l *relayLive) event(ev relayEvent) int {
 // waits for its event to reach the leader before it is answered.
 const relayFlushWithin = 5 * time.Second
 
-// flush reports until the events up to upTo are with the leader, for
-// at most relayFlushWithin (past it, or once a report fails, they go
-// with the next reports); it says whether they are. Requests that
-// flush at once share the reports: one report carries the events of
-// all that are kept by then.
-func (l *relayLive) flush(upTo int) bool {
+// flush reports until the events up to upTo are with the leader, and
+// its ask to store session's trail, for at most relayFlushWithin (past
+// it, or once a report fails, they go with the next reports); it says
+// whether they are. Requests that flush at once share the reports: one
+// report carries what all of them kept by then.
+func (l *relayLive) flush(session string, upTo int) bool {
 	deadline := time.Now().Add(relayFlushWithin)
 	for {
 		l.mu.Lock()
-		done, reached := l.base >= upTo, l.reached
+		done, reached := l.base >= upTo && l.durable[session] == "", l.reached
 		l.mu.Unlock()
 		switch {
 		case done:
@@ -1167,10 +1198,10 @@ func (l *relayLive) flush(upTo int) bool {
 		case time.Now().After(deadline):
 			return false
 		case l.reporting.TryLock():
-			l.report()
+			l.reportWithin(time.Until(deadline))
 			l.reporting.Unlock()
 			l.mu.Lock()
-			failed := l.reached.Equal(reached) && l.base < upTo
+			failed := l.reached.Equal(reached)
 			l.mu.Unlock()
 			if failed {
 				return false
@@ -1224,14 +1255,7 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 	case int64:
 		ev.Limit = v
 	}
-	upTo := l.event(ev)
-	if changes(typ) && !l.flush(upTo) {
-		// A change is reported (and stored by the leader) before the
-		// client is answered, as the leader's own are; a leader that
-		// does not answer within relayFlushWithin gets it with the
-		// next report.
-		l.log.Warn("the event of a change is not with the leader yet; it goes with the next report", "session", c.Session, "type", typ)
-	}
+	l.event(ev)
 }
 
 // boundArgv is a command's argv within n bytes: the arguments that fit,
@@ -1254,6 +1278,22 @@ func boundArgv(argv []string, n int) ([]string, bool) {
 		n -= len(a)
 	}
 	return out, false
+}
+
+// changed reports what was kept so far, and asks the leader to store
+// the session's trail, before the request is answered, as the leader's
+// own changes are; a leader that does not answer within
+// relayFlushWithin gets it with the next reports.
+func (l *relayLive) changed(c *previewClaims) {
+	l.mu.Lock()
+	if len(l.durable) < maxRelayConns {
+		l.durable[c.Session] = c.raw
+	}
+	upTo := l.base + len(l.events)
+	l.mu.Unlock()
+	if !l.flush(c.Session, upTo) {
+		l.log.Warn("what a request changed is not with the leader yet; it goes with the next report", "session", c.Session)
+	}
 }
 
 func (l *relayLive) touch(c *previewClaims) {
@@ -1302,9 +1342,15 @@ func (l *relayLive) sync() {
 	}
 }
 
-// report sends one report; it says whether there are events left to
+// report sends one report; it says whether there is anything left to
 // send.
-func (l *relayLive) report() bool {
+func (l *relayLive) report() bool { return l.reportWithin(relayReportWait) }
+
+// relayReportWait bounds the wait for a report's answer.
+const relayReportWait = 5 * time.Second
+
+// reportWithin is report, waiting at most d for the answer.
+func (l *relayLive) reportWithin(d time.Duration) bool {
 	l.mu.Lock()
 	for id, at := range l.admitted {
 		if time.Since(at) > 5*time.Minute {
@@ -1312,7 +1358,7 @@ func (l *relayLive) report() bool {
 			go l.forget(id)
 		}
 	}
-	if len(l.conns) == 0 && len(l.events) == 0 && len(l.touched) == 0 {
+	if len(l.conns) == 0 && len(l.events) == 0 && len(l.touched) == 0 && len(l.durable) == 0 {
 		l.mu.Unlock()
 		return false
 	}
@@ -1330,6 +1376,14 @@ func (l *relayLive) report() bool {
 		req.Touched = append(req.Touched, tok)
 	}
 	clear(l.touched) // activity: one lost with a report is not worth keeping
+	durable := map[string]string{}
+	for id, tok := range l.durable {
+		if len(durable) == maxReportDurable {
+			break
+		}
+		durable[id] = tok
+		req.Durable = append(req.Durable, tok)
+	}
 	base := l.base
 	upTo := base + len(carried) // the events this report carries end there
 	closers := map[string]io.Closer{}
@@ -1365,7 +1419,7 @@ func (l *relayLive) report() bool {
 	if dropped > 0 {
 		l.log.Warn("events of relayed connections dropped while no leader answered", "dropped", dropped)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), min(max(d, 0), relayReportWait))
 	var ans relaySyncAnswer
 	_, err := l.call(ctx, relaySyncPath, req, &ans)
 	cancel()
@@ -1389,12 +1443,17 @@ func (l *relayLive) report() bool {
 		return false
 	}
 	l.reached = time.Now()
+	for id, tok := range durable {
+		if l.durable[id] == tok { // (not asked again meanwhile)
+			delete(l.durable, id)
+		}
+	}
 	// The events sent are taken; those added meanwhile stay.
 	if cut := min(upTo-l.base, len(l.events)); cut > 0 {
 		l.events = append([]relayEvent(nil), l.events[cut:]...)
 		l.base += cut
 	}
-	more := len(l.events) > 0
+	more := len(l.events) > 0 || len(l.durable) > 0
 	l.mu.Unlock()
 	for _, c := range ans.Close {
 		if cl := closers[c.ID]; cl != nil {

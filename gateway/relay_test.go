@@ -107,7 +107,7 @@ func TestRelayAuth(t *testing.T) {
 // A token the relay can read and finds bad never reaches the leader; a
 // good one is the leader's to admit; a connection the leader
 // names is closed; events go with the reports and are not sent twice
-// (an upload's at once);
+// (a change's at once, with the ask to store the trail);
 // a leader that refuses the relay's signature makes it unusable for a
 // while.
 func TestRelayLive(t *testing.T) {
@@ -115,6 +115,7 @@ func TestRelayLive(t *testing.T) {
 	var admits, syncs, biggest int
 	var closeID string
 	var got []relayEvent
+	var durables []string
 	refuse := false
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -134,6 +135,7 @@ func TestRelayLive(t *testing.T) {
 			var req relaySyncRequest
 			json.Unmarshal(body, &req)
 			got = append(got, req.Events...)
+			durables = append(durables, req.Durable...)
 			var ans relaySyncAnswer
 			for _, c := range req.Conns {
 				if c.ID == closeID {
@@ -251,49 +253,52 @@ func TestRelayLive(t *testing.T) {
 	}
 	mu.Unlock()
 
-	// Files' events: a download's goes with the next report (the
-	// control); an upload's is reported before record returns (it
-	// changed the session: the client is answered once the leader has
-	// it), the download's with it.
+	// Files', actions' and screenshots' events go with the next report
+	// (the control); a request that changed its session (changed)
+	// reports at once what was kept, with the ask to store the
+	// session's trail (the leader answers once it is stored, and the
+	// client is answered then).
 	mu.Lock()
 	got = nil
 	mu.Unlock()
 	sum := strings.Repeat("ab", 32)
 	l.record(c, "file_download", downloadFields("/home/sandgate/d", "dir", 10240))
+	l.record(c, "file_upload", uploadFields("/home/sandgate/u.txt", 12, sum))
 	mu.Lock()
-	if len(got) != 0 {
-		t.Errorf("a download's event was reported at once: %+v", got)
+	if len(got) != 0 || len(durables) != 0 {
+		t.Errorf("events reported before the request said it changed its session: %+v %v", got, durables)
 	}
 	mu.Unlock()
-	l.record(c, "file_upload", uploadFields("/home/sandgate/u.txt", 12, sum))
+	l.changed(c)
 	mu.Lock()
 	if len(got) != 2 || got[0].Type != "file_download" || got[0].Kind != "dir" || got[0].Bytes != 10240 ||
 		got[1].Type != "file_upload" || got[1].Path != "/home/sandgate/u.txt" || got[1].Bytes != 12 || got[1].SHA256 != sum {
-		t.Errorf("after an upload's record the leader has %+v, want the download's event and the upload's", got)
+		t.Errorf("once the upload changed its session the leader has %+v, want the download's event and the upload's", got)
 	}
-	mu.Unlock()
-	// An action's goes with the next report; a screenshot's (stored:
-	// a change) at once.
-	mu.Lock()
+	if len(durables) != 1 || durables[0] != c.raw {
+		t.Errorf("the leader was asked to store %v, want the session's trail once", durables)
+	}
 	got = nil
 	mu.Unlock()
 	l.record(c, "action", map[string]any{"action": "left_click"})
-	mu.Lock()
-	if len(got) != 0 {
-		t.Errorf("an action's event was reported at once: %+v", got)
-	}
-	mu.Unlock()
 	l.record(c, "screenshot", screenshotFields(recordings.Artifact{ID: "s-1.0123456789abcdef", Size: 99, SHA256: sum}))
+	l.sync()
 	mu.Lock()
 	if len(got) != 2 || got[0].Type != "action" || got[0].Action != "left_click" ||
 		got[1].Type != "screenshot" || got[1].Artifact != "s-1.0123456789abcdef" || got[1].Bytes != 99 || got[1].SHA256 != sum {
-		t.Errorf("after a screenshot's record the leader has %+v, want the action's event and the screenshot's", got)
+		t.Errorf("the leader has %+v, want the action's event and the screenshot's", got)
+	}
+	if len(durables) != 1 {
+		t.Errorf("a report of no change asked to store the trail: %v", durables)
 	}
 	mu.Unlock()
 
 	// A leader that refuses the signature: not usable for a while.
-	if !srv.RelayUsable() {
+	if !srv.RelayUsable(Relays{Previews: true}) {
 		t.Fatal("unusable before any refusal")
+	}
+	if srv.RelayUsable(Relays{Actions: true}) {
+		t.Error("usable for actions and screenshots without a store to keep the screenshots in")
 	}
 	mu.Lock()
 	refuse = true
@@ -302,22 +307,23 @@ func TestRelayLive(t *testing.T) {
 	if _, _, _, err := l.admit(other); err == nil {
 		t.Error("admitted while the leader refuses")
 	}
-	if srv.RelayUsable() {
+	if srv.RelayUsable(Relays{Previews: true}) {
 		t.Error("still usable after the leader refused its signature")
 	}
-	// A change's event with a leader that does not take reports: the
-	// request is not held past relayFlushWithin; the event stays for
-	// the next report.
-	t0 := time.Now()
+	// A change with a leader that does not take reports: the request
+	// is not held past relayFlushWithin; its event and the ask to store
+	// the trail stay for the next report.
 	l.record(c, "file_upload", uploadFields("/home/sandgate/v.txt", 1, sum))
+	t0 := time.Now()
+	l.changed(c)
 	if took := time.Since(t0); took > relayFlushWithin {
-		t.Errorf("an upload's record waited %v for a leader that refuses reports", took)
+		t.Errorf("a change waited %v for a leader that refuses reports", took)
 	}
 	l.mu.Lock()
-	kept := len(l.events) > 0 && l.events[len(l.events)-1].Path == "/home/sandgate/v.txt"
+	kept := len(l.events) > 0 && l.events[len(l.events)-1].Path == "/home/sandgate/v.txt" && l.durable[c.Session] == c.raw
 	l.mu.Unlock()
 	if !kept {
-		t.Error("the upload's event was not kept for the next report")
+		t.Error("the upload's event, or the ask to store the trail, was not kept for the next report")
 	}
 }
 

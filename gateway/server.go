@@ -116,6 +116,7 @@ type Server struct {
 	profiles     *profile.Store // nil: no profiles
 	keepLimits   ProfileLimits
 	snapshotting tenantSlots
+	shots        chan struct{} // screenshots being taken (the route's)
 	verified     verifiedProfiles
 	mcp          http.Handler // nil: no /mcp
 	log          *slog.Logger
@@ -171,7 +172,7 @@ func newServer(cfg Config, sessions *session.Manager, store *recordings.Store, l
 		}
 		trusted = append(trusted, pf.Masked())
 	}
-	s := &Server{logMerges: make(chan struct{}, maxLogMerges), trusted: trusted,
+	s := &Server{logMerges: make(chan struct{}, maxLogMerges), trusted: trusted, shots: make(chan struct{}, maxScreenshots),
 		cfg: cfg, sessions: sessions, store: store, tokens: tokens, log: log,
 		hosts:    map[string]bool{strings.ToLower(cfg.PublicURL.Host): true},
 		origin:   cfg.PublicURL.Scheme + "://" + strings.ToLower(cfg.PublicURL.Host),

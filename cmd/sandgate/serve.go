@@ -185,9 +185,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// it is sent itself, straight to the sessions' Pods, asking
 			// the leader about each (gateway.NewRelay); it stores the
 			// screenshots itself.
-			relayStore, err := recordings.New(ctx, storeConfig(cfg))
+			// Without the store (MinIO does not answer now), the
+			// actions and screenshots are forwarded to the leader.
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			relayStore, err := recordings.New(sctx, storeConfig(cfg))
+			cancel()
 			if err != nil {
-				return err
+				log.Warn("no artifact store for this replica: the actions and screenshots it is sent go to the leader", "err", err)
+				relayStore = nil
 			}
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
