@@ -31,13 +31,8 @@ const maxActionOutput = 64 << 10
 
 func (e sessionExec) Exec(ctx context.Context, argv []string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
-	proc, err := e.s.shells.startShell(ctx, e.claims, session.ExecSpec{Args: argv,
+	code, err := e.s.runSpec(ctx, e.claims, session.ExecSpec{Args: argv,
 		Stdout: &limitWriter{w: &stdout, n: maxActionOutput}, Stderr: &limitWriter{w: &stderr, n: 256}})
-	if err != nil {
-		return nil, err
-	}
-	defer proc.Close()
-	code, err := proc.Wait(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -118,12 +118,7 @@ const (
 
 func (s *Server) fileKind(ctx context.Context, claims *previewClaims, p string) (string, error) {
 	var out bytes.Buffer
-	proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{Args: []string{"sh", "-c", scriptKind, "sandgate", p}, Stdout: &limitWriter{w: &out, n: 64}})
-	if err != nil {
-		return "", err
-	}
-	defer proc.Close()
-	if _, err := proc.Wait(ctx); err != nil {
+	if _, err := s.runSpec(ctx, claims, session.ExecSpec{Args: []string{"sh", "-c", scriptKind, "sandgate", p}, Stdout: &limitWriter{w: &out, n: 64}}); err != nil {
 		return "", err
 	}
 	return strings.TrimSpace(out.String()), nil
@@ -132,7 +127,13 @@ func (s *Server) fileKind(ctx context.Context, claims *previewClaims, p string) 
 // runIn runs argv in the session to its end, its output dropped, and
 // gives its exit code.
 func (s *Server) runIn(ctx context.Context, claims *previewClaims, argv []string) (int, error) {
-	proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{Args: argv})
+	return s.runSpec(ctx, claims, session.ExecSpec{Args: argv})
+}
+
+// runSpec runs a command in the session to its end and gives its exit
+// code.
+func (s *Server) runSpec(ctx context.Context, claims *previewClaims, spec session.ExecSpec) (int, error) {
+	proc, err := s.shells.startShell(ctx, claims, spec)
 	if err != nil {
 		return 0, err
 	}

@@ -131,27 +131,31 @@ func (l managerLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) 
 	if _, err := l.s.sessions.Endpoint(tenantOf(c), id); err != nil {
 		return nil, err
 	}
-	claims := shellClaims(tenantOf(c), id, "")
-	lim, _ := l.s.sessions.Limits(tenantOf(c))
-	claims.allowRoot = lim.AllowRoot
-	claims.maxFileBytes = lim.MaxFileBytes
-	return claims, nil
+	return l.claims(tenantOf(c), id), nil
 }
 
+// claims are a shell's claims in the tenant's session id, with the
+// tenant's limits.
+func (l managerLive) claims(tenant, id string) *previewClaims {
+	claims := shellClaims(tenant, id, "")
+	lim, _ := l.s.sessions.Limits(tenant)
+	claims.allowRoot = lim.AllowRoot
+	claims.maxFileBytes = lim.MaxFileBytes
+	return claims
+}
+
+// openSession looks the session up once (an agent's every action
+// comes this way).
 func (l managerLive) openSession(c *fiber.Ctx, id string) (*previewClaims, session.Endpoint, session.Info, error) {
-	claims, err := l.openShell(c, id)
+	ep, err := l.s.sessions.Endpoint(tenantOf(c), id)
 	if err != nil {
 		return nil, session.Endpoint{}, session.Info{}, err
 	}
-	ep, err := l.s.sessions.Endpoint(claims.Tenant, id)
+	info, err := l.s.sessions.Get(tenantOf(c), id)
 	if err != nil {
 		return nil, session.Endpoint{}, session.Info{}, err
 	}
-	info, err := l.s.sessions.Get(claims.Tenant, id)
-	if err != nil {
-		return nil, session.Endpoint{}, session.Info{}, err
-	}
-	return claims, ep, info, nil
+	return l.claims(tenantOf(c), id), ep, info, nil
 }
 
 func (l managerLive) startShell(ctx context.Context, c *previewClaims, spec session.ExecSpec) (*session.Process, error) {
