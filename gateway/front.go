@@ -20,7 +20,7 @@ import (
 // Front owns a gateway replica's listener from the start. While another
 // replica leads the namespace's sessions, it forwards each connection,
 // bytes as they come, to the leader (so a client may address any
-// replica) and answers /healthz (alive, standing by) and /readyz itself
+// replica; the first request says so: ForwardedHeader) and answers /healthz (alive, standing by) and /readyz itself
 // (ready while a leader answers: a Service may send here too). While
 // this replica takes the lead and adopts the sessions, it answers 503,
 // with a Retry-After. Once Lead is called, the connections go to the gateway,
@@ -79,6 +79,14 @@ const (
 	// ended, the other gets this long to finish.
 	frontLinger = 30 * time.Second
 )
+
+// ForwardedHeader is the header a replica standing by adds to the first
+// request of a connection it forwards to the leader, which closes such a
+// connection after its answer (but for an upgrade): each request of a
+// client that keeps its connection is routed on its own. It is no
+// credential: a client that sends it only has its own connection
+// closed.
+const ForwardedHeader = "Sandgate-Forwarded"
 
 // Relays is what a leader admits of the connections replicas that
 // stand by carry themselves.
@@ -343,8 +351,16 @@ func (f *Front) standBy(c net.Conn) {
 		up.Close()
 	}()
 	c.SetReadDeadline(time.Time{})
-	// What was read goes first, then the rest as it comes.
-	head := append(append([]byte(nil), line...), peekAll(br)...)
+	// What was read goes first, then the rest as it comes. The request
+	// says it was forwarded (ForwardedHeader, after its request line),
+	// so that the leader closes the connection once it has answered: a
+	// client that keeps its connection sends its next request on a new
+	// one, which this replica routes afresh (relays, say, a command).
+	head := append(append([]byte(nil), line...), ForwardedHeader+": standby\r\n"...)
+	if method == "" || bytes.HasPrefix(line, []byte("PRI ")) {
+		head = head[:len(line)] // no request line (or HTTP/2's preface): as it came
+	}
+	head = append(head, peekAll(br)...)
 	if _, err := up.Write(head); err != nil {
 		return
 	}

@@ -30,6 +30,7 @@ func TestFront(t *testing.T) {
 	setLeader := func(a string) { mu.Lock(); leader = a; mu.Unlock() }
 	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Saw-Forwarded", r.Header.Get(ForwardedHeader))
 		fmt.Fprintf(w, "leader %s %s %s", r.Method, r.URL.Path, body)
 	}))
 	defer old.Close()
@@ -81,10 +82,19 @@ func TestFront(t *testing.T) {
 	// A leader: forwarded, bodies and all, on one connection or several.
 	setLeader(strings.TrimPrefix(old.URL, "http://"))
 	time.Sleep(frontLeaderCache) // the empty answer was cached
+	// Each connection's first request says it was forwarded (the
+	// gateway closes such a connection after its answer; this leader
+	// does not, so the later ones on it do not say so).
+	saw := map[string]int{}
 	for i := 0; i < 3; i++ {
-		if st, body, _ := get("POST", "/v1/sessions", `{"n":1}`); st != 200 || body != `leader POST /v1/sessions {"n":1}` {
+		st, body, h := get("POST", "/v1/sessions", `{"n":1}`)
+		if st != 200 || body != `leader POST /v1/sessions {"n":1}` {
 			t.Fatalf("forwarded: %d %q", st, body)
 		}
+		saw[h.Get("X-Saw-Forwarded")]++
+	}
+	if saw["standby"] != 1 || saw[""] != 2 {
+		t.Errorf("the leader saw %s on the first of 3 requests on one connection, %v", ForwardedHeader, saw)
 	}
 	// The probes still answer here: ready now, there being a leader to
 	// forward to (so a Service may send here, and a rolling update

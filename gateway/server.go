@@ -292,6 +292,19 @@ func (s *Server) serve(ctx context.Context, listen func() error) error {
 
 func (s *Server) routes() {
 	a := s.app
+	// A request a replica standing by forwarded (ForwardedHeader) ends
+	// its connection, but for an upgrade: the client's next request is
+	// routed again by the replica it reaches.
+	a.Use(func(c *fiber.Ctx) error {
+		if c.Get(ForwardedHeader) == "" {
+			return c.Next()
+		}
+		err := c.Next()
+		if err != nil || c.Response().StatusCode() != fiber.StatusSwitchingProtocols {
+			c.Context().SetConnectionClose()
+		}
+		return err
+	})
 	a.Use(s.limitBody)
 	a.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
 	a.Use(s.checkHost)

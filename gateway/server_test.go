@@ -142,3 +142,34 @@ func TestCDPHostsAgree(t *testing.T) {
 		t.Fatalf("session.CDPHost %q, browser.UpstreamHost %q", session.CDPHost, browser.UpstreamHost)
 	}
 }
+
+// TestForwardedCloses: a request a replica standing by forwarded ends its
+// connection once answered, refused or not (the client's next request
+// is routed again); any other keeps it.
+func TestForwardedCloses(t *testing.T) {
+	s := newTestServer(t)
+	for _, tc := range []struct {
+		target, forwarded string
+		status            int
+		closes            bool
+	}{
+		{"/healthz", "", 200, false},
+		{"/healthz", "standby", 200, true},
+		{"/v1/sessions", "", 401, false},
+		{"/v1/sessions", "standby", 401, true},
+	} {
+		req := httptest.NewRequest("GET", tc.target, nil)
+		req.Host = "gw.test:8080"
+		if tc.forwarded != "" {
+			req.Header.Set(ForwardedHeader, tc.forwarded)
+		}
+		resp, err := s.App().Test(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || resp.Close != tc.closes {
+			t.Errorf("%s forwarded %q: %d, closes %v; want %d, %v", tc.target, tc.forwarded, resp.StatusCode, resp.Close, tc.status, tc.closes)
+		}
+	}
+}

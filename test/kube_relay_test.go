@@ -176,11 +176,29 @@ func TestKubeRelay(t *testing.T) {
 	// A command through B is B's too, through the Pod exec API; one
 	// through A is A's (the control). Another tenant's key is refused
 	// through B as the leader refuses it. Its exec event reaches the
-	// leader's trail. (On a new connection each: a replica standing by
-	// sends a whole connection where its first request goes, and the
-	// ones this test made before went to the leader.)
+	// leader's trail. The command goes through a client that keeps its
+	// connections, as SDKs do, after it has read the session through B:
+	// B forwarded that read to the leader, which closed the connection
+	// once it answered (B said it forwarded it), so the command goes on
+	// a new connection, which B routes again and carries itself. The
+	// control: a connection straight to A is kept.
 	fresh := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
-	out := execWith(t, fresh, rb.gwURL, rb.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo relayed-$((6*7)); exit 3"}})
+	kept := &http.Client{Timeout: time.Minute, Transport: &http.Transport{}}
+	defer kept.CloseIdleConnections()
+	for _, r := range []*testEnv{rb, ra} {
+		req, _ := http.NewRequest("GET", r.gwURL+"/v1/sessions/"+s.ID, nil)
+		req.Header.Set("Authorization", "Bearer "+r.keyA)
+		resp, err := kept.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Close != (r == rb) {
+			t.Errorf("a read of the session through %s: %d, connection closed after it %v (want it closed only through B)", r.gwAddr, resp.StatusCode, resp.Close)
+		}
+	}
+	out := execWith(t, kept, rb.gwURL, rb.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo relayed-$((6*7)); exit 3"}})
 	if out.ExitCode != 3 || string(out.Stdout) != "relayed-42\n" {
 		t.Fatalf("a command through B: exit %d, stdout %q", out.ExitCode, out.Stdout)
 	}
