@@ -795,11 +795,21 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 	s.app.Use(s.checkHost)
 	s.previewRoutes()
 	if sandbox != nil {
-		// The key is asked for first, as the leader's middleware does.
+		// The key is checked first, as the leader's middleware does:
+		// the leader's admission is asked before the request's own
+		// checks, and its refusal of the key (or its silence) answered
+		// then; any other refusal (no such session, say) is answered
+		// where the handler asks, after its own checks, as on the
+		// leader.
 		key := func(c *fiber.Ctx) error {
 			if _, err := bearerKey(c); err != nil {
 				return err
 			}
+			claims, ans, err := l.admitShell(c, c.Params("id"))
+			if st, code, _ := publicOf(err); err != nil && (st >= 500 || code == "unauthenticated" || code == "permission_denied") {
+				return err
+			}
+			c.Locals(localAdmission, &relayAdmission{claims: claims, ans: ans, err: err})
 			return c.Next()
 		}
 		s.app.Get(relayShellRoute, key, s.shellUpgrade, s.shell())
@@ -1035,8 +1045,21 @@ func (l *relayLive) openSession(c *fiber.Ctx, id string) (*previewClaims, sessio
 // admitShell asks the leader whether the request's API key may run
 // commands in session id, and gives the claims and the answer.
 func (l *relayLive) admitShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmitAnswer, error) {
+	if a, ok := c.Locals(localAdmission).(*relayAdmission); ok && (a.err != nil || a.claims.Session == id) {
+		return a.claims, a.ans, a.err // the route's middleware asked
+	}
 	claims, ans, err := l.askShell(c, id)
 	return claims, ans, retrySoon(c, err)
+}
+
+// localAdmission holds the leader's admission of a request to a
+// session (relayAdmission), asked by the relay's middleware.
+const localAdmission = "relay-admission"
+
+type relayAdmission struct {
+	claims *previewClaims
+	ans    relayAdmitAnswer
+	err    error
 }
 
 func (l *relayLive) askShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmitAnswer, error) {

@@ -403,8 +403,8 @@ func TestRelayShellAdmission(t *testing.T) {
 			t.Errorf("a shell with key %q: %d %s, want %d", key, st, body, want)
 		}
 	}
-	// Without an upgrade: the key is asked for first, as the leader
-	// asks for it.
+	// Without an upgrade: the key is asked for and checked (the leader
+	// is asked) first, as the leader checks it.
 	for key, want := range map[string]int{"": 401, "good": 400} {
 		req := httptest.NewRequest("GET", "http://gw.test:8080/v1/sessions/"+sid+"/shell", nil)
 		if key != "" {
@@ -426,8 +426,8 @@ func TestRelayShellAdmission(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	if n != 6 {
-		t.Errorf("the leader was asked %d times, want 6 (never without a key)", n)
+	if n != 7 {
+		t.Errorf("the leader was asked %d times, want 7 (never without a key)", n)
 	}
 	// The positive control: a good key is upgraded, and the shell is
 	// started in the session the leader named, with the ticket for

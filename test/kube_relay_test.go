@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/sandgate/sandgate/ids"
 )
 
 // TestKubeRelay: a replica that stands by carries the preview
@@ -266,6 +268,33 @@ func TestKubeRelay(t *testing.T) {
 		f := fileEvent(ra, "file_download", relayed)
 		return f != nil && f["kind"] == "file" && f["bytes"] == float64(len(content))
 	})
+
+	// What B refuses, it refuses as the leader does, in the same order:
+	// a bad key before a bad body or path (B asks the leader about the
+	// key first), a bad body before a missing session (the leader's
+	// refusal of the session waits for B's own checks).
+	missing := ids.NewSession()
+	for _, tc := range []struct{ key, method, path, body string }{ // key: "nope", A's tenant's or B's
+		{"nope", "POST", "/v1/sessions/" + s.ID + "/exec", `{`},
+		{"nope", "PUT", "/v1/sessions/" + s.ID + "/files?path=relative", "x"},
+		{"nope", "POST", "/v1/sessions/" + s.ID + "/actions", `{"action":"no_such_action"}`},
+		{"nope", "POST", "/v1/sessions/" + s.ID + "/screenshot", ""},
+		{rb.keyA, "POST", "/v1/sessions/" + s.ID + "/exec", `{`},
+		{rb.keyA, "POST", "/v1/sessions/" + missing + "/exec", `{`},
+		{rb.keyA, "POST", "/v1/sessions/" + missing + "/exec", `{"cmd":["true"]}`},
+		{rb.keyA, "GET", "/v1/sessions/" + s.ID + "/files", ""},
+		{rb.keyA, "PUT", "/v1/sessions/" + missing + "/files?path=relative", "x"},
+		{rb.keyB, "POST", "/v1/sessions/" + s.ID + "/actions", `{"action":"cursor_position"}`},
+	} {
+		var got [2]string
+		for i, r := range []*testEnv{ra, rb} {
+			st, body := sendVia(t, fresh, r.gwURL, tc.key, tc.method, tc.path, []byte(tc.body), "application/json")
+			got[i] = fmt.Sprintf("%d %s", st, errorCode(body))
+		}
+		if got[0] != got[1] || got[0][0] != '4' {
+			t.Errorf("%s %s (a valid key %v, body %q): through A %s, through B %s; want the same refusal", tc.method, tc.path, tc.key != "nope", tc.body, got[0], got[1])
+		}
+	}
 
 	// Actions and screenshots through B are B's too: the pointer moved
 	// through B is where B then reads it; a screenshot through B is
