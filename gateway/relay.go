@@ -331,6 +331,11 @@ type relaySyncRequest struct {
 	// Durable: tickets of the sessions a request changed (an upload, a
 	// screenshot), whose trails the leader stores before it answers.
 	Durable []string `json:"durable,omitempty"`
+	// Run names the replica's process, and First counts the events it
+	// reported before this report's first: a report carried again
+	// (its answer was lost) has its events recorded once (relayRuns).
+	Run   string `json:"run,omitempty"`
+	First int    `json:"first,omitempty"`
 }
 
 type relayConnState struct {
@@ -413,11 +418,69 @@ type relayClose struct {
 	Reason string `json:"reason"`
 }
 
-// relayed is what the leader knows of the connections replicas carry.
+// relayed is what the leader knows of the connections replicas carry,
+// and of their runs' events.
 type relayed struct {
 	mu    sync.Mutex
 	m     map[string]*relayedConn // relay + "\x00" + connection id
 	sweep sync.Once
+	runs  relayRuns
+}
+
+// relayRuns is what the leader knows of each run of a relay (a
+// replica's process): how many of its events it has recorded, so that
+// the events of a report sent again, whose answer was lost, are not
+// recorded twice. A run's reports are taken one at a time.
+type relayRuns struct {
+	mu sync.Mutex
+	m  map[string]*relayRun // relay + "\x00" + run
+}
+
+type relayRun struct {
+	mu       sync.Mutex // held while a report of the run is recorded
+	recorded int        // the run's events recorded (or skipped), from its first
+	seen     time.Time
+}
+
+// maxRelayRuns bounds the runs remembered; past it, the one not heard
+// from for longest is forgotten.
+const maxRelayRuns = 1024
+
+// take waits for the run's report under way, if any, and says how many
+// of a report's events, the first of which is the run's event first,
+// were recorded before; done(n) says the report's n events are
+// recorded, and lets the next report of the run be taken. Without a
+// run (a replica of an earlier version), nothing is skipped.
+func (r *relayRuns) take(relay, run string, first int, now time.Time) (skip int, done func(n int)) {
+	if run == "" {
+		return 0, func(int) {}
+	}
+	key := relay + "\x00" + run
+	r.mu.Lock()
+	if r.m == nil {
+		r.m = map[string]*relayRun{}
+	}
+	rr := r.m[key]
+	if rr == nil {
+		if len(r.m) >= maxRelayRuns {
+			oldest := ""
+			for k, o := range r.m {
+				if oldest == "" || o.seen.Before(r.m[oldest].seen) {
+					oldest = k
+				}
+			}
+			delete(r.m, oldest)
+		}
+		rr = &relayRun{}
+		r.m[key] = rr
+	}
+	rr.seen = now
+	r.mu.Unlock()
+	rr.mu.Lock()
+	return max(rr.recorded-first, 0), func(n int) {
+		rr.recorded = max(rr.recorded, first+n)
+		rr.mu.Unlock()
+	}
 }
 
 type relayedConn struct {
@@ -434,7 +497,7 @@ type relayedConn struct {
 func (s *Server) relaySync(c *fiber.Ctx) error {
 	var req relaySyncRequest
 	if err := json.Unmarshal(c.Body(), &req); err != nil || req.Relay == "" || len(req.Relay) > 256 || strings.ContainsRune(req.Relay, 0) ||
-		len(req.Conns) > maxRelayConns || len(req.Events) > maxRelayEvents {
+		len(req.Conns) > maxRelayConns || len(req.Events) > maxRelayEvents || len(req.Run) > 64 || req.First < 0 {
 		return errInvalid("the body must be a relay report")
 	}
 	s.relayed.sweep.Do(func() { go s.sweepRelayed() })
@@ -484,13 +547,15 @@ func (s *Server) relaySync(c *fiber.Ctx) error {
 			s.sessions.Touch(claims.Session)
 		}
 	}
-	for _, ev := range req.Events {
+	skip, done := s.relayed.runs.take(req.Relay, req.Run, req.First, now)
+	for _, ev := range req.Events[min(skip, len(req.Events)):] {
 		claims, err := s.tokens.verify(ev.Token, now.Add(-relayEventGrace))
 		if err != nil {
 			continue
 		}
 		s.relayEvent(claims, ev)
 	}
+	done(len(req.Events))
 	changed := map[string]string{} // session: tenant
 	for i, tok := range req.Durable {
 		if i >= maxRelayConns {
@@ -506,7 +571,8 @@ func (s *Server) relaySync(c *fiber.Ctx) error {
 
 // relayDurableWithin bounds how long a report's answer waits for the
 // trails to be stored: well under the relay's wait for it (a report
-// it gives up on comes again, and its events would be recorded twice).
+// it gives up on comes again, held back until this one is done:
+// relayRuns).
 const relayDurableWithin = 2500 * time.Millisecond
 
 // durableAll stores the trails of the sessions (session: tenant) a
@@ -710,6 +776,7 @@ func (s *Server) sweepRelayed() {
 // relayLive is a relaying replica's previewLive: the leader's word.
 type relayLive struct {
 	identity string
+	run      string // names this process's reports (relayRuns)
 	leader   func(ctx context.Context) (string, error)
 	host     string // the Host the leader takes: the gateway's own
 	client   *http.Client
@@ -768,7 +835,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 	if err != nil {
 		return nil, err
 	}
-	l := &relayLive{identity: identity, leader: leader, signer: s.tokens,
+	l := &relayLive{identity: identity, run: randomNonce(), leader: leader, signer: s.tokens,
 		host: cfg.PublicURL.Host, log: log.With("component", "relay"), forget: s.forgetVersion,
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
@@ -1394,7 +1461,7 @@ func (l *relayLive) reportWithin(d time.Duration) bool {
 		n++
 	}
 	carried := l.events[:n]
-	req := relaySyncRequest{Relay: l.identity, Events: append([]relayEvent(nil), carried...)}
+	req := relaySyncRequest{Relay: l.identity, Run: l.run, First: l.base, Events: append([]relayEvent(nil), carried...)}
 	for tok := range l.touched {
 		req.Touched = append(req.Touched, tok)
 	}

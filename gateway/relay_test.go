@@ -116,7 +116,8 @@ func TestRelayLive(t *testing.T) {
 	var closeID string
 	var got []relayEvent
 	var durables []string
-	refuse := false
+	refuse, loseAnswer, received := false, false, 0
+	var runs relayRuns // as the leader's relaySync has it
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
@@ -134,8 +135,15 @@ func TestRelayLive(t *testing.T) {
 			biggest = max(biggest, len(body))
 			var req relaySyncRequest
 			json.Unmarshal(body, &req)
-			got = append(got, req.Events...)
+			received += len(req.Events)
+			skip, done := runs.take(req.Relay, req.Run, req.First, time.Now())
+			got = append(got, req.Events[min(skip, len(req.Events)):]...)
+			done(len(req.Events))
 			durables = append(durables, req.Durable...)
+			if loseAnswer {
+				w.WriteHeader(500)
+				return
+			}
 			var ans relaySyncAnswer
 			for _, c := range req.Conns {
 				if c.ID == closeID {
@@ -290,6 +298,30 @@ func TestRelayLive(t *testing.T) {
 	}
 	if len(durables) != 1 {
 		t.Errorf("a report of no change asked to store the trail: %v", durables)
+	}
+	mu.Unlock()
+
+	// A report whose answer is lost, its events recorded, is sent
+	// again with what came since: the leader gets the events twice and
+	// records them once (relayRuns), in order.
+	mu.Lock()
+	got, received, loseAnswer = nil, 0, true
+	mu.Unlock()
+	l.record(c, "action", map[string]any{"action": "left_click"})
+	l.record(c, "action", map[string]any{"action": "double_click"})
+	l.sync()
+	mu.Lock()
+	loseAnswer = false
+	mu.Unlock()
+	l.record(c, "action", map[string]any{"action": "right_click"})
+	l.sync()
+	mu.Lock()
+	var names []string
+	for _, ev := range got {
+		names = append(names, ev.Action)
+	}
+	if received != 5 || strings.Join(names, " ") != "left_click double_click right_click" {
+		t.Errorf("after a lost answer the leader received %d events and recorded %v; want 5 received (2 again), 3 recorded in order", received, names)
 	}
 	mu.Unlock()
 
@@ -492,5 +524,71 @@ func TestBoundArgv(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(c.want) || len(got) != len(c.want) || cut != c.cut {
 			t.Errorf("boundArgv(%q, %d) = %q %v, want %q %v", c.argv, c.n, got, cut, c.want, c.cut)
 		}
+	}
+}
+
+// TestRelayRuns: a run's report sent again has the events the leader
+// recorded skipped, another run's and a run-less report's none; a run's
+// reports are taken one at a time.
+func TestRelayRuns(t *testing.T) {
+	var r relayRuns
+	now := time.Now()
+	for _, tc := range []struct {
+		run         string
+		first, n    int
+		skip        int
+		description string
+	}{
+		{"a", 0, 3, 0, "a run's first report"},
+		{"a", 0, 3, 3, "the same report again"},
+		{"a", 2, 4, 1, "a report from within the last"},
+		{"a", 6, 1, 0, "the next"},
+		{"b", 0, 2, 0, "another run's"},
+		{"", 0, 2, 0, "no run (an earlier version)"},
+		{"", 0, 2, 0, "no run, again"},
+	} {
+		skip, done := r.take("relay-1", tc.run, tc.first, now)
+		done(tc.n)
+		if skip != tc.skip {
+			t.Errorf("%s: skip %d, want %d", tc.description, skip, tc.skip)
+		}
+	}
+	skip, done := r.take("relay-2", "a", 0, now)
+	done(0)
+	if skip != 0 {
+		t.Errorf("another relay's run of the same name: skip %d", skip)
+	}
+
+	_, done = r.take("relay-1", "a", 7, now)
+	second := make(chan int)
+	go func() {
+		skip, done := r.take("relay-1", "a", 7, now)
+		done(1)
+		second <- skip
+	}()
+	select {
+	case <-second:
+		t.Fatal("a run's second report was taken while the first was recorded")
+	case <-time.After(100 * time.Millisecond):
+	}
+	done(1)
+	select {
+	case skip := <-second:
+		if skip != 1 {
+			t.Errorf("the second report, the same as the first: skip %d, want 1", skip)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a run's second report was not taken once the first was done")
+	}
+
+	for i := range maxRelayRuns + 10 {
+		_, done := r.take("relay-1", fmt.Sprint("run-", i), 0, now.Add(time.Duration(i)))
+		done(1)
+	}
+	r.mu.Lock()
+	n := len(r.m)
+	r.mu.Unlock()
+	if n > maxRelayRuns {
+		t.Errorf("%d runs remembered, over %d", n, maxRelayRuns)
 	}
 }
