@@ -205,10 +205,8 @@ type CDPLimits struct {
 // DefaultCDPLimits are the limits when the configuration sets none.
 var DefaultCDPLimits = CDPLimits{ClientMessage: 32 << 20, BrowserMessage: 128 << 20}
 
-// cdpLimits are this gateway's CDP limits.
-//
-// TODO(config): read them from Config once it carries them; until then
-// they are the defaults.
+// cdpLimits are this gateway's CDP limits: the config's (limits.cdp_*),
+// the defaults where it sets none.
 func (s *Server) cdpLimits() CDPLimits {
 	l := s.cfg.CDP
 	if l.ClientMessage <= 0 {

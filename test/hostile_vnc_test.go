@@ -17,10 +17,37 @@ import (
 	"github.com/gorilla/websocket"
 )
 
+// fakeMain is the main of a fake server a session runs in place of one
+// of its own (fakeVNC, fakeCDP): it listens on ADDR once the real
+// server has let it go, says it is ready (the file READY), and serves
+// each connection (serve).
+const fakeMain = `func main() {
+	var ln net.Listener
+	var err error
+	for i := 0; i < 400; i++ { // until the real server's port is free
+		if ln, err = net.Listen("tcp", "ADDR"); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		os.Exit(1)
+	}
+	os.WriteFile("READY", nil, 0o644)
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go serve(c)
+	}
+}
+`
+
 // fakeVNC is a VNC server a session can run on its own port 5900: it
 // announces a 65535x65535 screen (16 GiB at 32 bits a pixel), then sends
 // an endless update of the whole of it.
-const fakeVNC = `package main
+var fakeVNC = strings.NewReplacer("ADDR", ":5900", "READY", "/tmp/fakevnc.ready").Replace(`package main
 
 import (
 	"encoding/binary"
@@ -30,28 +57,7 @@ import (
 	"time"
 )
 
-func main() {
-	var ln net.Listener
-	var err error
-	for i := 0; i < 400; i++ { // until the real server's port is free
-		if ln, err = net.Listen("tcp", ":5900"); err == nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err != nil {
-		os.Exit(1)
-	}
-	os.WriteFile("/tmp/fakevnc.ready", nil, 0o644)
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go serve(c)
-	}
-}
-
+` + fakeMain + `
 func serve(c net.Conn) {
 	defer c.Close()
 	b := make([]byte, 12)
@@ -82,7 +88,7 @@ func serve(c net.Conn) {
 		}
 	}
 }
-`
+`)
 
 // buildStatic builds a Go program for the session's machine.
 func buildStatic(t *testing.T, src string) []byte {
@@ -108,9 +114,15 @@ func buildStatic(t *testing.T, src string) []byte {
 // and returns at once; the command ends with the session.
 func (e *testEnv) runInBackground(t *testing.T, id, script string) {
 	t.Helper()
+	e.runInBackgroundAs(t, e.keyA, id, script)
+}
+
+// runInBackgroundAs is runInBackground with the API key key.
+func (e *testEnv) runInBackgroundAs(t *testing.T, key, id, script string) {
+	t.Helper()
 	raw, _ := json.Marshal(map[string]any{"cmd": []string{"bash", "-c", script}, "timeout_seconds": 900})
 	req, _ := http.NewRequest("POST", e.gwURL+"/v1/sessions/"+id+"/exec", bytes.NewReader(raw))
-	req.Header.Set("Authorization", "Bearer "+e.keyA)
+	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
 	go func() {
 		resp, err := http.DefaultClient.Do(req)
@@ -225,14 +237,7 @@ func TestHostileVNCServer(t *testing.T) {
 				t.Errorf("recording_failed says %v", failed)
 			}
 
-			if st, _ := e.api(t, "", "GET", "/healthz", nil); st != 200 {
-				t.Fatalf("gateway /healthz: %d", st)
-			}
-			rss1, peak := e.gatewayMemory(t)
-			t.Logf("gateway RSS %d MiB before, %d MiB after, peak %d MiB", rss0>>20, rss1>>20, peak>>20)
-			if rss1-rss0 > 64<<20 {
-				t.Errorf("the gateway grew by %d MiB", (rss1-rss0)>>20)
-			}
+			e.unharmed(t, rss0)
 			log, _ := os.ReadFile(e.gwLog)
 			if !bytes.Contains(log, []byte("65535x65535")) {
 				t.Errorf("the gateway's log does not show the refused screen")
@@ -280,4 +285,18 @@ func errorCode(body []byte) string {
 	}
 	json.Unmarshal(body, &b)
 	return b.Error.Code
+}
+
+// unharmed checks, after an attack, that the gateway answers /healthz
+// and has not grown by more than 64 MiB since it had rss0.
+func (e *testEnv) unharmed(t *testing.T, rss0 int64) {
+	t.Helper()
+	if st, _ := e.api(t, "", "GET", "/healthz", nil); st != 200 {
+		t.Fatalf("gateway /healthz: %d", st)
+	}
+	rss1, peak := e.gatewayMemory(t)
+	t.Logf("gateway RSS %d MiB before, %d MiB after, peak %d MiB", rss0>>20, rss1>>20, peak>>20)
+	if rss1-rss0 > 64<<20 {
+		t.Errorf("the gateway grew by %d MiB", (rss1-rss0)>>20)
+	}
 }

@@ -22,7 +22,11 @@ import (
 // 65535x65535 screen and sends it. A view-only viewer that B carries,
 // standing by, is cut with the reason (before the attack it saw the
 // display), and a screenshot action B takes is refused (503; before the
-// attack it was taken). Each holder gives up with the reason,
+// attack it was taken). A browser session replaces its Chromium with
+// one that sends a message past the gateway's bound (fakeCDP): the CDP
+// connections B carries are cut with the reason, which reaches the
+// leader's trail (before the attack, its Chromium answered through B).
+// Each holder gives up with the reason,
 // which reaches the session's trail through the lease; both replicas stay
 // up, the one standing by still standing by, neither grows; the sessions
 // end, and no lease is left.
@@ -143,5 +147,51 @@ func TestKubeHostileRecording(t *testing.T) {
 			_, err := b.Client().CoordinationV1().Leases(b.Namespace()).Get(ctx, "sandgate-recording-"+id, metav1.GetOptions{})
 			return apierrors.IsNotFound(err) && findKind(ra.artifacts(t, ra.keyA, id), "recording", "video/mp4") != nil
 		})
+	}
+
+	// Then, the recorded sessions gone (the cluster's two cores hold
+	// no third session beside them), a browser session (the other
+	// tenant's: the first's most sessions may not have ended yet). The
+	// control: its Chromium answers through B.
+	st, body := ra.api(t, ra.keyB, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	var browserSession sessionInfo
+	if err := json.Unmarshal(body, &browserSession); st != 201 || err != nil || browserSession.State != "running" {
+		t.Fatalf("create a browser session: %d %s", st, body)
+	}
+	bs := browserSession.ID
+	t.Cleanup(func() { ra.api(t, ra.keyB, "DELETE", "/v1/sessions/"+bs, nil) })
+	wsB := viaB(browserWS(t, ra.preview(t, ra.keyB, bs, 300).URL))
+	cb := cdpDial(t, wsB)
+	if err := cdpTry(cb, 1); err != nil {
+		t.Fatalf("CDP through B before the attack: %v", err)
+	}
+	cb.Close()
+
+	rssB, _ := rb.gatewayMemory(t)
+	if st, body := ra.api(t, ra.keyB, "PUT", "/v1/sessions/"+bs+"/files?path=/home/sandgate/workspace/fakecdp", buildStatic(t, fakeCDP)); st/100 != 2 {
+		t.Fatalf("upload: %d %s", st, body)
+	}
+	ra.runInBackgroundAs(t, ra.keyB, bs, "chmod +x ~/workspace/fakecdp && "+takeOverBrowser+"exec ~/workspace/fakecdp")
+	// A browser that sends a message past the bound behind a CDP
+	// connection B carries: the connection is cut with the reason, as
+	// the leader's are, and the reason reaches the leader's trail.
+	waitFor(t, time.Minute, "the fake browser of "+bs, func() bool {
+		out := ra.execIn(t, ra.keyB, bs, map[string]any{"cmd": []string{"sh", "-c", "test -e /tmp/fakecdp.ready && echo ready || true"}})
+		return strings.Contains(string(out.Stdout), "ready")
+	})
+	cdpPastBound(t, wsB)
+	waitFor(t, 30*time.Second, "both connections' preview_closed with the reason in the leader's trail", func() bool {
+		return closedPastBound(t, ra, ra.keyB, bs) == 2
+	})
+	if n := logLines(rb, "cdp connection closing", pastBound); n != 2 {
+		t.Errorf("B's log has %d CDP connections cut for the bound, want 2", n)
+	}
+	if st, body := getBody(t, rb.gwURL+"/readyz"); st != 200 || !strings.Contains(body, "standby") {
+		t.Errorf("B after the browser's attack: %d %s", st, body)
+	}
+	rss, peak := rb.gatewayMemory(t)
+	t.Logf("B: RSS %d MiB before the browser's attack, %d MiB after, peak %d MiB", rssB>>20, rss>>20, peak>>20)
+	if rss-rssB > 64<<20 {
+		t.Errorf("B grew by %d MiB for the browser's attack", (rss-rssB)>>20)
 	}
 }
