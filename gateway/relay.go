@@ -446,6 +446,16 @@ type relayRun struct {
 // from for longest is forgotten.
 const maxRelayRuns = 1024
 
+// record passes to rec the events of a report that its run's earlier
+// reports did not carry (take).
+func (r *relayRuns) record(req relaySyncRequest, now time.Time, rec func(relayEvent)) {
+	skip, done := r.take(req.Relay, req.Run, req.First, now)
+	defer done(len(req.Events))
+	for _, ev := range req.Events[min(skip, len(req.Events)):] {
+		rec(ev)
+	}
+}
+
 // take waits for the run's report under way, if any, and says how many
 // of a report's events, the first of which is the run's event first,
 // were recorded before; done(n) says the report's n events are
@@ -547,15 +557,11 @@ func (s *Server) relaySync(c *fiber.Ctx) error {
 			s.sessions.Touch(claims.Session)
 		}
 	}
-	skip, done := s.relayed.runs.take(req.Relay, req.Run, req.First, now)
-	for _, ev := range req.Events[min(skip, len(req.Events)):] {
-		claims, err := s.tokens.verify(ev.Token, now.Add(-relayEventGrace))
-		if err != nil {
-			continue
+	s.relayed.runs.record(req, now, func(ev relayEvent) {
+		if claims, err := s.tokens.verify(ev.Token, now.Add(-relayEventGrace)); err == nil {
+			s.relayEvent(claims, ev)
 		}
-		s.relayEvent(claims, ev)
-	}
-	done(len(req.Events))
+	})
 	changed := map[string]string{} // session: tenant
 	for i, tok := range req.Durable {
 		if i >= maxRelayConns {
@@ -983,15 +989,22 @@ func (l *relayLive) toLeader(c *fiber.Ctx) error {
 	// The client's own timeout, not the reports' 5 s: filling a field
 	// takes what typing takes.
 	client := &http.Client{Transport: l.client.Transport, CheckRedirect: l.client.CheckRedirect}
+	// A 503 says to retry (Retry-After) only when the leader was not
+	// reached: once it was, it may have carried the request out.
 	resp, err := client.Do(req)
-	if err != nil {
+	var op *net.OpError
+	if err != nil && errors.As(err, &op) && op.Op == "dial" {
 		l.forgetAddr(addr)
 		return retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; retry", err: err})
+	}
+	if err != nil {
+		l.forgetAddr(addr)
+		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; the request may have been carried out", err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLeaderAnswer+1))
 	if err != nil || len(body) > maxLeaderAnswer {
-		return retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; retry", err: err})
+		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; the request may have been carried out", err: err}
 	}
 	if ct := resp.Header.Get(fiber.HeaderContentType); ct != "" {
 		c.Set(fiber.HeaderContentType, ct)

@@ -117,7 +117,7 @@ func TestRelayLive(t *testing.T) {
 	var got []relayEvent
 	var durables []string
 	refuse, loseAnswer, received := false, false, 0
-	var runs relayRuns // as the leader's relaySync has it
+	var runs relayRuns // as the leader's relaySync records events
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
@@ -136,9 +136,7 @@ func TestRelayLive(t *testing.T) {
 			var req relaySyncRequest
 			json.Unmarshal(body, &req)
 			received += len(req.Events)
-			skip, done := runs.take(req.Relay, req.Run, req.First, time.Now())
-			got = append(got, req.Events[min(skip, len(req.Events)):]...)
-			done(len(req.Events))
+			runs.record(req, time.Now(), func(ev relayEvent) { got = append(got, ev) })
 			durables = append(durables, req.Durable...)
 			if loseAnswer {
 				w.WriteHeader(500)

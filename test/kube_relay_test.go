@@ -21,6 +21,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sandgate/sandgate/ids"
+	sandgate "github.com/sandgate/sandgate/sdk/go"
 )
 
 // TestKubeRelay: a replica that stands by carries the preview
@@ -424,6 +425,16 @@ func TestKubeRelay(t *testing.T) {
 	if string(stdout) != "survived\n" || len(exits) != 1 || exits[0] != 0 {
 		t.Fatalf("the command through B across A's death: stdout %q, exits %v", stdout, exits)
 	}
+	// An SDK call through B while no replica that answers leads:
+	// refused at once without retries (the control); with them (the
+	// SDK's default), answered once B leads, as B's 503s say to retry.
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).GetSession(ctx, s.ID); !sandgate.IsUnavailable(err) {
+		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
+	}
+	if got, err := sandgate.New(rb.gwURL, rb.keyA).GetSession(ctx, s.ID); err != nil || got.State != "running" {
+		t.Fatalf("an SDK call through B, retried, after A's death: %v %v", got, err)
+	}
+	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
 	if st := httpStatus(rb.gwURL + "/readyz"); st == 200 {
 		t.Logf("(B answers ready already: it leads %.1f s after the kill)", time.Since(killed).Seconds())
 	}

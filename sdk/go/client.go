@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -28,10 +29,11 @@ import (
 // Client talks to one gateway with one API key. It is safe for
 // concurrent use.
 type Client struct {
-	base string
-	key  string
-	http *http.Client
-	host string
+	base     string
+	key      string
+	http     *http.Client
+	host     string
+	retryFor time.Duration
 }
 
 // Option configures a Client.
@@ -46,11 +48,26 @@ func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h
 // gateway's own MCP server talks to it over loopback).
 func WithHost(host string) Option { return func(c *Client) { c.host = host } }
 
+// WithRetry sets how long, in all, a request is sent again while the
+// gateway says nothing was done and to retry: a 503 unavailable with a
+// Retry-After (a gateway replica taking over the sessions from one that
+// died, none leading yet, one stopping), waiting as it says; or while
+// no connection can be made (nothing was sent). Default
+// DefaultRetryFor; 0 sends each request once. A request whose body
+// cannot be read again (a file put from a stream) is sent once.
+func WithRetry(d time.Duration) Option { return func(c *Client) { c.retryFor = max(d, 0) } }
+
+// DefaultRetryFor is how long a request is retried by default
+// (WithRetry): longer than a gateway replica takes to take over from one
+// that died.
+const DefaultRetryFor = time.Minute
+
 // New returns a client of the gateway at baseURL ("http://host:port").
 func New(baseURL, apiKey string, opts ...Option) *Client {
 	c := &Client{
-		base: strings.TrimRight(baseURL, "/"),
-		key:  apiKey,
+		base:     strings.TrimRight(baseURL, "/"),
+		key:      apiKey,
+		retryFor: DefaultRetryFor,
 		// No timeout: exec, the shell and downloads run for as long as
 		// they run; the caller's context ends them.
 		http: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
@@ -84,8 +101,8 @@ type Error struct {
 	Status  int    `json:"-"`
 	Code    string `json:"code"`
 	Message string `json:"message"`
-	// RetryAfter is the gateway's hint on a quota_exceeded create: try
-	// again after this long (0: none given).
+	// RetryAfter is the gateway's hint on a quota_exceeded create or an
+	// unavailable answer: try again after this long (0: none given).
 	RetryAfter time.Duration `json:"-"`
 }
 
@@ -96,6 +113,11 @@ func IsNotFound(err error) bool { return codeOf(err) == "not_found" }
 
 // IsUnauthenticated reports whether the gateway refused the API key.
 func IsUnauthenticated(err error) bool { return codeOf(err) == "unauthenticated" }
+
+// IsUnavailable reports whether err is the gateway's unavailable: it
+// could not serve the request now (one its RetryAfter says to retry was
+// retried for as long as WithRetry lets).
+func IsUnavailable(err error) bool { return codeOf(err) == "unavailable" }
 
 // IsQuotaExceeded reports whether err is the gateway's quota_exceeded: a
 // tenant quota or the gateway's capacity left no room.
@@ -130,6 +152,45 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 	if c.host != "" {
 		req.Host = c.host
 	}
+	until := time.Now().Add(c.retryFor)
+	for {
+		resp, err := c.sendOnce(req)
+		wait, again := retryable(err)
+		if !again || (req.Body != nil && req.GetBody == nil) || time.Now().Add(wait).After(until) {
+			return resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		if req.GetBody != nil {
+			if req.Body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// retryable says whether a request that failed with err was not carried
+// out and may be sent again, and after how long: a 503 unavailable with
+// a Retry-After, or a connection that could not be made.
+func retryable(err error) (time.Duration, bool) {
+	var e *Error
+	var op *net.OpError
+	switch {
+	case errors.As(err, &e):
+		return e.RetryAfter, e.Status == http.StatusServiceUnavailable && e.Code == "unavailable" && e.RetryAfter > 0
+	case errors.As(err, &op):
+		return time.Second, op.Op == "dial"
+	}
+	return 0, false
+}
+
+// sendOnce sends req and returns the response when its status is below
+// 400; otherwise the gateway's error.
+func (c *Client) sendOnce(req *http.Request) (*http.Response, error) {
+	method, path := req.Method, req.URL.RequestURI()
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, err

@@ -34,9 +34,16 @@ export declare class SandgateError extends Error {
   /** HTTP status; 0 when there was no answer. */
   status: number;
   code: ErrorCode;
-  /** On a create refused with quota_exceeded: the gateway's Retry-After, in seconds. */
+  /**
+   * The gateway's Retry-After, in seconds: on a create refused with
+   * quota_exceeded, or an unavailable answer (retried for as long as
+   * retryForMs lets).
+   */
   retryAfterSeconds?: number;
 }
+
+/** How long requests are retried by default (SandgateOptions.retryForMs). */
+export declare const DEFAULT_RETRY_FOR_MS: number;
 
 export interface SandgateOptions {
   /** The gateway, e.g. "https://sandgate.example.com". Default: $SANDGATE_URL. */
@@ -45,6 +52,15 @@ export interface SandgateOptions {
   apiKey?: string;
   /** A fetch to use instead of the global one. */
   fetch?: typeof fetch;
+  /**
+   * How long, in all, a request is sent again while the gateway says
+   * nothing was done and to retry (503 unavailable with a Retry-After: a
+   * gateway replica taking over from one that died, none leading yet,
+   * one stopping), waiting as it says, or while no connection can be made.
+   * A request whose body is a stream is sent once. Default
+   * DEFAULT_RETRY_FOR_MS (a minute); 0 sends each request once.
+   */
+  retryForMs?: number;
   /**
    * A WebSocket constructor for the shell that takes headers as
    * `new WebSocket(url, { headers })` (Node's built-in one and `ws` do).

@@ -55,6 +55,36 @@ async function errorOfBody(resp) {
   return new SandgateError(resp.status, code, text.trim().slice(0, 200) || resp.statusText || code);
 }
 
+/** How long requests are retried by default (SandgateOptions.retryForMs). */
+export const DEFAULT_RETRY_FOR_MS = 60_000;
+
+// retryAfterOf is how long to wait before sending again a request that
+// failed with err, when the gateway said nothing was done and to retry
+// (503 unavailable with a Retry-After: a replica taking over from one
+// that died, none leading yet, one stopping) or no connection could be
+// made; 0 otherwise.
+function retryAfterOf(err) {
+  if (err.code !== "unavailable" || !(err.retryAfterSeconds > 0)) return 0;
+  return err.status === 503 || err.status === 0 ? err.retryAfterSeconds * 1000 : 0;
+}
+
+// refused: fetch failed to connect (nothing was sent).
+function refused(err) {
+  for (let e = err; e; e = e.cause) {
+    if (e.code === "ECONNREFUSED") return true;
+  }
+  return false;
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const t = setTimeout(() => { signal?.removeEventListener?.("abort", stop); resolve(); }, ms);
+    const stop = () => { clearTimeout(t); reject(signal.reason); };
+    signal?.addEventListener?.("abort", stop, { once: true });
+  });
+}
+
 function idOf(x, what) {
   const id = typeof x === "string" ? x : x?.id;
   if (typeof id !== "string" || id === "") {
@@ -82,6 +112,7 @@ export class Sandgate {
     this.baseURL = String(baseURL).replace(/\/+$/, "");
     this._apiKey = apiKey;
     this._fetch = opts.fetch ?? globalThis.fetch.bind(globalThis);
+    this._retryForMs = Math.max(0, opts.retryForMs ?? DEFAULT_RETRY_FOR_MS);
     this._WebSocket = opts.WebSocket;
 
     this.sessions = {
@@ -159,20 +190,30 @@ export class Sandgate {
       payload = JSON.stringify(body);
     }
     if (extra.body !== undefined) payload = extra.body;
-    let resp;
-    try {
-      resp = await this._fetch(this.baseURL + path, {
-        method, headers, body: payload, signal: o?.signal, redirect: extra.redirect,
-        ...(extra.duplex ? { duplex: extra.duplex } : {}),
-      });
-    } catch (err) {
-      if (err?.name === "AbortError" || o?.signal?.aborted) throw err;
-      const e = new SandgateError(0, "unavailable", `the gateway at ${this.baseURL} did not answer: ${err?.message ?? err}`);
-      e.cause = err;
-      throw e;
+    // A body that can be sent again (none, a string, bytes) is, while
+    // the gateway says nothing was done (retryAfterOf), for retryForMs.
+    const replayable = payload === undefined || typeof payload === "string" || payload instanceof Uint8Array;
+    const until = Date.now() + this._retryForMs;
+    for (;;) {
+      let resp;
+      let failed;
+      try {
+        resp = await this._fetch(this.baseURL + path, {
+          method, headers, body: payload, signal: o?.signal, redirect: extra.redirect,
+          ...(extra.duplex ? { duplex: extra.duplex } : {}),
+        });
+      } catch (err) {
+        if (err?.name === "AbortError" || o?.signal?.aborted) throw err;
+        failed = new SandgateError(0, "unavailable", `the gateway at ${this.baseURL} did not answer: ${err?.message ?? err}`);
+        failed.cause = err;
+        if (refused(err)) failed.retryAfterSeconds = 1; // no connection: nothing was sent
+      }
+      if (resp && resp.status < 400) return resp;
+      if (resp) failed = await errorOf(resp);
+      const wait = retryAfterOf(failed);
+      if (!wait || !replayable || Date.now() + wait > until) throw failed;
+      await sleep(wait, o?.signal);
     }
-    if (resp.status >= 400) throw await errorOf(resp);
-    return resp;
   }
 
   async _json(method, path, body, o) {

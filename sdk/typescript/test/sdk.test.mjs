@@ -360,3 +360,92 @@ while [ ! -e ${flag} ]; do sleep 0.05; done; echo after; exit 7`;
     assert.ok(!list.some((s) => s.id === browser.id && s.state === "running"));
   });
 });
+
+// Retries, against a stand-in for the gateway's answers while a replica
+// takes over from one that died (the gateway's own are TestKubeRelay's,
+// through the Go SDK): a 503 unavailable with a Retry-After is sent
+// again, its body whole, until answered or retryForMs is spent; a 503
+// without one, or with retryForMs 0, is answered at once; so is a
+// stream's upload. A gateway not listening yet is tried again.
+describe("@sandgate/sdk retries", { concurrency: 1 }, () => {
+  const http = import("node:http");
+  let server;
+  let base;
+  const seen = [];
+  let refuse = 0;
+  const listen = async (port = 0) => {
+    const { createServer } = await http;
+    const srv = createServer(async (req, res) => {
+      let body = "";
+      for await (const c of req) body += c;
+      seen.push(`${req.method} ${req.url} ${body}`);
+      if (req.url.startsWith("/v1/sessions/s-0000000000000002")) {
+        res.writeHead(503, { "Content-Type": "application/json" });
+        return res.end(`{"error":{"code":"unavailable","message":"the display did not answer"}}`);
+      }
+      if (refuse > 0) {
+        refuse--;
+        res.writeHead(503, { "Content-Type": "application/json", "Retry-After": "1" });
+        return res.end(`{"error":{"code":"unavailable","message":"taking over; retry"}}`);
+      }
+      res.writeHead(200, { "Content-Type": "application/json" });
+      res.end(`{"id":"s-0000000000000003","state":"running"}`);
+    });
+    await new Promise((r) => srv.listen(port, "127.0.0.1", r));
+    return srv;
+  };
+  before(async () => {
+    server = await listen();
+    base = `http://127.0.0.1:${server.address().port}`;
+  });
+  after(() => server.close());
+
+  test("a 503 that says to retry is sent again, body and all", T, async () => {
+    seen.length = 0;
+    refuse = 2;
+    const t0 = Date.now();
+    const s = await new Sandgate({ baseURL: base, apiKey: "k" }).sessions.create({ kind: "browser" });
+    assert.equal(s.id, "s-0000000000000003");
+    assert.ok(Date.now() - t0 >= 2000, `retried after ${Date.now() - t0} ms, not the 2 s said`);
+    assert.equal(seen.length, 3);
+    assert.equal(seen[0], seen[2]);
+    assert.match(seen[2], /"kind":"browser"/);
+  });
+
+  test("not sent again: retryForMs 0, past retryForMs, no Retry-After, a stream", T, async () => {
+    seen.length = 0;
+    refuse = 1;
+    await rejects(() => new Sandgate({ baseURL: base, apiKey: "k", retryForMs: 0 }).sessions.create({}), 503, "unavailable");
+    assert.equal(seen.length, 1);
+    refuse = 5;
+    seen.length = 0;
+    await rejects(() => new Sandgate({ baseURL: base, apiKey: "k", retryForMs: 1500 }).sessions.create({}), 503, "unavailable");
+    assert.equal(seen.length, 2);
+    refuse = 0;
+    seen.length = 0;
+    await rejects(() => new Sandgate({ baseURL: base, apiKey: "k" }).sessions.get("s-0000000000000002"), 503, "unavailable");
+    assert.equal(seen.length, 1);
+    refuse = 1;
+    seen.length = 0;
+    const stream = new ReadableStream({ start(c) { c.enqueue(new TextEncoder().encode("x")); c.close(); } });
+    await rejects(() => new Sandgate({ baseURL: base, apiKey: "k" }).files.put("s-0000000000000003", "/tmp/x", stream), 503, "unavailable");
+    assert.equal(seen.length, 1);
+    refuse = 0;
+  });
+
+  test("a gateway that is not listening yet is tried again", T, async () => {
+    const probe = await listen();
+    const port = probe.address().port;
+    await new Promise((r) => probe.close(r));
+    await rejects(() => new Sandgate({ baseURL: `http://127.0.0.1:${port}`, apiKey: "k", retryForMs: 0 }).sessions.get("s-0000000000000003"), 0, "unavailable");
+    let late;
+    const started = new Promise((r) => setTimeout(async () => { late = await listen(port); r(); }, 1500));
+    try {
+      const s = await new Sandgate({ baseURL: `http://127.0.0.1:${port}`, apiKey: "k" }).sessions.get("s-0000000000000003");
+      assert.equal(s.state, "running");
+    } finally {
+      await started;
+      late?.close();
+    }
+  });
+});
