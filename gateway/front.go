@@ -270,6 +270,11 @@ func (f *Front) standBy(c net.Conn) {
 	c.SetReadDeadline(time.Now().Add(frontHeadTimeout))
 	br := bufio.NewReaderSize(c, frontMaxLine)
 	line, err := br.ReadSlice('\n')
+	// Empty lines before a request line are skipped, as the gateway's
+	// server skips them (a few).
+	for skipped := 0; err == nil && len(bytes.TrimRight(line, "\r\n")) == 0 && skipped < 8; skipped++ {
+		line, err = br.ReadSlice('\n')
+	}
 	if err != nil {
 		if errors.Is(err, bufio.ErrBufferFull) {
 			frontAnswer(c, 431, "invalid_argument", "the request line is too long", 0)
@@ -500,17 +505,20 @@ func closeWrite(c net.Conn) {
 }
 
 // requestTarget is the method and path (without its query) of an HTTP
-// request line; empty when it is not one.
+// request line, split as the gateway's server splits it (the method up
+// to the first space, the target up to the last); empty when it is not
+// one.
 func requestTarget(line []byte) (method, path string) {
-	f := bytes.Fields(line)
-	if len(f) != 3 {
+	line = bytes.TrimRight(line, "\r\n")
+	i, j := bytes.IndexByte(line, ' '), bytes.LastIndexByte(line, ' ')
+	if i <= 0 || j <= i+1 {
 		return "", ""
 	}
-	p := f[1]
-	if i := bytes.IndexByte(p, '?'); i >= 0 {
-		p = p[:i]
+	p := line[i+1 : j]
+	if k := bytes.IndexByte(p, '?'); k >= 0 {
+		p = p[:k]
 	}
-	return string(f[0]), string(p)
+	return string(line[:i]), string(p)
 }
 
 // frontAnswer writes the gateway's JSON error and closes c.

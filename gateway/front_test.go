@@ -118,6 +118,20 @@ func TestFront(t *testing.T) {
 	}
 	c.Close()
 
+	// Empty lines before the request line are skipped, as the
+	// gateway's server skips them: the request still says it was
+	// forwarded.
+	c, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "\r\n\r\nGET /late HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.Header.Get("X-Saw-Forwarded") != "standby" {
+		t.Errorf("a request after empty lines: %v %v, want it forwarded, saying so", resp, err)
+	}
+	c.Close()
+
 	// A forwarded connection held open (keep-alive) to the old leader.
 	held, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -332,6 +346,26 @@ func TestFrontRelay(t *testing.T) {
 			if got := do(method, p); got != want {
 				t.Errorf("leader relays %+v: %s: %q, want %q", on, r, got, want)
 			}
+		}
+	}
+}
+
+// TestRequestTarget: a request line is split as the gateway's server
+// splits it (the method to the first space, the target to the last), so
+// that the Front routes what the gateway would serve.
+func TestRequestTarget(t *testing.T) {
+	for line, want := range map[string]string{
+		"GET /v1/sessions HTTP/1.1\r\n":             "GET /v1/sessions",
+		"POST /v1/sessions/s-1/exec?x=1 HTTP/1.1\n": "POST /v1/sessions/s-1/exec",
+		"GET /a\u00a0b HTTP/1.1\r\n":                "GET /a\u00a0b",
+		"GET /a b HTTP/1.1\r\n":                     "GET /a b",
+		"GET /\r\n":                                 " ",
+		"\r\n":                                      " ",
+		"GET  HTTP/1.1\r\n":                         " ",
+	} {
+		m, p := requestTarget([]byte(line))
+		if got := m + " " + p; got != want {
+			t.Errorf("requestTarget(%q) = %q, want %q", line, got, want)
 		}
 	}
 }
