@@ -717,6 +717,20 @@ func BenchmarkKubeRelay(b *testing.B) {
 			return nil
 		}
 	}
+	// A session read, by a client that keeps its connections: through
+	// A on one connection; through B forwarded, the leader closing each
+	// (so that the client's next request is routed again): what that
+	// costs.
+	kept := &http.Client{Timeout: time.Minute, Transport: &http.Transport{}}
+	defer kept.CloseIdleConnections()
+	read := func(r *testEnv) func() error {
+		return func() error {
+			if st, got := sendVia(b, kept, r.gwURL, r.keyA, "GET", "/v1/sessions/"+id, nil, ""); st != 200 {
+				return fmt.Errorf("read: %d %s", st, got)
+			}
+			return nil
+		}
+	}
 	move := []byte(`{"action":"mouse_move","coordinate":[5,5]}`)
 	for _, r := range []*testEnv{ra, rb} { // warm
 		if err := call(r, "POST", "/screenshot", nil, "", 201)(); err != nil {
@@ -726,7 +740,7 @@ func BenchmarkKubeRelay(b *testing.B) {
 	if logLines(rb, "screenshot stored", id) != 1 {
 		b.Fatal("B's log lacks the screenshot: B did not take it")
 	}
-	var cdpLead, cdpStandby, shLead, shStandby, exLead, exStandby, upLead, upStandby, actLead, actStandby, shotLead, shotStandby []time.Duration
+	var rdLead, rdStandby, cdpLead, cdpStandby, shLead, shStandby, exLead, exStandby, upLead, upStandby, actLead, actStandby, shotLead, shotStandby []time.Duration
 	timed := func(to *[]time.Duration, f func() error) {
 		t0 := time.Now()
 		if err := f(); err != nil {
@@ -749,6 +763,8 @@ func BenchmarkKubeRelay(b *testing.B) {
 		timed(&actStandby, call(rb, "POST", "/actions", move, "application/json", 200))
 		timed(&shotLead, call(ra, "POST", "/screenshot", nil, "", 201))
 		timed(&shotStandby, call(rb, "POST", "/screenshot", nil, "", 201))
+		timed(&rdLead, read(ra))
+		timed(&rdStandby, read(rb))
 	}
 	b.StopTimer()
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -756,7 +772,8 @@ func BenchmarkKubeRelay(b *testing.B) {
 		name          string
 		lead, standby []time.Duration
 	}{{"cdp", cdpLead, cdpStandby}, {"shell", shLead, shStandby}, {"exec", exLead, exStandby},
-		{"upload", upLead, upStandby}, {"action", actLead, actStandby}, {"screenshot", shotLead, shotStandby}} {
+		{"upload", upLead, upStandby}, {"action", actLead, actStandby}, {"screenshot", shotLead, shotStandby},
+		{"read-kept", rdLead, rdStandby}} {
 		b.ReportMetric(ms(percentile(m.lead, 0.5)), m.name+"-leader-p50-ms")
 		b.ReportMetric(ms(percentile(m.standby, 0.5)), m.name+"-standby-p50-ms")
 		b.ReportMetric(float64(percentile(m.standby, 0.5))/float64(percentile(m.lead, 0.5)), m.name+"-standby/leader-p50")
