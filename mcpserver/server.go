@@ -34,8 +34,12 @@ func New(c *sandgate.Client, version string) *mcp.Server {
 // behind a proxy that buffers answers. host, when set, is the Host header
 // of the calls (the gateway's public host, when base is its loopback
 // address).
+//
+// Its calls are not retried (sandgate.WithRetry(0)): the gateway serving
+// them is the one that would have to come back, and an MCP client that
+// wants to retry does so itself.
 func Handler(base, host, version string) http.Handler {
-	var opts []sandgate.Option
+	opts := []sandgate.Option{sandgate.WithRetry(0)}
 	if host != "" {
 		opts = append(opts, sandgate.WithHost(host))
 	}

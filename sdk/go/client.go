@@ -53,14 +53,20 @@ func WithHost(host string) Option { return func(c *Client) { c.host = host } }
 // Retry-After (a gateway replica taking over the sessions from one that
 // died, none leading yet, one stopping), waiting as it says; or while
 // no connection can be made (nothing was sent). Default
-// DefaultRetryFor; 0 sends each request once. A request whose body
-// cannot be read again (a file put from a stream) is sent once.
+// DefaultRetryFor (a request no connection could be made for, at most 5
+// s); 0 sends each request once. A request whose body cannot be read
+// again (a file put from a stream) is sent once.
 func WithRetry(d time.Duration) Option { return func(c *Client) { c.retryFor = max(d, 0) } }
 
 // DefaultRetryFor is how long a request is retried by default
 // (WithRetry): longer than a gateway replica takes to take over from one
 // that died.
 const DefaultRetryFor = time.Minute
+
+// dialRetryFor bounds the retries of a request no connection could be
+// made for: a replica behind a Service that has just gone, or no
+// gateway at that address at all, which a caller should hear of soon.
+const dialRetryFor = 5 * time.Second
 
 // New returns a client of the gateway at baseURL ("http://host:port").
 func New(baseURL, apiKey string, opts ...Option) *Client {
@@ -152,10 +158,14 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 	if c.host != "" {
 		req.Host = c.host
 	}
-	until := time.Now().Add(c.retryFor)
+	start := time.Now()
 	for {
 		resp, err := c.sendOnce(req)
 		wait, again := retryable(err)
+		until := start.Add(c.retryFor)
+		if e := (*Error)(nil); !errors.As(err, &e) {
+			until = start.Add(min(c.retryFor, dialRetryFor)) // no gateway at the address, perhaps
+		}
 		if !again || (req.Body != nil && req.GetBody == nil) || time.Now().Add(wait).After(until) {
 			return resp, err
 		}

@@ -112,6 +112,18 @@ func TestRetry(t *testing.T) {
 	if _, err := New("http://"+addr, "k", WithRetry(0)).GetSession(ctx, "s-0000000000000003"); err == nil {
 		t.Error("no gateway, WithRetry(0): answered")
 	}
+	// No gateway at all: the caller hears of it within dialRetryFor,
+	// not the whole retry time.
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	none := ln2.Addr().String()
+	ln2.Close()
+	t0 = time.Now()
+	if _, err := New("http://"+none, "k").GetSession(ctx, "s-0000000000000003"); err == nil || time.Since(t0) < dialRetryFor-time.Second || time.Since(t0) > dialRetryFor+3*time.Second {
+		t.Errorf("no gateway: %v after %v, want an error after about %v", err, time.Since(t0), dialRetryFor)
+	}
 	if s, err := New("http://"+addr, "k").GetSession(ctx, "s-0000000000000003"); err != nil || s.State != "running" {
 		t.Errorf("a gateway that started 1.5 s late: %v %v", s, err)
 	}

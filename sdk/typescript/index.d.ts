@@ -56,9 +56,9 @@ export interface SandgateOptions {
    * How long, in all, a request is sent again while the gateway says
    * nothing was done and to retry (503 unavailable with a Retry-After: a
    * gateway replica taking over from one that died, none leading yet,
-   * one stopping), waiting as it says, or while no connection can be made.
-   * A request whose body is a stream is sent once. Default
-   * DEFAULT_RETRY_FOR_MS (a minute); 0 sends each request once.
+   * one stopping), waiting as it says, or while no connection can be made
+   * (for 5 s at most). A request whose body is a stream is sent once.
+   * Default DEFAULT_RETRY_FOR_MS (a minute); 0 sends each request once.
    */
   retryForMs?: number;
   /**

@@ -58,6 +58,10 @@ async function errorOfBody(resp) {
 /** How long requests are retried by default (SandgateOptions.retryForMs). */
 export const DEFAULT_RETRY_FOR_MS = 60_000;
 
+// How long, at most, a request no connection could be made for is
+// retried.
+const DIAL_RETRY_FOR_MS = 5_000;
+
 // retryAfterOf is how long to wait before sending again a request that
 // failed with err, when the gateway said nothing was done and to retry
 // (503 unavailable with a Retry-After: a replica taking over from one
@@ -193,7 +197,7 @@ export class Sandgate {
     // A body that can be sent again (none, a string, bytes) is, while
     // the gateway says nothing was done (retryAfterOf), for retryForMs.
     const replayable = payload === undefined || typeof payload === "string" || payload instanceof Uint8Array;
-    const until = Date.now() + this._retryForMs;
+    const start = Date.now();
     for (;;) {
       let resp;
       let failed;
@@ -211,6 +215,9 @@ export class Sandgate {
       if (resp && resp.status < 400) return resp;
       if (resp) failed = await errorOf(resp);
       const wait = retryAfterOf(failed);
+      // No connection: no gateway at the address, perhaps, which the
+      // caller should hear of soon.
+      const until = start + (failed.status === 0 ? Math.min(this._retryForMs, DIAL_RETRY_FOR_MS) : this._retryForMs);
       if (!wait || !replayable || Date.now() + wait > until) throw failed;
       await sleep(wait, o?.signal);
     }
