@@ -818,6 +818,9 @@ type relayLive struct {
 	signer    *signer // the token keys: it signs with them, and reads the tokens it can
 	// sandbox names a session's Pod, for the shells (nil: none).
 	sandbox func(id string) session.Sandbox
+	// storeOK: the artifact store answered when last asked
+	// (watchStore).
+	storeOK atomic.Bool
 }
 
 type relayConn struct {
@@ -854,6 +857,9 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		sandbox:     sandbox,
 	}
 	s.live, s.shells, s.toLeader = l, l, l.toLeader
+	if store != nil {
+		go l.watchStore(store)
+	}
 	// One request a connection, but for the upgrade: the Front hands a
 	// connection over by its first request, and another on it may be no
 	// preview's.
@@ -1213,7 +1219,33 @@ func (l *relayLive) fromAnswer(token string, ans relayAdmitAnswer) (*previewClai
 // with a store to keep the screenshots in.
 func (s *Server) RelayUsable(kind Relays) bool {
 	l, ok := s.live.(*relayLive)
-	return ok && l.usable() && (!kind.Actions || s.store != nil)
+	return ok && l.usable() && (!kind.Actions || s.store != nil && l.storeOK.Load())
+}
+
+// relayStoreEvery is how often a relay asks whether its artifact store
+// answers.
+const relayStoreEvery = 5 * time.Second
+
+// watchStore asks, now and every relayStoreEvery, whether the artifact
+// store answers: while it does not, actions and screenshots are
+// forwarded to the leader (RelayUsable); once it does, this replica
+// takes them again.
+func (l *relayLive) watchStore(store *recordings.Store) {
+	var last error
+	for first := true; ; first = false {
+		ctx, cancel := context.WithTimeout(context.Background(), relayStoreEvery)
+		err := store.Ready(ctx)
+		cancel()
+		l.storeOK.Store(err == nil)
+		switch {
+		case err != nil && (first || last == nil):
+			l.log.Warn("the artifact store does not answer: actions and screenshots go to the leader until it does", "err", err)
+		case err == nil && !first && last != nil:
+			l.log.Info("the artifact store answers again: this replica carries actions and screenshots")
+		}
+		last = err
+		time.Sleep(relayStoreEvery)
+	}
 }
 
 func (l *relayLive) usable() bool {

@@ -81,17 +81,11 @@ type Store struct {
 
 // New connects to MinIO and creates the bucket if it is missing.
 func New(ctx context.Context, cfg Config) (*Store, error) {
-	c, err := minio.New(cfg.Endpoint, &minio.Options{
-		Creds:  credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""),
-		Secure: cfg.Secure,
-	})
+	s, err := Open(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("minio client: %w", err)
+		return nil, err
 	}
-	if cfg.PresignTTL <= 0 {
-		cfg.PresignTTL = 5 * time.Minute
-	}
-	s := &Store{client: c, cfg: cfg}
+	c := s.client
 	ok, err := c.BucketExists(ctx, cfg.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("minio at %s: %w", cfg.Endpoint, err)
@@ -439,6 +433,22 @@ func (s *Store) Find(ctx context.Context, tenant, id string) (Artifact, string, 
 		}
 	}
 	return Artifact{}, "", ErrNotFound
+}
+
+// Open is the store at cfg without a word to MinIO: Ready says when it
+// answers (an error is a config that names no store).
+func Open(cfg Config) (*Store, error) {
+	c, err := minio.New(cfg.Endpoint, &minio.Options{
+		Creds:  credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""),
+		Secure: cfg.Secure,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("minio client: %w", err)
+	}
+	if cfg.PresignTTL <= 0 {
+		cfg.PresignTTL = 5 * time.Minute
+	}
+	return &Store{client: c, cfg: cfg}, nil
 }
 
 // Ready tells whether MinIO answers and the bucket is there.

@@ -185,11 +185,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// it is sent itself, straight to the sessions' Pods, asking
 			// the leader about each (gateway.NewRelay); it stores the
 			// screenshots itself.
-			// Without the store (MinIO does not answer now), the
-			// actions and screenshots are forwarded to the leader.
-			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			relayStore, err := recordings.New(sctx, storeConfig(cfg))
-			cancel()
+			// While the store does not answer (MinIO, asked every few
+			// seconds), the actions and screenshots are forwarded to
+			// the leader.
+			relayStore, err := recordings.Open(storeConfig(cfg))
 			if err != nil {
 				log.Warn("no artifact store for this replica: the actions and screenshots it is sent go to the leader", "err", err)
 				relayStore = nil
