@@ -404,8 +404,14 @@ func kubeSessionFlow(t *testing.T, b *kube.Backend, s kube.Spec) {
 		}
 		done <- code
 	}()
-	fmt.Fprint(inW, "stty size\n")
-	waitFor(t, time.Minute, "30 100 from stty", func() bool { return strings.Contains(term.String(), "30 100") })
+	// Asked again until it answers: the first size may reach the
+	// terminal after bash has read the first question (a CI run waited
+	// a minute for it).
+	waitFor(t, time.Minute, "30 100 from stty", func() bool {
+		fmt.Fprint(inW, "stty size\n")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(term.String(), "30 100")
+	})
 	sizes <- kube.TermSize{Cols: 120, Rows: 40}
 	waitFor(t, time.Minute, "40 120 after the resize", func() bool {
 		fmt.Fprint(inW, "stty size\n")
