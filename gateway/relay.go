@@ -856,7 +856,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		shellAdmits: make(chan struct{}, maxShellAdmits),
 		sandbox:     sandbox,
 	}
-	s.live, s.shells, s.toLeader = l, l, l.toLeader
+	s.live, s.shells = l, l
 	if store != nil {
 		go l.watchStore(store)
 	}
@@ -895,7 +895,16 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Post(relayExecRoute, key, s.exec)
 		s.app.Put(relayFilesRoute, key, s.putFile)
 		s.app.Get(relayFilesRoute, key, s.getFile)
-		s.app.Post(relayActionsRoute, key, s.action)
+		// fill_credential is the leader's (the vault is): passed on
+		// whole, its key checked there, before this replica asks the
+		// leader anything.
+		vault := func(c *fiber.Ctx) error {
+			if fillsCredential(c.Body()) {
+				return l.toLeader(c)
+			}
+			return c.Next()
+		}
+		s.app.Post(relayActionsRoute, vault, key, s.action)
 		s.app.Post(relayScreenshotRoute, key, s.screenshot)
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
@@ -982,7 +991,7 @@ func (l *relayLive) toLeader(c *fiber.Ctx) error {
 	if err != nil {
 		return retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "no gateway replica that answers leads the sessions; retry", err: err})
 	}
-	req, err := http.NewRequestWithContext(ctx, c.Method(), "http://"+addr+c.OriginalURL(), bytes.NewReader(c.Body()))
+	req, err := http.NewRequestWithContext(ctx, c.Method(), "http://"+addr+string(c.Request().URI().RequestURI()), bytes.NewReader(c.Body()))
 	if err != nil {
 		return errInvalid("the request cannot be passed on")
 	}

@@ -590,3 +590,69 @@ func TestRelayRuns(t *testing.T) {
 		t.Errorf("%d runs remembered, over %d", n, maxRelayRuns)
 	}
 }
+
+// TestRelayFillCredential: a relay passes fill_credential to the leader
+// whole (the vault is the leader's), key and body, and answers its
+// answer, asking no admission of its own; another action is admitted
+// first (the control), as it runs here.
+func TestRelayFillCredential(t *testing.T) {
+	sid := ids.NewSession()
+	var mu sync.Mutex
+	var admits, passed int
+	var got struct{ auth, body string }
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		switch r.URL.Path {
+		case relayAdmitPath:
+			admits++
+			json.NewEncoder(w).Encode(relayAdmitAnswer{Refused: &relayRefusal{Status: 404, Code: "not_found", Message: "no such session"}})
+		case "/v1/sessions/" + sid + "/actions":
+			passed++
+			got.auth, got.body = r.Header.Get("Authorization"), string(body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(409)
+			w.Write([]byte(`{"error":{"code":"conflict","message":"fill_credential needs a browser session"}}`))
+		default:
+			w.WriteHeader(400)
+		}
+	}))
+	defer leader.Close()
+	u, _ := url.Parse("http://gw.test:8080")
+	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
+		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil },
+		func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} }, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	action := func(body string) (int, string) {
+		t.Helper()
+		req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+sid+"/actions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer some-key")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := srv.App().Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	fill := `{"action":"fill_credential","credential":"cred-0123456789abcdef","selector":"#password"}`
+	if st, body := action(fill); st != 409 || !strings.Contains(body, "needs a browser session") {
+		t.Errorf("fill_credential through the relay: %d %s, want the leader's 409", st, body)
+	}
+	mu.Lock()
+	if passed != 1 || admits != 0 || got.auth != "Bearer some-key" || got.body != fill {
+		t.Errorf("the leader was passed %d requests (%q, %q) and asked %d admissions; want the one request whole, no admission", passed, got.auth, got.body, admits)
+	}
+	mu.Unlock()
+	if st, body := action(`{"action":"mouse_move","coordinate":[1,2]}`); st != 404 {
+		t.Errorf("mouse_move through the relay: %d %s, want the leader's admission's 404", st, body)
+	}
+	mu.Lock()
+	if passed != 1 || admits != 1 {
+		t.Errorf("after a mouse_move: %d passed, %d admissions; want 1 and 1", passed, admits)
+	}
+	mu.Unlock()
+}

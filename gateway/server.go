@@ -101,10 +101,6 @@ type Server struct {
 	vault       *vault.Vault         // nil: no credentials
 	recorder    *recordings.Recorder // nil: no recordings
 	recShare    RecordingShare       // nil: recordings are made here
-	// toLeader, on a replica that relays, sends a request it does not
-	// serve itself to the leader and answers the leader's answer
-	// (fill_credential: the vault is the leader's). Nil on the leader.
-	toLeader fiber.Handler
 	// retention per tenant; the janitor enforces it.
 	retention    map[string]time.Duration
 	janitorEvery time.Duration
