@@ -647,6 +647,18 @@ func TestRelayFillCredential(t *testing.T) {
 		t.Errorf("the leader was passed %d requests (%q, %q) and asked %d admissions; want the one request whole, no admission", passed, got.auth, got.body, admits)
 	}
 	mu.Unlock()
+	// A coded body is refused here, never unpacked nor passed on.
+	req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+sid+"/actions", strings.NewReader(fill))
+	req.Header.Set("Authorization", "Bearer some-key")
+	req.Header.Set("Content-Encoding", "gzip")
+	if resp, err := srv.App().Test(req, 10000); err != nil || resp.StatusCode != 415 {
+		t.Errorf("a gzip-coded fill_credential through the relay: %v %v, want 415", resp.StatusCode, err)
+	}
+	mu.Lock()
+	if passed != 1 {
+		t.Errorf("a coded body was passed to the leader")
+	}
+	mu.Unlock()
 	if st, body := action(`{"action":"mouse_move","coordinate":[1,2]}`); st != 404 {
 		t.Errorf("mouse_move through the relay: %d %s, want the leader's admission's 404", st, body)
 	}

@@ -421,8 +421,14 @@ func (s *Server) bodyLimit(c *fiber.Ctx) (limit int, streams bool) {
 	return s.cfg.BodyLimit, false
 }
 
-// limitBody refuses request bodies over their route's limit.
+// limitBody refuses request bodies over their route's limit, and
+// compressed ones: Fiber's Body unpacks a Content-Encoding with no bound
+// (a kilobyte of nested gzip became gigabytes), before any handler could
+// check the size, or the key.
 func (s *Server) limitBody(c *fiber.Ctx) error {
+	if encoded(c) {
+		return refuseBody(c, &apiError{status: 415, code: "invalid_argument", msg: "request bodies are not compressed: send them without Content-Encoding"})
+	}
 	limit, streams := s.bodyLimit(c)
 	if streams {
 		// An upload refused, before its body was read or after, ends
@@ -446,11 +452,32 @@ func (s *Server) limitBody(c *fiber.Ctx) error {
 // sent, so that the client reads this answer rather than a reset
 // connection, and closes the connection after it.
 func tooLarge(c *fiber.Ctx, msg string) error {
+	return refuseBody(c, &apiError{status: 413, code: "invalid_argument", msg: msg})
+}
+
+// refuseBody answers err to a request whose body is not taken, as
+// tooLarge does.
+func refuseBody(c *fiber.Ctx, err *apiError) error {
 	if st := c.Context().RequestBodyStream(); st != nil {
 		io.CopyN(io.Discard, st, 64<<20)
 	}
 	c.Set(fiber.HeaderConnection, "close")
-	return &apiError{status: 413, code: "invalid_argument", msg: msg}
+	return err
+}
+
+// encoded: the request says its body is coded (any Content-Encoding
+// but identity, in any of its headers).
+func encoded(c *fiber.Ctx) bool {
+	coded := false
+	c.Request().Header.VisitAll(func(k, v []byte) {
+		if strings.EqualFold(string(k), fiber.HeaderContentEncoding) {
+			for _, e := range strings.Split(string(v), ",") {
+				e = strings.TrimSpace(e)
+				coded = coded || e != "" && !strings.EqualFold(e, "identity")
+			}
+		}
+	})
+	return coded
 }
 
 // refuseToken answers what is left under a preview prefix: 401 without a

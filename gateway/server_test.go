@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -8,10 +10,12 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/session"
 )
 
@@ -171,5 +175,60 @@ func TestForwardedCloses(t *testing.T) {
 		if resp.StatusCode != tc.status || resp.Close != tc.closes {
 			t.Errorf("%s forwarded %q: %d, closes %v; want %d, %v", tc.target, tc.forwarded, resp.StatusCode, resp.Close, tc.status, tc.closes)
 		}
+	}
+}
+
+// TestCodedBodyRefused: a body with a Content-Encoding is refused 415
+// before it is unpacked (Fiber's Body would unpack nested gzip without
+// a bound, before the key is checked): the same request uncoded gets as
+// far as the key check (401, the control), and an "identity" coding is
+// no coding.
+func TestCodedBodyRefused(t *testing.T) {
+	s := newTestServer(t)
+	// 64 MiB of zeros, gzipped twice: a kilobyte or so on the wire.
+	bomb := bytes.Repeat([]byte{0}, 64<<20)
+	for range 2 {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		w.Write(bomb)
+		w.Close()
+		bomb = b.Bytes()
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, tc := range []struct {
+		encoding string
+		body     []byte
+		key      bool // a good key: the handler reads the body
+		status   int
+	}{
+		{"gzip, gzip", bomb, true, 415},
+		{"gzip, gzip", bomb, false, 415},
+		{"br", []byte("{}"), false, 415},
+		{"", []byte("{}"), false, 401},
+		{"identity", []byte("{}"), false, 401},
+	} {
+		req := httptest.NewRequest("POST", "/v1/sessions/"+ids.NewSession()+"/actions", bytes.NewReader(tc.body))
+		req.Host = "gw.test:8080"
+		req.Header.Set("Content-Type", "application/json")
+		if tc.encoding != "" {
+			req.Header.Set("Content-Encoding", tc.encoding)
+		}
+		if tc.key {
+			req.Header.Set("Authorization", "Bearer good-key")
+		}
+		resp, err := s.App().Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != tc.status || !strings.Contains(string(body), "invalid_argument") != (tc.status != 415) {
+			t.Errorf("Content-Encoding %q (%d bytes): %d %s, want %d", tc.encoding, len(tc.body), resp.StatusCode, body, tc.status)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 32<<20 {
+		t.Errorf("the requests allocated %d MiB: the body was unpacked", grew>>20)
 	}
 }
