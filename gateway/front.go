@@ -283,6 +283,11 @@ func (f *Front) standBy(c net.Conn) {
 		}
 		return
 	}
+	if len(bytes.TrimRight(line, "\r\n")) == 0 {
+		// More than a few: refused, never passed on unmarked.
+		frontAnswer(c, 400, "invalid_argument", "no request line after the empty lines", 0)
+		return
+	}
 	method, path := requestTarget(line)
 	kind := relayable(method, path)
 	f.mu.Lock()
@@ -538,7 +543,7 @@ func frontJSON(c net.Conn, status int, v any) {
 
 func frontWrite(c net.Conn, status int, extra string, body []byte) {
 	c.SetWriteDeadline(time.Now().Add(frontHeadTimeout))
-	text := map[int]string{200: "OK", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}[status]
+	text := map[int]string{200: "OK", 400: "Bad Request", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}[status]
 	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n%s",
 		status, text, len(body), extra, body)
 	// Whatever the client still sends is read (a little, briefly), so

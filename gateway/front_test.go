@@ -131,6 +131,20 @@ func TestFront(t *testing.T) {
 		t.Errorf("a request after empty lines: %v %v, want it forwarded, saying so", resp, err)
 	}
 	c.Close()
+	// More than the few the Front skips: refused, not forwarded
+	// unmarked (the leader would keep the connection).
+	c, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "%sGET /late HTTP/1.1\r\nHost: x\r\n\r\n", strings.Repeat("\r\n", 9))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+		t.Errorf("a request after 9 empty lines: %v", err)
+	} else if body, _ := io.ReadAll(resp.Body); resp.StatusCode != 400 || !strings.Contains(string(body), "no request line") {
+		t.Errorf("a request after 9 empty lines: %d %s, want the Front's 400", resp.StatusCode, body)
+	}
+	c.Close()
 
 	// A forwarded connection held open (keep-alive) to the old leader.
 	held, err := net.Dial("tcp", ln.Addr().String())
