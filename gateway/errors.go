@@ -58,6 +58,9 @@ func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 		if qe := (*session.QuotaError)(nil); !errors.As(err, &ae) && errors.As(err, &qe) {
 			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(qe.RetryAfter))
 		}
+		if errors.Is(err, session.ErrDraining) {
+			c.Set(fiber.HeaderRetryAfter, "2") // nothing was made: another replica takes it
+		}
 		status, code, msg := publicOf(err)
 		if status >= 500 {
 			log.Error("request failed", "method", c.Method(), "route", c.Route().Path, "status", status, "err", err)

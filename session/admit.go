@@ -70,7 +70,7 @@ func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, re
 	m.mu.Lock()
 	if m.draining {
 		m.mu.Unlock()
-		return nil, errDraining
+		return nil, ErrDraining
 	}
 	if why := m.neverFits(tenant, need); why != "" {
 		m.mu.Unlock()
@@ -127,7 +127,7 @@ func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, re
 			m.queueWaits.observe(time.Since(start), false)
 			m.mu.Unlock()
 			if draining {
-				return nil, errDraining
+				return nil, ErrDraining
 			}
 			return nil, errTenantDisabled
 		}
@@ -191,7 +191,9 @@ func (m *Manager) createDone() {
 	m.mu.Unlock()
 }
 
-var errDraining = &PublicError{Class: ErrUnavailable, Msg: "the gateway is shutting down and takes no new sessions; retry (another gateway takes them)"}
+// ErrDraining refuses a create while the gateway stops: nothing of the
+// session was made, and another gateway takes it.
+var ErrDraining = &PublicError{Class: ErrUnavailable, Msg: "the gateway is shutting down and takes no new sessions; retry (another gateway takes them)"}
 
 // Drain refuses new creates from now on (waiting ones too) and returns
 // once the creates under way have finished, or when ctx ends. Running
