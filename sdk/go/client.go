@@ -171,7 +171,7 @@ func (c *Client) send(ctx context.Context, method, path string, body io.Reader, 
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, fmt.Errorf("waiting to send again after %w: %w", err, ctx.Err())
 		case <-time.After(wait):
 		}
 		if req.GetBody != nil {
@@ -217,8 +217,9 @@ func (c *Client) sendOnce(req *http.Request) (*http.Response, error) {
 		return nil, &Error{Status: resp.StatusCode, Code: "http_" + fmt.Sprint(resp.StatusCode), Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
 	}
 	e.Error.Status = resp.StatusCode
+	// A day at most: a larger number would overflow a Duration.
 	if n, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && n > 0 {
-		e.Error.RetryAfter = time.Duration(n) * time.Second
+		e.Error.RetryAfter = time.Duration(min(n, 86400)) * time.Second
 	}
 	return nil, e.Error
 }

@@ -2,6 +2,7 @@ package sandgate
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -30,6 +31,11 @@ func TestRetry(t *testing.T) {
 		switch {
 		case r.URL.Path == "/v1/sessions/s-0000000000000001/files":
 			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(503)
+			io.WriteString(w, `{"error":{"code":"unavailable","message":"taking over; retry"}}`)
+		case r.URL.Path == "/v1/sessions/s-0000000000000004":
+			// A Retry-After that would overflow a Duration (to 0.29 s).
+			w.Header().Set("Retry-After", "18446744074")
 			w.WriteHeader(503)
 			io.WriteString(w, `{"error":{"code":"unavailable","message":"taking over; retry"}}`)
 		case r.URL.Path == "/v1/sessions/s-0000000000000002":
@@ -81,12 +87,19 @@ func TestRetry(t *testing.T) {
 	if _, err := New(srv.URL, "k").PutFile(ctx, "s-0000000000000001", "/tmp/x", io.MultiReader(strings.NewReader("stream"))); !IsUnavailable(err) || len(sent()) != 1 {
 		t.Errorf("an upload from a stream: %v, want unavailable at once", err)
 	}
+	// A wait past what is left of the retries' time is not waited.
+	if _, err := New(srv.URL, "k").GetSession(ctx, "s-0000000000000004"); !IsUnavailable(err) || len(sent()) != 1 {
+		t.Errorf("a Retry-After of 18446744074 s: %v, want the error at once", err)
+	}
+
 	// A context that ends stops the retries.
 	refuse["/v1/sessions"] = 100
 	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	t0 = time.Now()
-	if _, err := New(srv.URL, "k").CreateSession(cctx, SessionRequest{}); err == nil || time.Since(t0) > 2*time.Second {
+	// Its error says both: the context ended, and what the gateway
+	// last said.
+	if _, err := New(srv.URL, "k").CreateSession(cctx, SessionRequest{}); !errors.Is(err, context.DeadlineExceeded) || !IsUnavailable(err) || time.Since(t0) > 2*time.Second {
 		t.Errorf("a context that ended: %v after %v", err, time.Since(t0))
 	}
 	sent()

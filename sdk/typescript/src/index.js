@@ -36,6 +36,11 @@ async function errorOf(resp) {
   return err;
 }
 
+// gatewaySaid holds the errors whose body was the gateway's own JSON:
+// only those promise, with a 503 and a Retry-After, that nothing was
+// done (a proxy's 503 in front of the gateway does not).
+const gatewaySaid = new WeakSet();
+
 async function errorOfBody(resp) {
   let text = "";
   try {
@@ -46,7 +51,9 @@ async function errorOfBody(resp) {
   try {
     const e = JSON.parse(text).error;
     if (e && typeof e.code === "string") {
-      return new SandgateError(resp.status, e.code, String(e.message ?? e.code));
+      const err = new SandgateError(resp.status, e.code, String(e.message ?? e.code));
+      gatewaySaid.add(err);
+      return err;
     }
   } catch {
     // not the gateway's JSON
@@ -64,12 +71,13 @@ const DIAL_RETRY_FOR_MS = 5_000;
 
 // retryAfterOf is how long to wait before sending again a request that
 // failed with err, when the gateway said nothing was done and to retry
-// (503 unavailable with a Retry-After: a replica taking over from one
-// that died, none leading yet, one stopping) or no connection could be
-// made; 0 otherwise.
+// (its own 503 unavailable with a Retry-After, in its JSON: a replica
+// taking over from one that died, none leading yet, one stopping) or no
+// connection could be made; 0 otherwise.
 function retryAfterOf(err) {
   if (err.code !== "unavailable" || !(err.retryAfterSeconds > 0)) return 0;
-  return err.status === 503 || err.status === 0 ? err.retryAfterSeconds * 1000 : 0;
+  const said = err.status === 503 && gatewaySaid.has(err) || err.status === 0;
+  return said ? err.retryAfterSeconds * 1000 : 0;
 }
 
 // refused: fetch failed to connect (nothing was sent).

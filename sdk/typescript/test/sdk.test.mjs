@@ -365,8 +365,8 @@ while [ ! -e ${flag} ]; do sleep 0.05; done; echo after; exit 7`;
 // takes over from one that died (the gateway's own are TestKubeRelay's,
 // through the Go SDK): a 503 unavailable with a Retry-After is sent
 // again, its body whole, until answered or retryForMs is spent; a 503
-// without one, or with retryForMs 0, is answered at once; so is a
-// stream's upload. A gateway not listening yet is tried again.
+// without one, or not in the gateway's JSON (a proxy's), or with
+// retryForMs 0, is answered at once; so is a stream's upload. A gateway not listening yet is tried again.
 describe("@sandgate/sdk retries", { concurrency: 1 }, () => {
   const http = import("node:http");
   let server;
@@ -379,6 +379,11 @@ describe("@sandgate/sdk retries", { concurrency: 1 }, () => {
       let body = "";
       for await (const c of req) body += c;
       seen.push(`${req.method} ${req.url} ${body}`);
+      if (req.url.startsWith("/v1/sessions/s-0000000000000004")) {
+        // A proxy's 503 in front of the gateway: it promises nothing.
+        res.writeHead(503, { "Content-Type": "text/html", "Retry-After": "1" });
+        return res.end("<html><body>503 Service Unavailable</body></html>");
+      }
       if (req.url.startsWith("/v1/sessions/s-0000000000000002")) {
         res.writeHead(503, { "Content-Type": "application/json" });
         return res.end(`{"error":{"code":"unavailable","message":"the display did not answer"}}`);
@@ -425,6 +430,9 @@ describe("@sandgate/sdk retries", { concurrency: 1 }, () => {
     seen.length = 0;
     await rejects(() => new Sandgate({ baseURL: base, apiKey: "k" }).sessions.get("s-0000000000000002"), 503, "unavailable");
     assert.equal(seen.length, 1);
+    seen.length = 0;
+    await rejects(() => new Sandgate({ baseURL: base, apiKey: "k" }).sessions.get("s-0000000000000004"), 503, "unavailable");
+    assert.equal(seen.length, 1, "a proxy's 503 with a Retry-After was sent again");
     refuse = 1;
     seen.length = 0;
     const stream = new ReadableStream({ start(c) { c.enqueue(new TextEncoder().encode("x")); c.close(); } });
