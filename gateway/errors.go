@@ -55,11 +55,9 @@ var classes = []struct {
 func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 	return func(c *fiber.Ctx, err error) error {
 		var ae *apiError
-		if qe := (*session.QuotaError)(nil); !errors.As(err, &ae) && errors.As(err, &qe) {
-			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(qe.RetryAfter))
-		}
-		if errors.Is(err, session.ErrDraining) {
-			c.Set(fiber.HeaderRetryAfter, "2") // nothing was made: another replica takes it
+		var pe *session.PublicError
+		if !errors.As(err, &ae) && errors.As(err, &pe) && pe.RetryAfter > 0 {
+			c.Set(fiber.HeaderRetryAfter, strconv.Itoa(pe.RetryAfter))
 		}
 		status, code, msg := publicOf(err)
 		if status >= 500 {

@@ -819,7 +819,7 @@ type relayLive struct {
 	// sandbox names a session's Pod, for the shells (nil: none).
 	sandbox func(id string) session.Sandbox
 	// storeOK: the artifact store answered when last asked
-	// (watchStore).
+	// (watchStore; never without a store).
 	storeOK atomic.Bool
 }
 
@@ -1228,7 +1228,7 @@ func (l *relayLive) fromAnswer(token string, ans relayAdmitAnswer) (*previewClai
 // with a store to keep the screenshots in.
 func (s *Server) RelayUsable(kind Relays) bool {
 	l, ok := s.live.(*relayLive)
-	return ok && l.usable() && (!kind.Actions || s.store != nil && l.storeOK.Load())
+	return ok && l.usable() && (!kind.Actions || l.storeOK.Load())
 }
 
 // relayStoreEvery is how often a relay asks whether its artifact store

@@ -152,12 +152,7 @@ func TestRelayLive(t *testing.T) {
 		}
 	}))
 	defer leader.Close()
-	u, _ := url.Parse("http://gw.test:8080")
-	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
-		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil }, nil, nil, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := testRelay(t, leader.URL, nil)
 	l := srv.live.(*relayLive)
 	count := func() (int, int) { mu.Lock(); defer mu.Unlock(); return admits, syncs }
 
@@ -403,14 +398,8 @@ func TestRelayShellAdmission(t *testing.T) {
 		json.NewEncoder(w).Encode(ok)
 	}))
 	defer leader.Close()
-	u, _ := url.Parse("http://gw.test:8080")
 	started := make(chan string, 1)
-	srv, err = NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
-		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil },
-		func(id string) session.Sandbox { return failingSandbox{id: id, started: started} }, nil, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv = testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
 	shell := func(key string) (int, string) {
 		t.Helper()
 		req := httptest.NewRequest("GET", "http://gw.test:8080/v1/sessions/"+sid+"/shell", nil)
@@ -619,13 +608,7 @@ func TestRelayFillCredential(t *testing.T) {
 		}
 	}))
 	defer leader.Close()
-	u, _ := url.Parse("http://gw.test:8080")
-	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
-		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil },
-		func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} }, nil, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
 	action := func(body string) (int, string) {
 		t.Helper()
 		req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+sid+"/actions", strings.NewReader(body))
@@ -667,4 +650,17 @@ func TestRelayFillCredential(t *testing.T) {
 		t.Errorf("after a mouse_move: %d passed, %d admissions; want 1 and 1", passed, admits)
 	}
 	mu.Unlock()
+}
+
+// testRelay is a relay (no artifact store) whose leader is the
+// stand-in at leaderURL; sandbox as NewRelay's.
+func testRelay(t *testing.T, leaderURL string, sandbox func(id string) session.Sandbox) *Server {
+	t.Helper()
+	u, _ := url.Parse("http://gw.test:8080")
+	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
+		func(context.Context) (string, error) { return strings.TrimPrefix(leaderURL, "http://"), nil }, sandbox, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv
 }

@@ -38,14 +38,6 @@ type Usage struct {
 	MaxArtifactBytes    int64   `json:"max_artifact_bytes"`
 }
 
-// QuotaError is ErrQuota with the seconds after which a retry may fit.
-type QuotaError struct {
-	*PublicError
-	RetryAfter int
-}
-
-func (e *QuotaError) Unwrap() error { return e.PublicError }
-
 // reservation holds a create's share until its session is counted
 // (started, starting or claimed) or the create gives up.
 type reservation struct {
@@ -70,7 +62,7 @@ func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, re
 	m.mu.Lock()
 	if m.draining {
 		m.mu.Unlock()
-		return nil, ErrDraining
+		return nil, errDraining
 	}
 	if why := m.neverFits(tenant, need); why != "" {
 		m.mu.Unlock()
@@ -127,7 +119,7 @@ func (m *Manager) reserve(ctx context.Context, tenant string, need Resources, re
 			m.queueWaits.observe(time.Since(start), false)
 			m.mu.Unlock()
 			if draining {
-				return nil, ErrDraining
+				return nil, errDraining
 			}
 			return nil, errTenantDisabled
 		}
@@ -191,9 +183,9 @@ func (m *Manager) createDone() {
 	m.mu.Unlock()
 }
 
-// ErrDraining refuses a create while the gateway stops: nothing of the
+// errDraining refuses a create while the gateway stops: nothing of the
 // session was made, and another gateway takes it.
-var ErrDraining = &PublicError{Class: ErrUnavailable, Msg: "the gateway is shutting down and takes no new sessions; retry (another gateway takes them)"}
+var errDraining = &PublicError{Class: ErrUnavailable, Msg: "the gateway is shutting down and takes no new sessions; retry (another gateway takes them)", RetryAfter: 2}
 
 // Drain refuses new creates from now on (waiting ones too) and returns
 // once the creates under way have finished, or when ctx ends. Running
@@ -371,10 +363,7 @@ func (m *Manager) quotaErrLocked(tenant, why string) error {
 			retry = max(retry, wait.Seconds()) // no create gets in before the window has room
 		}
 	}
-	return &QuotaError{
-		PublicError: &PublicError{Class: ErrQuota, Msg: "over quota: " + why},
-		RetryAfter:  int(math.Max(1, math.Ceil(retry))),
-	}
+	return &PublicError{Class: ErrQuota, Msg: "over quota: " + why, RetryAfter: int(math.Max(1, math.Ceil(retry)))}
 }
 
 // Usage is what tenant holds now, with its limits.

@@ -39,7 +39,7 @@ func (m *Manager) endSession(id string) {
 
 func quotaRetry(t *testing.T, err error) int {
 	t.Helper()
-	var qe *QuotaError
+	var qe *PublicError
 	if !errors.As(err, &qe) || !errors.Is(err, ErrQuota) {
 		t.Fatalf("want a quota error, got %v", err)
 	}

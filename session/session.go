@@ -31,6 +31,10 @@ type PublicError struct {
 	Class error  // one of the Err* classes
 	Msg   string // safe to show
 	Err   error  // internal cause, may be nil
+	// RetryAfter (seconds; 0 none): nothing was done, and the request
+	// may be sent again after it (a quota that may fit by then, a
+	// gateway that drains).
+	RetryAfter int
 }
 
 func (e *PublicError) Error() string {
