@@ -821,6 +821,14 @@ type relayLive struct {
 	// storeOK: the artifact store answered when last asked
 	// (watchStore; never without a store).
 	storeOK atomic.Bool
+	// alone admits shells, commands, files and actions while no leader
+	// answers (nil: they wait for one); silentAt is when a leader last
+	// did not answer an admission (unix ns; 0: it answered since).
+	alone    *RelayAlone
+	silentAt atomic.Int64
+	// aloneSince: when this replica began to admit alone (unix ns; 0:
+	// it asks the leader), logged once each way.
+	aloneSince atomic.Int64
 }
 
 type relayConn struct {
@@ -1093,10 +1101,19 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 		if last := l.warned.Load(); time.Since(time.Unix(0, last)) > 10*time.Second && l.warned.CompareAndSwap(last, time.Now().UnixNano()) {
 			l.log.Warn("cannot ask the leader about a connection", "err", err)
 		}
-		return ans, st, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry"}
+		if st == 0 {
+			l.silentAt.Store(time.Now().UnixNano())
+			err = fmt.Errorf("%w: %v", errNoAnswer, err)
+		}
+		return ans, st, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
 	}
+	l.silentAt.Store(0)
 	return ans, st, nil
 }
+
+// errNoAnswer: no leader answered an admission (none is known, or the
+// one the lease names cannot be reached).
+var errNoAnswer = errors.New("no leader answers")
 
 var errLeaderRefused = errors.New("the leader refused the admission")
 
@@ -1166,7 +1183,19 @@ func (l *relayLive) askShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmi
 	if len(key) > 4096 {
 		return nil, relayAdmitAnswer{}, errUnauthenticated("the API key is not valid")
 	}
+	if l.alone != nil && time.Since(time.Unix(0, l.silentAt.Load())) < relayLeaderCache {
+		// A leader did not answer a moment ago: not asked again (each
+		// ask of a dead one's address may wait for its dial) until the
+		// lease is read again.
+		return l.admitAlone(c, id, key)
+	}
 	ans, _, err := l.ask(relayAdmitRequest{Shell: &relayShellRequest{Session: id, Key: key}})
+	if l.alone != nil && errors.Is(err, errNoAnswer) {
+		return l.admitAlone(c, id, key)
+	}
+	if err == nil && l.aloneSince.Swap(0) != 0 {
+		l.log.Info("a leader answers again: it admits the shells, commands, files and actions this replica carries")
+	}
 	switch {
 	case errors.Is(err, errLeaderRefused):
 		return nil, ans, unavailable // a shell's refusal is an answer

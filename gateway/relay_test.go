@@ -14,15 +14,18 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	fws "github.com/fasthttp/websocket"
+	"github.com/gofiber/fiber/v2"
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/tenant"
 )
 
 // TestRelayAuth: the leader's relay routes take only requests signed
@@ -410,12 +413,7 @@ func TestRelayShellAdmission(t *testing.T) {
 		if key != "" {
 			req.Header.Set("Authorization", "Bearer "+key)
 		}
-		resp, err := srv.App().Test(req, 10000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		return answerOf(t, srv, req)
 	}
 	for key, want := range map[string]int{"": 401, "missing": 404, "wrong-session": 503, "wrong-ticket": 503, "junk-ticket": 503, "no-ticket": 503, "odd-status": 503} {
 		if st, body := shell(key); st != want {
@@ -663,4 +661,150 @@ func testRelay(t *testing.T, leaderURL string, sandbox func(id string) session.S
 		t.Fatal(err)
 	}
 	return srv
+}
+
+// TestRelayAlone: while the leader answers, a relay takes its word on a
+// shell (here, a refusal); once no leader answers, it admits by its
+// copies (RelayAlone) as the leader would: an unknown key 401, a
+// disabled tenant's 403, a copy out of date 503, another tenant's
+// session, none, a pooled Pod's or an unreadable record 404, a session
+// whose Pod does not run or that expired 409; and a good key gets a
+// ticket signed with the gateway's keys that lasts as the leader's
+// would, with the tenant's limits.
+func TestRelayAlone(t *testing.T) {
+	sid := ids.NewSession()
+	now := time.Now().UTC()
+	rec := func(id, tenantName string, expires time.Time) map[string]string {
+		return map[string]string{"sandgate.session": id, session.RecordTenant: tenantName, "sandgate.created": now.Add(-time.Minute).Format(time.RFC3339Nano),
+			session.RecordExpires: expires.Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3",
+			"sandgate.info": `{"kind":"desktop","runtime":"runc","screen":{"width":800,"height":600}}`}
+	}
+	type seen struct {
+		r       map[string]string
+		running bool
+		err     error
+	}
+	sessions := map[string]seen{
+		sid: {rec(sid, "t", now.Add(10*time.Minute)), true, nil},
+	}
+	ids4 := map[string]string{}
+	for _, name := range []string{"other", "stopped", "expired", "pooled", "garbled", "gone", "unreadable"} {
+		ids4[name] = ids.NewSession()
+	}
+	sessions[ids4["other"]] = seen{rec(ids4["other"], "u", now.Add(time.Hour)), true, nil}
+	sessions[ids4["stopped"]] = seen{rec(ids4["stopped"], "t", now.Add(time.Hour)), false, nil}
+	sessions[ids4["expired"]] = seen{rec(ids4["expired"], "t", now.Add(-time.Second)), true, nil}
+	pooled := rec(ids4["pooled"], "t", now.Add(time.Hour))
+	pooled["sandgate.pool"] = "desktop-runc"
+	sessions[ids4["pooled"]] = seen{pooled, true, nil}
+	garbled := rec(ids4["garbled"], "t", now.Add(time.Hour))
+	garbled["sandgate.info"] = "{"
+	sessions[ids4["garbled"]] = seen{garbled, true, nil}
+	sessions[ids4["gone"]] = seen{nil, false, fmt.Errorf("%w: no Pod", session.ErrSandboxGone)}
+	sessions[ids4["unreadable"]] = seen{nil, false, errors.New("the session Pods are not listed yet")}
+
+	var asked atomic.Int32
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		json.NewEncoder(w).Encode(relayAdmitAnswer{Refused: &relayRefusal{Status: 404, Code: "not_found", Message: "the leader's no"}})
+	}))
+	started := make(chan string, 4)
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
+	srv.AdmitAlone(RelayAlone{
+		Tenant: func(key string) (string, session.TenantLimits, error) {
+			switch key {
+			case "good":
+				return "t", session.TenantLimits{MaxTTL: 2 * time.Hour, AllowRoot: true, MaxFileBytes: 7}, nil
+			case "off":
+				return "", session.TenantLimits{}, tenant.ErrDisabled
+			case "stale":
+				return "", session.TenantLimits{}, tenant.ErrStale
+			}
+			return "", session.TenantLimits{}, tenant.ErrNotFound
+		},
+		Session: func(_ context.Context, id string) (map[string]string, bool, error) {
+			if s, ok := sessions[id]; ok {
+				return s.r, s.running, s.err
+			}
+			return nil, false, session.ErrSandboxGone
+		},
+	})
+	// A command: an admitted one is started in the sandbox (which
+	// fails it: started says it was admitted).
+	command := func(id, key string) (int, string) {
+		t.Helper()
+		req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+id+"/exec", strings.NewReader(`{"cmd":["true"]}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+key)
+		return answerOf(t, srv, req)
+	}
+	// The leader answers: its word, even for a key the copy takes.
+	if st, body := command(sid, "good"); st != 404 || !strings.Contains(body, "the leader's no") || asked.Load() != 1 {
+		t.Fatalf("with a leader that answers: %d %s (asked %d), want its 404", st, body, asked.Load())
+	}
+	leader.Close()
+	cases := []struct {
+		id, key string
+		want    int
+	}{
+		{sid, "good", 500}, {sid, "junk", 401}, {sid, "off", 403}, {sid, "stale", 503},
+		{ids4["other"], "good", 404}, {ids4["gone"], "good", 404}, {ids4["pooled"], "good", 404}, {ids4["garbled"], "good", 404},
+		{ids4["stopped"], "good", 409}, {ids4["expired"], "good", 409}, {ids4["unreadable"], "good", 503}, {"not-a-session", "good", 404},
+	}
+	for _, tc := range cases {
+		if st, body := command(tc.id, tc.key); st != tc.want {
+			t.Errorf("no leader, key %q, session %s: %d %s, want %d", tc.key, tc.id, st, body, tc.want)
+		}
+	}
+	// (The 500 is the stand-in sandbox's failure: the command was
+	// admitted and started, in that session alone.)
+	select {
+	case id := <-started:
+		if id != sid || len(started) != 0 {
+			t.Errorf("started in %s (and %d more), want %s alone", id, len(started), sid)
+		}
+	default:
+		t.Error("the admitted command was not started")
+	}
+	if asked.Load() != 1 {
+		t.Errorf("the closed leader was asked %d times", asked.Load())
+	}
+
+	// The ticket of a good key, read with the gateway's keys.
+	l := srv.live.(*relayLive)
+	app := fiber.New()
+	var claims *previewClaims
+	var ans relayAdmitAnswer
+	var aerr error
+	app.Get("/", func(c *fiber.Ctx) error {
+		claims, ans, aerr = l.admitAlone(c, sid, "good")
+		return nil
+	})
+	if _, err := app.Test(httptest.NewRequest("GET", "/", nil)); err != nil || aerr != nil {
+		t.Fatalf("the admission: %v %v", err, aerr)
+	}
+	got, err := srv.tokens.verify(ans.Ticket, time.Now())
+	if err != nil || got.Session != sid || got.Tenant != "t" || got.Scope != scopeShell {
+		t.Fatalf("the ticket: %+v %v", got, err)
+	}
+	// created a minute ago, the tenant's longest TTL two hours: the
+	// ticket lasts until then, and a minute more.
+	if want := now.Add(-time.Minute).Add(2 * time.Hour).Add(time.Minute); got.ExpiresAt.Time.Sub(want).Abs() > time.Second {
+		t.Errorf("the ticket expires at %v, want %v", got.ExpiresAt.Time, want)
+	}
+	if !claims.allowRoot || claims.maxFileBytes != 7 || claims.raw != ans.Ticket || ans.Kind != session.KindDesktop ||
+		ans.CDP != "10.1.2.3:9222" || ans.VNC != "10.1.2.3:5900" || ans.Screen.Width != 800 {
+		t.Errorf("the admission: %+v %+v", claims, ans)
+	}
+}
+
+// answerOf is srv's answer to req: its status and body.
+func answerOf(t *testing.T, srv *Server, req *http.Request) (int, string) {
+	t.Helper()
+	resp, err := srv.App().Test(req, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
 }

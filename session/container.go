@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -99,6 +100,25 @@ func infoFromLabels(l map[string]string) (Info, error) {
 		Screen: si.Screen, Record: si.Record, Labels: si.Labels, Egress: si.Egress, Start: si.Start,
 		Profile: si.Profile, Snapshot: si.Snapshot,
 	}, nil
+}
+
+// FromRecord is the session a sandbox's record holds, as the manager
+// adopts it, and where it serves: for a replica that reads a session
+// from its sandbox (a Pod) without the manager. A warm pool's sandbox
+// not claimed yet holds no session (ErrNotFound).
+func FromRecord(r map[string]string) (Info, Endpoint, error) {
+	if r[labelPool] != "" || r[labelSession] == "" || r[labelTenant] == "" {
+		return Info{}, Endpoint{}, publicf(ErrNotFound, "no such session", nil)
+	}
+	info, err := infoFromLabels(r)
+	if err != nil {
+		return Info{}, Endpoint{}, err
+	}
+	addr, err := netip.ParseAddr(r[labelAddr])
+	if err != nil {
+		return Info{}, Endpoint{}, fmt.Errorf("the record has no address: %w", err)
+	}
+	return info, endpointOf(addr), nil
 }
 
 func revokedFromLabels(l map[string]string) map[string]time.Time {

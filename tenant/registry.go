@@ -191,10 +191,38 @@ func OpenMirrored(path string, mirror Mirror, seeds []Seed, onChange func(Tenant
 			return nil, fmt.Errorf("tenants: %w", err)
 		}
 	}
+	if err := r.load(raw, from); err != nil {
+		return nil, err
+	}
+	r.seed(seeds)
+	if path != "" {
+		// Temporary files of a write a crash cut short.
+		if old, err := filepath.Glob(filepath.Join(filepath.Dir(path), ".tenants-*")); err == nil {
+			for _, f := range old {
+				os.Remove(f)
+			}
+		}
+	}
+	r.dirty = true
+	if err := r.flush(); err != nil {
+		return nil, err
+	}
+	if onChange != nil {
+		for _, t := range r.List() {
+			onChange(t)
+		}
+	}
+	go r.flushLoop()
+	return r, nil
+}
+
+// load takes the tenants and keys of a stored registry (raw; nil: none),
+// read from from.
+func (r *Registry) load(raw []byte, from string) error {
 	if raw != nil {
 		var f file
 		if err := json.Unmarshal(raw, &f); err != nil {
-			return nil, fmt.Errorf("tenants: %s: %w", from, err)
+			return fmt.Errorf("tenants: %s: %w", from, err)
 		}
 		for _, st := range f.Tenants {
 			t := st.Tenant
@@ -210,6 +238,11 @@ func OpenMirrored(path string, mirror Mirror, seeds []Seed, onChange func(Tenant
 			r.keys[k.digest] = &k
 		}
 	}
+	return nil
+}
+
+// seed applies the config's tenants and keys (see Open).
+func (r *Registry) seed(seeds []Seed) {
 	// Config tenants and keys: the file's word on limits and its keys;
 	// a config key no longer in the config is gone.
 	seeded := map[string]bool{}
@@ -255,25 +288,6 @@ func OpenMirrored(path string, mirror Mirror, seeds []Seed, onChange func(Tenant
 			t.Source, t.dropped, t.Disabled = SourceAPI, !t.Disabled, true
 		}
 	}
-	if path != "" {
-		// Temporary files of a write a crash cut short.
-		if old, err := filepath.Glob(filepath.Join(filepath.Dir(path), ".tenants-*")); err == nil {
-			for _, f := range old {
-				os.Remove(f)
-			}
-		}
-	}
-	r.dirty = true
-	if err := r.flush(); err != nil {
-		return nil, err
-	}
-	if onChange != nil {
-		for _, t := range r.List() {
-			onChange(t)
-		}
-	}
-	go r.flushLoop()
-	return r, nil
 }
 
 // Close writes what is pending and stops the background writer.

@@ -56,6 +56,13 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("create through B: %d %s", st, body)
 	}
 	viaB := func(u string) string { return strings.Replace(u, ra.gwAddr, rb.gwAddr, 1) }
+	// Keys issued through the leader's admin API after B started: one
+	// revoked at once, one kept. B checks them itself while nobody
+	// leads (below), by its copy of the stored registry.
+	var revokedKey, issuedKey adminKey
+	ra.admin(t, "POST", "/tenants/tenant-a/keys", map[string]any{"name": "relay-revoked"}, 201, &revokedKey)
+	ra.admin(t, "DELETE", "/tenants/tenant-a/keys/"+revokedKey.ID, nil, 204, nil)
+	ra.admin(t, "POST", "/tenants/tenant-a/keys", map[string]any{"name": "relay-issued"}, 201, &issuedKey)
 
 	// The internal routes answer nothing unsigned, as a route that is
 	// not there.
@@ -410,6 +417,32 @@ func TestKubeRelay(t *testing.T) {
 	if err := shellRun(shB, "echo alive-$((6*7))", "alive-42"); err != nil {
 		t.Fatalf("the shell through B right after A's death: %v", err)
 	}
+	// While nobody leads, B admits the commands and files it carries
+	// alone, as the leader would have: by its copy of the stored
+	// tenants (the key issued after B started works, the revoked one
+	// does not; a junk key and another tenant's are refused) and its
+	// watch of the session Pods. What they do reaches the trail once B
+	// leads (below).
+	gap := execWith(t, fresh, rb.gwURL, issuedKey.APIKey, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo gap-$((6*7))"}})
+	if gap.ExitCode != 0 || string(gap.Stdout) != "gap-42\n" {
+		t.Fatalf("a command through B while nobody leads: exit %d, stdout %q", gap.ExitCode, gap.Stdout)
+	}
+	t.Logf("a command through B answered %.1f s after A's death, nobody leading", time.Since(killed).Seconds())
+	const gapFile = "/home/sandgate/workspace/gap.txt"
+	if st, body := fileVia(t, fresh, rb.gwURL, rb.keyA, "PUT", s.ID, gapFile, []byte("written while nobody led")); st != 201 {
+		t.Fatalf("a file put through B while nobody leads: %d %s", st, body)
+	}
+	for key, want := range map[string]int{revokedKey.APIKey: 401, "sk-junk": 401, rb.keyB: 404} {
+		if st, body := callVia(t, fresh, rb.gwURL, key, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"cmd": []string{"true"}}); st != want {
+			t.Errorf("a command through B while nobody leads, key %.12s…: %d %s, want %d", key, st, body, want)
+		}
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+ids.NewSession()+"/exec", map[string]any{"cmd": []string{"true"}}); st != 404 {
+		t.Errorf("a command through B while nobody leads, in no session: %d %s, want 404", st, body)
+	}
+	if logLines(rb, "no leader answers: this replica admits") != 1 {
+		t.Errorf("B's log should say once that it admits alone")
+	}
 	var stdout []byte
 	var exits []int
 	for long.Scan() {
@@ -467,6 +500,9 @@ func TestKubeRelay(t *testing.T) {
 	})
 	waitFor(t, 30*time.Second, "the exec event of the command that ran across A's death, in the trail of B, leading", func() bool {
 		return execEvent(rb, 0, "survived")
+	})
+	waitFor(t, 30*time.Second, "the exec event and file_upload of what B admitted while nobody led, in the trail of B, leading", func() bool {
+		return execEvent(rb, 0, "gap-") && fileEvent(rb, "file_upload", gapFile) != nil
 	})
 	// Closed, they reach the trail of the leader B is now.
 	throughB1.Close()

@@ -75,7 +75,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	var client *containerd.Client
 	var backend session.Backend
 	var front *gateway.Front // backend kubernetes, with replicas
-	var kb *kube.Backend     // backend kubernetes
+	// standCtx lasts while this replica stands by (endStand: it leads).
+	standCtx, endStand := context.WithCancel(ctx)
+	defer endStand()
+	var kb *kube.Backend // backend kubernetes
 	// Backend kubernetes, with kubernetes.pod: the leader's label on
 	// this replica's Pod while it leads (see kube.LabelGatewayRole).
 	var role *kube.Role
@@ -193,6 +196,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				log.Warn("no artifact store for this replica: the actions and screenshots it is sent go to the leader", "err", err)
 				relayStore = nil
 			}
+			// (Its watch of the Pods and its copy of the tenants serve
+			// while it stands by: standCtx ends as it leads.)
+			podsSeen := kube.NewSessions(standCtx, holds)
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
@@ -202,6 +208,23 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}, kube.NewSessions(ctx, holds).Sandbox, relayStore, log.With("component", "relay"))
 			if err != nil {
 				return err
+			}
+			// While no leader answers (one died; its lease has yet to
+			// run out), it admits the shells, commands, files and actions
+			// it carries itself: by a copy of the tenant registry stored
+			// in MinIO, read again every 2 s and not used once 30 s old,
+			// and by its watch of the session Pods.
+			if relayStore != nil {
+				followed := tenant.Follow(standCtx, tenantMirror{relayStore, cfg.Kubernetes.Namespace}, tenantSeeds(cfg),
+					2*time.Second, 30*time.Second, log.With("component", "relay"))
+				podsSeen.Watch()
+				relay.AdmitAlone(gateway.RelayAlone{
+					Tenant: func(key string) (string, session.TenantLimits, error) {
+						t, err := followed.Authenticate(key)
+						return t.Name, sessionLimits(t), err
+					},
+					Session: podsSeen.Seen,
+				})
 			}
 			go relay.ServeRelay(front.RelayListener(relay.RelayUsable))
 			defer relay.App().ShutdownWithTimeout(5 * time.Second)
@@ -373,15 +396,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 
 	// Tenants and keys: the config's, and what the admin API added,
 	// kept in the state directory. A change reaches the manager at once.
-	var seeds []tenant.Seed
-	for _, t := range cfg.Tenants {
-		seeds = append(seeds, tenant.Seed{Tenant: tenant.Tenant{Name: t.Name, Limits: tenant.Limits{
-			MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL.Duration,
-			MaxRecordings: t.MaxRecordings, MaxCreatesPerMinute: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
-			MaxTTL: t.MaxTTL.Duration, MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
-			EgressAllow: t.EgressAllow,
-		}}, Digests: t.APIKeySHA256})
-	}
+	seeds := tenantSeeds(cfg)
 	var mgr *session.Manager
 	// Under kubernetes the registry is in MinIO too: the replica that
 	// takes the lead on another node knows what the admin API changed.
@@ -514,6 +529,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	defer role.StepDown(kb)
 	if front != nil {
 		front.Lead()
+		endStand()
 		return srv.Serve(ctx, front.Listener())
 	}
 	return srv.Listen(ctx, cfg.Listen)
@@ -550,6 +566,20 @@ func poolConfigs(cfg *Config) []session.PoolConfig {
 }
 
 // sessionLimits is what the session manager enforces of a tenant.
+// tenantSeeds are the config's tenants and keys.
+func tenantSeeds(cfg *Config) []tenant.Seed {
+	var seeds []tenant.Seed
+	for _, t := range cfg.Tenants {
+		seeds = append(seeds, tenant.Seed{Tenant: tenant.Tenant{Name: t.Name, Limits: tenant.Limits{
+			MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL.Duration,
+			MaxRecordings: t.MaxRecordings, MaxCreatesPerMinute: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
+			MaxTTL: t.MaxTTL.Duration, MaxIdle: t.MaxIdle.Duration, AllowRoot: t.AllowRoot, MaxFileBytes: t.MaxFileBytes,
+			EgressAllow: t.EgressAllow,
+		}}, Digests: t.APIKeySHA256})
+	}
+	return seeds
+}
+
 func sessionLimits(t tenant.Tenant) session.TenantLimits {
 	return session.TenantLimits{
 		MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB, DefaultTTL: t.DefaultTTL,

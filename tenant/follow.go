@@ -1,0 +1,116 @@
+package tenant
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Follower keeps a copy of the registry that another gateway owns and
+// writes to its mirror (MinIO), read again every interval: what a
+// gateway replica that stands by checks API keys by while no replica
+// that leads answers. It never writes, and it records no key's use.
+//
+// A copy that has not been read again for its maxAge is not used
+// (ErrStale): a key revoked or a tenant disabled since would be taken.
+// Within maxAge, a revocation the owner stored reaches the copy within
+// an interval.
+type Follower struct {
+	mirror Mirror
+	seeds  []Seed
+	maxAge time.Duration
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	reg    *Registry // nil until the mirror first answered
+	raw    []byte    // what reg was made of
+	readAt time.Time // when the mirror last answered
+	failed bool      // the last read failed (logged once a turn)
+}
+
+// ErrStale: the follower's copy is too old to check a key by.
+var ErrStale = errors.New("tenants: the copy of the stored registry is out of date")
+
+// Follow reads the registry stored in mirror now and every interval
+// until ctx ends, applying the config's seeds to each copy as Open
+// does.
+func Follow(ctx context.Context, mirror Mirror, seeds []Seed, every, maxAge time.Duration, log *slog.Logger) *Follower {
+	f := &Follower{mirror: mirror, seeds: seeds, maxAge: maxAge, log: log}
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			rctx, cancel := context.WithTimeout(ctx, min(mirrorTimeout, maxAge))
+			f.read(rctx)
+			cancel()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return f
+}
+
+// read reads the stored registry once; a copy is made again only when
+// it changed.
+func (f *Follower) read(ctx context.Context) {
+	raw, err := f.mirror.ReadTenants(ctx)
+	if err == nil {
+		f.mu.Lock()
+		same := f.reg != nil && bytes.Equal(raw, f.raw)
+		f.mu.Unlock()
+		if !same {
+			r := &Registry{tenants: map[string]*Tenant{}, keys: map[string]*Key{}}
+			if err = r.load(raw, "the stored registry"); err == nil {
+				r.seed(f.seeds)
+				f.mu.Lock()
+				f.reg, f.raw = r, raw
+				f.mu.Unlock()
+			}
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case err == nil:
+		f.readAt = time.Now()
+		if f.failed {
+			f.log.Info("the stored tenant registry is read again")
+		}
+		f.failed = false
+	case !f.failed:
+		f.failed = true
+		f.log.Warn("cannot read the stored tenant registry; its copy is used until it is out of date", "err", err, "max_age", f.maxAge)
+	}
+}
+
+// Authenticate returns the tenant of key, as the copy has it: ErrNotFound
+// for an unknown key, ErrDisabled for a disabled tenant's, ErrStale when
+// the copy is out of date (or none was read yet).
+func (f *Follower) Authenticate(key string) (Tenant, error) {
+	f.mu.Lock()
+	r, at := f.reg, f.readAt
+	f.mu.Unlock()
+	if r == nil || time.Since(at) > f.maxAge {
+		return Tenant{}, ErrStale
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	k, ok := r.keys[Digest(key)]
+	if !ok {
+		return Tenant{}, ErrNotFound
+	}
+	t, ok := r.tenants[k.Tenant]
+	switch {
+	case !ok:
+		return Tenant{}, ErrNotFound
+	case t.Disabled:
+		return Tenant{}, ErrDisabled
+	}
+	return copyTenant(t), nil
+}

@@ -1,0 +1,110 @@
+package tenant
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestFollow: a follower checks keys by the registry another gateway
+// stores: a key issued there works once the copy is read again, and
+// stops once it is revoked there or its tenant disabled; the config's
+// keys work as on the owner; a copy the mirror stopped answering for is
+// used until its maxAge, not after; nothing is written.
+func TestFollow(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := &memMirror{}
+	owner, err := OpenMirrored(filepath.Join(t.TempDir(), "tenants.json"), m, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	if _, err := owner.Create(Tenant{Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	key, rec, err := owner.Issue("b", "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := m.writes
+
+	f := Follow(ctx, m, seedA(), time.Hour, 500*time.Millisecond, slog.New(slog.DiscardHandler))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if got, err := f.Authenticate(key); err == nil {
+			if got.Name != "b" {
+				t.Fatalf("the issued key is %q's", got.Name)
+			}
+			break
+		} else if !errors.Is(err, ErrStale) || time.Now().After(deadline) {
+			t.Fatalf("the first read: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, err := f.Authenticate("config-key-a"); err != nil || got.Name != "a" || got.MaxTTL != time.Hour {
+		t.Fatalf("the config's key: %+v %v", got, err)
+	}
+	if _, err := f.Authenticate("no such key"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("an unknown key: %v", err)
+	}
+
+	// Revoked on the owner: refused once read again, not before.
+	if err := owner.Revoke("b", rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Authenticate(key); err != nil {
+		t.Fatalf("the copy changed before it was read again: %v", err)
+	}
+	f.read(ctx)
+	if _, err := f.Authenticate(key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a revoked key: %v", err)
+	}
+
+	// Disabled on the owner.
+	key2, _, err := owner.Issue("b", "second")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.read(ctx)
+	if _, err := f.Authenticate(key2); err != nil {
+		t.Fatalf("the control, before the disable: %v", err)
+	}
+	off := true
+	if _, err := owner.Update("b", nil, &off); err != nil {
+		t.Fatal(err)
+	}
+	f.read(ctx)
+	if _, err := f.Authenticate(key2); !errors.Is(err, ErrDisabled) {
+		t.Fatalf("a disabled tenant's key: %v", err)
+	}
+
+	// The mirror stops answering: the copy serves until maxAge.
+	m.mu.Lock()
+	m.readErr = errors.New("away")
+	m.mu.Unlock()
+	f.read(ctx)
+	if _, err := f.Authenticate("config-key-a"); err != nil {
+		t.Fatalf("within maxAge of the last read: %v", err)
+	}
+	time.Sleep(600 * time.Millisecond) // past maxAge: what is under test
+	if _, err := f.Authenticate("config-key-a"); !errors.Is(err, ErrStale) {
+		t.Fatalf("past maxAge: %v", err)
+	}
+	m.mu.Lock()
+	m.readErr = nil
+	written := m.writes - writes
+	m.mu.Unlock()
+	f.read(ctx)
+	if _, err := f.Authenticate("config-key-a"); err != nil {
+		t.Fatalf("read again: %v", err)
+	}
+	// The owner's own changes since the follower began (revoke, issue,
+	// disable) are all the writes.
+	if written != 3 {
+		t.Errorf("%d writes to the mirror, want the owner's 3", written)
+	}
+}
