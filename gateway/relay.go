@@ -825,6 +825,7 @@ type relayLive struct {
 	// answers (nil: they wait for one); silentAt is when a leader last
 	// did not answer an admission (unix ns; 0: it answered since).
 	alone    *RelayAlone
+	aloneMu  sync.Mutex // held while it begins to admit alone
 	silentAt atomic.Int64
 	// aloneSince: when this replica began to admit alone (unix ns; 0:
 	// it asks the leader), logged once each way.
@@ -1060,7 +1061,14 @@ func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, sessi
 	if _, err := l.signer.verify(token, time.Now()); err != nil && l.signer.knows(token) {
 		return nil, session.Endpoint{}, session.Info{}, bad
 	}
+	previews := l.alone != nil && l.alone.Enabled != nil && l.alone.Revoked != nil
+	if previews && time.Since(time.Unix(0, l.silentAt.Load())) < relayLeaderCache {
+		return l.previewAlone(context.Background(), token) // (as askShell)
+	}
 	ans, st, err := l.ask(relayAdmitRequest{Token: token})
+	if previews && errors.Is(err, errNoAnswer) {
+		return l.previewAlone(context.Background(), token)
+	}
 	switch {
 	case st == http.StatusUnauthorized:
 		return nil, session.Endpoint{}, session.Info{}, bad
@@ -1108,6 +1116,9 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 		return ans, st, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
 	}
 	l.silentAt.Store(0)
+	if l.aloneSince.Swap(0) != 0 {
+		l.log.Info("a leader answers again: it admits the connections and requests this replica carries")
+	}
 	return ans, st, nil
 }
 
@@ -1192,9 +1203,6 @@ func (l *relayLive) askShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmi
 	ans, _, err := l.ask(relayAdmitRequest{Shell: &relayShellRequest{Session: id, Key: key}})
 	if l.alone != nil && errors.Is(err, errNoAnswer) {
 		return l.admitAlone(c, id, key)
-	}
-	if err == nil && l.aloneSince.Swap(0) != 0 {
-		l.log.Info("a leader answers again: it admits the shells, commands, files and actions this replica carries")
 	}
 	switch {
 	case errors.Is(err, errLeaderRefused):

@@ -670,7 +670,9 @@ func testRelay(t *testing.T, leaderURL string, sandbox func(id string) session.S
 // session, none, a pooled Pod's or an unreadable record 404, a session
 // whose Pod does not run or that expired 409; and a good key gets a
 // ticket signed with the gateway's keys that lasts as the leader's
-// would, with the tenant's limits.
+// would, with the tenant's limits. A preview's connection is admitted
+// the same way, by the copy of the revocations; the copies are read
+// again once, as it begins to admit alone.
 func TestRelayAlone(t *testing.T) {
 	sid := ids.NewSession()
 	now := time.Now().UTC()
@@ -703,7 +705,8 @@ func TestRelayAlone(t *testing.T) {
 	sessions[ids4["gone"]] = seen{nil, false, fmt.Errorf("%w: no Pod", session.ErrSandboxGone)}
 	sessions[ids4["unreadable"]] = seen{nil, false, errors.New("the session Pods are not listed yet")}
 
-	var asked atomic.Int32
+	revokedPreview, stalePreview := ids.NewPreview(), ids.NewPreview()
+	var asked, refreshed atomic.Int32
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Add(1)
 		json.NewEncoder(w).Encode(relayAdmitAnswer{Refused: &relayRefusal{Status: 404, Code: "not_found", Message: "the leader's no"}})
@@ -727,6 +730,27 @@ func TestRelayAlone(t *testing.T) {
 				return s.r, s.running, s.err
 			}
 			return nil, false, session.ErrSandboxGone
+		},
+		Enabled: func(name string) error {
+			switch name {
+			case "t":
+				return nil
+			case "off":
+				return tenant.ErrDisabled
+			case "stale":
+				return tenant.ErrStale
+			}
+			return tenant.ErrNotFound
+		},
+		Refresh: func(context.Context) { refreshed.Add(1) },
+		Revoked: func(_, preview string) (bool, error) {
+			switch preview {
+			case revokedPreview:
+				return true, nil
+			case stalePreview:
+				return false, recordings.ErrStale
+			}
+			return false, nil
 		},
 	})
 	// A command: an admitted one is started in the sandbox (which
@@ -795,6 +819,64 @@ func TestRelayAlone(t *testing.T) {
 	if !claims.allowRoot || claims.maxFileBytes != 7 || claims.raw != ans.Ticket || ans.Kind != session.KindDesktop ||
 		ans.CDP != "10.1.2.3:9222" || ans.VNC != "10.1.2.3:5900" || ans.Screen.Width != 800 {
 		t.Errorf("the admission: %+v %+v", claims, ans)
+	}
+
+	// Previews: the leader's 401 for what it would refuse, a 503 where
+	// a copy cannot say; a good token admitted, where its Pod serves.
+	token := func(id, tenantName, scope, preview string, ttl time.Duration) string {
+		c := previewClaims{Session: id, Tenant: tenantName, Scope: scope}
+		c.ID, c.ExpiresAt = preview, jwtTime(time.Now().Add(ttl))
+		tok, err := srv.tokens.issue(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	foreign := func() string { // signed with a key this replica lacks
+		c := previewClaims{Session: sid, Tenant: "t", Scope: ScopeCDP}
+		c.ID, c.ExpiresAt = ids.NewPreview(), jwtTime(time.Now().Add(time.Hour))
+		tok := jwt.NewWithClaims(jwt.SigningMethodHS256, c)
+		tok.Header["kid"] = "k2"
+		raw, _ := tok.SignedString([]byte(strings.Repeat("b", 32)))
+		return raw
+	}()
+	previews := []struct {
+		name, token string
+		want        int
+	}{
+		{"good", token(sid, "t", ScopeCDP, ids.NewPreview(), time.Hour), 0},
+		{"revoked", token(sid, "t", ScopeCDP, revokedPreview, time.Hour), 401},
+		{"expired", token(sid, "t", ScopeCDP, ids.NewPreview(), -time.Minute), 401},
+		{"a shell's ticket", ans.Ticket, 401},
+		{"a disabled tenant's", token(sid, "off", ScopeVNC, ids.NewPreview(), time.Hour), 401},
+		{"another tenant's session", token(ids4["other"], "t", ScopeVNC, ids.NewPreview(), time.Hour), 401},
+		{"a session with no Pod", token(ids4["gone"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 401},
+		{"a stopped session", token(ids4["stopped"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 401},
+		{"junk", "junk", 401},
+		{"revocations out of date", token(sid, "t", ScopeCDP, stalePreview, time.Hour), 503},
+		{"tenants out of date", token(sid, "stale", ScopeCDP, ids.NewPreview(), time.Hour), 503},
+		{"Pods not listed", token(ids4["unreadable"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 503},
+		{"a key this replica lacks", foreign, 503},
+	}
+	for _, p := range previews {
+		c, ep, info, err := l.admit(p.token)
+		st, _, _ := publicOf(err)
+		if err == nil {
+			st = 0
+		}
+		if st != p.want {
+			t.Errorf("preview %s: %d %v, want %d", p.name, st, err, p.want)
+		}
+		if p.want == 0 && (c == nil || c.Session != sid || ep.CDP.String() != "10.1.2.3:9222" || info.Screen.Width != 800 || info.Tenant != "t") {
+			t.Errorf("preview %s: %+v %+v %+v", p.name, c, ep, info)
+		}
+	}
+	if asked.Load() != 1 {
+		t.Errorf("the closed leader was asked %d times", asked.Load())
+	}
+	// The copies were read again once, as it began to admit alone.
+	if refreshed.Load() != 1 {
+		t.Errorf("the copies were refreshed %d times, want once", refreshed.Load())
 	}
 }
 

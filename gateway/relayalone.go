@@ -12,20 +12,20 @@ import (
 	"github.com/sandgate/sandgate/tenant"
 )
 
-// RelayAlone is what a replica that stands by admits the shells,
-// commands, files, actions and screenshots it carries by while no leader
-// answers: after a leader's death, until its lease runs out and another
-// replica has taken over (15 s and the adoption), an agent's commands
-// go on. Preview connections (CDP, VNC) still wait for a leader: their
-// revocations are the leader's word.
+// RelayAlone is what a replica that stands by admits the connections
+// and requests it carries by while no leader answers: after a leader's
+// death, until its lease runs out and another replica has taken over
+// (15 s and the adoption), an agent's commands and its browser's new
+// connections go on.
 //
 // What it admits is what the leader would have, as of the copies this
 // replica keeps: the API key's tenant (the registry stored in MinIO,
-// read again every few seconds, not used once out of date), and the
+// read again every few seconds, not used once out of date), a preview's
+// revocation (the revocations stored in MinIO, the same way), and the
 // session's Pod (its record, running and not being deleted, and its
-// expiry), from the watch of the session Pods. The ticket it signs
-// itself, with the gateway's keys, and the events it keeps until a
-// leader answers its report, which records them as it does the
+// expiry), from the watch of the session Pods. A shell's ticket it
+// signs itself, with the gateway's keys, and the events it keeps until
+// a leader answers its report, which records them as it does the
 // leader-admitted ones'.
 type RelayAlone struct {
 	// Tenant is the API key's tenant and its limits (the gateway's
@@ -35,6 +35,16 @@ type RelayAlone struct {
 	// Session is the session's record and whether its sandbox runs
 	// (session.ErrSandboxGone: there is none).
 	Session func(ctx context.Context, id string) (map[string]string, bool, error)
+	// Enabled says whether a tenant is enabled (nil), as Tenant's copy
+	// has it; Revoked whether a session's preview is revoked. Both nil:
+	// preview connections wait for a leader.
+	Enabled func(tenant string) error
+	Revoked func(session, preview string) (bool, error)
+	// Refresh reads the copies again (within ctx); nil: they are not.
+	// It is called as the replica begins to admit alone, before its
+	// first admission: what the leader stored before it died is known
+	// then, not a few seconds later.
+	Refresh func(ctx context.Context)
 }
 
 // AdmitAlone makes a relay (NewRelay) admit by a while no leader
@@ -49,9 +59,7 @@ func (s *Server) AdmitAlone(a RelayAlone) {
 // would have (relayShell), by the replica's copies (RelayAlone).
 func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, relayAdmitAnswer, error) {
 	var none relayAdmitAnswer
-	if l.aloneSince.CompareAndSwap(0, time.Now().UnixNano()) {
-		l.log.Warn("no leader answers: this replica admits the shells, commands, files and actions it carries by its copy of the tenants and its watch of the session Pods until one does")
-	}
+	l.admitsAlone(c.Context())
 	name, lim, err := l.alone.Tenant(key)
 	switch {
 	case errors.Is(err, tenant.ErrDisabled):
@@ -63,27 +71,9 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 	case !ids.IsSession(id):
 		return nil, none, errNotFound("no such session")
 	}
-	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
-	defer cancel()
-	rec, running, err := l.alone.Session(ctx, id)
-	if errors.Is(err, session.ErrSandboxGone) {
-		return nil, none, errNotFound("no such session")
-	}
+	info, ep, err := l.sessionAlone(c.Context(), name, id)
 	if err != nil {
-		return nil, none, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
-	}
-	info, ep, err := session.FromRecord(rec)
-	switch {
-	case err != nil:
-		var pe *session.PublicError
-		if !errors.As(err, &pe) {
-			l.log.Warn("a session Pod's record cannot be read", "session", id, "err", err)
-		}
-		return nil, none, errNotFound("no such session")
-	case info.Tenant != name:
-		return nil, none, errNotFound("no such session")
-	case !running || !time.Now().Before(info.ExpiresAt):
-		return nil, none, &apiError{status: 409, code: "conflict", msg: "the session is not running"}
+		return nil, none, err
 	}
 	// The ticket lasts as the leader's does (relayShell).
 	until := info.CreatedAt.Add(lim.MaxTTL)
@@ -106,4 +96,104 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 	claims = shellClaims(name, id, ticket)
 	claims.allowRoot, claims.maxFileBytes = ans.AllowRoot, ans.MaxFileBytes
 	return claims, ans, nil
+}
+
+// admitsAlone says (in the log, once until a leader answers again)
+// that this replica admits alone, and reads its copies again as it
+// begins: the admissions meanwhile wait for that.
+func (l *relayLive) admitsAlone(ctx context.Context) {
+	if l.aloneSince.Load() != 0 {
+		return
+	}
+	l.aloneMu.Lock()
+	defer l.aloneMu.Unlock()
+	if l.aloneSince.Load() != 0 {
+		return
+	}
+	l.log.Warn("no leader answers: this replica admits the connections and requests it carries by its copies of the tenants and revocations and its watch of the session Pods until one does")
+	if l.alone.Refresh != nil {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		l.alone.Refresh(rctx)
+		cancel()
+	}
+	l.aloneSince.Store(time.Now().UnixNano())
+}
+
+// sessionAlone is session id of tenant as its Pod has it: 404 when it
+// has none (or the Pod is another tenant's, or no session's), 409 when
+// the Pod does not run or the session expired, 503 when the watch
+// cannot say.
+func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (session.Info, session.Endpoint, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rec, running, err := l.alone.Session(ctx, id)
+	if errors.Is(err, session.ErrSandboxGone) {
+		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
+	}
+	if err != nil {
+		return session.Info{}, session.Endpoint{}, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
+	}
+	info, ep, err := session.FromRecord(rec)
+	switch {
+	case err != nil:
+		var pe *session.PublicError
+		if !errors.As(err, &pe) {
+			l.log.Warn("a session Pod's record cannot be read", "session", id, "err", err)
+		}
+		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
+	case info.Tenant != tenantName:
+		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
+	case !running || !time.Now().Before(info.ExpiresAt):
+		return session.Info{}, session.Endpoint{}, &apiError{status: 409, code: "conflict", msg: "the session is not running"}
+	}
+	return info, ep, nil
+}
+
+// previewAlone admits a preview's connection (its token) as the leader
+// would have (managerLive.admit), by the replica's copies: the token
+// read with the gateway's keys, not revoked, its tenant enabled, its
+// session's Pod running. Every refusal is the leader's 401; a copy that
+// cannot say, a 503.
+func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewClaims, session.Endpoint, session.Info, error) {
+	bad := errUnauthenticated("the preview token is missing, invalid or expired")
+	unavailable := &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry"}
+	l.admitsAlone(ctx)
+	c, err := l.signer.verify(token, time.Now())
+	switch {
+	case err != nil && l.signer.knows(token):
+		return nil, session.Endpoint{}, session.Info{}, bad
+	case err != nil:
+		// Signed with a key this replica does not know: a leader's to
+		// read.
+		return nil, session.Endpoint{}, session.Info{}, unavailable
+	case c.Scope == scopeShell:
+		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	revoked, err := l.alone.Revoked(c.Session, c.ID)
+	if err != nil {
+		unavailable.err = err
+		return nil, session.Endpoint{}, session.Info{}, unavailable
+	}
+	if revoked {
+		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	switch err := l.alone.Enabled(c.Tenant); {
+	case errors.Is(err, tenant.ErrDisabled), errors.Is(err, tenant.ErrNotFound):
+		return nil, session.Endpoint{}, session.Info{}, bad
+	case err != nil:
+		unavailable.err = err
+		return nil, session.Endpoint{}, session.Info{}, unavailable
+	}
+	info, ep, err := l.sessionAlone(ctx, c.Tenant, c.Session)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.status == 503 {
+		return nil, session.Endpoint{}, session.Info{}, err
+	}
+	if err != nil {
+		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	l.mu.Lock()
+	l.admitted[c.Session] = time.Now()
+	l.mu.Unlock()
+	return c, ep, session.Info{ID: c.Session, Tenant: c.Tenant, Kind: info.Kind, Screen: info.Screen}, nil
 }

@@ -610,6 +610,12 @@ func (s *Store) PutRevocation(ctx context.Context, session, preview string, unti
 // and removes those that do not (a failed removal is tried again at the
 // next reading).
 func (s *Store) Revocations(ctx context.Context, now time.Time, each func(session, preview string, until time.Time)) error {
+	return s.revocations(ctx, now, true, each)
+}
+
+// revocations lists the stored revocations that hold at now; prune:
+// and removes those that do not.
+func (s *Store) revocations(ctx context.Context, now time.Time, prune bool, each func(session, preview string, until time.Time)) error {
 	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: revocationPrefix, Recursive: true}) {
 		if obj.Err != nil {
 			return fmt.Errorf("list revocations: %w", obj.Err)
@@ -624,7 +630,9 @@ func (s *Store) Revocations(ctx context.Context, now time.Time, each func(sessio
 			each(session, preview, until)
 			continue
 		}
-		s.client.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{})
+		if prune {
+			s.client.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{})
+		}
 	}
 	return nil
 }

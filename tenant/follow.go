@@ -27,7 +27,7 @@ type Follower struct {
 	mu     sync.Mutex
 	reg    *Registry // nil until the mirror first answered
 	raw    []byte    // what reg was made of
-	readAt time.Time // when the mirror last answered
+	readAt time.Time // when the read reg came from (the last that answered) began
 	failed bool      // the last read failed (logged once a turn)
 }
 
@@ -44,7 +44,7 @@ func Follow(ctx context.Context, mirror Mirror, seeds []Seed, every, maxAge time
 		defer t.Stop()
 		for {
 			rctx, cancel := context.WithTimeout(ctx, min(mirrorTimeout, maxAge))
-			f.read(rctx)
+			f.Refresh(rctx)
 			cancel()
 			select {
 			case <-ctx.Done():
@@ -56,29 +56,38 @@ func Follow(ctx context.Context, mirror Mirror, seeds []Seed, every, maxAge time
 	return f
 }
 
-// read reads the stored registry once; a copy is made again only when
-// it changed.
-func (f *Follower) read(ctx context.Context) {
+// Refresh reads the stored registry now; a copy is made again only
+// when it changed (and a read that began earlier and ends later does
+// not replace it).
+func (f *Follower) Refresh(ctx context.Context) {
+	began := time.Now()
 	raw, err := f.mirror.ReadTenants(ctx)
 	if err == nil {
 		f.mu.Lock()
 		same := f.reg != nil && bytes.Equal(raw, f.raw)
 		f.mu.Unlock()
+		var r *Registry
 		if !same {
-			r := &Registry{tenants: map[string]*Tenant{}, keys: map[string]*Key{}}
+			r = &Registry{tenants: map[string]*Tenant{}, keys: map[string]*Key{}}
 			if err = r.load(raw, "the stored registry"); err == nil {
 				r.seed(f.seeds)
-				f.mu.Lock()
-				f.reg, f.raw = r, raw
-				f.mu.Unlock()
 			}
+		}
+		if err == nil {
+			f.mu.Lock()
+			if began.After(f.readAt) {
+				if r != nil {
+					f.reg, f.raw = r, raw
+				}
+				f.readAt = began
+			}
+			f.mu.Unlock()
 		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
 	case err == nil:
-		f.readAt = time.Now()
 		if f.failed {
 			f.log.Info("the stored tenant registry is read again")
 		}
@@ -113,4 +122,25 @@ func (f *Follower) Authenticate(key string) (Tenant, error) {
 		return Tenant{}, ErrDisabled
 	}
 	return copyTenant(t), nil
+}
+
+// Enabled says whether tenant is known and enabled, as the copy has it:
+// nil, ErrNotFound, ErrDisabled, or ErrStale.
+func (f *Follower) Enabled(name string) error {
+	f.mu.Lock()
+	r, at := f.reg, f.readAt
+	f.mu.Unlock()
+	if r == nil || time.Since(at) > f.maxAge {
+		return ErrStale
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	t, ok := r.tenants[name]
+	switch {
+	case !ok:
+		return ErrNotFound
+	case t.Disabled:
+		return ErrDisabled
+	}
+	return nil
 }

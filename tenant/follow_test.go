@@ -59,7 +59,7 @@ func TestFollow(t *testing.T) {
 	if _, err := f.Authenticate(key); err != nil {
 		t.Fatalf("the copy changed before it was read again: %v", err)
 	}
-	f.read(ctx)
+	f.Refresh(ctx)
 	if _, err := f.Authenticate(key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a revoked key: %v", err)
 	}
@@ -69,7 +69,7 @@ func TestFollow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.read(ctx)
+	f.Refresh(ctx)
 	if _, err := f.Authenticate(key2); err != nil {
 		t.Fatalf("the control, before the disable: %v", err)
 	}
@@ -77,16 +77,25 @@ func TestFollow(t *testing.T) {
 	if _, err := owner.Update("b", nil, &off); err != nil {
 		t.Fatal(err)
 	}
-	f.read(ctx)
+	f.Refresh(ctx)
 	if _, err := f.Authenticate(key2); !errors.Is(err, ErrDisabled) {
 		t.Fatalf("a disabled tenant's key: %v", err)
+	}
+	if err := f.Enabled("b"); !errors.Is(err, ErrDisabled) {
+		t.Fatalf("the disabled tenant: %v", err)
+	}
+	if err := f.Enabled("a"); err != nil {
+		t.Fatalf("the config's tenant, enabled: %v", err)
+	}
+	if err := f.Enabled("nobody"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("no such tenant: %v", err)
 	}
 
 	// The mirror stops answering: the copy serves until maxAge.
 	m.mu.Lock()
 	m.readErr = errors.New("away")
 	m.mu.Unlock()
-	f.read(ctx)
+	f.Refresh(ctx)
 	if _, err := f.Authenticate("config-key-a"); err != nil {
 		t.Fatalf("within maxAge of the last read: %v", err)
 	}
@@ -94,11 +103,14 @@ func TestFollow(t *testing.T) {
 	if _, err := f.Authenticate("config-key-a"); !errors.Is(err, ErrStale) {
 		t.Fatalf("past maxAge: %v", err)
 	}
+	if err := f.Enabled("a"); !errors.Is(err, ErrStale) {
+		t.Fatalf("past maxAge, a tenant: %v", err)
+	}
 	m.mu.Lock()
 	m.readErr = nil
 	written := m.writes - writes
 	m.mu.Unlock()
-	f.read(ctx)
+	f.Refresh(ctx)
 	if _, err := f.Authenticate("config-key-a"); err != nil {
 		t.Fatalf("read again: %v", err)
 	}

@@ -417,12 +417,12 @@ func TestKubeRelay(t *testing.T) {
 	if err := shellRun(shB, "echo alive-$((6*7))", "alive-42"); err != nil {
 		t.Fatalf("the shell through B right after A's death: %v", err)
 	}
-	// While nobody leads, B admits the commands and files it carries
-	// alone, as the leader would have: by its copy of the stored
-	// tenants (the key issued after B started works, the revoked one
-	// does not; a junk key and another tenant's are refused) and its
-	// watch of the session Pods. What they do reaches the trail once B
-	// leads (below).
+	// While nobody leads, B admits the commands, files and preview
+	// connections it carries alone, as the leader would have: by its
+	// copies of the stored tenants (the key issued after B started
+	// works, the revoked one does not; a junk key and another tenant's
+	// are refused) and revocations, and its watch of the session Pods.
+	// What they do reaches the trail once B leads (below).
 	gap := execWith(t, fresh, rb.gwURL, issuedKey.APIKey, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo gap-$((6*7))"}})
 	if gap.ExitCode != 0 || string(gap.Stdout) != "gap-42\n" {
 		t.Fatalf("a command through B while nobody leads: exit %d, stdout %q", gap.ExitCode, gap.Stdout)
@@ -439,6 +439,16 @@ func TestKubeRelay(t *testing.T) {
 	}
 	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+ids.NewSession()+"/exec", map[string]any{"cmd": []string{"true"}}); st != 404 {
 		t.Errorf("a command through B while nobody leads, in no session: %d %s, want 404", st, body)
+	}
+	// A new CDP connection through B, by its copy of the stored
+	// revocations: the revoked preview's is refused, another's works.
+	if _, err := browserWSErr(viaB(p2.URL)); err == nil {
+		t.Error("the revoked preview answers through B while nobody leads")
+	}
+	gapCDP := cdpDial(t, browserWS(t, viaB(p1.URL)))
+	defer gapCDP.Close()
+	if err := cdpTry(gapCDP, 1); err != nil {
+		t.Fatalf("a new CDP connection through B while nobody leads: %v", err)
 	}
 	if logLines(rb, "no leader answers: this replica admits") != 1 {
 		t.Errorf("B's log should say once that it admits alone")
@@ -483,6 +493,9 @@ func TestKubeRelay(t *testing.T) {
 	}
 	if _, err := rfb.Capture(); err != nil {
 		t.Fatalf("the viewer through B after it took the lead: %v", err)
+	}
+	if err := cdpTry(gapCDP, 2); err != nil {
+		t.Fatalf("the CDP connection B admitted alone, after it took the lead: %v", err)
 	}
 	if err := shellRun(shB, "echo led-$((6*7))", "led-42"); err != nil {
 		t.Fatalf("the shell through B after it took the lead: %v", err)

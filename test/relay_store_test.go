@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -9,7 +10,9 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/tenant"
 )
 
 // TestRelayStoreComesBack: a relay (a replica standing by) whose
@@ -47,4 +50,96 @@ func TestRelayStoreComesBack(t *testing.T) {
 	if !strings.Contains(logs.String(), "the artifact store answers again") {
 		t.Error("the relay's log does not say the store answers again")
 	}
+}
+
+// TestStoredCopies: the copies a replica standing by admits by while no
+// leader answers, against the real MinIO. A revocation stored by the
+// leader reaches the copy within a few of its listings (another
+// preview of the session stays admitted: the control); a key issued
+// and one revoked in the stored registry reach the tenants' copy the
+// same way. With MinIO gone, both copies are used until their maxAge
+// and then refused (ErrStale), and both answer again once it is back.
+func TestStoredCopies(t *testing.T) {
+	e := needE2E(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store, err := recordings.Open(recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-artifacts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	const every, maxAge = 200 * time.Millisecond, 2 * time.Second
+	sid, revoked, kept := ids.NewSession(), ids.NewPreview(), ids.NewPreview()
+	copied := store.FollowRevocations(ctx, every, maxAge, log)
+	if err := store.PutRevocation(ctx, sid, revoked, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the stored revocation in the copy", func() bool {
+		r, err := copied.Revoked(sid, revoked)
+		return err == nil && r
+	})
+	if r, err := copied.Revoked(sid, kept); err != nil || r {
+		t.Fatalf("another preview of the session: revoked %v, %v", r, err)
+	}
+
+	mirror := storeMirror{store, "copies-" + randHex(4)}
+	owner, err := tenant.OpenMirrored("", mirror, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	if _, err := owner.Create(tenant.Tenant{Name: "team"}); err != nil {
+		t.Fatal(err)
+	}
+	gone, rec, err := owner.Issue("team", "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenants := tenant.Follow(ctx, mirror, nil, every, maxAge, log)
+	key, _, err := owner.Issue("team", "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.Revoke("team", rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the key issued after the copy began, in it", func() bool {
+		got, err := tenants.Authenticate(key)
+		return err == nil && got.Name == "team"
+	})
+	if _, err := tenants.Authenticate(gone); !errors.Is(err, tenant.ErrNotFound) {
+		t.Fatalf("the revoked key: %v", err)
+	}
+
+	back := e.minioAway(t)
+	gonePast := time.Now()
+	waitFor(t, 30*time.Second, "both copies to be out of date", func() bool {
+		_, rerr := copied.Revoked(sid, revoked)
+		_, terr := tenants.Authenticate(key)
+		return errors.Is(rerr, recordings.ErrStale) && errors.Is(terr, tenant.ErrStale)
+	})
+	if d := time.Since(gonePast); d < maxAge-every {
+		t.Errorf("the copies went out of date %v after MinIO did, before their maxAge %v", d, maxAge)
+	}
+	back()
+	waitFor(t, time.Minute, "both copies to answer again", func() bool {
+		r, rerr := copied.Revoked(sid, revoked)
+		_, terr := tenants.Authenticate(key)
+		return rerr == nil && r && terr == nil
+	})
+}
+
+// storeMirror keeps a tenant registry in the store (as the gateway's
+// does under a namespace's name).
+type storeMirror struct {
+	store *recordings.Store
+	name  string
+}
+
+func (m storeMirror) ReadTenants(ctx context.Context) ([]byte, error) {
+	return m.store.ReadTenants(ctx, m.name)
+}
+
+func (m storeMirror) WriteTenants(ctx context.Context, raw []byte) error {
+	return m.store.WriteTenants(ctx, m.name, raw)
 }

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/mcpserver"
@@ -210,13 +211,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				return err
 			}
 			// While no leader answers (one died; its lease has yet to
-			// run out), it admits the shells, commands, files and actions
-			// it carries itself: by a copy of the tenant registry stored
-			// in MinIO, read again every 2 s and not used once 30 s old,
-			// and by its watch of the session Pods.
+			// run out), it admits the connections and requests it
+			// carries itself: by copies of the tenant registry and the
+			// revocations stored in MinIO, read again every 2 s and not
+			// used once 30 s old, and by its watch of the session Pods.
 			if relayStore != nil {
-				followed := tenant.Follow(standCtx, tenantMirror{relayStore, cfg.Kubernetes.Namespace}, tenantSeeds(cfg),
-					2*time.Second, 30*time.Second, log.With("component", "relay"))
+				rlog := log.With("component", "relay")
+				followed := tenant.Follow(standCtx, tenantMirror{relayStore, cfg.Kubernetes.Namespace}, tenantSeeds(cfg), 2*time.Second, 30*time.Second, rlog)
+				revoked := relayStore.FollowRevocations(standCtx, 2*time.Second, 30*time.Second, rlog)
 				podsSeen.Watch()
 				relay.AdmitAlone(gateway.RelayAlone{
 					Tenant: func(key string) (string, session.TenantLimits, error) {
@@ -224,6 +226,15 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 						return t.Name, sessionLimits(t), err
 					},
 					Session: podsSeen.Seen,
+					Enabled: followed.Enabled,
+					Revoked: revoked.Revoked,
+					Refresh: func(ctx context.Context) {
+						var wg sync.WaitGroup
+						wg.Add(2)
+						go func() { defer wg.Done(); followed.Refresh(ctx) }()
+						go func() { defer wg.Done(); revoked.Refresh(ctx) }()
+						wg.Wait()
+					},
 				})
 			}
 			go relay.ServeRelay(front.RelayListener(relay.RelayUsable))
