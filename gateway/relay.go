@@ -827,6 +827,7 @@ type relayLive struct {
 	alone    *RelayAlone
 	aloneMu  sync.Mutex // held while it begins to admit alone
 	silentAt atomic.Int64
+	probing  atomic.Bool // an admission asks the leader after a silence
 	// aloneSince: when this replica began to admit alone (unix ns; 0:
 	// it asks the leader), logged once each way.
 	aloneSince atomic.Int64
@@ -1061,11 +1062,23 @@ func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, sessi
 	if _, err := l.signer.verify(token, time.Now()); err != nil && l.signer.knows(token) {
 		return nil, session.Endpoint{}, session.Info{}, bad
 	}
+	release, err := l.slot(l.admits)
+	if err != nil {
+		return nil, session.Endpoint{}, session.Info{}, err
+	}
+	defer release()
 	previews := l.alone != nil && l.alone.Enabled != nil && l.alone.Revoked != nil
-	if previews && time.Since(time.Unix(0, l.silentAt.Load())) < relayLeaderCache {
+	ask, probing := true, false
+	if previews {
+		ask, probing = l.askLeader()
+	}
+	if !ask {
 		return l.previewAlone(context.Background(), token) // (as askShell)
 	}
 	ans, st, err := l.ask(relayAdmitRequest{Token: token})
+	if probing {
+		l.probing.Store(false)
+	}
 	if previews && errors.Is(err, errNoAnswer) {
 		return l.previewAlone(context.Background(), token)
 	}
@@ -1082,16 +1095,6 @@ func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, sessi
 // (503s), but for the leader's 401, errLeaderRefused.
 func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 	var ans relayAdmitAnswer
-	slots := l.admits
-	if req.Shell != nil {
-		slots = l.shellAdmits
-	}
-	select {
-	case slots <- struct{}{}:
-		defer func() { <-slots }()
-	default:
-		return ans, 0, &apiError{status: 503, code: "unavailable", msg: "the gateway is busy; retry"}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := l.call(ctx, relayAdmitPath, req, &ans)
@@ -1120,6 +1123,35 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 		l.log.Info("a leader answers again: it admits the connections and requests this replica carries")
 	}
 	return ans, st, nil
+}
+
+// slot takes one of slots (the admissions at once, asked of the leader
+// or made alone), or answers busy.
+func (l *relayLive) slot(slots chan struct{}) (release func(), err error) {
+	select {
+	case slots <- struct{}{}:
+		return func() { <-slots }, nil
+	default:
+		return nil, &apiError{status: 503, code: "unavailable", msg: "the gateway is busy; retry"}
+	}
+}
+
+// askLeader says whether an admission asks the leader (else it is made
+// alone, RelayAlone): not within relayLeaderCache of the last one no
+// leader answered (asking a dead one's address may wait for its dial),
+// and after that, one admission at a time asks (probing: it must clear
+// l.probing once answered) while the others are made alone.
+func (l *relayLive) askLeader() (ask, probing bool) {
+	at := l.silentAt.Load()
+	switch {
+	case at == 0:
+		return true, false
+	case time.Since(time.Unix(0, at)) < relayLeaderCache:
+		return false, false
+	case l.probing.CompareAndSwap(false, true):
+		return true, true
+	}
+	return false, false
 }
 
 // errNoAnswer: no leader answered an admission (none is known, or the
@@ -1194,13 +1226,25 @@ func (l *relayLive) askShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmi
 	if len(key) > 4096 {
 		return nil, relayAdmitAnswer{}, errUnauthenticated("the API key is not valid")
 	}
-	if l.alone != nil && time.Since(time.Unix(0, l.silentAt.Load())) < relayLeaderCache {
-		// A leader did not answer a moment ago: not asked again (each
-		// ask of a dead one's address may wait for its dial) until the
-		// lease is read again.
+	// Apart from the previews': an API key cannot be checked before
+	// the leader is asked, and a stranger's junk keys must not take
+	// the previews' turns.
+	release, err := l.slot(l.shellAdmits)
+	if err != nil {
+		return nil, relayAdmitAnswer{}, err
+	}
+	defer release()
+	ask, probing := true, false
+	if l.alone != nil {
+		ask, probing = l.askLeader()
+	}
+	if !ask {
 		return l.admitAlone(c, id, key)
 	}
 	ans, _, err := l.ask(relayAdmitRequest{Shell: &relayShellRequest{Session: id, Key: key}})
+	if probing {
+		l.probing.Store(false)
+	}
 	if l.alone != nil && errors.Is(err, errNoAnswer) {
 		return l.admitAlone(c, id, key)
 	}

@@ -679,7 +679,7 @@ func TestRelayAlone(t *testing.T) {
 	rec := func(id, tenantName string, expires time.Time) map[string]string {
 		return map[string]string{"sandgate.session": id, session.RecordTenant: tenantName, "sandgate.created": now.Add(-time.Minute).Format(time.RFC3339Nano),
 			session.RecordExpires: expires.Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3",
-			"sandgate.info": `{"kind":"desktop","runtime":"runc","screen":{"width":800,"height":600}}`}
+			"sandgate.info": `{"kind":"desktop","runtime":"runc","screen":{"width":800,"height":600}}`, "sandgate.state": "running"}
 	}
 	type seen struct {
 		r       map[string]string
@@ -690,7 +690,7 @@ func TestRelayAlone(t *testing.T) {
 		sid: {rec(sid, "t", now.Add(10*time.Minute)), true, nil},
 	}
 	ids4 := map[string]string{}
-	for _, name := range []string{"other", "stopped", "expired", "pooled", "garbled", "gone", "unreadable"} {
+	for _, name := range []string{"other", "stopped", "expired", "pooled", "garbled", "gone", "unreadable", "starting", "stopping", "misnamed"} {
 		ids4[name] = ids.NewSession()
 	}
 	sessions[ids4["other"]] = seen{rec(ids4["other"], "u", now.Add(time.Hour)), true, nil}
@@ -703,10 +703,18 @@ func TestRelayAlone(t *testing.T) {
 	garbled["sandgate.info"] = "{"
 	sessions[ids4["garbled"]] = seen{garbled, true, nil}
 	sessions[ids4["gone"]] = seen{nil, false, fmt.Errorf("%w: no Pod", session.ErrSandboxGone)}
-	sessions[ids4["unreadable"]] = seen{nil, false, errors.New("the session Pods are not listed yet")}
+	sessions[ids4["unreadable"]] = seen{nil, false, errors.New("the API server does not answer")}
+	starting := rec(ids4["starting"], "t", now.Add(time.Hour))
+	delete(starting, "sandgate.state") // not ready yet
+	sessions[ids4["starting"]] = seen{starting, true, nil}
+	stopping := rec(ids4["stopping"], "t", now.Add(time.Hour))
+	stopping["sandgate.state"] = "stopping" // its profile being saved
+	sessions[ids4["stopping"]] = seen{stopping, true, nil}
+	sessions[ids4["misnamed"]] = seen{rec(sid, "t", now.Add(time.Hour)), true, nil}
 
 	revokedPreview, stalePreview := ids.NewPreview(), ids.NewPreview()
 	var asked, refreshed atomic.Int32
+	var fresh atomic.Int64
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Add(1)
 		json.NewEncoder(w).Encode(relayAdmitAnswer{Refused: &relayRefusal{Status: 404, Code: "not_found", Message: "the leader's no"}})
@@ -742,7 +750,11 @@ func TestRelayAlone(t *testing.T) {
 			}
 			return tenant.ErrNotFound
 		},
+		// The copies: read again once as it begins to admit alone, but
+		// that read fails (fresh stays before the silence) until the
+		// test says it was read.
 		Refresh: func(context.Context) { refreshed.Add(1) },
+		Fresh:   func() time.Time { return time.Unix(0, fresh.Load()) },
 		Revoked: func(_, preview string) (bool, error) {
 			switch preview {
 			case revokedPreview:
@@ -767,6 +779,12 @@ func TestRelayAlone(t *testing.T) {
 		t.Fatalf("with a leader that answers: %d %s (asked %d), want its 404", st, body, asked.Load())
 	}
 	leader.Close()
+	// The copies were not read since the leader went silent: a 503,
+	// not an admission by what they held before.
+	if st, body := command(sid, "good"); st != 503 || refreshed.Load() != 1 {
+		t.Fatalf("no leader, copies not read since: %d %s (refreshed %d), want 503", st, body, refreshed.Load())
+	}
+	fresh.Store(time.Now().UnixNano()) // read (the copies' own loop)
 	cases := []struct {
 		id, key string
 		want    int
@@ -774,6 +792,7 @@ func TestRelayAlone(t *testing.T) {
 		{sid, "good", 500}, {sid, "junk", 401}, {sid, "off", 403}, {sid, "stale", 503},
 		{ids4["other"], "good", 404}, {ids4["gone"], "good", 404}, {ids4["pooled"], "good", 404}, {ids4["garbled"], "good", 404},
 		{ids4["stopped"], "good", 409}, {ids4["expired"], "good", 409}, {ids4["unreadable"], "good", 503}, {"not-a-session", "good", 404},
+		{ids4["starting"], "good", 409}, {ids4["stopping"], "good", 409}, {ids4["misnamed"], "good", 404},
 	}
 	for _, tc := range cases {
 		if st, body := command(tc.id, tc.key); st != tc.want {
@@ -856,7 +875,8 @@ func TestRelayAlone(t *testing.T) {
 		{"revocations out of date", token(sid, "t", ScopeCDP, stalePreview, time.Hour), 503},
 		{"tenants out of date", token(sid, "stale", ScopeCDP, ids.NewPreview(), time.Hour), 503},
 		{"Pods not listed", token(ids4["unreadable"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 503},
-		{"a key this replica lacks", foreign, 503},
+		{"a key this replica lacks", foreign, 401},
+		{"a starting session's", token(ids4["starting"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 401},
 	}
 	for _, p := range previews {
 		c, ep, info, err := l.admit(p.token)
@@ -889,4 +909,83 @@ func answerOf(t *testing.T, srv *Server, req *http.Request) (int, string) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
+}
+
+// TestRelayAloneProbes: once a leader has been silent a while, one
+// admission at a time asks it again (here it hangs until the ask's
+// timeout) while the others are admitted alone at once, none refused
+// busy; an admission alone takes a turn as an asked one does.
+func TestRelayAloneProbes(t *testing.T) {
+	hung, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			defer c.Close() // held, never answered
+		}
+	}()
+	sid := ids.NewSession()
+	now := time.Now().UTC()
+	record := map[string]string{"sandgate.session": sid, session.RecordTenant: "t", "sandgate.created": now.Format(time.RFC3339Nano),
+		session.RecordExpires: now.Add(time.Hour).Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3",
+		"sandgate.info": `{"kind":"browser","runtime":"runc"}`, "sandgate.state": "running"}
+	started := make(chan string, 64)
+	srv := testRelay(t, "http://"+hung.Addr().String(), func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
+	srv.AdmitAlone(RelayAlone{
+		Tenant: func(string) (string, session.TenantLimits, error) {
+			return "t", session.TenantLimits{MaxTTL: time.Hour}, nil
+		},
+		Session: func(context.Context, string) (map[string]string, bool, error) { return record, true, nil },
+	})
+	l := srv.live.(*relayLive)
+	l.silentAt.Store(time.Now().Add(-2 * relayLeaderCache).UnixNano()) // silent a while ago
+
+	const n = 12
+	type result struct {
+		st   int
+		took time.Duration
+	}
+	results := make(chan result, n)
+	for range n {
+		go func() {
+			t0 := time.Now()
+			req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+sid+"/exec", strings.NewReader(`{"cmd":["true"]}`))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer good")
+			resp, err := srv.App().Test(req, 20000)
+			st := 0
+			if err == nil {
+				st = resp.StatusCode
+			}
+			results <- result{st, time.Since(t0)}
+		}()
+	}
+	quick := 0
+	for range n {
+		r := <-results
+		// (500: the stand-in sandbox fails the admitted command.)
+		if r.st != 500 {
+			t.Errorf("an admission after the silence: %d, want it admitted", r.st)
+		}
+		if r.took < 2*time.Second {
+			quick++
+		}
+	}
+	if quick != n-1 {
+		t.Errorf("%d of %d admissions answered at once, want all but the one that asked the leader", quick, n)
+	}
+	if a := accepted.Load(); a != 1 {
+		t.Errorf("the silent leader was asked on %d connections, want 1", a)
+	}
+	if len(started) != n {
+		t.Errorf("%d commands started, want %d", len(started), n)
+	}
 }

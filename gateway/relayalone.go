@@ -45,6 +45,9 @@ type RelayAlone struct {
 	// first admission: what the leader stored before it died is known
 	// then, not a few seconds later.
 	Refresh func(ctx context.Context)
+	// Fresh is when the oldest of the copies was last read (when that
+	// read began); nil: not checked.
+	Fresh func() time.Time
 }
 
 // AdmitAlone makes a relay (NewRelay) admit by a while no leader
@@ -59,7 +62,9 @@ func (s *Server) AdmitAlone(a RelayAlone) {
 // would have (relayShell), by the replica's copies (RelayAlone).
 func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, relayAdmitAnswer, error) {
 	var none relayAdmitAnswer
-	l.admitsAlone(c.Context())
+	if err := l.admitsAlone(c.Context()); err != nil {
+		return nil, none, err
+	}
 	name, lim, err := l.alone.Tenant(key)
 	switch {
 	case errors.Is(err, tenant.ErrDisabled):
@@ -98,25 +103,27 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 	return claims, ans, nil
 }
 
-// admitsAlone says (in the log, once until a leader answers again)
-// that this replica admits alone, and reads its copies again as it
-// begins: the admissions meanwhile wait for that.
-func (l *relayLive) admitsAlone(ctx context.Context) {
-	if l.aloneSince.Load() != 0 {
-		return
-	}
+// admitsAlone begins, once a silence, to admit alone: it says so in
+// the log and reads the copies again (the admissions meanwhile wait).
+// It refuses (503) while the copies have not been read since the
+// silence began: what the leader stored before it died must be known.
+func (l *relayLive) admitsAlone(ctx context.Context) error {
 	l.aloneMu.Lock()
 	defer l.aloneMu.Unlock()
-	if l.aloneSince.Load() != 0 {
-		return
+	if l.aloneSince.CompareAndSwap(0, time.Now().UnixNano()) {
+		l.log.Warn("no leader answers: this replica admits the connections and requests it carries by its copies of the tenants and revocations and the sessions' Pods until one does")
+		if l.alone.Refresh != nil {
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			l.alone.Refresh(rctx)
+			cancel()
+		}
 	}
-	l.log.Warn("no leader answers: this replica admits the connections and requests it carries by its copies of the tenants and revocations and its watch of the session Pods until one does")
-	if l.alone.Refresh != nil {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		l.alone.Refresh(rctx)
-		cancel()
+	since := l.aloneSince.Load()
+	if l.alone.Fresh != nil && since != 0 && l.alone.Fresh().Before(time.Unix(0, since)) {
+		return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry",
+			err: errors.New("the copies of the tenants and revocations were not read since no leader answers")}
 	}
-	l.aloneSince.Store(time.Now().UnixNano())
+	return nil
 }
 
 // sessionAlone is session id of tenant as its Pod has it: 404 when it
@@ -143,6 +150,14 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
 	case info.Tenant != tenantName:
 		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
+	case info.ID != id:
+		l.log.Warn("a session Pod's record names another session", "session", id, "record", info.ID)
+		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
+	case info.State != session.StateRunning:
+		// Starting (not ready yet, its recording not begun) or
+		// stopping (its stop began; a profile may be being saved): as
+		// the leader, not yet or no more.
+		return session.Info{}, session.Endpoint{}, &apiError{status: 409, code: "conflict", msg: "the session is " + string(info.State)}
 	case !running || !time.Now().Before(info.ExpiresAt):
 		return session.Info{}, session.Endpoint{}, &apiError{status: 409, code: "conflict", msg: "the session is not running"}
 	}
@@ -157,17 +172,15 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewClaims, session.Endpoint, session.Info, error) {
 	bad := errUnauthenticated("the preview token is missing, invalid or expired")
 	unavailable := &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry"}
-	l.admitsAlone(ctx)
+	// (A token signed with a key this replica lacks is refused too:
+	// every replica has the gateway's keys, and no leader answers to
+	// read it.)
 	c, err := l.signer.verify(token, time.Now())
-	switch {
-	case err != nil && l.signer.knows(token):
+	if err != nil || c.Scope == scopeShell {
 		return nil, session.Endpoint{}, session.Info{}, bad
-	case err != nil:
-		// Signed with a key this replica does not know: a leader's to
-		// read.
-		return nil, session.Endpoint{}, session.Info{}, unavailable
-	case c.Scope == scopeShell:
-		return nil, session.Endpoint{}, session.Info{}, bad
+	}
+	if err := l.admitsAlone(ctx); err != nil {
+		return nil, session.Endpoint{}, session.Info{}, err
 	}
 	revoked, err := l.alone.Revoked(c.Session, c.ID)
 	if err != nil {

@@ -84,3 +84,11 @@ func (r *Revoked) Revoked(session, preview string) (bool, error) {
 	until, ok := r.m[[2]string{session, preview}]
 	return ok && time.Now().Before(until), nil
 }
+
+// ListedAt is when the listing the copy comes from began (zero: none
+// yet).
+func (r *Revoked) ListedAt() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.listedAt
+}

@@ -28,6 +28,9 @@ const (
 	labelAddr    = "sandgate.addr"
 	labelInfo    = "sandgate.info"
 	labelRevoked = "sandgate.revoked." // + preview id; value: unix expiry
+	// labelState is the session's state as the manager last stored it
+	// (markState): running once it runs, stopping once its stop began.
+	labelState = "sandgate.state"
 )
 
 // RecordAddr is the key of the sandbox's address in a session's record.
@@ -105,7 +108,10 @@ func infoFromLabels(l map[string]string) (Info, error) {
 // FromRecord is the session a sandbox's record holds, as the manager
 // adopts it, and where it serves: for a replica that reads a session
 // from its sandbox (a Pod) without the manager. A warm pool's sandbox
-// not claimed yet holds no session (ErrNotFound).
+// not claimed yet holds no session (ErrNotFound). Its State is the one
+// the manager stored (markState): starting until it ran, and stopping
+// once its stop began (a sandbox may still run then: a profile is
+// being saved).
 func FromRecord(r map[string]string) (Info, Endpoint, error) {
 	if r[labelPool] != "" || r[labelSession] == "" || r[labelTenant] == "" {
 		return Info{}, Endpoint{}, publicf(ErrNotFound, "no such session", nil)
@@ -114,11 +120,45 @@ func FromRecord(r map[string]string) (Info, Endpoint, error) {
 	if err != nil {
 		return Info{}, Endpoint{}, err
 	}
+	switch st := State(r[labelState]); st {
+	case StateRunning, StateStopping:
+		info.State = st
+	default:
+		info.State = StateStarting
+	}
 	addr, err := netip.ParseAddr(r[labelAddr])
 	if err != nil {
 		return Info{}, Endpoint{}, fmt.Errorf("the record has no address: %w", err)
 	}
 	return info, endpointOf(addr), nil
+}
+
+// markState stores the session's state in its record, for a replica
+// that reads the session from its sandbox without the manager
+// (FromRecord): running once it runs, stopping once its stop begins.
+// One session's writes are made in order, and none after stopping.
+func (m *Manager) markState(s *sess, sb Sandbox, st State) {
+	s.markMu.Lock()
+	defer s.markMu.Unlock()
+	if s.marked == StateStopping || s.marked == st || sb == nil {
+		return
+	}
+	s.marked = st
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.base), 10*time.Second)
+	defer cancel()
+	if _, err := sb.SetRecord(ctx, map[string]string{labelState: string(st)}); err != nil && !errors.Is(err, ErrSandboxGone) {
+		m.log.Warn("the session's state could not be stored with its sandbox", "session", s.info.ID, "state", st, "err", err)
+	}
+}
+
+// markRunning is markState running, apart from the caller: a create
+// does not wait for it.
+func (m *Manager) markRunning(s *sess, sb Sandbox) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.markState(s, sb, StateRunning)
+	}()
 }
 
 func revokedFromLabels(l map[string]string) map[string]time.Time {

@@ -379,6 +379,7 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	s.cancel = nil
 	m.mu.Unlock()
 	log.Info("session running", "addr", addr.String(), "took", took.Round(time.Millisecond), "steps_ms", steps)
+	m.markRunning(s, sb)
 	m.wg.Add(1)
 	go m.watch(s, exited)
 	m.mu.Lock()

@@ -230,6 +230,10 @@ type sess struct {
 	// a claim prefers one.
 	settled  bool
 	freezeMu sync.Mutex // orders a freeze and the thaw of a claim
+	// markMu orders the writes of the session's state to its record
+	// (markState); marked is the last written.
+	markMu sync.Mutex
+	marked State
 	// claimStored, after a claim, is closed once containerd has the
 	// claimant's labels (see storeClaim); later label writes wait for it.
 	claimStored chan struct{}

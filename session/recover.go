@@ -178,5 +178,10 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 		}
 	}
 	s.record("adopted", map[string]any{"note": "the gateway restarted and took the session over"})
+	if State(labels[labelState]) == StateRunning {
+		s.marked = StateRunning // stored already
+	} else {
+		m.markRunning(s, sb)
+	}
 	return s, exited, ""
 }

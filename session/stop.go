@@ -83,6 +83,9 @@ func (m *Manager) teardown(ctx context.Context, s *sess, final State, failure st
 	// first, and Remove thaws what it froze.
 	s.freezeMu.Lock()
 	defer s.freezeMu.Unlock()
+	// Stored with the sandbox first: a replica that admits by the
+	// record while no leader answers refuses the session from now on.
+	m.markState(s, sb, StateStopping)
 	// A clean end writes the session's profile back first, within its own
 	// bound; the removal's bound starts after it.
 	m.save(ctx, s, sb, final)

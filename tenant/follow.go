@@ -35,8 +35,11 @@ type Follower struct {
 var ErrStale = errors.New("tenants: the copy of the stored registry is out of date")
 
 // Follow reads the registry stored in mirror now and every interval
-// until ctx ends, applying the config's seeds to each copy as Open
-// does.
+// until ctx ends. The stored registry is taken as it is: the gateway
+// that stored it applied its config's tenants and keys, and this one's
+// config may be older (a key removed from the config, a tenant dropped
+// from it, are gone there). The config's seeds are applied only while
+// nothing is stored (no gateway has opened the registry yet).
 func Follow(ctx context.Context, mirror Mirror, seeds []Seed, every, maxAge time.Duration, log *slog.Logger) *Follower {
 	f := &Follower{mirror: mirror, seeds: seeds, maxAge: maxAge, log: log}
 	go func() {
@@ -69,7 +72,7 @@ func (f *Follower) Refresh(ctx context.Context) {
 		var r *Registry
 		if !same {
 			r = &Registry{tenants: map[string]*Tenant{}, keys: map[string]*Key{}}
-			if err = r.load(raw, "the stored registry"); err == nil {
+			if err = r.load(raw, "the stored registry"); err == nil && raw == nil {
 				r.seed(f.seeds)
 			}
 		}
@@ -143,4 +146,11 @@ func (f *Follower) Enabled(name string) error {
 		return ErrDisabled
 	}
 	return nil
+}
+
+// ReadAt is when the read the copy comes from began (zero: none yet).
+func (f *Follower) ReadAt() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.readAt
 }

@@ -91,6 +91,32 @@ func TestFollow(t *testing.T) {
 		t.Fatalf("no such tenant: %v", err)
 	}
 
+	// The stored registry is the word, not this gateway's config: a
+	// follower whose config still has a key and a tenant the owner's
+	// config dropped does not take them; one whose config has a key
+	// the owner's lacks does not either.
+	older := Follow(ctx, m, append(seedA(), Seed{Tenant: Tenant{Name: "dropped"}, Digests: []string{Digest("dropped-key")}},
+		Seed{Tenant: Tenant{Name: "a", Limits: Limits{AllowRoot: true}}, Digests: []string{Digest("config-key-a"), Digest("removed-key")}}),
+		time.Hour, time.Hour, slog.New(slog.DiscardHandler))
+	older.Refresh(ctx)
+	for _, k := range []string{"dropped-key", "removed-key"} {
+		if got, err := older.Authenticate(k); !errors.Is(err, ErrNotFound) {
+			t.Errorf("a key of the follower's config alone, %s: %+v %v", k, got, err)
+		}
+	}
+	if got, err := older.Authenticate("config-key-a"); err != nil || got.AllowRoot {
+		t.Errorf("the owner's config key, with the owner's limits: %+v %v", got, err)
+	}
+	if err := older.Enabled("dropped"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a tenant of the follower's config alone: %v", err)
+	}
+	// Nothing stored yet: the config's seeds.
+	fresh := Follow(ctx, &memMirror{}, seedA(), time.Hour, time.Hour, slog.New(slog.DiscardHandler))
+	fresh.Refresh(ctx)
+	if got, err := fresh.Authenticate("config-key-a"); err != nil || got.Name != "a" {
+		t.Errorf("nothing stored, the config's key: %+v %v", got, err)
+	}
+
 	// The mirror stops answering: the copy serves until maxAge.
 	m.mu.Lock()
 	m.readErr = errors.New("away")

@@ -197,16 +197,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				log.Warn("no artifact store for this replica: the actions and screenshots it is sent go to the leader", "err", err)
 				relayStore = nil
 			}
-			// (Its watch of the Pods and its copy of the tenants serve
-			// while it stands by: standCtx ends as it leads.)
-			podsSeen := kube.NewSessions(standCtx, holds)
+			pods := kube.NewSessions(ctx, holds)
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
 					return "", fmt.Errorf("the leading replica advertises %q, which is not ip:port", addr)
 				}
 				return addr, err
-			}, kube.NewSessions(ctx, holds).Sandbox, relayStore, log.With("component", "relay"))
+			}, pods.Sandbox, relayStore, log.With("component", "relay"))
 			if err != nil {
 				return err
 			}
@@ -214,18 +212,18 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// run out), it admits the connections and requests it
 			// carries itself: by copies of the tenant registry and the
 			// revocations stored in MinIO, read again every 2 s and not
-			// used once 30 s old, and by its watch of the session Pods.
+			// used once 30 s old (standCtx ends them as it leads), and
+			// by the session's Pod.
 			if relayStore != nil {
 				rlog := log.With("component", "relay")
 				followed := tenant.Follow(standCtx, tenantMirror{relayStore, cfg.Kubernetes.Namespace}, tenantSeeds(cfg), 2*time.Second, 30*time.Second, rlog)
 				revoked := relayStore.FollowRevocations(standCtx, 2*time.Second, 30*time.Second, rlog)
-				podsSeen.Watch()
 				relay.AdmitAlone(gateway.RelayAlone{
 					Tenant: func(key string) (string, session.TenantLimits, error) {
 						t, err := followed.Authenticate(key)
 						return t.Name, sessionLimits(t), err
 					},
-					Session: podsSeen.Seen,
+					Session: pods.Look,
 					Enabled: followed.Enabled,
 					Revoked: revoked.Revoked,
 					Refresh: func(ctx context.Context) {
@@ -234,6 +232,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 						go func() { defer wg.Done(); followed.Refresh(ctx) }()
 						go func() { defer wg.Done(); revoked.Refresh(ctx) }()
 						wg.Wait()
+					},
+					Fresh: func() time.Time {
+						t, r := followed.ReadAt(), revoked.ListedAt()
+						if r.Before(t) {
+							return r
+						}
+						return t
 					},
 				})
 			}

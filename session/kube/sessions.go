@@ -317,32 +317,22 @@ func (p *pod) Wait(ctx context.Context) (<-chan session.Exit, error) {
 	return out, nil
 }
 
-// Watch starts the watch of the namespace's session Pods now, rather
-// than when it is first needed (Seen, a Pod's end).
-func (s *Sessions) Watch() { s.ends() }
-
-// Seen is session id's record, and whether its Pod runs (and is not
-// being deleted), as the watch of the namespace's session Pods has them:
-// what a replica that stands by reads a session by, asking nothing of
-// the API server. It waits, within ctx, for the watch's first list.
-func (s *Sessions) Seen(ctx context.Context, id string) (map[string]string, bool, error) {
-	e := s.ends()
-	if !e.synced() && !cache.WaitForCacheSync(ctx.Done(), e.synced) {
-		return nil, false, fmt.Errorf("the session Pods are not listed yet: %w", context.Cause(ctx))
-	}
-	obj, ok, err := e.pods.GetByKey(s.b.cfg.Namespace + "/" + podName(id))
-	switch {
-	case err != nil:
+// Look is session id's record, and whether its Pod runs (and is not
+// being deleted), read from the API server: what a replica that stands
+// by admits a connection by while no leader answers. (Not from a
+// watch's cache: a watch that stalled would keep an ended session's
+// address, which may have gone to another tenant's Pod since.) A Pod
+// whose record cannot be read holds no session: an empty record.
+func (s *Sessions) Look(ctx context.Context, id string) (map[string]string, bool, error) {
+	o, err := (&pod{s: s, id: id}).get(ctx)
+	if err != nil {
 		return nil, false, err
-	case !ok:
-		return nil, false, fmt.Errorf("%w: no Pod %s", session.ErrSandboxGone, podName(id))
-	}
-	o, ok := obj.(*corev1.Pod)
-	if !ok {
-		return nil, false, fmt.Errorf("pod %s: not a Pod in the cache", podName(id))
 	}
 	r, err := record(o)
-	return r, o.Status.Phase == corev1.PodRunning && o.DeletionTimestamp == nil, err
+	if err != nil {
+		r = map[string]string{}
+	}
+	return r, o.Status.Phase == corev1.PodRunning && o.DeletionTimestamp == nil, nil
 }
 
 // podEnds hands each session Pod's end to those waiting for it, from
@@ -351,7 +341,6 @@ type podEnds struct {
 	mu      sync.Mutex
 	waiting map[string]map[chan session.Exit]struct{} // by Pod name
 	synced  cache.InformerSynced
-	pods    cache.Store // the session Pods as the watch has them
 }
 
 // syncWait bounds how long a wait waits for the watch's first list.
@@ -374,7 +363,7 @@ func (s *Sessions) ends() *podEnds {
 			}
 		}
 		inf := factory.Core().V1().Pods().Informer()
-		e.synced, e.pods = inf.HasSynced, inf.GetStore()
+		e.synced = inf.HasSynced
 		inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    seen,
 			UpdateFunc: func(_, o any) { seen(o) },
