@@ -828,3 +828,60 @@ func BenchmarkKubeRelay(b *testing.B) {
 		b.ReportMetric(float64(percentile(m.standby, 0.5))/float64(percentile(m.lead, 0.5)), m.name+"-standby/leader-p50")
 	}
 }
+
+// BenchmarkKubeRelayAlone: a command (exec true, each on a new
+// connection) through the standby B, admitted by the leader A, then,
+// once A is SIGKILLed and until B leads, admitted by B alone (its copies
+// and the session's Pod): what a command costs while no leader answers,
+// against what it costs with one. Only the commands answered before B
+// took over count as alone.
+func BenchmarkKubeRelayAlone(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ra, rb := leaderAndStandby(b, ctx)
+	st, body := ra.api(b, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	if st != 201 {
+		b.Fatalf("create: %d %s", st, body)
+	}
+	id := jsonField(body, "id")
+	fresh := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
+	run := func() time.Duration {
+		t0 := time.Now()
+		if out := execWith(b, fresh, rb.gwURL, rb.keyA, id, map[string]any{"cmd": []string{"true"}}); out.ExitCode != 0 {
+			b.Fatalf("exit %d", out.ExitCode)
+		}
+		return time.Since(t0)
+	}
+	run() // warm
+	var asked, alone []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		asked = append(asked, run())
+	}
+	b.StopTimer()
+	ra.stopGateway(syscall.SIGKILL)
+	killed := time.Now()
+	b.StartTimer()
+	// (B's lease read says A leads for up to 15 s after its last
+	// renewal; B cannot lead before.)
+	for range b.N {
+		if time.Since(killed) > 10*time.Second || logLines(rb, "a leader answers again") > 0 {
+			break
+		}
+		alone = append(alone, run())
+	}
+	b.StopTimer()
+	if logLines(rb, "no leader answers: this replica admits") != 1 || len(alone) == 0 {
+		b.Fatalf("B did not admit alone (%d commands)", len(alone))
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	b.ReportMetric(ms(percentile(asked, 0.5)), "exec-asked-p50-ms")
+	b.ReportMetric(ms(percentile(alone, 0.5)), "exec-alone-p50-ms")
+	b.ReportMetric(float64(percentile(alone, 0.5))/float64(percentile(asked, 0.5)), "exec-alone/asked-p50")
+	b.ReportMetric(float64(len(alone)), "alone-n")
+	waitFor(b, 3*time.Minute, "B to lead", func() bool {
+		st, _ := rb.api(b, rb.keyA, "GET", "/v1/sessions/"+id, nil)
+		return st == 200
+	})
+	rb.api(b, rb.keyA, "DELETE", "/v1/sessions/"+id, nil)
+}
