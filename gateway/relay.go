@@ -821,16 +821,18 @@ type relayLive struct {
 	// storeOK: the artifact store answered when last asked
 	// (watchStore; never without a store).
 	storeOK atomic.Bool
-	// alone admits shells, commands, files and actions while no leader
-	// answers (nil: they wait for one); silentAt is when a leader last
-	// did not answer an admission (unix ns; 0: it answered since).
-	alone    *RelayAlone
-	aloneMu  sync.Mutex // held while it begins to admit alone
-	silentAt atomic.Int64
-	probing  atomic.Bool // an admission asks the leader after a silence
-	// aloneSince: when this replica began to admit alone (unix ns; 0:
-	// it asks the leader), logged once each way.
-	aloneSince atomic.Int64
+	// alone admits the connections and requests this replica carries
+	// while no leader answers (nil: they wait for one).
+	alone   *RelayAlone
+	aloneMu sync.Mutex // held while it begins to admit alone
+	// silentAt: when a leader last did not answer an admission;
+	// silentSince: when the silence began (the first that did not). Both
+	// unix ns, 0 once a leader answers. aloneFor: the silence (its
+	// silentSince) for which admitting alone began.
+	silentAt    atomic.Int64
+	silentSince atomic.Int64
+	aloneFor    atomic.Int64
+	probing     atomic.Bool // an admission asks the leader after a silence
 }
 
 type relayConn struct {
@@ -1098,6 +1100,9 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := l.call(ctx, relayAdmitPath, req, &ans)
+	if st != 0 {
+		l.answered() // whatever it said
+	}
 	switch {
 	case st == http.StatusUnauthorized:
 		return ans, st, errLeaderRefused
@@ -1113,16 +1118,23 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 			l.log.Warn("cannot ask the leader about a connection", "err", err)
 		}
 		if st == 0 {
-			l.silentAt.Store(time.Now().UnixNano())
+			now := time.Now().UnixNano()
+			l.silentAt.Store(now)
+			l.silentSince.CompareAndSwap(0, now)
 			err = fmt.Errorf("%w: %v", errNoAnswer, err)
 		}
 		return ans, st, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
 	}
+	return ans, st, nil
+}
+
+// answered notes that a leader answered an admission: the silence, if
+// any, is over (admissions ask it again), and so is admitting alone.
+func (l *relayLive) answered() {
 	l.silentAt.Store(0)
-	if l.aloneSince.Swap(0) != 0 {
+	if since := l.silentSince.Swap(0); since != 0 && l.aloneFor.Load() == since {
 		l.log.Info("a leader answers again: it admits the connections and requests this replica carries")
 	}
-	return ans, st, nil
 }
 
 // slot takes one of slots (the admissions at once, asked of the leader

@@ -705,7 +705,7 @@ func TestRelayAlone(t *testing.T) {
 	sessions[ids4["gone"]] = seen{nil, false, fmt.Errorf("%w: no Pod", session.ErrSandboxGone)}
 	sessions[ids4["unreadable"]] = seen{nil, false, errors.New("the API server does not answer")}
 	starting := rec(ids4["starting"], "t", now.Add(time.Hour))
-	delete(starting, "sandgate.state") // not ready yet
+	starting["sandgate.state"] = "starting" // not ready yet
 	sessions[ids4["starting"]] = seen{starting, true, nil}
 	stopping := rec(ids4["stopping"], "t", now.Add(time.Hour))
 	stopping["sandgate.state"] = "stopping" // its profile being saved
@@ -792,7 +792,7 @@ func TestRelayAlone(t *testing.T) {
 		{sid, "good", 500}, {sid, "junk", 401}, {sid, "off", 403}, {sid, "stale", 503},
 		{ids4["other"], "good", 404}, {ids4["gone"], "good", 404}, {ids4["pooled"], "good", 404}, {ids4["garbled"], "good", 404},
 		{ids4["stopped"], "good", 409}, {ids4["expired"], "good", 409}, {ids4["unreadable"], "good", 503}, {"not-a-session", "good", 404},
-		{ids4["starting"], "good", 409}, {ids4["stopping"], "good", 409}, {ids4["misnamed"], "good", 404},
+		{ids4["starting"], "good", 503}, {ids4["stopping"], "good", 409}, {ids4["misnamed"], "good", 404},
 	}
 	for _, tc := range cases {
 		if st, body := command(tc.id, tc.key); st != tc.want {
@@ -876,7 +876,8 @@ func TestRelayAlone(t *testing.T) {
 		{"tenants out of date", token(sid, "stale", ScopeCDP, ids.NewPreview(), time.Hour), 503},
 		{"Pods not listed", token(ids4["unreadable"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 503},
 		{"a key this replica lacks", foreign, 401},
-		{"a starting session's", token(ids4["starting"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 401},
+		{"a starting session's", token(ids4["starting"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 503},
+		{"a stopping session's", token(ids4["stopping"], "t", ScopeCDP, ids.NewPreview(), time.Hour), 401},
 	}
 	for _, p := range previews {
 		c, ep, info, err := l.admit(p.token)
@@ -946,7 +947,9 @@ func TestRelayAloneProbes(t *testing.T) {
 		Session: func(context.Context, string) (map[string]string, bool, error) { return record, true, nil },
 	})
 	l := srv.live.(*relayLive)
-	l.silentAt.Store(time.Now().Add(-2 * relayLeaderCache).UnixNano()) // silent a while ago
+	silent := time.Now().Add(-2 * relayLeaderCache).UnixNano() // silent a while ago
+	l.silentAt.Store(silent)
+	l.silentSince.Store(silent)
 
 	const n = 12
 	type result struct {
@@ -987,5 +990,57 @@ func TestRelayAloneProbes(t *testing.T) {
 	}
 	if len(started) != n {
 		t.Errorf("%d commands started, want %d", len(started), n)
+	}
+}
+
+// TestRelayAloneEnds: a silence ends with any answer of a leader, a
+// refusal included (a revoked preview's 401): the admissions after it
+// ask the leader again, not alone; and an admission that would be made
+// alone once a leader has answered is refused 503 (asked again, it is
+// the leader's), not admitted by the copies.
+func TestRelayAloneEnds(t *testing.T) {
+	var asked atomic.Int32
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.WriteHeader(http.StatusUnauthorized) // the token is revoked
+	}))
+	defer leader.Close()
+	srv := testRelay(t, leader.URL, nil)
+	var refreshed atomic.Int32
+	srv.AdmitAlone(RelayAlone{
+		Tenant: func(string) (string, session.TenantLimits, error) { return "t", session.TenantLimits{}, nil },
+		Session: func(context.Context, string) (map[string]string, bool, error) {
+			return nil, false, session.ErrSandboxGone
+		},
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+		Refresh: func(context.Context) { refreshed.Add(1) },
+	})
+	l := srv.live.(*relayLive)
+	c := previewClaims{Session: ids.NewSession(), Tenant: "t", Scope: ScopeCDP}
+	c.ID, c.ExpiresAt = ids.NewPreview(), jwtTime(time.Now().Add(time.Hour))
+	token, err := srv.tokens.issue(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A silence that began a while ago, admitted alone since.
+	silent := time.Now().Add(-2 * relayLeaderCache).UnixNano()
+	l.silentAt.Store(silent)
+	l.silentSince.Store(silent)
+	l.aloneFor.Store(silent)
+	for i := range 3 {
+		_, _, _, err := l.admit(token)
+		if st, _, _ := publicOf(err); st != 401 {
+			t.Fatalf("admission %d: %v, want the leader's 401", i, err)
+		}
+	}
+	if asked.Load() != 3 || l.silentAt.Load() != 0 || l.silentSince.Load() != 0 {
+		t.Fatalf("after the leader's refusals: asked %d (want 3), silent at %d since %d (want 0)", asked.Load(), l.silentAt.Load(), l.silentSince.Load())
+	}
+	// An admission that took the way alone as the leader answered.
+	l.silentAt.Store(time.Now().UnixNano())
+	_, _, _, err = l.admit(token)
+	if st, _, _ := publicOf(err); st != 503 || refreshed.Load() != 0 || asked.Load() != 3 {
+		t.Fatalf("alone after the leader answered: %v (refreshed %d, asked %d), want a 503 and no new silence", err, refreshed.Load(), asked.Load())
 	}
 }

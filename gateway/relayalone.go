@@ -106,22 +106,29 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 // admitsAlone begins, once a silence, to admit alone: it says so in
 // the log and reads the copies again (the admissions meanwhile wait).
 // It refuses (503) while the copies have not been read since the
-// silence began: what the leader stored before it died must be known.
+// silence began (what the leader stored before it died must be known),
+// and when a leader answered meanwhile (asked again, it will admit).
 func (l *relayLive) admitsAlone(ctx context.Context) error {
+	unavailable := func(why string) error {
+		return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: errors.New(why)}
+	}
+	since := l.silentSince.Load()
+	if since == 0 {
+		return unavailable("a leader answered meanwhile")
+	}
 	l.aloneMu.Lock()
-	defer l.aloneMu.Unlock()
-	if l.aloneSince.CompareAndSwap(0, time.Now().UnixNano()) {
+	if l.aloneFor.Load() != since {
 		l.log.Warn("no leader answers: this replica admits the connections and requests it carries by its copies of the tenants and revocations and the sessions' Pods until one does")
 		if l.alone.Refresh != nil {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			l.alone.Refresh(rctx)
 			cancel()
 		}
+		l.aloneFor.Store(since)
 	}
-	since := l.aloneSince.Load()
-	if l.alone.Fresh != nil && since != 0 && l.alone.Fresh().Before(time.Unix(0, since)) {
-		return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry",
-			err: errors.New("the copies of the tenants and revocations were not read since no leader answers")}
+	l.aloneMu.Unlock()
+	if l.alone.Fresh != nil && l.alone.Fresh().Before(time.Unix(0, since)) {
+		return unavailable("the copies of the tenants and revocations were not read since no leader answers")
 	}
 	return nil
 }
@@ -153,10 +160,14 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 	case info.ID != id:
 		l.log.Warn("a session Pod's record names another session", "session", id, "record", info.ID)
 		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
+	case info.State == session.StateStarting:
+		// Not ready yet (its recording not begun), or ready a moment
+		// ago and not marked so yet: not yet, as far as this replica
+		// can tell.
+		return session.Info{}, session.Endpoint{}, &apiError{status: 503, code: "unavailable", msg: "the session is starting; retry"}
 	case info.State != session.StateRunning:
-		// Starting (not ready yet, its recording not begun) or
-		// stopping (its stop began; a profile may be being saved): as
-		// the leader, not yet or no more.
+		// Stopping: its stop began (a profile may be being saved), as
+		// the leader refuses it.
 		return session.Info{}, session.Endpoint{}, &apiError{status: 409, code: "conflict", msg: "the session is " + string(info.State)}
 	case !running || !time.Now().Before(info.ExpiresAt):
 		return session.Info{}, session.Endpoint{}, &apiError{status: 409, code: "conflict", msg: "the session is not running"}

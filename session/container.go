@@ -81,6 +81,7 @@ func containerLabels(info Info, addr string) (map[string]string, error) {
 		labelCreated: info.CreatedAt.UTC().Format(time.RFC3339Nano),
 		labelAddr:    addr,
 		labelInfo:    string(raw),
+		labelState:   string(StateStarting),
 	}, nil
 }
 
@@ -109,9 +110,10 @@ func infoFromLabels(l map[string]string) (Info, error) {
 // adopts it, and where it serves: for a replica that reads a session
 // from its sandbox (a Pod) without the manager. A warm pool's sandbox
 // not claimed yet holds no session (ErrNotFound). Its State is the one
-// the manager stored (markState): starting until it ran, and stopping
-// once its stop began (a sandbox may still run then: a profile is
-// being saved).
+// the manager stored (markState): starting until it ran (the mark is
+// written just after: briefly, a running session may read starting),
+// and stopping once its stop began (a sandbox may still run then: a
+// profile is being saved).
 func FromRecord(r map[string]string) (Info, Endpoint, error) {
 	if r[labelPool] != "" || r[labelSession] == "" || r[labelTenant] == "" {
 		return Info{}, Endpoint{}, publicf(ErrNotFound, "no such session", nil)
@@ -121,10 +123,14 @@ func FromRecord(r map[string]string) (Info, Endpoint, error) {
 		return Info{}, Endpoint{}, err
 	}
 	switch st := State(r[labelState]); st {
-	case StateRunning, StateStopping:
+	case StateStarting, StateRunning, StateStopping:
 		info.State = st
+	case "":
+		// A session of a gateway before the state was stored: taken
+		// as running, as before.
+		info.State = StateRunning
 	default:
-		info.State = StateStarting
+		return Info{}, Endpoint{}, fmt.Errorf("the record's state %q is none", st)
 	}
 	addr, err := netip.ParseAddr(r[labelAddr])
 	if err != nil {
@@ -133,31 +139,64 @@ func FromRecord(r map[string]string) (Info, Endpoint, error) {
 	return info, endpointOf(addr), nil
 }
 
+// sharedRecords: other gateway replicas read the sessions' records (a
+// backend with its own network: Kubernetes, where a replica standing by
+// admits by a session's Pod while no leader answers), so the manager
+// stores its state there (markState).
+func (m *Manager) sharedRecords() bool { return m.net == nil }
+
 // markState stores the session's state in its record, for a replica
 // that reads the session from its sandbox without the manager
 // (FromRecord): running once it runs, stopping once its stop begins.
-// One session's writes are made in order, and none after stopping.
-func (m *Manager) markState(s *sess, sb Sandbox, st State) {
+// One session's writes are made in order, and none of running once a
+// stop began, whatever came of its write.
+func (m *Manager) markState(ctx context.Context, s *sess, sb Sandbox, st State) error {
+	if !m.sharedRecords() || sb == nil {
+		return nil
+	}
 	s.markMu.Lock()
 	defer s.markMu.Unlock()
-	if s.marked == StateStopping || s.marked == st || sb == nil {
-		return
+	if st == StateStopping {
+		s.stopMarked = true
+	} else if s.stopMarked {
+		return nil
 	}
-	s.marked = st
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.base), 10*time.Second)
+	if s.marked == st {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := sb.SetRecord(ctx, map[string]string{labelState: string(st)}); err != nil && !errors.Is(err, ErrSandboxGone) {
-		m.log.Warn("the session's state could not be stored with its sandbox", "session", s.info.ID, "state", st, "err", err)
+		return err
 	}
+	s.marked = st
+	return nil
 }
 
-// markRunning is markState running, apart from the caller: a create
-// does not wait for it.
+// markRunning is markState running, apart from the caller (a create
+// does not wait for it), tried again a few times.
 func (m *Manager) markRunning(s *sess, sb Sandbox) {
+	if !m.sharedRecords() {
+		return
+	}
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		m.markState(s, sb, StateRunning)
+		for wait := time.Second; ; wait *= 2 {
+			err := m.markState(m.base, s, sb, StateRunning)
+			if err == nil {
+				return
+			}
+			if wait > 8*time.Second {
+				m.log.Warn("the session's state could not be stored with its sandbox: a replica standing by refuses it while no leader answers", "session", s.info.ID, "err", err)
+				return
+			}
+			select {
+			case <-m.base.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
 	}()
 }
 

@@ -231,9 +231,13 @@ type sess struct {
 	settled  bool
 	freezeMu sync.Mutex // orders a freeze and the thaw of a claim
 	// markMu orders the writes of the session's state to its record
-	// (markState); marked is the last written.
-	markMu sync.Mutex
-	marked State
+	// (markState); marked is the last written, stopMarked says a stop
+	// began (no running after it); resumeStop: adopted with a stop
+	// that had begun, which the adoption finishes.
+	markMu     sync.Mutex
+	marked     State
+	stopMarked bool
+	resumeStop bool
 	// claimStored, after a claim, is closed once containerd has the
 	// claimant's labels (see storeClaim); later label writes wait for it.
 	claimStored chan struct{}

@@ -56,6 +56,10 @@ func (m *Manager) recover(ctx context.Context) error {
 		log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
 		m.wg.Add(1)
 		go m.watch(s, exited)
+		if s.resumeStop {
+			log.Info("the session's stop had begun before this gateway took it over: it is stopped")
+			m.stopAsync(s, StateStopped, "")
+		}
 	}
 	if m.net == nil {
 		m.sweep()
@@ -178,9 +182,14 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 		}
 	}
 	s.record("adopted", map[string]any{"note": "the gateway restarted and took the session over"})
-	if State(labels[labelState]) == StateRunning {
+	switch State(labels[labelState]) {
+	case StateRunning:
 		s.marked = StateRunning // stored already
-	} else {
+	case StateStopping:
+		// The gateway before died while it stopped the session: the
+		// stop is finished (recover), not undone.
+		s.marked, s.stopMarked, s.resumeStop = StateStopping, true, true
+	default:
 		m.markRunning(s, sb)
 	}
 	return s, exited, ""

@@ -85,7 +85,9 @@ func (m *Manager) teardown(ctx context.Context, s *sess, final State, failure st
 	defer s.freezeMu.Unlock()
 	// Stored with the sandbox first: a replica that admits by the
 	// record while no leader answers refuses the session from now on.
-	m.markState(s, sb, StateStopping)
+	if err := m.markState(context.WithoutCancel(ctx), s, sb, StateStopping); err != nil {
+		log.Warn("the session's stop could not be stored with its sandbox: a replica standing by may admit it while no leader answers, until it is removed", "err", err)
+	}
 	// A clean end writes the session's profile back first, within its own
 	// bound; the removal's bound starts after it.
 	m.save(ctx, s, sb, final)
