@@ -314,6 +314,9 @@ func (m *Manager) start(ctx context.Context, s *sess, rt *Runtime, log *slog.Log
 	if err != nil {
 		return err
 	}
+	if !m.sharedRecords() {
+		delete(record, labelState) // nobody reads it (markState)
+	}
 	if s.pool != nil {
 		record[labelPool] = s.pool.key()
 	}

@@ -239,6 +239,9 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 	}
 	if err == nil {
 		labels[labelPool] = ""
+		// The claim changes whose the session is, not its state: the
+		// pooled session's own mark (markState) stays.
+		delete(labels, labelState)
 		if recordNow {
 			_, err = sb.SetRecord(ctx, labels)
 		} else {

@@ -9,9 +9,31 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/remote"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/session/kube"
 )
+
+// podState is the state session id's Pod's record holds
+// (session.FromRecord).
+func podState(t testing.TB, b *kube.Backend, id string) session.State {
+	t.Helper()
+	p, err := b.Client().CoreV1().Pods(b.Namespace()).Get(context.Background(), "sandgate-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := map[string]string{}
+	if err := json.Unmarshal([]byte(p.Annotations[kube.AnnInfo]), &r); err != nil {
+		t.Fatal(err)
+	}
+	r[session.RecordAddr] = p.Status.PodIP
+	info, _, err := session.FromRecord(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State
+}
 
 // kubePods lists the namespace's session Pods by session id, with their
 // tenant label.
@@ -102,6 +124,12 @@ func TestKubeWarmPool(t *testing.T) {
 	if tenant := kubePods(t, b)[s.ID]; tenant != "tenant-a" {
 		t.Errorf("the claimed Pod's tenant label: %q", tenant)
 	}
+	// The claimed Pod's record says running (the pooled Pod's own mark,
+	// which the claim leaves): a replica standing by admits it while no
+	// leader answers.
+	waitFor(t, 30*time.Second, "the claimed Pod's record to say running", func() bool {
+		return podState(t, b, s.ID) == session.StateRunning
+	})
 	if got := storage(s.ID, `document.cookie = "claimant=first; max-age=3600"; localStorage.setItem("claimant", "first")`); got != "claimant=first|first" {
 		t.Fatalf("the first claimant's own cookie and storage: %q", got)
 	}
