@@ -857,7 +857,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		return nil, err
 	}
 	l := &relayLive{identity: identity, run: randomNonce(), leader: leader, signer: s.tokens,
-		host: cfg.PublicURL.Host, log: log.With("component", "relay"), forget: s.forgetVersion,
+		host: cfg.PublicURL.Host, log: log, forget: s.forgetVersion,
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		conns:       map[string]*relayConn{},

@@ -677,6 +677,24 @@ func (s *Store) ReadTenants(ctx context.Context, name string) ([]byte, error) {
 	return raw, nil
 }
 
+// TenantsVersion is the version (ETag) of the tenant registry stored
+// under name, "" when there is none: asking it costs a HEAD, not the
+// registry's bytes.
+func (s *Store) TenantsVersion(ctx context.Context, name string) (string, error) {
+	k, err := tenantsKey(name)
+	if err != nil {
+		return "", err
+	}
+	st, err := s.client.StatObject(ctx, s.cfg.Bucket, k, minio.StatObjectOptions{})
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("stat the tenant registry: %w", err)
+	}
+	return st.ETag, nil
+}
+
 // WriteTenants stores the tenant registry under name.
 func (s *Store) WriteTenants(ctx context.Context, name string, raw []byte) error {
 	k, err := tenantsKey(name)

@@ -24,11 +24,20 @@ type Follower struct {
 	maxAge time.Duration
 	log    *slog.Logger
 
-	mu     sync.Mutex
-	reg    *Registry // nil until the mirror first answered
-	raw    []byte    // what reg was made of
-	readAt time.Time // when the read reg came from (the last that answered) began
-	failed bool      // the last read failed (logged once a turn)
+	mu      sync.Mutex
+	reg     *Registry // nil until the mirror first answered
+	raw     []byte    // what reg was made of
+	version string    // its version (VersionedMirror), asked before it was read
+	readAt  time.Time // when the read reg came from (the last that answered) began
+	failed  bool      // the last read failed (logged once a turn)
+}
+
+// VersionedMirror is a Mirror that tells the stored registry's version
+// (an ETag) at less cost than its bytes: a follower reads the registry
+// only when its version changed.
+type VersionedMirror interface {
+	Mirror
+	TenantsVersion(ctx context.Context) (string, error)
 }
 
 // ErrStale: the follower's copy is too old to check a key by.
@@ -64,8 +73,19 @@ func Follow(ctx context.Context, mirror Mirror, seeds []Seed, every, maxAge time
 // not replace it).
 func (f *Follower) Refresh(ctx context.Context) {
 	began := time.Now()
-	raw, err := f.mirror.ReadTenants(ctx)
-	if err == nil {
+	version, unchanged, err := f.unchanged(ctx)
+	var raw []byte
+	switch {
+	case err == nil && unchanged:
+		f.mu.Lock()
+		if began.After(f.readAt) {
+			f.readAt = began
+		}
+		f.mu.Unlock()
+	case err == nil:
+		raw, err = f.mirror.ReadTenants(ctx)
+	}
+	if err == nil && !unchanged {
 		f.mu.Lock()
 		same := f.reg != nil && bytes.Equal(raw, f.raw)
 		f.mu.Unlock()
@@ -82,7 +102,7 @@ func (f *Follower) Refresh(ctx context.Context) {
 				if r != nil {
 					f.reg, f.raw = r, raw
 				}
-				f.readAt = began
+				f.readAt, f.version = began, version
 			}
 			f.mu.Unlock()
 		}
@@ -99,6 +119,23 @@ func (f *Follower) Refresh(ctx context.Context) {
 		f.failed = true
 		f.log.Warn("cannot read the stored tenant registry; its copy is used until it is out of date", "err", err, "max_age", f.maxAge)
 	}
+}
+
+// unchanged asks a VersionedMirror whether the stored registry is the
+// version the copy was made of (the version is asked before the bytes
+// are read, so a change between the two is read again next time).
+func (f *Follower) unchanged(ctx context.Context) (string, bool, error) {
+	vm, ok := f.mirror.(VersionedMirror)
+	if !ok {
+		return "", false, nil
+	}
+	version, err := vm.TenantsVersion(ctx)
+	if err != nil {
+		return "", false, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return version, f.reg != nil && version == f.version, nil
 }
 
 // Authenticate returns the tenant of key, as the copy has it: ErrNotFound

@@ -3,6 +3,7 @@ package tenant
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"testing"
@@ -144,5 +145,70 @@ func TestFollow(t *testing.T) {
 	// disable) are all the writes.
 	if written != 3 {
 		t.Errorf("%d writes to the mirror, want the owner's 3", written)
+	}
+}
+
+// versioned is a mirror in memory that tells its version, and counts
+// the reads of its bytes.
+type versioned struct {
+	memMirror
+	reads int
+}
+
+func (v *versioned) ReadTenants(ctx context.Context) ([]byte, error) {
+	v.mu.Lock()
+	v.reads++
+	v.mu.Unlock()
+	return v.memMirror.ReadTenants(ctx)
+}
+
+func (v *versioned) TenantsVersion(context.Context) (string, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return fmt.Sprint(v.writes), v.readErr
+}
+
+// TestFollowVersion: with a mirror that tells its version, the stored
+// registry's bytes are read only when it changed; a read that found it
+// unchanged keeps the copy fresh; a change is read at the next refresh.
+func TestFollowVersion(t *testing.T) {
+	ctx := context.Background()
+	m := &versioned{}
+	owner, err := OpenMirrored("", m, seedA(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	f := Follow(ctx, m, nil, time.Hour, time.Hour, slog.New(slog.DiscardHandler))
+	for deadline := time.Now().Add(10 * time.Second); f.ReadAt().IsZero(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first read did not come")
+		}
+	}
+	readsOf := func() int {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.reads
+	}
+	first := readsOf()
+	before := f.ReadAt()
+	f.Refresh(ctx)
+	f.Refresh(ctx)
+	if reads := readsOf(); reads != first || !f.ReadAt().After(before) {
+		t.Fatalf("an unchanged registry: %d reads after the first's %d, fresh %v", reads, first, f.ReadAt().After(before))
+	}
+	if _, err := owner.Create(Tenant{Name: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := owner.Issue("b", "new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Refresh(ctx)
+	if got, err := f.Authenticate(key); err != nil || got.Name != "b" {
+		t.Fatalf("a key issued since, after a refresh: %+v %v", got, err)
+	}
+	if reads := readsOf(); reads != first+1 {
+		t.Errorf("%d reads after a change, want %d", reads, first+1)
 	}
 }

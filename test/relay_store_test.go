@@ -143,3 +143,7 @@ func (m storeMirror) ReadTenants(ctx context.Context) ([]byte, error) {
 func (m storeMirror) WriteTenants(ctx context.Context, raw []byte) error {
 	return m.store.WriteTenants(ctx, m.name, raw)
 }
+
+func (m storeMirror) TenantsVersion(ctx context.Context) (string, error) {
+	return m.store.TenantsVersion(ctx, m.name)
+}

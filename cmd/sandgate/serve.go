@@ -692,3 +692,7 @@ func (m tenantMirror) ReadTenants(ctx context.Context) ([]byte, error) {
 func (m tenantMirror) WriteTenants(ctx context.Context, raw []byte) error {
 	return m.store.WriteTenants(ctx, m.name, raw)
 }
+
+func (m tenantMirror) TenantsVersion(ctx context.Context) (string, error) {
+	return m.store.TenantsVersion(ctx, m.name)
+}
