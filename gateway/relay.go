@@ -1070,18 +1070,8 @@ func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, sessi
 	}
 	defer release()
 	previews := l.alone != nil && l.alone.Enabled != nil && l.alone.Revoked != nil
-	ask, probing := true, false
-	if previews {
-		ask, probing = l.askLeader()
-	}
-	if !ask {
-		return l.previewAlone(context.Background(), token) // (as askShell)
-	}
-	ans, st, err := l.ask(relayAdmitRequest{Token: token})
-	if probing {
-		l.probing.Store(false)
-	}
-	if previews && errors.Is(err, errNoAnswer) {
+	ans, st, alone, err := l.askOrAlone(relayAdmitRequest{Token: token}, previews)
+	if alone {
 		return l.previewAlone(context.Background(), token)
 	}
 	switch {
@@ -1123,7 +1113,7 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 			l.silentSince.CompareAndSwap(0, now)
 			err = fmt.Errorf("%w: %v", errNoAnswer, err)
 		}
-		return ans, st, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
+		return ans, st, relayUnavailableFor(err)
 	}
 	return ans, st, nil
 }
@@ -1148,22 +1138,23 @@ func (l *relayLive) slot(slots chan struct{}) (release func(), err error) {
 	}
 }
 
-// askLeader says whether an admission asks the leader (else it is made
-// alone, RelayAlone): not within relayLeaderCache of the last one no
-// leader answered (asking a dead one's address may wait for its dial),
-// and after that, one admission at a time asks (probing: it must clear
-// l.probing once answered) while the others are made alone.
-func (l *relayLive) askLeader() (ask, probing bool) {
-	at := l.silentAt.Load()
-	switch {
-	case at == 0:
-		return true, false
-	case time.Since(time.Unix(0, at)) < relayLeaderCache:
-		return false, false
-	case l.probing.CompareAndSwap(false, true):
-		return true, true
+// askOrAlone asks the leader for an admission (ask), or says to make it
+// alone (RelayAlone) when canAlone and no leader answers: without
+// asking within relayLeaderCache of the last admission no leader
+// answered (asking a dead one's address may wait for its dial); after
+// that, one admission at a time asks again while the others are made
+// alone.
+func (l *relayLive) askOrAlone(req relayAdmitRequest, canAlone bool) (ans relayAdmitAnswer, st int, alone bool, err error) {
+	if canAlone {
+		if at := l.silentAt.Load(); at != 0 {
+			if time.Since(time.Unix(0, at)) < relayLeaderCache || !l.probing.CompareAndSwap(false, true) {
+				return ans, 0, true, nil
+			}
+			defer l.probing.Store(false)
+		}
 	}
-	return false, false
+	ans, st, err = l.ask(req)
+	return ans, st, canAlone && errors.Is(err, errNoAnswer), err
 }
 
 // errNoAnswer: no leader answered an admission (none is known, or the
@@ -1172,8 +1163,12 @@ var errNoAnswer = errors.New("no leader answers")
 
 var errLeaderRefused = errors.New("the leader refused the admission")
 
-func relayUnavailable() error {
-	return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry"}
+func relayUnavailable() error { return relayUnavailableFor(nil) }
+
+// relayUnavailableFor is relayUnavailable, with its cause (logged,
+// never sent).
+func relayUnavailableFor(cause error) error {
+	return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: cause}
 }
 
 // openShell asks the leader whether the request's API key may open
@@ -1246,18 +1241,8 @@ func (l *relayLive) askShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmi
 		return nil, relayAdmitAnswer{}, err
 	}
 	defer release()
-	ask, probing := true, false
-	if l.alone != nil {
-		ask, probing = l.askLeader()
-	}
-	if !ask {
-		return l.admitAlone(c, id, key)
-	}
-	ans, _, err := l.ask(relayAdmitRequest{Shell: &relayShellRequest{Session: id, Key: key}})
-	if probing {
-		l.probing.Store(false)
-	}
-	if l.alone != nil && errors.Is(err, errNoAnswer) {
+	ans, _, alone, err := l.askOrAlone(relayAdmitRequest{Shell: &relayShellRequest{Session: id, Key: key}}, l.alone != nil)
+	if alone {
 		return l.admitAlone(c, id, key)
 	}
 	switch {

@@ -72,7 +72,7 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 	case errors.Is(err, tenant.ErrNotFound):
 		return nil, none, errUnauthenticated("the API key is not valid")
 	case err != nil:
-		return nil, none, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
+		return nil, none, relayUnavailableFor(err)
 	case !ids.IsSession(id):
 		return nil, none, errNotFound("no such session")
 	}
@@ -90,7 +90,7 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 	claims.ExpiresAt = jwtTime(until)
 	ticket, err := l.signer.issue(*claims)
 	if err != nil {
-		return nil, none, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
+		return nil, none, relayUnavailableFor(err)
 	}
 	ans := relayAdmitAnswer{Session: id, Tenant: name, Scope: scopeShell, Preview: claims.ID, Expires: until.Unix(), Ticket: ticket,
 		AllowRoot: lim.AllowRoot, MaxFileBytes: max(lim.MaxFileBytes, 0),
@@ -109,9 +109,7 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 // silence began (what the leader stored before it died must be known),
 // and when a leader answered meanwhile (asked again, it will admit).
 func (l *relayLive) admitsAlone(ctx context.Context) error {
-	unavailable := func(why string) error {
-		return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: errors.New(why)}
-	}
+	unavailable := func(why string) error { return relayUnavailableFor(errors.New(why)) }
 	since := l.silentSince.Load()
 	if since == 0 {
 		return unavailable("a leader answered meanwhile")
@@ -145,7 +143,7 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
 	}
 	if err != nil {
-		return session.Info{}, session.Endpoint{}, &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the request now; retry", err: err}
+		return session.Info{}, session.Endpoint{}, relayUnavailableFor(err)
 	}
 	info, ep, err := session.FromRecord(rec)
 	switch {
@@ -182,7 +180,9 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 // cannot say, a 503.
 func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewClaims, session.Endpoint, session.Info, error) {
 	bad := errUnauthenticated("the preview token is missing, invalid or expired")
-	unavailable := &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry"}
+	unavailable := func(cause error) error {
+		return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry", err: cause}
+	}
 	// (A token signed with a key this replica lacks is refused too:
 	// every replica has the gateway's keys, and no leader answers to
 	// read it.)
@@ -195,8 +195,7 @@ func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewCla
 	}
 	revoked, err := l.alone.Revoked(c.Session, c.ID)
 	if err != nil {
-		unavailable.err = err
-		return nil, session.Endpoint{}, session.Info{}, unavailable
+		return nil, session.Endpoint{}, session.Info{}, unavailable(err)
 	}
 	if revoked {
 		return nil, session.Endpoint{}, session.Info{}, bad
@@ -205,8 +204,7 @@ func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewCla
 	case errors.Is(err, tenant.ErrDisabled), errors.Is(err, tenant.ErrNotFound):
 		return nil, session.Endpoint{}, session.Info{}, bad
 	case err != nil:
-		unavailable.err = err
-		return nil, session.Endpoint{}, session.Info{}, unavailable
+		return nil, session.Endpoint{}, session.Info{}, unavailable(err)
 	}
 	info, ep, err := l.sessionAlone(ctx, c.Tenant, c.Session)
 	var ae *apiError

@@ -695,6 +695,26 @@ func (s *Store) TenantsVersion(ctx context.Context, name string) (string, error)
 	return st.ETag, nil
 }
 
+// TenantsMirror keeps the tenant registry stored under Name (a
+// Kubernetes namespace's gateways share one) in Store: a
+// tenant.VersionedMirror.
+type TenantsMirror struct {
+	Store *Store
+	Name  string
+}
+
+func (m TenantsMirror) ReadTenants(ctx context.Context) ([]byte, error) {
+	return m.Store.ReadTenants(ctx, m.Name)
+}
+
+func (m TenantsMirror) WriteTenants(ctx context.Context, raw []byte) error {
+	return m.Store.WriteTenants(ctx, m.Name, raw)
+}
+
+func (m TenantsMirror) TenantsVersion(ctx context.Context) (string, error) {
+	return m.Store.TenantsVersion(ctx, m.Name)
+}
+
 // WriteTenants stores the tenant registry under name.
 func (s *Store) WriteTenants(ctx context.Context, name string, raw []byte) error {
 	k, err := tenantsKey(name)

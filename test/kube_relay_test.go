@@ -711,12 +711,7 @@ func shellExit(c *websocket.Conn, line string) (int, error) {
 func BenchmarkKubeRelay(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	ra, rb := leaderAndStandby(b, ctx)
-	st, body := ra.api(b, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
-	if st != 201 {
-		b.Fatalf("create: %d %s", st, body)
-	}
-	id := jsonField(body, "id")
+	ra, rb, id := benchRelaySession(b, ctx)
 	defer ra.api(b, ra.keyA, "DELETE", "/v1/sessions/"+id, nil)
 	p := ra.preview(b, ra.keyA, id, 600)
 	cdpA := cdpDial(b, browserWS(b, p.URL))
@@ -829,6 +824,18 @@ func BenchmarkKubeRelay(b *testing.B) {
 	}
 }
 
+// benchRelaySession starts a replica that leads (A) and one that stands
+// by (B), and creates a runc session through A.
+func benchRelaySession(b *testing.B, ctx context.Context) (ra, rb *testEnv, id string) {
+	b.Helper()
+	ra, rb = leaderAndStandby(b, ctx)
+	st, body := ra.api(b, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	if st != 201 {
+		b.Fatalf("create: %d %s", st, body)
+	}
+	return ra, rb, jsonField(body, "id")
+}
+
 // BenchmarkKubeRelayAlone: a command (exec true, each on a new
 // connection) through the standby B, admitted by the leader A, then,
 // once A is SIGKILLed and until B leads, admitted by B alone (its copies
@@ -838,12 +845,7 @@ func BenchmarkKubeRelay(b *testing.B) {
 func BenchmarkKubeRelayAlone(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	ra, rb := leaderAndStandby(b, ctx)
-	st, body := ra.api(b, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
-	if st != 201 {
-		b.Fatalf("create: %d %s", st, body)
-	}
-	id := jsonField(body, "id")
+	ra, rb, id := benchRelaySession(b, ctx)
 	fresh := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
 	run := func() time.Duration {
 		t0 := time.Now()

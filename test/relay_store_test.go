@@ -82,7 +82,7 @@ func TestStoredCopies(t *testing.T) {
 		t.Fatalf("another preview of the session: revoked %v, %v", r, err)
 	}
 
-	mirror := storeMirror{store, "copies-" + randHex(4)}
+	mirror := recordings.TenantsMirror{Store: store, Name: "copies-" + randHex(4)}
 	owner, err := tenant.OpenMirrored("", mirror, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -127,23 +127,4 @@ func TestStoredCopies(t *testing.T) {
 		_, terr := tenants.Authenticate(key)
 		return rerr == nil && r && terr == nil
 	})
-}
-
-// storeMirror keeps a tenant registry in the store (as the gateway's
-// does under a namespace's name).
-type storeMirror struct {
-	store *recordings.Store
-	name  string
-}
-
-func (m storeMirror) ReadTenants(ctx context.Context) ([]byte, error) {
-	return m.store.ReadTenants(ctx, m.name)
-}
-
-func (m storeMirror) WriteTenants(ctx context.Context, raw []byte) error {
-	return m.store.WriteTenants(ctx, m.name, raw)
-}
-
-func (m storeMirror) TenantsVersion(ctx context.Context) (string, error) {
-	return m.store.TenantsVersion(ctx, m.name)
 }

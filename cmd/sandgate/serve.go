@@ -216,7 +216,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// by the session's Pod.
 			if relayStore != nil {
 				rlog := log.With("component", "relay")
-				followed := tenant.Follow(standCtx, tenantMirror{relayStore, cfg.Kubernetes.Namespace}, tenantSeeds(cfg), 2*time.Second, 30*time.Second, rlog)
+				followed := tenant.Follow(standCtx, recordings.TenantsMirror{Store: relayStore, Name: cfg.Kubernetes.Namespace}, tenantSeeds(cfg), 2*time.Second, 30*time.Second, rlog)
 				revoked := relayStore.FollowRevocations(standCtx, 2*time.Second, 30*time.Second, rlog)
 				relay.AdmitAlone(gateway.RelayAlone{
 					Tenant: func(key string) (string, session.TenantLimits, error) {
@@ -418,7 +418,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	// takes the lead on another node knows what the admin API changed.
 	var mirror tenant.Mirror
 	if cfg.Backend == "kubernetes" {
-		mirror = tenantMirror{store, cfg.Kubernetes.Namespace}
+		mirror = recordings.TenantsMirror{Store: store, Name: cfg.Kubernetes.Namespace}
 	}
 	reg, err := tenant.OpenMirrored(filepath.Join(cfg.StateDir, "tenants.json"), mirror, seeds, func(t tenant.Tenant) {
 		if mgr != nil {
@@ -582,6 +582,9 @@ func poolConfigs(cfg *Config) []session.PoolConfig {
 }
 
 // sessionLimits is what the session manager enforces of a tenant.
+// The registry's copy on a standby asks its version before its bytes.
+var _ tenant.VersionedMirror = recordings.TenantsMirror{}
+
 // tenantSeeds are the config's tenants and keys.
 func tenantSeeds(cfg *Config) []tenant.Seed {
 	var seeds []tenant.Seed
@@ -676,23 +679,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// tenantMirror keeps the tenant registry of a namespace's gateways in
-// MinIO.
-type tenantMirror struct {
-	store *recordings.Store
-	name  string
-}
-
-func (m tenantMirror) ReadTenants(ctx context.Context) ([]byte, error) {
-	return m.store.ReadTenants(ctx, m.name)
-}
-
-func (m tenantMirror) WriteTenants(ctx context.Context, raw []byte) error {
-	return m.store.WriteTenants(ctx, m.name, raw)
-}
-
-func (m tenantMirror) TenantsVersion(ctx context.Context) (string, error) {
-	return m.store.TenantsVersion(ctx, m.name)
 }
