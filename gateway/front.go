@@ -167,6 +167,18 @@ func relayable(method, path string) Relays {
 		Actions: method == "POST" && (tail == "actions" || tail == "screenshot")}
 }
 
+// answersAlone: a request reads a session, lists them or issues a
+// session's preview, which a relay answers itself when no leader takes
+// it.
+func answersAlone(method, path string) bool {
+	if method == "GET" && path == "/v1/sessions" {
+		return true
+	}
+	rest, ok := strings.CutPrefix(path, "/v1/sessions/")
+	id, tail, _ := strings.Cut(rest, "/")
+	return ok && ids.IsSession(id) && (method == "GET" && tail == "" && !strings.Contains(rest, "/") || method == "POST" && tail == "previews")
+}
+
 // Close stops accepting and cuts the forwarded connections.
 func (f *Front) Close() error {
 	f.once.Do(func() { close(f.closed) })
@@ -327,15 +339,29 @@ func (f *Front) standBy(c net.Conn) {
 		frontAnswer(c, 503, "unavailable", "this gateway replica is taking over the sessions; retry", 2)
 		return
 	}
+	// A session read or a preview's issue no leader takes, the relay
+	// answers by the sessions' Pods (NewRelay, RelayAlone).
+	aloneAnswers := func() bool {
+		if relay == nil || !answersAlone(method, path) {
+			return false
+		}
+		c.SetReadDeadline(time.Time{})
+		f.handOver(c, br, line, relay, relayDone)
+		return true
+	}
 	addr, err := f.leaderAddr()
 	if err != nil || addr == "" {
-		frontAnswer(c, 503, "unavailable", "no gateway replica leads the sessions yet; retry", 2)
+		if !aloneAnswers() {
+			frontAnswer(c, 503, "unavailable", "no gateway replica leads the sessions yet; retry", 2)
+		}
 		return
 	}
 	up, err := net.DialTimeout("tcp", addr, frontDial)
 	if err != nil {
 		f.forget(addr)
-		frontAnswer(c, 503, "unavailable", "the leading gateway replica does not answer; retry (another takes over)", 2)
+		if !aloneAnswers() {
+			frontAnswer(c, 503, "unavailable", "the leading gateway replica does not answer; retry (another takes over)", 2)
+		}
 		return
 	}
 	// Tracked before anything is sent, so that a lead that comes now

@@ -308,17 +308,10 @@ func TestFrontRelay(t *testing.T) {
 	relay := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "relay %s", r.URL.Path) })}
 	go relay.Serve(f.RelayListener(func(Relays) bool { return true }))
 	defer relay.Close()
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	do := func(method, path string) string {
 		t.Helper()
-		req, _ := http.NewRequest(method, "http://"+ln.Addr().String()+path, nil)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
+		_, body := frontCall(t, ln, method, path)
+		return body
 	}
 	get := func(path string) string { t.Helper(); return do("GET", path) }
 	sid := ids.NewSession()
@@ -362,6 +355,73 @@ func TestFrontRelay(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestFrontAnswersAlone: a session read (one session, or the list) or
+// a preview's issue goes to the leader while one takes the connection;
+// once none does (its address refuses, or none leads), the Front hands
+// it to the relay, which answers it from the sessions' Pods, while
+// everything else gets the Front's 503.
+func TestFrontAnswersAlone(t *testing.T) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "leader %s %s", r.Method, r.URL.Path) }))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	addr := strings.TrimPrefix(leader.URL, "http://")
+	f := NewFront(ln, func(context.Context) (string, Relays, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return addr, Relays{}, nil
+	}, slog.New(slog.DiscardHandler))
+	defer f.Close()
+	relay := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "relay %s %s", r.Method, r.URL.Path) })}
+	go relay.Serve(f.RelayListener(func(Relays) bool { return true }))
+	defer relay.Close()
+	sid := ids.NewSession()
+	alone := [][2]string{{"GET", "/v1/sessions"}, {"GET", "/v1/sessions?x=1"}, {"GET", "/v1/sessions/" + sid}, {"POST", "/v1/sessions/" + sid + "/previews"}}
+	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/" + sid}, {"GET", "/v1/sessions/junk"},
+		{"GET", "/v1/sessions/" + sid + "/events"}, {"POST", "/v1/sessions/" + sid + "/extend"}, {"GET", "/v1/tenants"}, {"GET", "/v1/sessionsx"},
+		{"GET", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/" + sid + "/previews"}, {"DELETE", "/v1/sessions/" + sid + "/previews/" + ids.NewPreview()},
+		{"POST", "/v1/sessions/" + sid + "/previews/x"}, {"POST", "/v1/sessions/junk/previews"}}
+	check := func(where string) {
+		t.Helper()
+		for _, r := range alone {
+			bare, _, _ := strings.Cut(r[1], "?")
+			if st, got := frontCall(t, ln, r[0], r[1]); st != 200 || got != where+" "+r[0]+" "+bare {
+				t.Errorf("%s %s: %d %q, want %s's answer", r[0], r[1], st, got, where)
+			}
+		}
+		for _, r := range others {
+			st, got := frontCall(t, ln, r[0], r[1])
+			if where == "leader" && got != "leader "+r[0]+" "+r[1] || where != "leader" && (st != 503 || strings.Contains(got, "relay")) {
+				t.Errorf("%s %s: %d %q", r[0], r[1], st, got)
+			}
+		}
+	}
+	check("leader")
+	leader.Close() // its address refuses now
+	check("relay")
+	mu.Lock()
+	addr = "" // nobody leads
+	mu.Unlock()
+	check("relay") // (the refused address was dropped from the Front's cache)
+}
+
+// frontCall sends a request with no body to the Front listening on ln,
+// on a connection of its own, and reads the whole answer.
+func frontCall(t *testing.T, ln net.Listener, method, path string) (int, string) {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	req, _ := http.NewRequest(method, "http://"+ln.Addr().String()+path, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // TestRequestTarget: a request line is split as the gateway's server

@@ -59,7 +59,7 @@ func (s *Server) checkPreview(req previewRequest) (time.Duration, error) {
 // issuePreview signs a preview of a session the caller owns and records
 // it in the session's trail.
 func (s *Server) issuePreview(tenant, id string, req previewRequest, ttl time.Duration) (previewResponse, error) {
-	out, ev, err := s.signPreview(tenant, id, req, ttl)
+	out, _, ev, err := s.signPreview(tenant, id, req, ttl)
 	if err != nil {
 		return previewResponse{}, err
 	}
@@ -68,9 +68,9 @@ func (s *Server) issuePreview(tenant, id string, req previewRequest, ttl time.Du
 	return out, nil
 }
 
-// signPreview makes a preview of the session and the event that records
-// its issue.
-func (s *Server) signPreview(tenant, id string, req previewRequest, ttl time.Duration) (previewResponse, session.Event, error) {
+// signPreview makes a preview of the session, its token and the event
+// that records its issue.
+func (s *Server) signPreview(tenant, id string, req previewRequest, ttl time.Duration) (previewResponse, string, session.Event, error) {
 	now := time.Now().UTC().Truncate(time.Second)
 	pid := newPreviewID()
 	claims := previewClaims{Session: id, Tenant: tenant, Scope: req.Scope, ViewOnly: req.ViewOnly}
@@ -79,10 +79,9 @@ func (s *Server) signPreview(tenant, id string, req previewRequest, ttl time.Dur
 	claims.IssuedAt = jwtTime(now)
 	tok, err := s.tokens.issue(claims)
 	if err != nil {
-		return previewResponse{}, session.Event{}, fmt.Errorf("sign preview: %w", err)
+		return previewResponse{}, "", session.Event{}, fmt.Errorf("sign preview: %w", err)
 	}
-	ev := session.Event{Time: time.Now().UTC(), Type: "preview_issued",
-		Fields: map[string]any{"preview": pid, "scope": req.Scope, "view_only": req.ViewOnly, "expires_at": now.Add(ttl)}}
+	ev := session.Event{Time: time.Now().UTC(), Type: "preview_issued", Fields: issuedFields(&claims)}
 	out := previewResponse{
 		ID: pid, URL: s.cfg.PublicURL.String() + "/" + req.Scope + "/" + tok,
 		ExpiresAt: now.Add(ttl), Scope: req.Scope, ViewOnly: req.ViewOnly,
@@ -92,19 +91,30 @@ func (s *Server) signPreview(tenant, id string, req previewRequest, ttl time.Dur
 		ws.Scheme = s.wsScheme
 		out.WSURL = ws.String() + "/cdp/" + tok
 	}
-	return out, ev, nil
+	return out, tok, ev, nil
+}
+
+// issuedFields are the fields of a preview's preview_issued event, from
+// its claims.
+func issuedFields(c *previewClaims) map[string]any {
+	return map[string]any{"preview": c.ID, "scope": c.Scope, "view_only": c.ViewOnly, "expires_at": c.ExpiresAt.Time.UTC()}
+}
+
+// previewAsked is the session and the preview a request to create one
+// asks for, and its TTL, checked.
+func (s *Server) previewAsked(c *fiber.Ctx) (id string, req previewRequest, ttl time.Duration, err error) {
+	if id, err = s.sessionID(c); err != nil {
+		return "", req, 0, err
+	}
+	if err = decode(c, &req); err != nil {
+		return "", req, 0, err
+	}
+	ttl, err = s.checkPreview(req)
+	return id, req, ttl, err
 }
 
 func (s *Server) createPreview(c *fiber.Ctx) error {
-	id, err := s.sessionID(c)
-	if err != nil {
-		return err
-	}
-	var req previewRequest
-	if err := decode(c, &req); err != nil {
-		return err
-	}
-	ttl, err := s.checkPreview(req)
+	id, req, ttl, err := s.previewAsked(c)
 	if err != nil {
 		return err
 	}
@@ -121,7 +131,7 @@ func (s *Server) createPreview(c *fiber.Ctx) error {
 			return err
 		}
 		if gone {
-			out, ev, err := s.signPreview(tenant, id, req, ttl)
+			out, _, ev, err := s.signPreview(tenant, id, req, ttl)
 			if err != nil {
 				return err
 			}

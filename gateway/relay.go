@@ -71,7 +71,13 @@ const (
 	relayFilesRoute      = "/v1/sessions/:id/files"
 	relayActionsRoute    = "/v1/sessions/:id/actions"
 	relayScreenshotRoute = "/v1/sessions/:id/screenshot"
-	relayHeader          = "X-Sandgate-Relay"
+	// relayListRoute, relayReadRoute, relayPreviewsRoute: the session
+	// reads and previews' issues a relay answers while no leader
+	// answers (orAlone).
+	relayListRoute     = "/v1/sessions"
+	relayReadRoute     = "/v1/sessions/:id"
+	relayPreviewsRoute = "/v1/sessions/:id/previews"
+	relayHeader        = "X-Sandgate-Relay"
 	// relaySkew bounds how far a signed request's time may be from the
 	// leader's clock.
 	relaySkew = time.Minute
@@ -684,6 +690,9 @@ func (s *Server) relayEvent(claims *previewClaims, ev relayEvent) {
 	case "message_too_big":
 		base["limit"] = max(ev.Limit, 0)
 		s.sessions.Record(claims.Session, ev.Type, base)
+	case "preview_issued":
+		// Issued by a replica while no leader answered (issueAlone).
+		s.sessions.Record(claims.Session, ev.Type, issuedFields(claims))
 	case "client_left":
 		s.clientLeft(claims.Session)
 	case "browser_gone":
@@ -918,6 +927,11 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		}
 		s.app.Post(relayActionsRoute, vault, key, s.action)
 		s.app.Post(relayScreenshotRoute, key, s.screenshot)
+		// Session reads and previews' issues come here only when the
+		// Front could not pass them to a leader (answersAlone).
+		s.app.Get(relayListRoute, l.orAlone(l.listAlone))
+		s.app.Get(relayReadRoute, l.orAlone(l.getAlone))
+		s.app.Post(relayPreviewsRoute, l.orAlone(s.issueAlone))
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()
@@ -997,15 +1011,22 @@ const maxLeaderAnswer = 1 << 20
 // body), to the leader, and answers what the leader answers: for what
 // this replica cannot do itself, on a route it carries.
 func (l *relayLive) toLeader(c *fiber.Ctx) error {
-	ctx, cancel := reqCtx(c, 90*time.Second)
+	_, err := l.passOn(c, 90*time.Second)
+	return err
+}
+
+// passOn is toLeader within timeout, and says whether a leader
+// answered (its answer is then the client's).
+func (l *relayLive) passOn(c *fiber.Ctx, timeout time.Duration) (answered bool, err error) {
+	ctx, cancel := reqCtx(c, timeout)
 	defer cancel()
 	addr, err := l.leaderAddr(ctx)
 	if err != nil {
-		return retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "no gateway replica that answers leads the sessions; retry", err: err})
+		return false, retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "no gateway replica that answers leads the sessions; retry", err: err})
 	}
 	req, err := http.NewRequestWithContext(ctx, c.Method(), "http://"+addr+string(c.Request().URI().RequestURI()), bytes.NewReader(c.Body()))
 	if err != nil {
-		return errInvalid("the request cannot be passed on")
+		return false, errInvalid("the request cannot be passed on")
 	}
 	req.Host = l.host
 	for _, h := range []string{fiber.HeaderAuthorization, fiber.HeaderContentType} {
@@ -1022,16 +1043,16 @@ func (l *relayLive) toLeader(c *fiber.Ctx) error {
 	var op *net.OpError
 	if err != nil && errors.As(err, &op) && op.Op == "dial" {
 		l.forgetAddr(addr)
-		return retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; retry", err: err})
+		return false, retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; retry", err: err})
 	}
 	if err != nil {
 		l.forgetAddr(addr)
-		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; the request may have been carried out", err: err}
+		return false, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; the request may have been carried out", err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLeaderAnswer+1))
 	if err != nil || len(body) > maxLeaderAnswer {
-		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; the request may have been carried out", err: err}
+		return true, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; the request may have been carried out", err: err}
 	}
 	if ct := resp.Header.Get(fiber.HeaderContentType); ct != "" {
 		c.Set(fiber.HeaderContentType, ct)
@@ -1039,7 +1060,7 @@ func (l *relayLive) toLeader(c *fiber.Ctx) error {
 	if ra := resp.Header.Get(fiber.HeaderRetryAfter); ra != "" {
 		c.Set(fiber.HeaderRetryAfter, ra)
 	}
-	return c.Status(resp.StatusCode).Send(body)
+	return true, c.Status(resp.StatusCode).Send(body)
 }
 
 // forgetAddr: the leader at addr did not answer. Another may lead by
@@ -1108,14 +1129,20 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 			l.log.Warn("cannot ask the leader about a connection", "err", err)
 		}
 		if st == 0 {
-			now := time.Now().UnixNano()
-			l.silentAt.Store(now)
-			l.silentSince.CompareAndSwap(0, now)
+			l.silent()
 			err = fmt.Errorf("%w: %v", errNoAnswer, err)
 		}
 		return ans, st, relayUnavailableFor(err)
 	}
 	return ans, st, nil
+}
+
+// silent notes that no leader answered (an admission, or a request
+// passed on).
+func (l *relayLive) silent() {
+	now := time.Now().UnixNano()
+	l.silentAt.Store(now)
+	l.silentSince.CompareAndSwap(0, now)
 }
 
 // answered notes that a leader answered an admission: the silence, if
@@ -1146,15 +1173,27 @@ func (l *relayLive) slot(slots chan struct{}) (release func(), err error) {
 // alone.
 func (l *relayLive) askOrAlone(req relayAdmitRequest, canAlone bool) (ans relayAdmitAnswer, st int, alone bool, err error) {
 	if canAlone {
-		if at := l.silentAt.Load(); at != 0 {
-			if time.Since(time.Unix(0, at)) < relayLeaderCache || !l.probing.CompareAndSwap(false, true) {
-				return ans, 0, true, nil
-			}
-			defer l.probing.Store(false)
+		ask, done := l.asks()
+		defer done()
+		if !ask {
+			return ans, 0, true, nil
 		}
 	}
 	ans, st, err = l.ask(req)
 	return ans, st, canAlone && errors.Is(err, errNoAnswer), err
+}
+
+// asks says whether to ask the leader or to go on alone without
+// asking, after a silence (askOrAlone); done is called once either is.
+func (l *relayLive) asks() (ask bool, done func()) {
+	at := l.silentAt.Load()
+	if at == 0 {
+		return true, func() {}
+	}
+	if time.Since(time.Unix(0, at)) < relayLeaderCache || !l.probing.CompareAndSwap(false, true) {
+		return false, func() {}
+	}
+	return true, func() { l.probing.Store(false) }
 }
 
 // errNoAnswer: no leader answered an admission (none is known, or the

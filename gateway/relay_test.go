@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -722,17 +723,7 @@ func TestRelayAlone(t *testing.T) {
 	started := make(chan string, 4)
 	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
 	srv.AdmitAlone(RelayAlone{
-		Tenant: func(key string) (string, session.TenantLimits, error) {
-			switch key {
-			case "good":
-				return "t", session.TenantLimits{MaxTTL: 2 * time.Hour, AllowRoot: true, MaxFileBytes: 7}, nil
-			case "off":
-				return "", session.TenantLimits{}, tenant.ErrDisabled
-			case "stale":
-				return "", session.TenantLimits{}, tenant.ErrStale
-			}
-			return "", session.TenantLimits{}, tenant.ErrNotFound
-		},
+		Tenant: testTenants(session.TenantLimits{MaxTTL: 2 * time.Hour, AllowRoot: true, MaxFileBytes: 7}),
 		Session: func(_ context.Context, id string) (map[string]string, bool, error) {
 			if s, ok := sessions[id]; ok {
 				return s.r, s.running, s.err
@@ -901,6 +892,23 @@ func TestRelayAlone(t *testing.T) {
 	}
 }
 
+// testTenants is a copy of the tenants (RelayAlone.Tenant) that knows
+// the key "good" (tenant t, with lim), "off" (a disabled tenant's) and
+// "stale" (the copy out of date), and no other.
+func testTenants(lim session.TenantLimits) func(key string) (string, session.TenantLimits, error) {
+	return func(key string) (string, session.TenantLimits, error) {
+		switch key {
+		case "good":
+			return "t", lim, nil
+		case "off":
+			return "", session.TenantLimits{}, tenant.ErrDisabled
+		case "stale":
+			return "", session.TenantLimits{}, tenant.ErrStale
+		}
+		return "", session.TenantLimits{}, tenant.ErrNotFound
+	}
+}
+
 // answerOf is srv's answer to req: its status and body.
 func answerOf(t *testing.T, srv *Server, req *http.Request) (int, string) {
 	t.Helper()
@@ -1042,5 +1050,210 @@ func TestRelayAloneEnds(t *testing.T) {
 	_, _, _, err = l.admit(token)
 	if st, _, _ := publicOf(err); st != 503 || refreshed.Load() != 0 || asked.Load() != 3 {
 		t.Fatalf("alone after the leader answered: %v (refreshed %d, asked %d), want a 503 and no new silence", err, refreshed.Load(), asked.Load())
+	}
+}
+
+// TestRelayAloneAnswers: a session read handed to a relay is the
+// leader's answer while one answers; once none does, the relay
+// answers it from the sessions' Pods as the leader shows them (after
+// the copies were read since the silence): a session's view with its
+// isolation, one the record says runs whose Pod does not (or that
+// expired) as stopping, one starting with no address yet as starting;
+// the tenant's sessions newest first, another tenant's left out; the
+// key checked by the copy of the tenants (401, 403, 503), a missing,
+// pooled, garbled or another tenant's session 404, and Pods that
+// cannot be read 503 with a Retry-After. A preview's issue is answered
+// the same way: signed with the gateway's keys, its preview_issued
+// event kept for the next leader; refused as the leader refuses it,
+// and a review link 503 (a leader's).
+func TestRelayAloneAnswers(t *testing.T) {
+	now := time.Now().UTC().Truncate(time.Second)
+	rec := func(id, tenantName string, age time.Duration, expires time.Time, state string) map[string]string {
+		return map[string]string{"sandgate.session": id, session.RecordTenant: tenantName, "sandgate.created": now.Add(-age).Format(time.RFC3339Nano),
+			session.RecordExpires: expires.Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3", "sandgate.state": state,
+			"sandgate.info": `{"kind":"desktop","runtime":"gvisor","screen":{"width":800,"height":600},"labels":{"team":"qa"},"start":"warm"}`}
+	}
+	type pod struct {
+		r       map[string]string
+		running bool
+	}
+	name := map[string]string{}
+	for _, n := range []string{"running", "stopped", "expired", "starting", "stopping", "other", "pooled", "garbled", "legacy"} {
+		name[n] = ids.NewSession()
+	}
+	pods := map[string]pod{
+		name["running"]:  {rec(name["running"], "t", 1*time.Minute, now.Add(time.Hour), "running"), true},
+		name["stopped"]:  {rec(name["stopped"], "t", 2*time.Minute, now.Add(time.Hour), "running"), false},
+		name["expired"]:  {rec(name["expired"], "t", 3*time.Minute, now.Add(-time.Second), "running"), true},
+		name["starting"]: {rec(name["starting"], "t", 0, now.Add(time.Hour), "starting"), false},
+		name["stopping"]: {rec(name["stopping"], "t", 4*time.Minute, now.Add(time.Hour), "stopping"), true},
+		name["other"]:    {rec(name["other"], "u", 5*time.Minute, now.Add(time.Hour), "running"), true},
+		name["pooled"]:   {rec(name["pooled"], "t", 6*time.Minute, now.Add(time.Hour), "running"), true},
+		name["garbled"]:  {rec(name["garbled"], "t", 7*time.Minute, now.Add(time.Hour), "running"), true},
+		name["legacy"]:   {rec(name["legacy"], "t", 8*time.Minute, now.Add(time.Hour), ""), true},
+	}
+	delete(pods[name["starting"]].r, session.RecordAddr) // no Pod IP yet
+	pods[name["pooled"]].r["sandgate.pool"] = "desktop-gvisor"
+	pods[name["garbled"]].r["sandgate.info"] = "{"
+	delete(pods[name["legacy"]].r, "sandgate.state") // an older gateway's record
+	unreadable := ids.NewSession()
+
+	var asked atomic.Int32
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		fmt.Fprintf(w, `{"leader":%q}`, r.URL.Path)
+	}))
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id} })
+	var fresh atomic.Int64
+	var listFails atomic.Bool
+	srv.AdmitAlone(RelayAlone{
+		Tenant: testTenants(session.TenantLimits{}),
+		Session: func(_ context.Context, id string) (map[string]string, bool, error) {
+			if id == unreadable {
+				return nil, false, errors.New("the API server does not answer")
+			}
+			if p, ok := pods[id]; ok {
+				return p.r, p.running, nil
+			}
+			return nil, false, fmt.Errorf("%w: no Pod", session.ErrSandboxGone)
+		},
+		// Every Pod, another tenant's too: the relay keeps the tenant's.
+		List: func(_ context.Context, tenantName string) ([]AloneRecord, error) {
+			if listFails.Load() {
+				return nil, errors.New("the API server does not answer")
+			}
+			var out []AloneRecord
+			for _, p := range pods {
+				out = append(out, AloneRecord{Record: p.r, Running: p.running})
+			}
+			return out, nil
+		},
+		Isolation: func(rt string) string { return map[string]string{"gvisor": "kernel"}[rt] },
+		Enabled:   func(string) error { return nil },
+		Revoked:   func(string, string) (bool, error) { return false, nil },
+		Fresh:     func() time.Time { return time.Unix(0, fresh.Load()) },
+	})
+	read := func(path, key string) (int, string, string) {
+		t.Helper()
+		req := httptest.NewRequest("GET", "http://gw.test:8080"+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := srv.App().Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), resp.Header.Get("Retry-After")
+	}
+	one := "/v1/sessions/" + name["running"]
+	// A leader that answers: its word, whatever the Pods say.
+	if st, body, _ := read(one, "junk"); st != 200 || body != `{"leader":"`+one+`"}` || asked.Load() != 1 {
+		t.Fatalf("with a leader: %d %s (asked %d), want its answer", st, body, asked.Load())
+	}
+	leader.Close()
+	// No leader, the copies not read since: 503, not the Pods' word.
+	if st, body, ra := read(one, "good"); st != 503 || ra == "" {
+		t.Fatalf("no leader, copies not read since: %d %s (Retry-After %q), want 503", st, body, ra)
+	}
+	fresh.Store(time.Now().UnixNano())
+	view := func(id string) session.Info {
+		t.Helper()
+		st, body, _ := read("/v1/sessions/"+id, "good")
+		var info session.Info
+		if err := json.Unmarshal([]byte(body), &info); st != 200 || err != nil {
+			t.Fatalf("session %s: %d %s", id, st, body)
+		}
+		return info
+	}
+	info := view(name["running"])
+	if info.ID != name["running"] || info.State != session.StateRunning || info.Isolation != "kernel" || info.Runtime != "gvisor" || info.Kind != "desktop" ||
+		info.Screen.Width != 800 || info.Labels["team"] != "qa" || info.Start != "warm" || !info.ExpiresAt.Equal(now.Add(time.Hour)) || !info.CreatedAt.Equal(now.Add(-time.Minute)) {
+		t.Errorf("a running session: %+v", info)
+	}
+	for n, want := range map[string]session.State{"stopped": session.StateStopping, "expired": session.StateStopping, "starting": session.StateStarting,
+		"stopping": session.StateStopping, "legacy": session.StateRunning} {
+		if got := view(name[n]).State; got != want {
+			t.Errorf("the %s session reads %q, want %q", n, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		path, key string
+		want      int
+	}{
+		{one, "junk", 401}, {one, "off", 403}, {one, "stale", 503}, {one, "", 401},
+		{"/v1/sessions/" + name["other"], "good", 404}, {"/v1/sessions/" + name["pooled"], "good", 404},
+		{"/v1/sessions/" + name["garbled"], "good", 404}, {"/v1/sessions/" + ids.NewSession(), "good", 404},
+		{"/v1/sessions/not-a-session", "good", 404}, {"/v1/sessions/" + unreadable, "good", 503},
+		{"/v1/sessions", "junk", 401}, {"/v1/sessions", "stale", 503},
+	} {
+		st, body, ra := read(tc.path, tc.key)
+		if st != tc.want || (st == 503) != (ra != "") || !strings.Contains(body, `"error"`) {
+			t.Errorf("GET %s with key %q: %d %s (Retry-After %q), want %d", tc.path, tc.key, st, body, ra, tc.want)
+		}
+	}
+	st, body, _ := read("/v1/sessions", "good")
+	var list struct{ Sessions []session.Info }
+	if err := json.Unmarshal([]byte(body), &list); st != 200 || err != nil {
+		t.Fatalf("list: %d %s", st, body)
+	}
+	var got []string
+	for _, s := range list.Sessions {
+		got = append(got, s.ID)
+	}
+	want := []string{name["starting"], name["running"], name["stopped"], name["expired"], name["stopping"], name["legacy"]}
+	if !slices.Equal(got, want) {
+		t.Errorf("list: %v, want %v (newest first, the tenant's readable sessions)", got, want)
+	}
+	listFails.Store(true)
+	if st, body, ra := read("/v1/sessions", "good"); st != 503 || ra == "" {
+		t.Errorf("list with the Pods unreadable: %d %s (Retry-After %q), want 503", st, body, ra)
+	}
+
+	issue := func(id, key, body string) (int, string, string) {
+		t.Helper()
+		req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+id+"/previews", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := srv.App().Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header.Get("Retry-After")
+	}
+	st, body, _ = issue(name["running"], "good", `{"scope":"cdp","ttl_seconds":60}`)
+	var p previewResponse
+	if err := json.Unmarshal([]byte(body), &p); st != 201 || err != nil || p.Scope != "cdp" || !strings.HasPrefix(p.WSURL, "ws://gw.test:8080/cdp/") {
+		t.Fatalf("a preview issued alone: %d %s", st, body)
+	}
+	tok := strings.TrimPrefix(p.WSURL, "ws://gw.test:8080/cdp/")
+	c, err := srv.tokens.verify(tok, time.Now())
+	if err != nil || c.Session != name["running"] || c.Tenant != "t" || c.Scope != ScopeCDP || c.ID != p.ID || !c.ExpiresAt.Time.Equal(p.ExpiresAt) {
+		t.Fatalf("the preview issued alone: %+v %v", c, err)
+	}
+	l := srv.live.(*relayLive)
+	l.mu.Lock()
+	kept := slices.ContainsFunc(l.events, func(ev relayEvent) bool { return ev.Type == "preview_issued" && ev.Token == tok })
+	l.mu.Unlock()
+	if !kept {
+		t.Error("the preview's issue is not kept for the next leader")
+	}
+	for _, tc := range []struct {
+		id, key, body string
+		want          int
+	}{
+		{name["running"], "junk", `{"scope":"cdp"}`, 401}, {name["running"], "stale", `{"scope":"cdp"}`, 503},
+		{name["running"], "good", `{"scope":"review"}`, 503}, {name["running"], "good", `{"scope":"cdp","view_only":true}`, 400},
+		{name["running"], "good", `{"scope":"vnc","ttl_seconds":99999999}`, 400}, {name["running"], "good", `{`, 400},
+		{name["starting"], "good", `{"scope":"vnc"}`, 503}, {name["stopping"], "good", `{"scope":"vnc"}`, 409},
+		{name["stopped"], "good", `{"scope":"vnc"}`, 409}, {name["other"], "good", `{"scope":"vnc"}`, 404},
+		{ids.NewSession(), "good", `{"scope":"vnc"}`, 404}, {unreadable, "good", `{"scope":"vnc"}`, 503},
+	} {
+		st, body, ra := issue(tc.id, tc.key, tc.body)
+		if st != tc.want || (st == 503) != (ra != "") || !strings.Contains(body, `"error"`) {
+			t.Errorf("a preview %s of %s with key %q: %d %s (Retry-After %q), want %d", tc.body, tc.id, tc.key, st, body, ra, tc.want)
+		}
+	}
+	if asked.Load() != 1 {
+		t.Errorf("the closed leader was asked %d times", asked.Load())
 	}
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"sort"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -48,6 +49,19 @@ type RelayAlone struct {
 	// Fresh is when the oldest of the copies was last read (when that
 	// read began); nil: not checked.
 	Fresh func() time.Time
+	// List is each of a tenant's sessions' records, and whether its
+	// sandbox runs, read as Session reads one; nil: session reads wait
+	// for a leader. Isolation is what a runtime isolates with, which
+	// the records do not say (nil: not said).
+	List      func(ctx context.Context, tenant string) ([]AloneRecord, error)
+	Isolation func(runtime string) string
+}
+
+// AloneRecord is a session's record, and whether its sandbox runs (not
+// being deleted).
+type AloneRecord struct {
+	Record  map[string]string
+	Running bool
 }
 
 // AdmitAlone makes a relay (NewRelay) admit by a while no leader
@@ -145,7 +159,7 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 	if err != nil {
 		return session.Info{}, session.Endpoint{}, relayUnavailableFor(err)
 	}
-	info, ep, err := session.FromRecord(rec)
+	info, err := session.InfoFromRecord(rec)
 	switch {
 	case err != nil:
 		var pe *session.PublicError
@@ -169,6 +183,11 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 		return session.Info{}, session.Endpoint{}, &apiError{status: 409, code: "conflict", msg: "the session is " + string(info.State)}
 	case !running || !time.Now().Before(info.ExpiresAt):
 		return session.Info{}, session.Endpoint{}, &apiError{status: 409, code: "conflict", msg: "the session is not running"}
+	}
+	_, ep, err := session.FromRecord(rec)
+	if err != nil {
+		l.log.Warn("a running session Pod's record has no address", "session", id, "err", err)
+		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
 	}
 	return info, ep, nil
 }
@@ -218,4 +237,145 @@ func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewCla
 	l.admitted[c.Session] = time.Now()
 	l.mu.Unlock()
 	return c, ep, session.Info{ID: c.Session, Tenant: c.Tenant, Kind: info.Kind, Screen: info.Screen}, nil
+}
+
+// orAlone answers a request the Front could not pass to a leader
+// (answersAlone: a session read, a preview's issue): passed on to the
+// leader when one answers now; else, as an admission made alone
+// (askOrAlone), the API key checked by the copy of the tenants, and
+// answered by answer, from the sessions' Pods.
+func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		key, err := bearerKey(c)
+		if err != nil {
+			return err
+		}
+		if len(key) > 4096 {
+			return errUnauthenticated("the API key is not valid")
+		}
+		release, err := l.slot(l.shellAdmits)
+		if err != nil {
+			return retrySoon(c, err)
+		}
+		defer release()
+		canAlone := l.alone != nil && l.alone.List != nil
+		if ask, done := l.asks(); ask || !canAlone {
+			answered, err := l.passOn(c, 5*time.Second)
+			done()
+			if answered || !canAlone {
+				if answered {
+					l.answered()
+				}
+				return retrySoon(c, err)
+			}
+			l.silent()
+		}
+		if err := l.admitsAlone(c.Context()); err != nil {
+			return retrySoon(c, err)
+		}
+		name, _, err := l.alone.Tenant(key)
+		switch {
+		case errors.Is(err, tenant.ErrDisabled):
+			return errDenied("the tenant is disabled")
+		case errors.Is(err, tenant.ErrNotFound):
+			return errUnauthenticated("the API key is not valid")
+		case err != nil:
+			return retrySoon(c, relayUnavailableFor(err))
+		}
+		return retrySoon(c, answer(c, name))
+	}
+}
+
+// getAlone answers GET /v1/sessions/:id from the session's Pod, as the
+// leader would (getSession).
+func (l *relayLive) getAlone(c *fiber.Ctx, tenantName string) error {
+	id := c.Params("id")
+	if !ids.IsSession(id) {
+		return errNotFound("no such session")
+	}
+	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
+	defer cancel()
+	rec, running, err := l.alone.Session(ctx, id)
+	if errors.Is(err, session.ErrSandboxGone) {
+		return errNotFound("no such session")
+	}
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	info, ok := l.viewAlone(rec, running, tenantName)
+	if !ok || info.ID != id {
+		return errNotFound("no such session")
+	}
+	return c.JSON(info)
+}
+
+// listAlone answers GET /v1/sessions from the tenant's Pods, as the
+// leader would (listSessions), newest first. The sessions the leader
+// held after their end (stopped, failed) have no Pod left: not listed.
+func (l *relayLive) listAlone(c *fiber.Ctx, tenantName string) error {
+	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	defer cancel()
+	recs, err := l.alone.List(ctx, tenantName)
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	out := []session.Info{}
+	for _, r := range recs {
+		if info, ok := l.viewAlone(r.Record, r.Running, tenantName); ok {
+			out = append(out, info)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	return c.JSON(fiber.Map{"sessions": out})
+}
+
+// viewAlone is the session a Pod's record holds, as the leader shows
+// it, when it is tenantName's. One the record says runs whose Pod
+// does not (or whose expiry passed) reads stopping: its end is under
+// way, or due at the next leader's adoption.
+func (l *relayLive) viewAlone(rec map[string]string, running bool, tenantName string) (session.Info, bool) {
+	info, err := session.InfoFromRecord(rec)
+	if err != nil {
+		var pe *session.PublicError
+		if !errors.As(err, &pe) {
+			l.log.Warn("a session Pod's record cannot be read", "err", err)
+		}
+		return session.Info{}, false
+	}
+	if info.Tenant != tenantName {
+		return session.Info{}, false
+	}
+	if l.alone.Isolation != nil {
+		info.Isolation = l.alone.Isolation(info.Runtime)
+	}
+	if info.State == session.StateRunning && (!running || !time.Now().Before(info.ExpiresAt)) {
+		info.State = session.StateStopping
+	}
+	return info, true
+}
+
+// issueAlone answers POST /v1/sessions/:id/previews as the leader would
+// (createPreview), by the session's Pod (sessionAlone): the preview is
+// signed with the gateway's keys, and its issue (preview_issued) kept
+// for the next leader's trail, as the relay's other events are. A
+// review link waits for a leader: one may need the session's stored
+// artifacts.
+func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
+	l := s.live.(*relayLive)
+	id, req, ttl, err := s.previewAsked(c)
+	if err != nil {
+		return err
+	}
+	if req.Scope == ScopeReview {
+		return relayUnavailableFor(errors.New("a review link is issued by a leader"))
+	}
+	if _, _, err := l.sessionAlone(c.Context(), tenantName, id); err != nil {
+		return err
+	}
+	out, tok, _, err := s.signPreview(tenantName, id, req, ttl)
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	l.event(relayEvent{Token: tok, Type: "preview_issued"})
+	return c.Status(fiber.StatusCreated).JSON(out)
 }

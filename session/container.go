@@ -115,12 +115,26 @@ func infoFromLabels(l map[string]string) (Info, error) {
 // and stopping once its stop began (a sandbox may still run then: a
 // profile is being saved).
 func FromRecord(r map[string]string) (Info, Endpoint, error) {
+	info, err := InfoFromRecord(r)
+	if err != nil {
+		return Info{}, Endpoint{}, err
+	}
+	addr, err := netip.ParseAddr(r[labelAddr])
+	if err != nil {
+		return Info{}, Endpoint{}, fmt.Errorf("the record has no address: %w", err)
+	}
+	return info, endpointOf(addr), nil
+}
+
+// InfoFromRecord is FromRecord's session alone, for a sandbox that may
+// have no address yet (one starting).
+func InfoFromRecord(r map[string]string) (Info, error) {
 	if r[labelPool] != "" || r[labelSession] == "" || r[labelTenant] == "" {
-		return Info{}, Endpoint{}, publicf(ErrNotFound, "no such session", nil)
+		return Info{}, publicf(ErrNotFound, "no such session", nil)
 	}
 	info, err := infoFromLabels(r)
 	if err != nil {
-		return Info{}, Endpoint{}, err
+		return Info{}, err
 	}
 	switch st := State(r[labelState]); st {
 	case StateStarting, StateRunning, StateStopping:
@@ -130,13 +144,9 @@ func FromRecord(r map[string]string) (Info, Endpoint, error) {
 		// as running, as before.
 		info.State = StateRunning
 	default:
-		return Info{}, Endpoint{}, fmt.Errorf("the record's state %q is none", st)
+		return Info{}, fmt.Errorf("the record's state %q is none", st)
 	}
-	addr, err := netip.ParseAddr(r[labelAddr])
-	if err != nil {
-		return Info{}, Endpoint{}, fmt.Errorf("the record has no address: %w", err)
-	}
-	return info, endpointOf(addr), nil
+	return info, nil
 }
 
 // sharedRecords: other gateway replicas read the sessions' records (a

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -43,8 +44,12 @@ import (
 // and after B leads (the shell too, and its exit code comes back; a
 // command through B that runs across the kill ends whole); once
 // closed, their preview_closed, shell_closed and exec reach the new
-// leader's trail. A request B cannot sign, and a signed one with a bad
-// token, get nothing from the leader's internal routes.
+// leader's trail. While nobody leads, B also admits new commands,
+// files and CDP connections alone, reads and lists the session as the
+// leader showed it, and issues a preview whose connection it admits
+// and whose preview_issued reaches the new leader's trail. A request B
+// cannot sign, and a signed one with a bad token, get nothing from the
+// leader's internal routes.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -400,6 +405,16 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the long command's first record: %q", long.Text())
 	}
 
+	// The session as the leader shows it, and lists it: what B answers
+	// alone once A is dead.
+	st, leaderView := callVia(t, fresh, ra.gwURL, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil)
+	if st != 200 {
+		t.Fatalf("the session through A: %d %s", st, leaderView)
+	}
+	if st, list := callVia(t, fresh, ra.gwURL, rb.keyA, "GET", "/v1/sessions", nil); st != 200 || !sameJSON(listed(t, list, s.ID), leaderView) {
+		t.Fatalf("the session list through A: %d %s", st, list)
+	}
+
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
 	if err := cdpTry(throughA, 4); err == nil {
@@ -440,6 +455,25 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+ids.NewSession()+"/exec", map[string]any{"cmd": []string{"true"}}); st != 404 {
 		t.Errorf("a command through B while nobody leads, in no session: %d %s, want 404", st, body)
 	}
+	// Session reads through B: answered alone, from the session's Pod,
+	// as the leader showed the session (B still stands by after them).
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || !sameJSON(body, leaderView) {
+		t.Errorf("the session through B while nobody leads: %d %s, want the leader's view %s", st, body, leaderView)
+	}
+	if st, list := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/sessions", nil); st != 200 || !sameJSON(listed(t, list, s.ID), leaderView) {
+		t.Errorf("the session list through B while nobody leads: %d %s", st, list)
+	}
+	if st, list := callVia(t, fresh, rb.gwURL, rb.keyB, "GET", "/v1/sessions", nil); st != 200 || listed(t, list, s.ID) != nil {
+		t.Errorf("another tenant's session list through B while nobody leads: %d %s, want it without the session", st, list)
+	}
+	for key, want := range map[string]int{revokedKey.APIKey: 401, "sk-junk": 401, rb.keyB: 404} {
+		if st, body := callVia(t, fresh, rb.gwURL, key, "GET", "/v1/sessions/"+s.ID, nil); st != want {
+			t.Errorf("the session through B while nobody leads, key %.12s…: %d %s, want %d", key, st, body, want)
+		}
+	}
+	if _, body := callVia(t, fresh, rb.gwURL, "", "GET", "/healthz", nil); jsonField(body, "status") != "standby" {
+		t.Fatalf("B leads already (%s, %.1f s after the kill): the reads above prove nothing alone", body, time.Since(killed).Seconds())
+	}
 	// A new CDP connection through B, by its copy of the stored
 	// revocations: the revoked preview's is refused, another's works.
 	if _, err := browserWSErr(viaB(p2.URL)); err == nil {
@@ -449,6 +483,20 @@ func TestKubeRelay(t *testing.T) {
 	defer gapCDP.Close()
 	if err := cdpTry(gapCDP, 1); err != nil {
 		t.Fatalf("a new CDP connection through B while nobody leads: %v", err)
+	}
+	// A preview issued through B: signed by B, its connection admitted
+	// alone; its issue reaches the trail once B leads (below).
+	gapPreview := rb.preview(t, rb.keyA, s.ID, 300)
+	gapIssued := cdpDial(t, browserWS(t, viaB(gapPreview.URL)))
+	defer gapIssued.Close()
+	if err := cdpTry(gapIssued, 1); err != nil {
+		t.Fatalf("a CDP connection of a preview issued through B while nobody leads: %v", err)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "POST", "/v1/sessions/"+s.ID+"/previews", map[string]any{"scope": "cdp"}); st != 404 {
+		t.Errorf("another tenant's preview of the session through B while nobody leads: %d %s, want 404", st, body)
+	}
+	if _, body := callVia(t, fresh, rb.gwURL, "", "GET", "/healthz", nil); jsonField(body, "status") != "standby" {
+		t.Fatalf("B leads already (%s, %.1f s after the kill): the preview above proves nothing alone", body, time.Since(killed).Seconds())
 	}
 	if logLines(rb, "no leader answers: this replica admits") != 1 {
 		t.Errorf("B's log should say once that it admits alone")
@@ -471,11 +519,11 @@ func TestKubeRelay(t *testing.T) {
 	// An SDK call through B while no replica that answers leads:
 	// refused at once without retries (the control); with them (the
 	// SDK's default), answered once B leads, as B's 503s say to retry.
-	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).GetSession(ctx, s.ID); !sandgate.IsUnavailable(err) {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).Events(ctx, s.ID); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
-	if got, err := sandgate.New(rb.gwURL, rb.keyA).GetSession(ctx, s.ID); err != nil || got.State != "running" {
-		t.Fatalf("an SDK call through B, retried, after A's death: %v %v", got, err)
+	if evs, err := sandgate.New(rb.gwURL, rb.keyA).Events(ctx, s.ID); err != nil || len(evs) == 0 {
+		t.Fatalf("an SDK call through B, retried, after A's death: %d events, %v", len(evs), err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
 	if st := httpStatus(rb.gwURL + "/readyz"); st == 200 {
@@ -517,6 +565,18 @@ func TestKubeRelay(t *testing.T) {
 	waitFor(t, 30*time.Second, "the exec event and file_upload of what B admitted while nobody led, in the trail of B, leading", func() bool {
 		return execEvent(rb, 0, "gap-") && fileEvent(rb, "file_upload", gapFile) != nil
 	})
+	waitFor(t, 30*time.Second, "preview_issued of the preview B issued while nobody led, in the trail of B, leading", func() bool {
+		for _, ev := range rb.events(t, rb.keyA, s.ID) {
+			if ev.Type == "preview_issued" && ev.Fields["preview"] == gapPreview.ID {
+				exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(ev.Fields["expires_at"]))
+				if !exp.Equal(gapPreview.ExpiresAt) || ev.Fields["scope"] != "cdp" {
+					t.Fatalf("preview_issued of the preview B issued: %v, want its scope and expiry %v", ev.Fields, gapPreview.ExpiresAt)
+				}
+				return true
+			}
+		}
+		return false
+	})
 	// Closed, they reach the trail of the leader B is now.
 	throughB1.Close()
 	vconn.Close()
@@ -537,6 +597,27 @@ func callVia(t testing.TB, client *http.Client, gwURL, key, method, path string,
 	}
 	raw, _ := json.Marshal(body)
 	return sendVia(t, client, gwURL, key, method, path, raw, "application/json")
+}
+
+// sameJSON: a and b are the same JSON value.
+func sameJSON(a, b []byte) bool {
+	var x, y any
+	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
+}
+
+// listed is session id in a session list's body (nil: not there).
+func listed(t testing.TB, body []byte, id string) []byte {
+	t.Helper()
+	var list struct{ Sessions []json.RawMessage }
+	if err := json.Unmarshal(body, &list); err != nil {
+		t.Fatalf("a session list: %v: %s", err, body)
+	}
+	for _, s := range list.Sessions {
+		if jsonField(s, "id") == id {
+			return s
+		}
+	}
+	return nil
 }
 
 // fileVia puts body at path p in session id, or gets it (body nil),

@@ -224,8 +224,17 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 						return t.Name, sessionLimits(t), err
 					},
 					Session: pods.Look,
-					Enabled: followed.Enabled,
-					Revoked: revoked.Revoked,
+					List: func(ctx context.Context, tenant string) ([]gateway.AloneRecord, error) {
+						looked, err := pods.LookAll(ctx, tenant)
+						out := make([]gateway.AloneRecord, 0, len(looked))
+						for _, l := range looked {
+							out = append(out, gateway.AloneRecord{Record: l.Record, Running: l.Running})
+						}
+						return out, err
+					},
+					Isolation: kube.RuntimeIsolation,
+					Enabled:   followed.Enabled,
+					Revoked:   revoked.Revoked,
 					Refresh: func(ctx context.Context) {
 						var wg sync.WaitGroup
 						wg.Add(2)

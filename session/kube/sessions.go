@@ -335,6 +335,56 @@ func (s *Sessions) Look(ctx context.Context, id string) (map[string]string, bool
 	return r, o.Status.Phase == corev1.PodRunning && o.DeletionTimestamp == nil, nil
 }
 
+// Looked is a session Pod's record, and whether it runs (Look).
+type Looked struct {
+	Record  map[string]string
+	Running bool
+}
+
+// maxLooked bounds the Pods LookAll reads (in pages of lookPage).
+const (
+	maxLooked = 10000
+	lookPage  = 500
+)
+
+// LookAll is Look for each session Pod of tenant's (by the record's
+// tenant, the Pod's label only narrowing the list), read from the API
+// server in pages: what a replica that stands by lists a tenant's
+// sessions by while no leader answers. Warm Pods not claimed, and Pods
+// whose record cannot be read, are left out.
+func (s *Sessions) LookAll(ctx context.Context, tenant string) ([]Looked, error) {
+	set := labels.Set{LabelManaged: managedBy}
+	if len(validation.IsValidLabelValue(tenant)) == 0 {
+		set[LabelTenant] = tenant
+	}
+	opts := metav1.ListOptions{LabelSelector: labels.SelectorFromSet(set).String(), Limit: lookPage}
+	var out []Looked
+	for read := 0; ; {
+		list, err := s.b.client.CoreV1().Pods(s.b.cfg.Namespace).List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list pods: %w", err)
+		}
+		if read += len(list.Items); read > maxLooked {
+			return nil, fmt.Errorf("more than %d session pods", maxLooked)
+		}
+		for i := range list.Items {
+			o := &list.Items[i]
+			r, err := record(o)
+			if err != nil || r[session.RecordTenant] != tenant {
+				continue
+			}
+			out = append(out, Looked{Record: r, Running: o.Status.Phase == corev1.PodRunning && o.DeletionTimestamp == nil})
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
+		}
+	}
+}
+
+// RuntimeIsolation is what runtime isolates with ("" for none known),
+// as the containerd backend reports it.
+func RuntimeIsolation(runtime string) string { return isolation[runtime] }
+
 // podEnds hands each session Pod's end to those waiting for it, from
 // one informer over the namespace's session Pods.
 type podEnds struct {
