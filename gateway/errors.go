@@ -94,6 +94,10 @@ func publicOf(err error) (status int, code, msg string) {
 			code, msg = "not_found", "no such route"
 		case fe.Code == fiber.StatusMethodNotAllowed:
 			code, msg = "invalid_argument", "method not allowed"
+		case fe.Code == fiber.StatusBadRequest:
+			// The server's parser's: its message quotes the request,
+			// an API key with it.
+			code, msg = "invalid_argument", "the request is not valid HTTP"
 		case fe.Code < 500:
 			code = "invalid_argument"
 		default:

@@ -106,6 +106,13 @@ const (
 	// replica asks at once; maxShellAdmits those of shells.
 	maxRelayAdmits = 64
 	maxShellAdmits = 16
+	// maxAloneAnswers bounds the session reads and previews' issues a
+	// replica answers (or passes on) at once while no leader takes
+	// them, apart from the shells' turns; maxIssuedAlone the previews
+	// it issues a tenant while no leader answers, each an event kept
+	// for the next leader among everyone's.
+	maxAloneAnswers = 8
+	maxIssuedAlone  = 64
 	// maxReportEvents bounds the events of one report;
 	// maxReportDurable the sessions it asks to store.
 	maxReportEvents  = 256
@@ -814,11 +821,16 @@ type relayLive struct {
 	// an API key cannot be checked here, so a stranger's junk keys
 	// reach the leader, and must not take the previews' turns.
 	shellAdmits chan struct{}
-	reached     time.Time // when a leader last answered a report
-	addr        string    // the leader's, read at addrAt
-	addrAt      time.Time
-	addrErr     error
-	lookup      sync.Mutex // one read of the leader at a time
+	// aloneAnswers bounds the session reads and previews' issues at
+	// once (orAlone); issuedAlone counts the previews issued each
+	// tenant since no leader answers (cleared once one does).
+	aloneAnswers chan struct{}
+	issuedAlone  map[string]int
+	reached      time.Time // when a leader last answered a report
+	addr         string    // the leader's, read at addrAt
+	addrAt       time.Time
+	addrErr      error
+	lookup       sync.Mutex // one read of the leader at a time
 	// refusedAt: when the leader last refused this replica's signature
 	// (unix ns; 0 never).
 	refusedAt atomic.Int64
@@ -869,13 +881,15 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		host: cfg.PublicURL.Host, log: log, forget: s.forgetVersion,
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		conns:       map[string]*relayConn{},
-		admitted:    map[string]time.Time{},
-		touched:     map[string]bool{},
-		durable:     map[string]string{},
-		admits:      make(chan struct{}, maxRelayAdmits),
-		shellAdmits: make(chan struct{}, maxShellAdmits),
-		sandbox:     sandbox,
+		conns:        map[string]*relayConn{},
+		admitted:     map[string]time.Time{},
+		touched:      map[string]bool{},
+		durable:      map[string]string{},
+		admits:       make(chan struct{}, maxRelayAdmits),
+		shellAdmits:  make(chan struct{}, maxShellAdmits),
+		aloneAnswers: make(chan struct{}, maxAloneAnswers),
+		issuedAlone:  map[string]int{},
+		sandbox:      sandbox,
 	}
 	s.live, s.shells = l, l
 	if store != nil {
@@ -1015,18 +1029,31 @@ func (l *relayLive) toLeader(c *fiber.Ctx) error {
 	return err
 }
 
-// passOn is toLeader within timeout, and says whether a leader
-// answered (its answer is then the client's).
-func (l *relayLive) passOn(c *fiber.Ctx, timeout time.Duration) (answered bool, err error) {
+// passed is what came of a request passOn passed on.
+type passed int
+
+const (
+	// notSent: no leader is known, or none took the connection:
+	// nothing was carried out.
+	notSent passed = iota
+	// unanswered: a leader took it and did not answer (whole): it may
+	// have been carried out.
+	unanswered
+	// answered: the leader's answer is the client's.
+	answered
+)
+
+// passOn is toLeader within timeout, and says what came of it.
+func (l *relayLive) passOn(c *fiber.Ctx, timeout time.Duration) (passed, error) {
 	ctx, cancel := reqCtx(c, timeout)
 	defer cancel()
 	addr, err := l.leaderAddr(ctx)
 	if err != nil {
-		return false, retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "no gateway replica that answers leads the sessions; retry", err: err})
+		return notSent, retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "no gateway replica that answers leads the sessions; retry", err: err})
 	}
 	req, err := http.NewRequestWithContext(ctx, c.Method(), "http://"+addr+string(c.Request().URI().RequestURI()), bytes.NewReader(c.Body()))
 	if err != nil {
-		return false, errInvalid("the request cannot be passed on")
+		return notSent, errInvalid("the request cannot be passed on")
 	}
 	req.Host = l.host
 	for _, h := range []string{fiber.HeaderAuthorization, fiber.HeaderContentType} {
@@ -1043,16 +1070,16 @@ func (l *relayLive) passOn(c *fiber.Ctx, timeout time.Duration) (answered bool, 
 	var op *net.OpError
 	if err != nil && errors.As(err, &op) && op.Op == "dial" {
 		l.forgetAddr(addr)
-		return false, retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; retry", err: err})
+		return notSent, retrySoon(c, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; retry", err: err})
 	}
 	if err != nil {
 		l.forgetAddr(addr)
-		return false, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; the request may have been carried out", err: err}
+		return unanswered, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica did not answer; the request may have been carried out", err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxLeaderAnswer+1))
 	if err != nil || len(body) > maxLeaderAnswer {
-		return true, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; the request may have been carried out", err: err}
+		return unanswered, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; the request may have been carried out", err: err}
 	}
 	if ct := resp.Header.Get(fiber.HeaderContentType); ct != "" {
 		c.Set(fiber.HeaderContentType, ct)
@@ -1060,7 +1087,7 @@ func (l *relayLive) passOn(c *fiber.Ctx, timeout time.Duration) (answered bool, 
 	if ra := resp.Header.Get(fiber.HeaderRetryAfter); ra != "" {
 		c.Set(fiber.HeaderRetryAfter, ra)
 	}
-	return true, c.Status(resp.StatusCode).Send(body)
+	return answered, c.Status(resp.StatusCode).Send(body)
 }
 
 // forgetAddr: the leader at addr did not answer. Another may lead by
@@ -1151,6 +1178,9 @@ func (l *relayLive) answered() {
 	l.silentAt.Store(0)
 	if since := l.silentSince.Swap(0); since != 0 && l.aloneFor.Load() == since {
 		l.log.Info("a leader answers again: it admits the connections and requests this replica carries")
+		l.mu.Lock()
+		clear(l.issuedAlone)
+		l.mu.Unlock()
 	}
 }
 

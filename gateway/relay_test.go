@@ -925,29 +925,14 @@ func answerOf(t *testing.T, srv *Server, req *http.Request) (int, string) {
 // timeout) while the others are admitted alone at once, none refused
 // busy; an admission alone takes a turn as an asked one does.
 func TestRelayAloneProbes(t *testing.T) {
-	hung, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hung.Close()
-	var accepted atomic.Int32
-	go func() {
-		for {
-			c, err := hung.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			defer c.Close() // held, never answered
-		}
-	}()
+	hung, accepted := hungLeader(t)
 	sid := ids.NewSession()
 	now := time.Now().UTC()
 	record := map[string]string{"sandgate.session": sid, session.RecordTenant: "t", "sandgate.created": now.Format(time.RFC3339Nano),
 		session.RecordExpires: now.Add(time.Hour).Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3",
 		"sandgate.info": `{"kind":"browser","runtime":"runc"}`, "sandgate.state": "running"}
 	started := make(chan string, 64)
-	srv := testRelay(t, "http://"+hung.Addr().String(), func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
+	srv := testRelay(t, "http://"+hung, func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
 	srv.AdmitAlone(RelayAlone{
 		Tenant: func(string) (string, session.TenantLimits, error) {
 			return "t", session.TenantLimits{MaxTTL: time.Hour}, nil
@@ -1095,7 +1080,8 @@ func TestRelayAloneAnswers(t *testing.T) {
 	delete(pods[name["starting"]].r, session.RecordAddr) // no Pod IP yet
 	pods[name["pooled"]].r["sandgate.pool"] = "desktop-gvisor"
 	pods[name["garbled"]].r["sandgate.info"] = "{"
-	delete(pods[name["legacy"]].r, "sandgate.state") // an older gateway's record
+	delete(pods[name["legacy"]].r, "sandgate.state")                                  // an older gateway's record
+	pods[name["legacy"]].r["sandgate.info"] = `{"kind":"browser","runtime":"gvisor"}` // with no labels
 	unreadable := ids.NewSession()
 
 	var asked atomic.Int32
@@ -1103,7 +1089,8 @@ func TestRelayAloneAnswers(t *testing.T) {
 		asked.Add(1)
 		fmt.Fprintf(w, `{"leader":%q}`, r.URL.Path)
 	}))
-	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id} })
+	started := make(chan string, 1)
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
 	var fresh atomic.Int64
 	var listFails atomic.Bool
 	srv.AdmitAlone(RelayAlone{
@@ -1174,6 +1161,10 @@ func TestRelayAloneAnswers(t *testing.T) {
 		if got := view(name[n]).State; got != want {
 			t.Errorf("the %s session reads %q, want %q", n, got, want)
 		}
+	}
+	// No labels: {} as the leader shows it, not null.
+	if _, body, _ := read("/v1/sessions/"+name["legacy"], "good"); !strings.Contains(body, `"labels":{}`) {
+		t.Errorf("a session with no labels: %s, want \"labels\":{}", body)
 	}
 	for _, tc := range []struct {
 		path, key string
@@ -1253,7 +1244,84 @@ func TestRelayAloneAnswers(t *testing.T) {
 			t.Errorf("a preview %s of %s with key %q: %d %s (Retry-After %q), want %d", tc.body, tc.id, tc.key, st, body, ra, tc.want)
 		}
 	}
+	// One tenant's issues while no leader answers are bounded: each is
+	// an event kept among everyone's.
+	for i := 2; i <= maxIssuedAlone+1; i++ {
+		st, body, ra := issue(name["running"], "good", `{"scope":"vnc"}`)
+		if i <= maxIssuedAlone && st != 201 || i > maxIssuedAlone && (st != 503 || ra == "") {
+			t.Fatalf("issue %d of the tenant's while no leader answers: %d %s", i, st, body)
+		}
+	}
+	// Reads and issues take turns of their own: all of theirs taken,
+	// a command is still admitted (500: the stand-in sandbox fails it).
+	for range maxAloneAnswers {
+		l.aloneAnswers <- struct{}{}
+	}
+	if st, body, ra := read(one, "good"); st != 503 || ra == "" || !strings.Contains(body, "busy") {
+		t.Errorf("a read with the turns taken: %d %s (Retry-After %q), want 503 busy", st, body, ra)
+	}
+	req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+name["running"]+"/exec", strings.NewReader(`{"cmd":["true"]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer good")
+	if st, body := answerOf(t, srv, req); st != 500 || len(started) != 1 {
+		t.Errorf("a command with the reads' turns taken: %d %s (started %d), want it admitted", st, body, len(started))
+	}
+	for range maxAloneAnswers {
+		<-l.aloneAnswers
+	}
 	if asked.Load() != 1 {
 		t.Errorf("the closed leader was asked %d times", asked.Load())
+	}
+}
+
+// hungLeader is the address of a leader that takes connections and
+// never answers, and a count of those it took.
+func hungLeader(t *testing.T) (string, *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			defer c.Close() // held, never answered
+		}
+	}()
+	return ln.Addr().String(), &accepted
+}
+
+// TestRelayAloneLeaderHangs: a read passed on to a leader that takes
+// it and does not answer gets a 503, and is not answered alone (that
+// leader lives: a preview's issue may have been carried out there),
+// nor does it start a silence.
+func TestRelayAloneLeaderHangs(t *testing.T) {
+	hung, _ := hungLeader(t)
+	srv := testRelay(t, "http://"+hung, func(id string) session.Sandbox { return failingSandbox{id: id} })
+	var listed atomic.Int32
+	srv.AdmitAlone(RelayAlone{
+		Tenant: testTenants(session.TenantLimits{}),
+		Session: func(context.Context, string) (map[string]string, bool, error) {
+			return nil, false, session.ErrSandboxGone
+		},
+		List: func(context.Context, string) ([]AloneRecord, error) {
+			listed.Add(1)
+			return nil, nil
+		},
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+	})
+	req := httptest.NewRequest("GET", "http://gw.test:8080/v1/sessions", nil)
+	req.Header.Set("Authorization", "Bearer good")
+	st, body := answerOf(t, srv, req)
+	l := srv.live.(*relayLive)
+	if st != 503 || !strings.Contains(body, "may have been carried out") || listed.Load() != 0 || l.silentAt.Load() != 0 {
+		t.Errorf("a read the leader took and did not answer: %d %s (listed alone %d, silent at %d), want its 503, not alone", st, body, listed.Load(), l.silentAt.Load())
 	}
 }

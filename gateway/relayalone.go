@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"time"
 
@@ -253,20 +254,24 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 		if len(key) > 4096 {
 			return errUnauthenticated("the API key is not valid")
 		}
-		release, err := l.slot(l.shellAdmits)
+		release, err := l.slot(l.aloneAnswers)
 		if err != nil {
 			return retrySoon(c, err)
 		}
 		defer release()
 		canAlone := l.alone != nil && l.alone.List != nil
 		if ask, done := l.asks(); ask || !canAlone {
-			answered, err := l.passOn(c, 5*time.Second)
+			p, err := l.passOn(c, 5*time.Second)
 			done()
-			if answered || !canAlone {
-				if answered {
-					l.answered()
-				}
-				return retrySoon(c, err)
+			switch {
+			case p == answered:
+				l.answered()
+				return err
+			case p == unanswered || !canAlone:
+				// A leader that took it and did not answer lives: its
+				// word, not this replica's (a preview it may have
+				// issued).
+				return err
 			}
 			l.silent()
 		}
@@ -313,7 +318,7 @@ func (l *relayLive) getAlone(c *fiber.Ctx, tenantName string) error {
 // leader would (listSessions), newest first. The sessions the leader
 // held after their end (stopped, failed) have no Pod left: not listed.
 func (l *relayLive) listAlone(c *fiber.Ctx, tenantName string) error {
-	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
 	defer cancel()
 	recs, err := l.alone.List(ctx, tenantName)
 	if err != nil {
@@ -371,6 +376,17 @@ func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	if _, _, err := l.sessionAlone(c.Context(), tenantName, id); err != nil {
 		return err
+	}
+	// Each issue's event is kept among everyone's (a bounded buffer):
+	// one tenant does not push the others' out.
+	l.mu.Lock()
+	full := l.issuedAlone[tenantName] >= maxIssuedAlone
+	if !full {
+		l.issuedAlone[tenantName]++
+	}
+	l.mu.Unlock()
+	if full {
+		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("no more than %d previews are issued a tenant while no gateway replica leads; retry", maxIssuedAlone)}
 	}
 	out, tok, _, err := s.signPreview(tenantName, id, req, ttl)
 	if err != nil {

@@ -1,18 +1,23 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/ids"
@@ -230,5 +235,40 @@ func TestCodedBodyRefused(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > 32<<20 {
 		t.Errorf("the requests allocated %d MiB: the body was unpacked", grew>>20)
+	}
+}
+
+// TestUnreadableRequest: a request the server's parser refuses (a
+// control byte in a header) gets a 400 whose message does not quote it,
+// its API key with it; the same request without the byte reaches the
+// key check (the control).
+func TestUnreadableRequest(t *testing.T) {
+	s := newTestServer(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.App().Listener(ln)
+	defer s.App().Shutdown()
+	const key = "sk-unreadable-0123456789"
+	for _, tc := range []struct {
+		ctype string
+		want  int
+	}{{"a\x7fb", 400}, {"application/json", 401}} {
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "GET /v1/sessions HTTP/1.1\r\nHost: gw.test:8080\r\nAuthorization: Bearer %s\r\nContent-Type: %s\r\n\r\n", key, tc.ctype)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("content type %q: %v", tc.ctype, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		c.Close()
+		if resp.StatusCode != tc.want || strings.Contains(string(body), key) || !strings.Contains(string(body), `"error"`) {
+			t.Errorf("content type %q: %d %s, want %d without the key", tc.ctype, resp.StatusCode, body, tc.want)
+		}
 	}
 }

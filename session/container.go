@@ -146,6 +146,9 @@ func InfoFromRecord(r map[string]string) (Info, error) {
 	default:
 		return Info{}, fmt.Errorf("the record's state %q is none", st)
 	}
+	if info.Labels == nil {
+		info.Labels = map[string]string{} // as the manager shows it
+	}
 	return info, nil
 }
 
