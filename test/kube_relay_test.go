@@ -922,7 +922,9 @@ func benchRelaySession(b *testing.B, ctx context.Context) (ra, rb *testEnv, id s
 // once A is SIGKILLed and until B leads, admitted by B alone (its copies
 // and the session's Pod): what a command costs while no leader answers,
 // against what it costs with one. Only the commands answered before B
-// took over count as alone.
+// took over count as alone. Each command is followed by a read of the
+// session through B: forwarded to A, then answered by B alone from the
+// session's Pod.
 func BenchmarkKubeRelayAlone(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -935,11 +937,22 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
+	// A session read through B: forwarded to the leader, or answered
+	// by B alone from the session's Pod.
+	read := func() time.Duration {
+		t0 := time.Now()
+		if st, body := callVia(b, fresh, rb.gwURL, rb.keyA, "GET", "/v1/sessions/"+id, nil); st != 200 {
+			b.Fatalf("read: %d %s", st, body)
+		}
+		return time.Since(t0)
+	}
 	run() // warm
-	var asked, alone []time.Duration
+	read()
+	var asked, alone, readAsked, readAlone []time.Duration
 	b.ResetTimer()
 	for range b.N {
 		asked = append(asked, run())
+		readAsked = append(readAsked, read())
 	}
 	b.StopTimer()
 	ra.stopGateway(syscall.SIGKILL)
@@ -952,15 +965,22 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 			break
 		}
 		alone = append(alone, run())
+		readAlone = append(readAlone, read())
 	}
 	b.StopTimer()
 	if logLines(rb, "no leader answers: this replica admits") != 1 || len(alone) == 0 {
 		b.Fatalf("B did not admit alone (%d commands)", len(alone))
 	}
+	if st, body := callVia(b, fresh, rb.gwURL, "", "GET", "/healthz", nil); jsonField(body, "status") != "standby" {
+		b.Fatalf("B leads already (%d %s): the reads were not all alone", st, body)
+	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	b.ReportMetric(ms(percentile(asked, 0.5)), "exec-asked-p50-ms")
 	b.ReportMetric(ms(percentile(alone, 0.5)), "exec-alone-p50-ms")
 	b.ReportMetric(float64(percentile(alone, 0.5))/float64(percentile(asked, 0.5)), "exec-alone/asked-p50")
+	b.ReportMetric(ms(percentile(readAsked, 0.5)), "read-forwarded-p50-ms")
+	b.ReportMetric(ms(percentile(readAlone, 0.5)), "read-alone-p50-ms")
+	b.ReportMetric(float64(percentile(readAlone, 0.5))/float64(percentile(readAsked, 0.5)), "read-alone/forwarded-p50")
 	b.ReportMetric(float64(len(alone)), "alone-n")
 	waitFor(b, 3*time.Minute, "B to lead", func() bool {
 		st, _ := rb.api(b, rb.keyA, "GET", "/v1/sessions/"+id, nil)
