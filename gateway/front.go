@@ -167,16 +167,18 @@ func relayable(method, path string) Relays {
 		Actions: method == "POST" && (tail == "actions" || tail == "screenshot")}
 }
 
-// answersAlone: a request reads a session, lists them or issues a
-// session's preview, which a relay answers itself when no leader takes
-// it.
+// answersAlone: a request reads a session, lists them, or issues or
+// revokes a session's preview, which a relay answers itself when no
+// leader takes it.
 func answersAlone(method, path string) bool {
 	if method == "GET" && path == "/v1/sessions" {
 		return true
 	}
 	rest, ok := strings.CutPrefix(path, "/v1/sessions/")
 	id, tail, _ := strings.Cut(rest, "/")
-	return ok && ids.IsSession(id) && (method == "GET" && tail == "" && !strings.Contains(rest, "/") || method == "POST" && tail == "previews")
+	preview, revokes := strings.CutPrefix(tail, "previews/")
+	return ok && ids.IsSession(id) && (method == "GET" && tail == "" && !strings.Contains(rest, "/") || method == "POST" && tail == "previews" ||
+		method == "DELETE" && revokes && ids.IsPreview(preview))
 }
 
 // Close stops accepting and cuts the forwarded connections.
@@ -339,8 +341,9 @@ func (f *Front) standBy(c net.Conn) {
 		frontAnswer(c, 503, "unavailable", "this gateway replica is taking over the sessions; retry", 2)
 		return
 	}
-	// A session read or a preview's issue no leader takes, the relay
-	// answers by the sessions' Pods (NewRelay, RelayAlone).
+	// A session read, or a preview's issue or revocation, no leader
+	// takes, the relay answers by the sessions' Pods (NewRelay,
+	// RelayAlone).
 	aloneAnswers := func() bool {
 		if relay == nil || !answersAlone(method, path) {
 			return false

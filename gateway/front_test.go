@@ -357,8 +357,8 @@ func TestFrontRelay(t *testing.T) {
 	}
 }
 
-// TestFrontAnswersAlone: a session read (one session, or the list) or
-// a preview's issue goes to the leader while one takes the connection;
+// TestFrontAnswersAlone: a session read (one session, or the list), or
+// a preview's issue or revocation, goes to the leader while one takes the connection;
 // once none does (its address refuses, or none leads), the Front hands
 // it to the relay, which answers it from the sessions' Pods, while
 // everything else gets the Front's 503.
@@ -380,10 +380,13 @@ func TestFrontAnswersAlone(t *testing.T) {
 	go relay.Serve(f.RelayListener(func(Relays) bool { return true }))
 	defer relay.Close()
 	sid := ids.NewSession()
-	alone := [][2]string{{"GET", "/v1/sessions"}, {"GET", "/v1/sessions?x=1"}, {"GET", "/v1/sessions/" + sid}, {"POST", "/v1/sessions/" + sid + "/previews"}}
+	pid := ids.NewPreview()
+	alone := [][2]string{{"GET", "/v1/sessions"}, {"GET", "/v1/sessions?x=1"}, {"GET", "/v1/sessions/" + sid}, {"POST", "/v1/sessions/" + sid + "/previews"},
+		{"DELETE", "/v1/sessions/" + sid + "/previews/" + pid}}
 	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/" + sid}, {"GET", "/v1/sessions/junk"},
 		{"GET", "/v1/sessions/" + sid + "/events"}, {"POST", "/v1/sessions/" + sid + "/extend"}, {"GET", "/v1/tenants"}, {"GET", "/v1/sessionsx"},
-		{"GET", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/" + sid + "/previews"}, {"DELETE", "/v1/sessions/" + sid + "/previews/" + ids.NewPreview()},
+		{"GET", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/" + sid + "/previews"}, {"DELETE", "/v1/sessions/" + sid + "/previews/p-junk"}, {"DELETE", "/v1/sessions/" + sid + "/previews/" + pid + "/x"},
+		{"GET", "/v1/sessions/" + sid + "/previews/" + pid},
 		{"POST", "/v1/sessions/" + sid + "/previews/x"}, {"POST", "/v1/sessions/junk/previews"}}
 	check := func(where string) {
 		t.Helper()

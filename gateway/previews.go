@@ -178,14 +178,21 @@ func (s *Server) recordStored(ctx context.Context, tenant, id string, ev session
 	return (*observer)(s).StoreTrail(ctx, session.Info{ID: id, Tenant: tenant}, []session.Event{ev})
 }
 
+// previewNamed is the session and the preview a request names.
+func (s *Server) previewNamed(c *fiber.Ctx) (id, pid string, err error) {
+	if id, err = s.sessionID(c); err != nil {
+		return "", "", err
+	}
+	if pid = c.Params("preview"); !ids.IsPreview(pid) {
+		return "", "", errNotFound("no such preview")
+	}
+	return id, pid, nil
+}
+
 func (s *Server) revokePreview(c *fiber.Ctx) error {
-	id, err := s.sessionID(c)
+	id, pid, err := s.previewNamed(c)
 	if err != nil {
 		return err
-	}
-	pid := c.Params("preview")
-	if !ids.IsPreview(pid) {
-		return errNotFound("no such preview")
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()

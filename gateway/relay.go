@@ -71,12 +71,13 @@ const (
 	relayFilesRoute      = "/v1/sessions/:id/files"
 	relayActionsRoute    = "/v1/sessions/:id/actions"
 	relayScreenshotRoute = "/v1/sessions/:id/screenshot"
-	// relayListRoute, relayReadRoute, relayPreviewsRoute: the session
-	// reads and previews' issues a relay answers while no leader
-	// answers (orAlone).
+	// relayListRoute, relayReadRoute, relayPreviewsRoute,
+	// relayRevokeRoute: the session reads and previews' issues and
+	// revocations a relay answers while no leader answers (orAlone).
 	relayListRoute     = "/v1/sessions"
 	relayReadRoute     = "/v1/sessions/:id"
 	relayPreviewsRoute = "/v1/sessions/:id/previews"
+	relayRevokeRoute   = "/v1/sessions/:id/previews/:preview"
 	relayHeader        = "X-Sandgate-Relay"
 	// relaySkew bounds how far a signed request's time may be from the
 	// leader's clock.
@@ -106,11 +107,12 @@ const (
 	// replica asks at once; maxShellAdmits those of shells.
 	maxRelayAdmits = 64
 	maxShellAdmits = 16
-	// maxAloneAnswers bounds the session reads and previews' issues a
-	// replica answers (or passes on) at once while no leader takes
-	// them, apart from the shells' turns; maxIssuedAlone the previews
-	// it issues a tenant while no leader answers, each an event kept
-	// for the next leader among everyone's.
+	// maxAloneAnswers bounds the session reads and previews' issues
+	// and revocations a replica answers (or passes on) at once while
+	// no leader takes them, apart from the shells' turns;
+	// maxIssuedAlone the previews it issues or revokes a tenant while
+	// no leader answers, each an event kept for the next leader among
+	// everyone's (and a revocation, an object in the store).
 	maxAloneAnswers = 8
 	maxIssuedAlone  = 64
 	// maxReportEvents bounds the events of one report;
@@ -384,6 +386,9 @@ type relayEvent struct {
 	// Bytes, its digest in SHA256).
 	Action   string `json:"action,omitempty"`
 	Artifact string `json:"artifact,omitempty"`
+	// preview_revoked's: the preview (the event's token is a ticket of
+	// its session's).
+	Preview string `json:"preview,omitempty"`
 	// wire is what the event takes in a report (its JSON), measured as
 	// it is kept.
 	wire int
@@ -713,6 +718,12 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 	switch ev.Type {
 	case "shell_opened":
 		s.sessions.Record(claims.Session, ev.Type, nil)
+	case "preview_revoked":
+		// Revoked by a replica while no leader answered (revokeAlone),
+		// and stored.
+		if ids.IsPreview(ev.Preview) {
+			s.sessions.Record(claims.Session, ev.Type, map[string]any{"preview": ev.Preview, "stored": true})
+		}
 	case "shell_closed":
 		s.sessions.Record(claims.Session, ev.Type, map[string]any{"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0)})
 	case "message_too_big":
@@ -821,11 +832,15 @@ type relayLive struct {
 	// an API key cannot be checked here, so a stranger's junk keys
 	// reach the leader, and must not take the previews' turns.
 	shellAdmits chan struct{}
-	// aloneAnswers bounds the session reads and previews' issues at
-	// once (orAlone); issuedAlone counts the previews issued each
-	// tenant since no leader answers (cleared once one does).
+	// aloneAnswers bounds the session reads and previews' issues and
+	// revocations at once (orAlone); issuedAlone counts the previews
+	// issued or revoked each tenant since no leader answers (cleared
+	// once one does); revokedAlone holds the previews revoked then
+	// (session\x00preview: until), which the copy of the stored
+	// revocations may not have yet.
 	aloneAnswers chan struct{}
 	issuedAlone  map[string]int
+	revokedAlone map[string]time.Time
 	reached      time.Time // when a leader last answered a report
 	addr         string    // the leader's, read at addrAt
 	addrAt       time.Time
@@ -889,6 +904,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		shellAdmits:  make(chan struct{}, maxShellAdmits),
 		aloneAnswers: make(chan struct{}, maxAloneAnswers),
 		issuedAlone:  map[string]int{},
+		revokedAlone: map[string]time.Time{},
 		sandbox:      sandbox,
 	}
 	s.live, s.shells = l, l
@@ -946,6 +962,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relayListRoute, l.orAlone(l.listAlone))
 		s.app.Get(relayReadRoute, l.orAlone(l.getAlone))
 		s.app.Post(relayPreviewsRoute, l.orAlone(s.issueAlone))
+		s.app.Delete(relayRevokeRoute, l.orAlone(s.revokeAlone))
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()
@@ -1180,6 +1197,7 @@ func (l *relayLive) answered() {
 		l.log.Info("a leader answers again: it admits the connections and requests this replica carries")
 		l.mu.Lock()
 		clear(l.issuedAlone)
+		clear(l.revokedAlone) // stored: the next silence reads them again
 		l.mu.Unlock()
 	}
 }

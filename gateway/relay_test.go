@@ -1092,7 +1092,9 @@ func TestRelayAloneAnswers(t *testing.T) {
 	started := make(chan string, 1)
 	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
 	var fresh atomic.Int64
-	var listFails atomic.Bool
+	var listFails, storeFails atomic.Bool
+	var stored []string
+	var storedUntil []time.Time
 	srv.AdmitAlone(RelayAlone{
 		Tenant: testTenants(session.TenantLimits{}),
 		Session: func(_ context.Context, id string) (map[string]string, bool, error) {
@@ -1116,9 +1118,16 @@ func TestRelayAloneAnswers(t *testing.T) {
 			return out, nil
 		},
 		Isolation: func(rt string) string { return map[string]string{"gvisor": "kernel"}[rt] },
-		Enabled:   func(string) error { return nil },
-		Revoked:   func(string, string) (bool, error) { return false, nil },
-		Fresh:     func() time.Time { return time.Unix(0, fresh.Load()) },
+		Revoke: func(_ context.Context, id, preview string, until time.Time) error {
+			if storeFails.Load() {
+				return errors.New("MinIO does not answer")
+			}
+			stored, storedUntil = append(stored, id+" "+preview), append(storedUntil, until)
+			return nil
+		},
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+		Fresh:   func() time.Time { return time.Unix(0, fresh.Load()) },
 	})
 	read := func(path, key string) (int, string, string) {
 		t.Helper()
@@ -1244,9 +1253,61 @@ func TestRelayAloneAnswers(t *testing.T) {
 			t.Errorf("a preview %s of %s with key %q: %d %s (Retry-After %q), want %d", tc.body, tc.id, tc.key, st, body, ra, tc.want)
 		}
 	}
+	// A revocation: stored, held at once (the copy of the stored ones
+	// lags), the preview's connections admitted alone refused since,
+	// and its event kept for the next leader's trail.
+	revoke := func(id, preview, key string) (int, string, string) {
+		t.Helper()
+		req := httptest.NewRequest("DELETE", "http://gw.test:8080/v1/sessions/"+id+"/previews/"+preview, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := srv.App().Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header.Get("Retry-After")
+	}
+	if _, _, _, err := l.admit(tok); err != nil {
+		t.Fatalf("the preview issued alone, admitted alone before its revocation: %v", err)
+	}
+	if st, body, _ := revoke(name["running"], p.ID, "good"); st != 204 || len(stored) != 1 || stored[0] != name["running"]+" "+p.ID {
+		t.Fatalf("a revocation alone: %d %s (stored %v)", st, body, stored)
+	}
+	if until := storedUntil[0]; until.Before(time.Now().Add(srv.cfg.MaxPreviewTTL - time.Minute)) {
+		t.Errorf("a revocation alone lasts until %v, want the longest a preview lives", until)
+	}
+	if _, _, _, err := l.admit(tok); err == nil {
+		t.Error("the revoked preview is admitted alone")
+	}
+	l.mu.Lock()
+	i := slices.IndexFunc(l.events, func(ev relayEvent) bool { return ev.Type == "preview_revoked" && ev.Preview == p.ID })
+	var revokedEv relayEvent
+	if i >= 0 {
+		revokedEv = l.events[i]
+	}
+	l.mu.Unlock()
+	// The leader takes the event by its token: a ticket of the session.
+	if tc, err := srv.tokens.verify(revokedEv.Token, time.Now()); i < 0 || err != nil || tc.Scope != scopeShell || tc.Session != name["running"] || tc.Tenant != "t" {
+		t.Errorf("the revocation kept for the next leader: %+v (its token: %v)", revokedEv, err)
+	}
+	storeFails.Store(true)
+	for _, tc := range []struct {
+		id, preview, key string
+		want             int
+	}{
+		{name["running"], ids.NewPreview(), "junk", 401}, {name["other"], ids.NewPreview(), "good", 404},
+		{ids.NewSession(), ids.NewPreview(), "good", 503}, {name["running"], "p-junk", "good", 404},
+		{name["running"], ids.NewPreview(), "good", 503}, {unreadable, ids.NewPreview(), "good", 503},
+	} {
+		st, body, ra := revoke(tc.id, tc.preview, tc.key)
+		if st != tc.want || (st == 503) != (ra != "") || !strings.Contains(body, `"error"`) {
+			t.Errorf("a revocation of %s's %s with key %q: %d %s (Retry-After %q), want %d", tc.id, tc.preview, tc.key, st, body, ra, tc.want)
+		}
+	}
+	storeFails.Store(false)
 	// One tenant's issues while no leader answers are bounded: each is
 	// an event kept among everyone's.
-	for i := 2; i <= maxIssuedAlone+1; i++ {
+	for i := 4; i <= maxIssuedAlone+1; i++ { // (issued 1, revoked 1, refused storing 1)
 		st, body, ra := issue(name["running"], "good", `{"scope":"vnc"}`)
 		if i <= maxIssuedAlone && st != 201 || i > maxIssuedAlone && (st != 503 || ra == "") {
 			t.Fatalf("issue %d of the tenant's while no leader answers: %d %s", i, st, body)

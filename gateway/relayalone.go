@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"time"
 
@@ -56,6 +57,9 @@ type RelayAlone struct {
 	// the records do not say (nil: not said).
 	List      func(ctx context.Context, tenant string) ([]AloneRecord, error)
 	Isolation func(runtime string) string
+	// Revoke stores a preview's revocation, until then, where every
+	// replica reads it (nil: revocations wait for a leader).
+	Revoke func(ctx context.Context, session, preview string, until time.Time) error
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not
@@ -217,7 +221,10 @@ func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewCla
 	if err != nil {
 		return nil, session.Endpoint{}, session.Info{}, unavailable(err)
 	}
-	if revoked {
+	l.mu.Lock()
+	until, ok := l.revokedAlone[c.Session+"\x00"+c.ID]
+	l.mu.Unlock()
+	if revoked || ok && time.Now().Before(until) {
 		return nil, session.Endpoint{}, session.Info{}, bad
 	}
 	switch err := l.alone.Enabled(c.Tenant); {
@@ -377,16 +384,8 @@ func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
 	if _, _, err := l.sessionAlone(c.Context(), tenantName, id); err != nil {
 		return err
 	}
-	// Each issue's event is kept among everyone's (a bounded buffer):
-	// one tenant does not push the others' out.
-	l.mu.Lock()
-	full := l.issuedAlone[tenantName] >= maxIssuedAlone
-	if !full {
-		l.issuedAlone[tenantName]++
-	}
-	l.mu.Unlock()
-	if full {
-		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("no more than %d previews are issued a tenant while no gateway replica leads; retry", maxIssuedAlone)}
+	if err := l.madeAlone(tenantName); err != nil {
+		return err
 	}
 	out, tok, _, err := s.signPreview(tenantName, id, req, ttl)
 	if err != nil {
@@ -394,4 +393,81 @@ func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	l.event(relayEvent{Token: tok, Type: "preview_issued"})
 	return c.Status(fiber.StatusCreated).JSON(out)
+}
+
+// madeAlone counts a preview issued or revoked alone for tenantName, or
+// refuses it (503) past maxIssuedAlone: each is an event kept among
+// everyone's (a bounded buffer), and one tenant does not push the
+// others' out.
+func (l *relayLive) madeAlone(tenantName string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.issuedAlone[tenantName] >= maxIssuedAlone {
+		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("no more than %d previews are issued or revoked a tenant while no gateway replica leads; retry", maxIssuedAlone)}
+	}
+	l.issuedAlone[tenantName]++
+	return nil
+}
+
+// revokeAlone answers DELETE /v1/sessions/:id/previews/:preview as the
+// leader would (revokePreview), for a session whose Pod is the
+// tenant's: the revocation is stored (RelayAlone.Revoke) for the
+// longest a preview may live (the trail that says when this one
+// expires is the leader's), held here at once (the copy of the stored
+// revocations lags), the preview's connections this replica carries
+// end, and its preview_revoked is kept for the next leader's trail. A
+// session with no Pod left waits for a leader, which may hold it as
+// ended.
+func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
+	l := s.live.(*relayLive)
+	id, pid, err := s.previewNamed(c)
+	if err != nil {
+		return err
+	}
+	if l.alone.Revoke == nil {
+		return relayUnavailableFor(errors.New("this replica stores no revocations"))
+	}
+	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	defer cancel()
+	rec, _, err := l.alone.Session(ctx, id)
+	if errors.Is(err, session.ErrSandboxGone) {
+		return relayUnavailableFor(errors.New("the session has no Pod: a leader revokes the previews of a session that ended"))
+	}
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	if info, err := session.InfoFromRecord(rec); err != nil || info.Tenant != tenantName || info.ID != id {
+		return errNotFound("no such session")
+	}
+	if err := l.madeAlone(tenantName); err != nil {
+		return err
+	}
+	until := time.Now().Add(s.cfg.MaxPreviewTTL)
+	if err := l.alone.Revoke(ctx, id, pid, until); err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the revocation could not be stored; revoke it again", err: err}
+	}
+	// The event's token: a ticket of the session's, as a shell's
+	// (the leader reads the session from it), for the time a report
+	// may take to reach a leader.
+	claims := shellClaims(tenantName, id, "")
+	claims.ExpiresAt = jwtTime(time.Now().Add(10 * time.Minute))
+	ticket, err := l.signer.issue(*claims)
+	l.mu.Lock()
+	l.revokedAlone[id+"\x00"+pid] = until
+	var closers []io.Closer
+	for _, rc := range l.conns {
+		if rc.session == id && rc.preview == pid {
+			closers = append(closers, rc.closer)
+		}
+	}
+	l.mu.Unlock()
+	for _, cl := range closers {
+		go cl.Close() // a close may wait on a viewer's write
+	}
+	if err == nil {
+		l.event(relayEvent{Token: ticket, Type: "preview_revoked", Preview: pid})
+	} else {
+		l.log.Warn("a revocation made alone is not kept for the trail", "session", id, "preview", pid, "err", err)
+	}
+	return c.SendStatus(fiber.StatusNoContent)
 }

@@ -47,7 +47,9 @@ import (
 // leader's trail. While nobody leads, B also admits new commands,
 // files and CDP connections alone, reads and lists the session as the
 // leader showed it, and issues a preview whose connection it admits
-// and whose preview_issued reaches the new leader's trail. A request B
+// and whose preview_issued reaches the new leader's trail, then revokes
+// it: its connection ends, a new one is refused (by B leading too), and
+// its preview_revoked reaches the trail. A request B
 // cannot sign, and a signed one with a bad token, get nothing from the
 // leader's internal routes.
 func TestKubeRelay(t *testing.T) {
@@ -495,6 +497,21 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "POST", "/v1/sessions/"+s.ID+"/previews", map[string]any{"scope": "cdp"}); st != 404 {
 		t.Errorf("another tenant's preview of the session through B while nobody leads: %d %s, want 404", st, body)
 	}
+	// Revoked through B: stored, its connection B carries ends, a new
+	// one is refused; another tenant's key cannot.
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "DELETE", "/v1/sessions/"+s.ID+"/previews/"+gapPreview.ID, nil); st != 404 {
+		t.Errorf("another tenant's revocation through B while nobody leads: %d %s, want 404", st, body)
+	}
+	if err := cdpTry(gapIssued, 2); err != nil {
+		t.Fatalf("the CDP connection of the preview issued through B, before its revocation: %v", err)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "DELETE", "/v1/sessions/"+s.ID+"/previews/"+gapPreview.ID, nil); st != 204 {
+		t.Fatalf("a revocation through B while nobody leads: %d %s", st, body)
+	}
+	waitFor(t, 30*time.Second, "the revoked preview's connection through B to end", func() bool { return cdpTry(gapIssued, 3) != nil })
+	if _, err := browserWSErr(viaB(gapPreview.URL)); err == nil {
+		t.Error("the preview revoked through B while nobody leads answers through B")
+	}
 	if _, body := callVia(t, fresh, rb.gwURL, "", "GET", "/healthz", nil); jsonField(body, "status") != "standby" {
 		t.Fatalf("B leads already (%s, %.1f s after the kill): the preview above proves nothing alone", body, time.Since(killed).Seconds())
 	}
@@ -564,6 +581,12 @@ func TestKubeRelay(t *testing.T) {
 	})
 	waitFor(t, 30*time.Second, "the exec event and file_upload of what B admitted while nobody led, in the trail of B, leading", func() bool {
 		return execEvent(rb, 0, "gap-") && fileEvent(rb, "file_upload", gapFile) != nil
+	})
+	if _, err := browserWSErr(viaB(gapPreview.URL)); err == nil {
+		t.Error("the preview revoked through B while nobody led answers through B, leading")
+	}
+	waitFor(t, 30*time.Second, "preview_revoked of the preview B revoked while nobody led, in the trail of B, leading", func() bool {
+		return connected(rb, "preview_revoked", gapPreview.ID)
 	})
 	waitFor(t, 30*time.Second, "preview_issued of the preview B issued while nobody led, in the trail of B, leading", func() bool {
 		for _, ev := range rb.events(t, rb.keyA, s.ID) {

@@ -233,6 +233,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 						return out, err
 					},
 					Isolation: kube.RuntimeIsolation,
+					Revoke:    relayStore.PutRevocation,
 					Enabled:   followed.Enabled,
 					Revoked:   revoked.Revoked,
 					Refresh: func(ctx context.Context) {
