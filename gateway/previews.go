@@ -204,6 +204,15 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	if gone {
 		return s.revokeForgotten(c, ctx, tenant, id, pid)
 	}
+	if err := s.revokeHeld(ctx, tenant, id, pid); err != nil {
+		return err
+	}
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
+// revokeHeld revokes a preview of a session this gateway holds, and
+// records it in the session's trail.
+func (s *Server) revokeHeld(ctx context.Context, tenant, id, pid string) error {
 	// A revocation lasts as long as its preview would have: the trail
 	// says when that is. An id the trail does not know is revoked for
 	// the longest a preview may live: the trail may lack its issue (a
@@ -211,13 +220,13 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	// issues past its bound), and a link that might be out there is
 	// refused rather than left open. A session holds a bounded number.
 	until := time.Now().Add(s.cfg.MaxPreviewTTL)
-	if evs, err := s.sessions.Events(tenantOf(c), id); err == nil {
+	if evs, err := s.sessions.Events(tenant, id); err == nil {
 		expires, _ := previewIssued(evs, pid)
 		switch {
 		case !expires.IsZero() && !expires.After(time.Now()):
 			s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "expired": true})
 			s.durable(id)
-			return c.SendStatus(fiber.StatusNoContent) // it no longer opens anything
+			return nil // it no longer opens anything
 		case !expires.IsZero():
 			until = expires
 		}
@@ -225,8 +234,8 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	// RevokePreview answers 404 for another tenant's session: the trail
 	// is written only once the caller is known to own it. A revocation
 	// that holds in memory but could not be stored is still recorded.
-	err = s.sessions.RevokePreview(ctx, tenantOf(c), id, pid, until)
-	if _, err := s.sessions.Get(tenantOf(c), id); err != nil {
+	err := s.sessions.RevokePreview(ctx, tenant, id, pid, until)
+	if _, err := s.sessions.Get(tenant, id); err != nil {
 		return err
 	}
 	if errors.Is(err, session.ErrQuota) {
@@ -234,10 +243,7 @@ func (s *Server) revokePreview(c *fiber.Ctx) error {
 	}
 	s.sessions.Record(id, "preview_revoked", map[string]any{"preview": pid, "stored": err == nil})
 	s.durable(id)
-	if err != nil {
-		return err
-	}
-	return c.SendStatus(fiber.StatusNoContent)
+	return err
 }
 
 // revokeForgotten revokes a preview (a review link) of a session this

@@ -720,9 +720,23 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		s.sessions.Record(claims.Session, ev.Type, nil)
 	case "preview_revoked":
 		// Revoked by a replica while no leader answered (revokeAlone),
-		// and stored.
-		if ids.IsPreview(ev.Preview) {
-			s.sessions.Record(claims.Session, ev.Type, map[string]any{"preview": ev.Preview, "stored": true})
+		// and stored there: held here too, as a revocation made here
+		// (its connections end, here and on the relays; this leader
+		// may have read the stored revocations before it), and
+		// recorded.
+		if !ids.IsPreview(ev.Preview) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := s.revokeHeld(ctx, claims.Tenant, claims.Session, ev.Preview)
+		if errors.Is(err, session.ErrNotFound) {
+			// A session this leader does not hold (ended): its review
+			// links are refused all the same.
+			err = s.sessions.RevokeForgotten(ctx, claims.Session, ev.Preview, time.Now().Add(s.cfg.MaxPreviewTTL))
+		}
+		if err != nil {
+			s.log.Warn("a revocation a replica made while no leader answered is not held here", "session", claims.Session, "preview", ev.Preview, "err", err)
 		}
 	case "shell_closed":
 		s.sessions.Record(claims.Session, ev.Type, map[string]any{"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0)})
@@ -834,10 +848,12 @@ type relayLive struct {
 	shellAdmits chan struct{}
 	// aloneAnswers bounds the session reads and previews' issues and
 	// revocations at once (orAlone); issuedAlone counts the previews
-	// issued or revoked each tenant since no leader answers (cleared
-	// once one does); revokedAlone holds the previews revoked then
-	// (session\x00preview: until), which the copy of the stored
-	// revocations may not have yet.
+	// issued, and revoked, each tenant since no leader answers
+	// (tenant\x00kind; cleared once one does); revokedAlone holds the
+	// previews revoked then (session\x00preview: until), refused here
+	// until they would have expired, whatever a leader or the copy of
+	// the stored revocations says meanwhile (a leader holds one once
+	// this replica's report has reached it).
 	aloneAnswers chan struct{}
 	issuedAlone  map[string]int
 	revokedAlone map[string]time.Time
@@ -1126,7 +1142,8 @@ func (l *relayLive) admit(token string) (*previewClaims, session.Endpoint, sessi
 	// leader is asked: a stranger's junk costs the leader nothing. One
 	// signed with a key this replica does not know (added since it
 	// started) is the leader's to read.
-	if _, err := l.signer.verify(token, time.Now()); err != nil && l.signer.knows(token) {
+	c, err := l.signer.verify(token, time.Now())
+	if err != nil && l.signer.knows(token) || err == nil && l.heldRevoked(c.Session, c.ID) {
 		return nil, session.Endpoint{}, session.Info{}, bad
 	}
 	release, err := l.slot(l.admits)
@@ -1197,7 +1214,6 @@ func (l *relayLive) answered() {
 		l.log.Info("a leader answers again: it admits the connections and requests this replica carries")
 		l.mu.Lock()
 		clear(l.issuedAlone)
-		clear(l.revokedAlone) // stored: the next silence reads them again
 		l.mu.Unlock()
 	}
 }
@@ -1459,6 +1475,12 @@ func (l *relayLive) track(c *previewClaims, closer io.Closer) (func(), error) {
 		l.mu.Unlock()
 		return nil, errors.New("too many live connections")
 	}
+	if l.heldRevokedLocked(c.Session, c.ID, time.Now()) {
+		// Revoked here after its admission (revokeAlone), before it
+		// was tracked.
+		l.mu.Unlock()
+		return nil, errors.New("preview revoked")
+	}
 	if len(l.conns) == 0 {
 		l.reached = time.Now() // the grace counts from the first
 	}
@@ -1636,7 +1658,45 @@ func (l *relayLive) loop() {
 	defer t.Stop()
 	for range t.C {
 		l.sync()
+		l.endRevoked()
 	}
+}
+
+// endRevoked ends, while no leader answers, the connections this
+// replica carries whose preview its copy of the stored revocations
+// has (another replica revoked it alone): no leader's report answer
+// ends them meanwhile.
+func (l *relayLive) endRevoked() {
+	if l.alone == nil || l.alone.Revoked == nil || l.silentSince.Load() == 0 {
+		return
+	}
+	l.mu.Lock()
+	var closers []io.Closer
+	for _, rc := range l.conns {
+		if rc.preview == shellPreview {
+			continue
+		}
+		if revoked, err := l.alone.Revoked(rc.session, rc.preview); err == nil && revoked {
+			closers = append(closers, rc.closer)
+		}
+	}
+	l.mu.Unlock()
+	for _, cl := range closers {
+		go cl.Close() // a close may wait on a viewer's write
+	}
+}
+
+// heldRevoked: this replica revoked session's preview while no leader
+// answered, and it has yet to expire (revokeAlone).
+func (l *relayLive) heldRevoked(session, preview string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.heldRevokedLocked(session, preview, time.Now())
+}
+
+func (l *relayLive) heldRevokedLocked(session, preview string, now time.Time) bool {
+	until, ok := l.revokedAlone[session+"\x00"+preview]
+	return ok && now.Before(until)
 }
 
 // sync reports until the events kept are sent (at most a few reports

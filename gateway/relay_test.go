@@ -1306,13 +1306,32 @@ func TestRelayAloneAnswers(t *testing.T) {
 	}
 	storeFails.Store(false)
 	// One tenant's issues while no leader answers are bounded: each is
-	// an event kept among everyone's.
-	for i := 4; i <= maxIssuedAlone+1; i++ { // (issued 1, revoked 1, refused storing 1)
+	// an event kept among everyone's. Its revocations are counted apart
+	// (only those stored): it can still revoke.
+	for i := 2; i <= maxIssuedAlone+1; i++ {
 		st, body, ra := issue(name["running"], "good", `{"scope":"vnc"}`)
 		if i <= maxIssuedAlone && st != 201 || i > maxIssuedAlone && (st != 503 || ra == "") {
 			t.Fatalf("issue %d of the tenant's while no leader answers: %d %s", i, st, body)
 		}
 	}
+	for i := 2; i <= maxIssuedAlone+1; i++ {
+		st, body, _ := revoke(name["running"], ids.NewPreview(), "good")
+		if i <= maxIssuedAlone && st != 204 || i > maxIssuedAlone && st != 503 {
+			t.Fatalf("revocation %d of the tenant's while no leader answers, its issues used up: %d %s", i, st, body)
+		}
+	}
+	// A revocation made alone holds here after a leader answers again
+	// (until that leader has it: this replica's report), before anyone
+	// is asked.
+	l.answered()
+	if _, _, _, err := l.admit(tok); err == nil || l.silentSince.Load() != 0 {
+		t.Errorf("the preview revoked alone, once a leader answered: admitted (%v), or the silence did not end", err)
+	}
+	if _, err := l.track(c, io.NopCloser(nil)); err == nil {
+		t.Error("a connection of the preview revoked alone is tracked (admitted just before its revocation)")
+	}
+	l.silent() // silent again, the copies read since
+	fresh.Store(time.Now().UnixNano())
 	// Reads and issues take turns of their own: all of theirs taken,
 	// a command is still admitted (500: the stand-in sandbox fails it).
 	for range maxAloneAnswers {
@@ -1380,9 +1399,108 @@ func TestRelayAloneLeaderHangs(t *testing.T) {
 	})
 	req := httptest.NewRequest("GET", "http://gw.test:8080/v1/sessions", nil)
 	req.Header.Set("Authorization", "Bearer good")
-	st, body := answerOf(t, srv, req)
+	resp, err := srv.App().Test(req, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
 	l := srv.live.(*relayLive)
-	if st != 503 || !strings.Contains(body, "may have been carried out") || listed.Load() != 0 || l.silentAt.Load() != 0 {
-		t.Errorf("a read the leader took and did not answer: %d %s (listed alone %d, silent at %d), want its 503, not alone", st, body, listed.Load(), l.silentAt.Load())
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "may have been carried out") || listed.Load() != 0 || l.silentAt.Load() != 0 {
+		t.Errorf("a read the leader took and did not answer: %d %s (Retry-After %q, listed alone %d, silent at %d), want its 503 with a Retry-After, not alone",
+			resp.StatusCode, body, resp.Header.Get("Retry-After"), listed.Load(), l.silentAt.Load())
+	}
+}
+
+// noSandboxes is a session backend that holds no sandboxes: a leader's
+// manager with no sessions.
+type noSandboxes struct{}
+
+func (noSandboxes) Name() string                { return "none" }
+func (noSandboxes) Ready(context.Context) error { return nil }
+func (noSandboxes) Runtimes(context.Context) map[string]*session.Runtime {
+	return map[string]*session.Runtime{"runc": {Name: "runc", Isolation: "container", Usable: true}}
+}
+func (noSandboxes) Create(context.Context, session.Info, *session.Runtime, map[string]string, session.Host) (session.Sandbox, <-chan session.Exit, error) {
+	return nil, nil, errors.New("no sandboxes here")
+}
+func (noSandboxes) List(context.Context) ([]session.Sandbox, error) { return nil, nil }
+func (noSandboxes) Sweep(func(string) bool)                         {}
+
+// TestRelayRevokedHeld: a revocation a replica made while no leader
+// answered, reported to a leader that read the stored revocations
+// before it was made, is held by that leader (its admissions refuse
+// the preview), not only written in a trail; a report naming no valid
+// preview revokes nothing.
+func TestRelayRevokedHeld(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	mgr, err := session.New(ctx, nil, session.Config{Backend: noSandboxes{}, StateDir: t.TempDir()}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse("http://gw.test:8080")
+	srv, err := New(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, mgr, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid, pid := ids.NewSession(), ids.NewPreview()
+	if mgr.Revoked(sid, pid) {
+		t.Fatal("revoked before any report")
+	}
+	srv.relayEvent(shellClaims("t", sid, ""), relayEvent{Type: "preview_revoked", Preview: "p-junk"})
+	srv.relayEvent(shellClaims("t", sid, ""), relayEvent{Type: "preview_revoked", Preview: pid})
+	if !mgr.Revoked(sid, pid) {
+		t.Error("the leader does not hold a revocation a replica reported")
+	}
+	if mgr.Revoked(sid, "p-junk") {
+		t.Error("a report naming no valid preview revoked one")
+	}
+}
+
+// TestRelayEndsRevoked: while no leader answers, a relay ends the
+// connections it carries whose preview its copy of the stored
+// revocations has (another replica revoked it alone); not while a
+// leader answers (its report answers end them), and not another
+// preview's.
+func TestRelayEndsRevoked(t *testing.T) {
+	srv := testRelay(t, "http://127.0.0.1:1", nil)
+	revokedPreview, otherPreview, sid := ids.NewPreview(), ids.NewPreview(), ids.NewSession()
+	srv.AdmitAlone(RelayAlone{
+		Tenant: testTenants(session.TenantLimits{}),
+		Session: func(context.Context, string) (map[string]string, bool, error) {
+			return nil, false, session.ErrSandboxGone
+		},
+		Enabled: func(string) error { return nil },
+		Revoked: func(_, preview string) (bool, error) { return preview == revokedPreview, nil },
+	})
+	l := srv.live.(*relayLive)
+	closed := map[string]chan struct{}{revokedPreview: make(chan struct{}), otherPreview: make(chan struct{})}
+	for p, ch := range closed {
+		c := previewClaims{Session: sid, Tenant: "t", Scope: ScopeCDP}
+		c.ID = p
+		if _, err := l.track(&c, closerFunc(func() error { close(ch); return nil })); err != nil {
+			t.Fatal(err)
+		}
+	}
+	isClosed := func(p string) bool {
+		select {
+		case <-closed[p]:
+			return true
+		case <-time.After(100 * time.Millisecond):
+			return false
+		}
+	}
+	l.endRevoked() // a leader answers
+	if isClosed(revokedPreview) {
+		t.Fatal("a connection ended by the copy while a leader answers")
+	}
+	l.silent()
+	l.endRevoked()
+	if !isClosed(revokedPreview) {
+		t.Error("the revoked preview's connection goes on while no leader answers")
+	}
+	if isClosed(otherPreview) {
+		t.Error("another preview's connection ended")
 	}
 }

@@ -221,10 +221,7 @@ func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewCla
 	if err != nil {
 		return nil, session.Endpoint{}, session.Info{}, unavailable(err)
 	}
-	l.mu.Lock()
-	until, ok := l.revokedAlone[c.Session+"\x00"+c.ID]
-	l.mu.Unlock()
-	if revoked || ok && time.Now().Before(until) {
+	if revoked || l.heldRevoked(c.Session, c.ID) {
 		return nil, session.Endpoint{}, session.Info{}, bad
 	}
 	switch err := l.alone.Enabled(c.Tenant); {
@@ -277,8 +274,11 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 			case p == unanswered || !canAlone:
 				// A leader that took it and did not answer lives: its
 				// word, not this replica's (a preview it may have
-				// issued).
-				return err
+				// issued: that 503 does not say to retry).
+				if c.Method() == fiber.MethodPost {
+					return err
+				}
+				return retrySoon(c, err)
 			}
 			l.silent()
 		}
@@ -384,7 +384,7 @@ func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
 	if _, _, err := l.sessionAlone(c.Context(), tenantName, id); err != nil {
 		return err
 	}
-	if err := l.madeAlone(tenantName); err != nil {
+	if err := l.madeAlone(tenantName, "issue", true); err != nil {
 		return err
 	}
 	out, tok, _, err := s.signPreview(tenantName, id, req, ttl)
@@ -395,17 +395,22 @@ func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
 	return c.Status(fiber.StatusCreated).JSON(out)
 }
 
-// madeAlone counts a preview issued or revoked alone for tenantName, or
-// refuses it (503) past maxIssuedAlone: each is an event kept among
-// everyone's (a bounded buffer), and one tenant does not push the
-// others' out.
-func (l *relayLive) madeAlone(tenantName string) error {
+// madeAlone refuses (503) a preview's issue or revocation (kind) made
+// alone for tenantName past maxIssuedAlone of that kind, and counts it
+// when count: each is an event kept among everyone's (a bounded
+// buffer), and one tenant does not push the others' out. Issues and
+// revocations are counted apart: issues do not keep a tenant from
+// revoking.
+func (l *relayLive) madeAlone(tenantName, kind string, count bool) error {
+	key := tenantName + "\x00" + kind
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.issuedAlone[tenantName] >= maxIssuedAlone {
-		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("no more than %d previews are issued or revoked a tenant while no gateway replica leads; retry", maxIssuedAlone)}
+	if l.issuedAlone[key] >= maxIssuedAlone {
+		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("no more than %d previews' %ss are made for a tenant while no gateway replica leads; retry", maxIssuedAlone, kind)}
 	}
-	l.issuedAlone[tenantName]++
+	if count {
+		l.issuedAlone[key]++
+	}
 	return nil
 }
 
@@ -439,12 +444,15 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	if info, err := session.InfoFromRecord(rec); err != nil || info.Tenant != tenantName || info.ID != id {
 		return errNotFound("no such session")
 	}
-	if err := l.madeAlone(tenantName); err != nil {
+	if err := l.madeAlone(tenantName, "revocation", false); err != nil {
 		return err
 	}
 	until := time.Now().Add(s.cfg.MaxPreviewTTL)
 	if err := l.alone.Revoke(ctx, id, pid, until); err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the revocation could not be stored; revoke it again", err: err}
+	}
+	if err := l.madeAlone(tenantName, "revocation", true); err != nil {
+		return err // (others made meanwhile): stored all the same
 	}
 	// The event's token: a ticket of the session's, as a shell's
 	// (the leader reads the session from it), for the time a report
@@ -452,7 +460,13 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	claims := shellClaims(tenantName, id, "")
 	claims.ExpiresAt = jwtTime(time.Now().Add(10 * time.Minute))
 	ticket, err := l.signer.issue(*claims)
+	now := time.Now()
 	l.mu.Lock()
+	for k, u := range l.revokedAlone {
+		if !now.Before(u) {
+			delete(l.revokedAlone, k)
+		}
+	}
 	l.revokedAlone[id+"\x00"+pid] = until
 	var closers []io.Closer
 	for _, rc := range l.conns {
