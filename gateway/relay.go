@@ -720,24 +720,20 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		s.sessions.Record(claims.Session, ev.Type, nil)
 	case "preview_revoked":
 		// Revoked by a replica while no leader answered (revokeAlone),
-		// and stored there: held here too, as a revocation made here
-		// (its connections end, here and on the relays; this leader
-		// may have read the stored revocations before it), and
-		// recorded.
+		// and stored there: held here too (this leader may have read
+		// the stored revocations before it), its connections ended,
+		// here and on the relays, and recorded.
+		// Not stored again, nor the trail stored before the report's
+		// answer: nothing here waits on the store (a report holds the
+		// next of its replica's).
 		if !ids.IsPreview(ev.Preview) {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		err := s.revokeHeld(ctx, claims.Tenant, claims.Session, ev.Preview)
-		if errors.Is(err, session.ErrNotFound) {
-			// A session this leader does not hold (ended): its review
-			// links are refused all the same.
-			err = s.sessions.RevokeForgotten(ctx, claims.Session, ev.Preview, time.Now().Add(s.cfg.MaxPreviewTTL))
-		}
-		if err != nil {
+		if err := s.sessions.HoldRevocation(claims.Tenant, claims.Session, ev.Preview, time.Now().Add(s.cfg.MaxPreviewTTL)); err != nil {
 			s.log.Warn("a revocation a replica made while no leader answered is not held here", "session", claims.Session, "preview", ev.Preview, "err", err)
+			return
 		}
+		s.sessions.Record(claims.Session, ev.Type, map[string]any{"preview": ev.Preview, "stored": true})
 	case "shell_closed":
 		s.sessions.Record(claims.Session, ev.Type, map[string]any{"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0)})
 	case "message_too_big":
@@ -892,6 +888,7 @@ type relayConn struct {
 	session, preview string
 	closer           io.Closer
 	active           bool
+	ended            bool // closed by endRevoked (once)
 }
 
 // NewRelay builds the gateway a replica standing by serves preview
@@ -1676,7 +1673,11 @@ func (l *relayLive) endRevoked() {
 		if rc.preview == shellPreview {
 			continue
 		}
+		if rc.ended {
+			continue
+		}
 		if revoked, err := l.alone.Revoked(rc.session, rc.preview); err == nil && revoked {
+			rc.ended = true
 			closers = append(closers, rc.closer)
 		}
 	}

@@ -92,6 +92,33 @@ func (m *Manager) RevokeForgotten(ctx context.Context, id, preview string, until
 	return m.revoke(ctx, nil, id, preview, until)
 }
 
+// HoldRevocation holds a revocation another gateway replica made and
+// stored (so none is stored here), until then: as RevokePreview does
+// for a session of tenant's this manager holds (its connections end),
+// or, for a session it does not hold at all (ended, forgotten: its
+// review links), as RevokeForgotten does; another tenant's session is
+// ErrNotFound. It is not refused past MaxRevocationsPerSession: the
+// store has it already, and a restart would hold it.
+func (m *Manager) HoldRevocation(tenant, id, preview string, until time.Time) error {
+	if !ids.IsSession(id) {
+		return ErrNotFound
+	}
+	m.mu.Lock()
+	s := m.sessions[id]
+	if s != nil && s.info.Tenant != tenant {
+		m.mu.Unlock()
+		return ErrNotFound
+	}
+	m.mu.Unlock()
+	err := m.revocations.add(id, preview, until, time.Now())
+	if s != nil {
+		m.mu.Lock()
+		closeConns(s, preview)
+		m.mu.Unlock()
+	}
+	return err
+}
+
 // revoke does RevokePreview for s, or for a session the manager does not
 // hold (nil).
 func (m *Manager) revoke(ctx context.Context, s *sess, id, preview string, until time.Time) error {

@@ -133,3 +133,48 @@ func TestRevocationCap(t *testing.T) {
 		t.Fatalf("another session's: %v", err)
 	}
 }
+
+// HoldRevocation holds a revocation another replica stored: for a
+// session of the tenant's it holds (its connections end), and for one
+// it does not hold at all (a review link's); not for another tenant's
+// session; and past MaxRevocationsPerSession too (the store has it).
+func TestHoldRevocation(t *testing.T) {
+	m := testManager(t)
+	m.byAddr = map[netip.Addr]*sess{}
+	r, err := loadRevocations(filepath.Join(t.TempDir(), "revocations.jsonl"), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.revocations = r
+	s := addSess(m, "s-0000000000000001", netip.MustParseAddr("10.231.0.5"))
+	closed := make(chan struct{}, 1)
+	if _, err := m.Track("acme", s.info.ID, "p-0000000000000001", closerFunc(func() error { closed <- struct{}{}; return nil })); err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Hour)
+	if err := m.HoldRevocation("other", s.info.ID, "p-0000000000000001", until); !errors.Is(err, ErrNotFound) || m.Revoked(s.info.ID, "p-0000000000000001") {
+		t.Fatalf("another tenant's session: %v, revoked %v", err, m.Revoked(s.info.ID, "p-0000000000000001"))
+	}
+	if err := m.HoldRevocation("acme", s.info.ID, "p-0000000000000001", until); err != nil || !m.Revoked(s.info.ID, "p-0000000000000001") {
+		t.Fatalf("the tenant's session: %v", err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Error("the revoked preview's connection goes on")
+	}
+	const gone = "s-00000000000000ff"
+	if err := m.HoldRevocation("acme", gone, "p-0000000000000002", until); err != nil || !m.Revoked(gone, "p-0000000000000002") {
+		t.Fatalf("a session not held: %v", err)
+	}
+	for i := range MaxRevocationsPerSession {
+		r.m[revocation{s.info.ID, fmt.Sprintf("p-1%015x", i)}] = until
+	}
+	if err := m.HoldRevocation("acme", s.info.ID, "p-0000000000000003", until); err != nil || !m.Revoked(s.info.ID, "p-0000000000000003") {
+		t.Fatalf("past the cap: %v", err)
+	}
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
