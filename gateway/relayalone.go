@@ -26,10 +26,11 @@ import (
 // read again every few seconds, not used once out of date), a preview's
 // revocation (the revocations stored in MinIO, the same way), and the
 // session's Pod (its record, running and not being deleted, and its
-// expiry), from the watch of the session Pods. A shell's ticket it
-// signs itself, with the gateway's keys, and the events it keeps until
-// a leader answers its report, which records them as it does the
-// leader-admitted ones'.
+// expiry), read from the API server. A shell's ticket it signs itself,
+// with the gateway's keys, and the events it keeps until a leader
+// answers its report, which records them as it does the
+// leader-admitted ones'. It also answers session reads and lists, and
+// issues and revokes previews, that no leader takes (orAlone).
 type RelayAlone struct {
 	// Tenant is the API key's tenant and its limits (the gateway's
 	// defaults applied): tenant.ErrNotFound, tenant.ErrDisabled, or
@@ -152,8 +153,8 @@ func (l *relayLive) admitsAlone(ctx context.Context) error {
 
 // sessionAlone is session id of tenant as its Pod has it: 404 when it
 // has none (or the Pod is another tenant's, or no session's), 409 when
-// the Pod does not run or the session expired, 503 when the watch
-// cannot say.
+// the Pod does not run or the session expired, 503 when the API server
+// cannot say (or the session is starting).
 func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (session.Info, session.Endpoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
