@@ -547,9 +547,13 @@ func TestKubeRelay(t *testing.T) {
 		t.Logf("(B answers ready already: it leads %.1f s after the kill)", time.Since(killed).Seconds())
 	}
 	waitFor(t, 3*time.Minute, "B to lead", func() bool {
-		st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil)
-		return st == 200 && jsonField(body, "state") == "running"
+		// (Events are a leader's alone; B reads the session itself.)
+		st, _ := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
+		return st == 200
 	})
+	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "state") != "running" {
+		t.Fatalf("the session through B, leading: %d %s", st, body)
+	}
 	t.Logf("B leads %.1f s after A's death", time.Since(killed).Seconds())
 	for i := 6; i < 9; i++ {
 		if err := cdpTry(throughB1, i); err != nil {
@@ -1006,7 +1010,8 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 	b.ReportMetric(float64(percentile(readAlone, 0.5))/float64(percentile(readAsked, 0.5)), "read-alone/forwarded-p50")
 	b.ReportMetric(float64(len(alone)), "alone-n")
 	waitFor(b, 3*time.Minute, "B to lead", func() bool {
-		st, _ := rb.api(b, rb.keyA, "GET", "/v1/sessions/"+id, nil)
+		// (Events are a leader's alone; B reads the session itself.)
+		st, _ := rb.api(b, rb.keyA, "GET", "/v1/sessions/"+id+"/events", nil)
 		return st == 200
 	})
 	rb.api(b, rb.keyA, "DELETE", "/v1/sessions/"+id, nil)
