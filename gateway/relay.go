@@ -888,7 +888,7 @@ type relayConn struct {
 	session, preview string
 	closer           io.Closer
 	active           bool
-	ended            bool // closed by endRevoked (once)
+	ended            bool // closed by endConns (once)
 }
 
 // NewRelay builds the gateway a replica standing by serves preview
@@ -1667,16 +1667,19 @@ func (l *relayLive) endRevoked() {
 	if l.alone == nil || l.alone.Revoked == nil || l.silentSince.Load() == 0 {
 		return
 	}
+	l.endConns(func(rc *relayConn) bool {
+		revoked, err := l.alone.Revoked(rc.session, rc.preview)
+		return rc.preview != shellPreview && err == nil && revoked
+	})
+}
+
+// endConns ends, once each, the connections this replica carries that
+// end says to (end is called under l.mu).
+func (l *relayLive) endConns(end func(rc *relayConn) bool) {
 	l.mu.Lock()
 	var closers []io.Closer
 	for _, rc := range l.conns {
-		if rc.preview == shellPreview {
-			continue
-		}
-		if rc.ended {
-			continue
-		}
-		if revoked, err := l.alone.Revoked(rc.session, rc.preview); err == nil && revoked {
+		if !rc.ended && end(rc) {
 			rc.ended = true
 			closers = append(closers, rc.closer)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"time"
 
@@ -442,7 +441,7 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	if err != nil {
 		return relayUnavailableFor(err)
 	}
-	if info, err := session.InfoFromRecord(rec); err != nil || info.Tenant != tenantName || info.ID != id {
+	if info, ok := l.viewAlone(rec, false, tenantName); !ok || info.ID != id {
 		return errNotFound("no such session")
 	}
 	if err := l.madeAlone(tenantName, "revocation", false); err != nil {
@@ -469,16 +468,8 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 		}
 	}
 	l.revokedAlone[id+"\x00"+pid] = until
-	var closers []io.Closer
-	for _, rc := range l.conns {
-		if rc.session == id && rc.preview == pid {
-			closers = append(closers, rc.closer)
-		}
-	}
 	l.mu.Unlock()
-	for _, cl := range closers {
-		go cl.Close() // a close may wait on a viewer's write
-	}
+	l.endConns(func(rc *relayConn) bool { return rc.session == id && rc.preview == pid })
 	if err == nil {
 		l.event(relayEvent{Token: ticket, Type: "preview_revoked", Preview: pid})
 	} else {
