@@ -151,10 +151,12 @@ func (f *Front) RelayListener(usable func(kind Relays) bool) net.Listener {
 }
 
 // relayable is which of what a relay carries a request is: a preview
-// connection's (CDP, VNC), a session's shell or command (exec), a
+// connection's (CDP, VNC; a view preview's page and its assets too), a
+// session's shell or command (exec), a
 // session's file, action or screenshot, or neither (the zero Relays).
 func relayable(method, path string) Relays {
-	if path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/") {
+	if path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/") ||
+		method == "GET" && (strings.HasPrefix(path, "/view/") || strings.HasPrefix(path, "/viewer-assets/")) {
 		return Relays{Previews: true}
 	}
 	rest, ok := strings.CutPrefix(path, "/v1/sessions/")

@@ -324,7 +324,8 @@ func TestFrontRelay(t *testing.T) {
 		"GET " + files + "?path=/x": "files", "PUT " + files + "?path=/x": "files", "GET /v1/sessions/junk/files": "", "GET " + files + "/x": "",
 		"POST /v1/sessions/" + sid + "/actions": "actions", "POST /v1/sessions/" + sid + "/screenshot": "actions", "GET /v1/sessions/" + sid + "/actions": "",
 		"POST /v1/sessions/junk/actions": "", "POST /v1/sessions/" + sid + "/snapshots": "",
-		"GET /v1/sessions": "", "GET /cdpx": "", "GET /vnc": "", "GET /view/tok": "", "GET /review/tok": ""}
+		"GET /v1/sessions": "", "GET /cdpx": "", "GET /vnc": "", "GET /view/tok": "preview", "GET /viewer-assets/novnc.js": "preview",
+		"POST /view/tok": "", "GET /view": "", "GET /viewer": "", "GET /review/tok": ""}
 	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Exec: true}, {Previews: true, Exec: true, Files: true},
 		{Previews: true, Exec: true, Files: true, Actions: true}, {Files: true}, {Actions: true}, {}} {
 		mu.Lock()

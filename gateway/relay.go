@@ -234,6 +234,8 @@ type relayAdmitAnswer struct {
 	VNC     string         `json:"vnc"`
 	Version []byte         `json:"version,omitempty"`
 	Screen  session.Screen `json:"screen"`
+	// Isolation is the session's runtime's (the viewer page shows it).
+	Isolation string `json:"isolation,omitempty"`
 	// The token's claims as the leader read them (its keys are the
 	// word: a replica that stood by since before a rotation may lack
 	// one).
@@ -283,7 +285,7 @@ func (s *Server) relayAdmit(c *fiber.Ctx) error {
 	if claims.Scope == scopeShell {
 		return errUnauthenticated("the preview token is missing, invalid or expired")
 	}
-	return c.JSON(relayAdmitAnswer{CDP: ep.CDP.String(), VNC: ep.VNC.String(), Version: ep.Version, Screen: info.Screen,
+	return c.JSON(relayAdmitAnswer{CDP: ep.CDP.String(), VNC: ep.VNC.String(), Version: ep.Version, Screen: info.Screen, Isolation: info.Isolation,
 		Session: claims.Session, Tenant: claims.Tenant, Scope: claims.Scope, ViewOnly: claims.ViewOnly, Preview: claims.ID, Expires: claims.ExpiresAt.Unix()})
 }
 
@@ -1301,7 +1303,7 @@ func (l *relayLive) openSession(c *fiber.Ctx, id string) (*previewClaims, sessio
 		return nil, session.Endpoint{}, session.Info{}, relayUnavailable()
 	}
 	return claims, session.Endpoint{Addr: cdp.Addr(), CDP: cdp, VNC: vnc},
-		session.Info{ID: id, Tenant: claims.Tenant, Kind: ans.Kind, Screen: ans.Screen}, nil
+		session.Info{ID: id, Tenant: claims.Tenant, Kind: ans.Kind, Screen: ans.Screen, Isolation: ans.Isolation}, nil
 }
 
 // admitShell asks the leader whether the request's API key may run
@@ -1397,7 +1399,7 @@ func (l *relayLive) fromAnswer(token string, ans relayAdmitAnswer) (*previewClai
 	l.admitted[c.Session] = time.Now()
 	l.mu.Unlock()
 	return c, session.Endpoint{Addr: cdp.Addr(), CDP: cdp, VNC: vnc, Version: ans.Version},
-		session.Info{ID: c.Session, Tenant: c.Tenant, Screen: ans.Screen}, nil
+		session.Info{ID: c.Session, Tenant: c.Tenant, Screen: ans.Screen, Isolation: ans.Isolation}, nil
 }
 
 // RelayUsable says whether the Front may hand connections of kind to

@@ -1506,3 +1506,70 @@ func TestRelayEndsRevoked(t *testing.T) {
 		t.Error("another preview's connection ended")
 	}
 }
+
+// TestRelayViewPage: a relay serves a view preview's page (and its
+// assets) itself, by the leader's admission, with the session's
+// isolation as the leader said it; a preview of another scope, or a
+// token the leader refuses, gets no page.
+func TestRelayViewPage(t *testing.T) {
+	var asked atomic.Int32
+	var srv *Server
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != relayAdmitPath {
+			w.WriteHeader(404)
+			return
+		}
+		asked.Add(1)
+		var req relayAdmitRequest
+		json.NewDecoder(r.Body).Decode(&req)
+		c, err := srv.tokens.verify(req.Token, time.Now())
+		if err != nil {
+			w.WriteHeader(401)
+			return
+		}
+		json.NewEncoder(w).Encode(relayAdmitAnswer{CDP: "10.0.0.9:9222", VNC: "10.0.0.9:5900", Session: "s-1", Tenant: "t", Scope: c.Scope, ViewOnly: true,
+			Preview: "p-1", Expires: time.Now().Add(time.Hour).Unix(), Isolation: "container"})
+	}))
+	defer leader.Close()
+	srv = testRelay(t, leader.URL, nil)
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := srv.app.Test(httptest.NewRequest("GET", "http://gw.test:8080"+path, nil), 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	issue := func(scope string) string {
+		tok, err := srv.tokens.issue(previewClaims{Session: "s-1", Tenant: "t", Scope: scope, ViewOnly: true,
+			RegisteredClaims: jwt.RegisteredClaims{ID: "p-1", ExpiresAt: jwtTime(time.Now().Add(time.Hour))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	view := issue(ScopeView)
+	st, body := get("/view/" + view)
+	if st != 200 || !strings.Contains(body, "/vnc/"+view) || !strings.Contains(body, "NOT ISOLATED") {
+		t.Fatalf("the view page through the relay: %d %.300q", st, body)
+	}
+	if asked.Load() != 1 {
+		t.Errorf("the leader was asked %d times, want 1", asked.Load())
+	}
+	// The leader answers for a CDP preview as it would (its scope is
+	// the token's): no page. Junk never reaches the leader.
+	if st, _ := get("/view/" + issue(ScopeCDP)); st != 401 {
+		t.Errorf("a CDP preview's view page: %d, want 401", st)
+	}
+	before := asked.Load()
+	if st, _ := get("/view/junk"); st != 401 || asked.Load() != before {
+		t.Errorf("a junk token: %d, the leader asked %d more", st, asked.Load()-before)
+	}
+	if st, body := get("/viewer-assets/novnc.js"); st != 200 || len(body) < 1000 {
+		t.Errorf("an asset: %d, %d bytes", st, len(body))
+	}
+	if st, _ := get("/viewer-assets/nope.js"); st != 404 {
+		t.Errorf("no such asset: %d", st)
+	}
+}

@@ -241,7 +241,11 @@ func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewCla
 	l.mu.Lock()
 	l.admitted[c.Session] = time.Now()
 	l.mu.Unlock()
-	return c, ep, session.Info{ID: c.Session, Tenant: c.Tenant, Kind: info.Kind, Screen: info.Screen}, nil
+	view := session.Info{ID: c.Session, Tenant: c.Tenant, Kind: info.Kind, Screen: info.Screen}
+	if l.alone.Isolation != nil {
+		view.Isolation = l.alone.Isolation(info.Runtime)
+	}
+	return c, ep, view, nil
 }
 
 // orAlone answers a request the Front could not pass to a leader

@@ -365,12 +365,9 @@ func (s *Server) routes() {
 
 	a.Post(relayAdmitPath, s.relayAuth(false), s.relayAdmit)
 	a.Post(relaySyncPath, s.relayAuth(true), s.relaySync)
-	a.Get("/viewer-assets/:name", s.viewerAsset)
-	a.Get("/view/:token", s.previewAuth(ScopeView), s.viewPage)
 	a.Get("/review/:token", s.reviewAuth, s.review)
 	a.Get("/review/:token/artifacts/:id", s.reviewAuth, s.reviewArtifact)
 	a.All("/review*", refuseToken)
-	a.All("/view*", refuseToken)
 	s.previewRoutes()
 }
 
@@ -378,6 +375,9 @@ func (s *Server) routes() {
 // what a replica that stands by serves itself (NewRelay).
 func (s *Server) previewRoutes() {
 	a := s.app
+	a.Get("/viewer-assets/:name", s.viewerAsset)
+	a.Get("/view/:token", s.previewAuth(ScopeView), s.viewPage)
+	a.All("/view*", refuseToken)
 	a.Get("/vnc/:token", s.checkOrigin, s.previewAuth(ScopeVNC, ScopeView), s.vncUpgrade, s.vncProxy())
 	a.All("/vnc*", refuseToken)
 

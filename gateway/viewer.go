@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/session"
 )
 
 // The viewer page and its assets, noVNC bundled from the pinned npm
@@ -43,12 +45,9 @@ func (s *Server) viewerAsset(c *fiber.Ctx) error {
 // viewPage serves the live viewer of a `view` preview.
 func (s *Server) viewPage(c *fiber.Ctx) error {
 	claims := c.Locals(localClaims).(*previewClaims)
-	info, err := s.sessions.Get(claims.Tenant, claims.Session)
-	if err != nil {
-		return errUnauthenticated("the preview token is missing, invalid or expired")
-	}
+	info := c.Locals(localInfo).(session.Info) // as admitted (previewAuth)
 	var b bytes.Buffer
-	err = viewerPage.Execute(&b, map[string]any{
+	err := viewerPage.Execute(&b, map[string]any{
 		"Session":   claims.Session,
 		"WSURL":     s.wsScheme + "://" + c.Hostname() + "/vnc/" + c.Params("token"),
 		"ExpiresAt": claims.ExpiresAt.Time.UTC().Format(time.RFC3339),
