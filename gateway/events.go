@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -24,13 +26,32 @@ func (s *Server) events(c *fiber.Ctx) error {
 	// A session this gateway no longer holds: its stored trail.
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	logs, lerr := s.store.ListKind(ctx, tenantOf(c), id, recordings.KindLog)
-	if lerr != nil || len(logs) == 0 {
+	stored, found, serr := s.storedEvents(ctx, tenantOf(c), id)
+	if serr != nil {
+		return serr
+	}
+	if !found {
 		return err
 	}
+	return c.JSON(fiber.Map{"events": stored})
+}
+
+// storedEvents is session id's trail as its stored log has it, and
+// whether there is one (a 503 when the store cannot say).
+func (s *Server) storedEvents(ctx context.Context, tenant, id string) ([]session.Event, bool, error) {
+	if s.store == nil {
+		return nil, false, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+	}
+	logs, err := s.store.ListKind(ctx, tenant, id, recordings.KindLog)
+	if errors.Is(err, recordings.ErrNotFound) || err == nil && len(logs) == 0 {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+	}
 	var b bytes.Buffer
-	if ferr := s.store.Fetch(ctx, tenantOf(c), logs[len(logs)-1].ID, &b); ferr != nil {
-		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: ferr}
+	if err := s.store.Fetch(ctx, tenant, logs[len(logs)-1].ID, &b); err != nil {
+		return nil, false, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
 	stored := []session.Event{}
 	dec := json.NewDecoder(&b)
@@ -41,5 +62,5 @@ func (s *Server) events(c *fiber.Ctx) error {
 		}
 		stored = append(stored, ev)
 	}
-	return c.JSON(fiber.Map{"events": stored})
+	return stored, true, nil
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
 )
 
 // Front owns a gateway replica's listener from the start. While another
@@ -169,18 +170,39 @@ func relayable(method, path string) Relays {
 		Actions: method == "POST" && (tail == "actions" || tail == "screenshot")}
 }
 
-// answersAlone: a request reads a session, lists them, or issues or
-// revokes a session's preview, which a relay answers itself when no
-// leader takes it.
+// answersAlone: a request reads a session, lists them, issues or
+// revokes a session's preview, reads its trail, its artifacts or an
+// artifact's link, or is a review link's, which a relay answers itself
+// when no leader takes it.
 func answersAlone(method, path string) bool {
-	if method == "GET" && path == "/v1/sessions" {
-		return true
+	if method == "GET" {
+		if path == "/v1/sessions" {
+			return true
+		}
+		if id, ok := strings.CutPrefix(path, "/v1/artifacts/"); ok {
+			return recordings.IsArtifact(id)
+		}
+		if rest, ok := strings.CutPrefix(path, "/review/"); ok {
+			token, tail, more := strings.Cut(rest, "/")
+			id, artifact := strings.CutPrefix(tail, "artifacts/")
+			return token != "" && (!more || artifact && recordings.IsArtifact(id))
+		}
 	}
 	rest, ok := strings.CutPrefix(path, "/v1/sessions/")
 	id, tail, _ := strings.Cut(rest, "/")
+	if !ok || !ids.IsSession(id) {
+		return false
+	}
 	preview, revokes := strings.CutPrefix(tail, "previews/")
-	return ok && ids.IsSession(id) && (method == "GET" && tail == "" && !strings.Contains(rest, "/") || method == "POST" && tail == "previews" ||
-		method == "DELETE" && revokes && ids.IsPreview(preview))
+	switch method {
+	case "GET":
+		return tail == "" && !strings.Contains(rest, "/") || tail == "events" || tail == "artifacts"
+	case "POST":
+		return tail == "previews"
+	case "DELETE":
+		return revokes && ids.IsPreview(preview)
+	}
+	return false
 }
 
 // Close stops accepting and cuts the forwarded connections.

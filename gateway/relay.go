@@ -78,7 +78,16 @@ const (
 	relayReadRoute     = "/v1/sessions/:id"
 	relayPreviewsRoute = "/v1/sessions/:id/previews"
 	relayRevokeRoute   = "/v1/sessions/:id/previews/:preview"
-	relayHeader        = "X-Sandgate-Relay"
+	// relayEventsRoute, relayArtifactsRoute, relayArtifactRoute,
+	// relayReviewRoute, relayReviewArtifactRoute: the trails,
+	// artifacts and review links a relay answers from the store while
+	// no leader answers (orAlone, reviewOrAlone).
+	relayEventsRoute         = "/v1/sessions/:id/events"
+	relayArtifactsRoute      = "/v1/sessions/:id/artifacts"
+	relayArtifactRoute       = "/v1/artifacts/:id"
+	relayReviewRoute         = "/review/:token"
+	relayReviewArtifactRoute = "/review/:token/artifacts/:id"
+	relayHeader              = "X-Sandgate-Relay"
 	// relaySkew bounds how far a signed request's time may be from the
 	// leader's clock.
 	relaySkew = time.Minute
@@ -978,6 +987,12 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relayReadRoute, l.orAlone(l.getAlone))
 		s.app.Post(relayPreviewsRoute, l.orAlone(s.issueAlone))
 		s.app.Delete(relayRevokeRoute, l.orAlone(s.revokeAlone))
+		// So do trails, artifacts and review links (a reviewer's).
+		s.app.Get(relayEventsRoute, l.orAlone(s.eventsAlone))
+		s.app.Get(relayArtifactsRoute, l.orAlone(s.artifactsAlone))
+		s.app.Get(relayArtifactRoute, l.orAlone(s.artifactAlone))
+		s.app.Get(relayReviewRoute, l.reviewOrAlone(s.review))
+		s.app.Get(relayReviewArtifactRoute, l.reviewOrAlone(s.reviewArtifact))
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()
@@ -1113,11 +1128,13 @@ func (l *relayLive) passOn(c *fiber.Ctx, timeout time.Duration) (passed, error) 
 	if err != nil || len(body) > maxLeaderAnswer {
 		return unanswered, &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica's answer did not arrive whole; the request may have been carried out", err: err}
 	}
-	if ct := resp.Header.Get(fiber.HeaderContentType); ct != "" {
-		c.Set(fiber.HeaderContentType, ct)
-	}
-	if ra := resp.Header.Get(fiber.HeaderRetryAfter); ra != "" {
-		c.Set(fiber.HeaderRetryAfter, ra)
+	// (A redirect's Location: an artifact's presigned link; a page's
+	// policies: a review page's.)
+	for _, h := range []string{fiber.HeaderContentType, fiber.HeaderRetryAfter, fiber.HeaderLocation, fiber.HeaderCacheControl,
+		fiber.HeaderContentSecurityPolicy, fiber.HeaderReferrerPolicy} {
+		if v := resp.Header.Get(h); v != "" {
+			c.Set(h, v)
+		}
 	}
 	return answered, c.Status(resp.StatusCode).Send(body)
 }

@@ -1129,17 +1129,7 @@ func TestRelayAloneAnswers(t *testing.T) {
 		Revoked: func(string, string) (bool, error) { return false, nil },
 		Fresh:   func() time.Time { return time.Unix(0, fresh.Load()) },
 	})
-	read := func(path, key string) (int, string, string) {
-		t.Helper()
-		req := httptest.NewRequest("GET", "http://gw.test:8080"+path, nil)
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := srv.App().Test(req, 10000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body), resp.Header.Get("Retry-After")
-	}
+	read := func(path, key string) (int, string, string) { t.Helper(); return relayGet(t, srv, path, key) }
 	one := "/v1/sessions/" + name["running"]
 	// A leader that answers: its word, whatever the Pods say.
 	if st, body, _ := read(one, "junk"); st != 200 || body != `{"leader":"`+one+`"}` || asked.Load() != 1 {
@@ -1572,4 +1562,91 @@ func TestRelayViewPage(t *testing.T) {
 	if st, _ := get("/viewer-assets/nope.js"); st != 404 {
 		t.Errorf("no such asset: %d", st)
 	}
+}
+
+// TestRelayAloneReviewGates: while no leader answers, a relay answers a
+// review link only for a review preview's token that its copies find
+// good (a junk one, another scope's, a revoked one's, a disabled
+// tenant's: 401; copies out of date: 503), and trails and artifacts
+// only for a key its copy of the tenants knows. What passes reaches the
+// store (here none: 503), which TestKubeRelay reads for real.
+func TestRelayAloneReviewGates(t *testing.T) {
+	leader := httptest.NewServer(http.NotFoundHandler())
+	leader.Close() // no leader answers
+	sid := ids.NewSession()
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id} })
+	var fresh atomic.Int64
+	srv.AdmitAlone(RelayAlone{
+		Tenant: testTenants(session.TenantLimits{}),
+		Session: func(context.Context, string) (map[string]string, bool, error) {
+			return nil, false, session.ErrSandboxGone
+		},
+		List: func(context.Context, string) ([]AloneRecord, error) { return nil, nil },
+		Enabled: func(name string) error {
+			if name == "off" {
+				return tenant.ErrDisabled
+			}
+			return nil
+		},
+		Revoked: func(_, preview string) (bool, error) { return preview == "p-revoked", nil },
+		Fresh:   func() time.Time { return time.Unix(0, fresh.Load()) },
+	})
+	token := func(tenantName, scope, preview string) string {
+		tok, err := srv.tokens.issue(previewClaims{Session: sid, Tenant: tenantName, Scope: scope,
+			RegisteredClaims: jwt.RegisteredClaims{ID: preview, ExpiresAt: jwtTime(time.Now().Add(time.Hour))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	get := func(path, key string) (int, string, string) { t.Helper(); return relayGet(t, srv, path, key) }
+	good := token("t", ScopeReview, "p-good")
+	// Copies not read since the silence began: 503, for a good token.
+	if st, body, ra := get("/review/"+good, ""); st != 503 || ra == "" {
+		t.Fatalf("copies out of date: %d %s (Retry-After %q), want 503", st, body, ra)
+	}
+	fresh.Store(time.Now().UnixNano())
+	aid := recordings.SegmentID(sid, "audit.jsonl")
+	for _, tc := range []struct {
+		path, key string
+		want      int
+		why       string
+	}{
+		{"/review/" + good, "", 503, "a good review link, no store"},
+		{"/review/" + good + "/artifacts/" + aid, "", 503, "a good review link's artifact, no store"},
+		{"/review/junk", "", 401, "junk"},
+		{"/review/" + token("t", ScopeCDP, "p-cdp"), "", 401, "a CDP preview"},
+		{"/review/" + token("t", ScopeView, "p-view") + "/artifacts/" + aid, "", 401, "a view preview"},
+		{"/review/" + token("t", ScopeReview, "p-revoked"), "", 401, "a revoked review link"},
+		{"/review/" + token("off", ScopeReview, "p-off"), "", 401, "a disabled tenant's"},
+		{"/review/" + good[:len(good)-4] + "AAAA", "", 401, "a bad signature"},
+		{"/v1/sessions/" + sid + "/events", "good", 503, "a trail, no store"},
+		{"/v1/sessions/" + sid + "/artifacts", "good", 503, "artifacts, no store"},
+		{"/v1/artifacts/" + aid, "good", 503, "an artifact, no store"},
+		{"/v1/sessions/" + sid + "/events", "junk", 401, "a junk key's trail"},
+		{"/v1/sessions/" + sid + "/artifacts", "off", 403, "a disabled tenant's artifacts"},
+		{"/v1/artifacts/" + aid, "stale", 503, "a key the copy cannot say"},
+		{"/v1/sessions/not-a-session/events", "good", 404, "no session"},
+	} {
+		st, body, ra := get(tc.path, tc.key)
+		if st != tc.want || (st == 503) != (ra != "") || !strings.Contains(body, `"error"`) {
+			t.Errorf("%s (GET %.60s…): %d %s (Retry-After %q), want %d", tc.why, tc.path, st, body, ra, tc.want)
+		}
+	}
+}
+
+// relayGet is srv's answer to a GET of path with key (none when ""):
+// its status, body and Retry-After.
+func relayGet(t *testing.T, srv *Server, path, key string) (int, string, string) {
+	t.Helper()
+	req := httptest.NewRequest("GET", "http://gw.test:8080"+path, nil)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := srv.App().Test(req, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), resp.Header.Get("Retry-After")
 }

@@ -204,31 +204,12 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 // cannot say, a 503.
 func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewClaims, session.Endpoint, session.Info, error) {
 	bad := errUnauthenticated("the preview token is missing, invalid or expired")
-	unavailable := func(cause error) error {
-		return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry", err: cause}
-	}
-	// (A token signed with a key this replica lacks is refused too:
-	// every replica has the gateway's keys, and no leader answers to
-	// read it.)
-	c, err := l.signer.verify(token, time.Now())
-	if err != nil || c.Scope == scopeShell {
-		return nil, session.Endpoint{}, session.Info{}, bad
-	}
-	if err := l.admitsAlone(ctx); err != nil {
+	c, err := l.tokenAlone(ctx, token)
+	if err != nil {
 		return nil, session.Endpoint{}, session.Info{}, err
 	}
-	revoked, err := l.alone.Revoked(c.Session, c.ID)
-	if err != nil {
-		return nil, session.Endpoint{}, session.Info{}, unavailable(err)
-	}
-	if revoked || l.heldRevoked(c.Session, c.ID) {
+	if c.Scope == scopeShell {
 		return nil, session.Endpoint{}, session.Info{}, bad
-	}
-	switch err := l.alone.Enabled(c.Tenant); {
-	case errors.Is(err, tenant.ErrDisabled), errors.Is(err, tenant.ErrNotFound):
-		return nil, session.Endpoint{}, session.Info{}, bad
-	case err != nil:
-		return nil, session.Endpoint{}, session.Info{}, unavailable(err)
 	}
 	info, ep, err := l.sessionAlone(ctx, c.Tenant, c.Session)
 	var ae *apiError
@@ -248,11 +229,46 @@ func (l *relayLive) previewAlone(ctx context.Context, token string) (*previewCla
 	return c, ep, view, nil
 }
 
+// tokenAlone is a preview token's claims, read by the replica's copies
+// as the leader would (managerLive.admit, reviewAuth): read with the
+// gateway's keys, not revoked, its tenant enabled. Every refusal is the
+// leader's 401; a copy that cannot say, a 503.
+func (l *relayLive) tokenAlone(ctx context.Context, token string) (*previewClaims, error) {
+	bad := errUnauthenticated("the preview token is missing, invalid or expired")
+	unavailable := func(cause error) error {
+		return &apiError{status: 503, code: "unavailable", msg: "the gateway cannot check the preview now; retry", err: cause}
+	}
+	// (A token signed with a key this replica lacks is refused too:
+	// every replica has the gateway's keys, and no leader answers to
+	// read it.)
+	c, err := l.signer.verify(token, time.Now())
+	if err != nil {
+		return nil, bad
+	}
+	if err := l.admitsAlone(ctx); err != nil {
+		return nil, err
+	}
+	revoked, err := l.alone.Revoked(c.Session, c.ID)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	if revoked || l.heldRevoked(c.Session, c.ID) {
+		return nil, bad
+	}
+	switch err := l.alone.Enabled(c.Tenant); {
+	case errors.Is(err, tenant.ErrDisabled), errors.Is(err, tenant.ErrNotFound):
+		return nil, bad
+	case err != nil:
+		return nil, unavailable(err)
+	}
+	return c, nil
+}
+
 // orAlone answers a request the Front could not pass to a leader
-// (answersAlone: a session read, a preview's issue): passed on to the
-// leader when one answers now; else, as an admission made alone
-// (askOrAlone), the API key checked by the copy of the tenants, and
-// answered by answer, from the sessions' Pods.
+// (answersAlone: a session read, a preview's issue, a trail's or an
+// artifact's read) that an API key makes: passOrAlone, the key checked
+// by the copy of the tenants, and answered by answer, from the
+// sessions' Pods and the store.
 func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		key, err := bearerKey(c)
@@ -262,44 +278,52 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 		if len(key) > 4096 {
 			return errUnauthenticated("the API key is not valid")
 		}
-		release, err := l.slot(l.aloneAnswers)
-		if err != nil {
-			return retrySoon(c, err)
-		}
-		defer release()
-		canAlone := l.alone != nil && l.alone.List != nil
-		if ask, done := l.asks(); ask || !canAlone {
-			p, err := l.passOn(c, 5*time.Second)
-			done()
+		return l.passOrAlone(c, l.alone != nil && l.alone.List != nil, func() error {
+			name, _, err := l.alone.Tenant(key)
 			switch {
-			case p == answered:
-				l.answered()
-				return err
-			case p == unanswered || !canAlone:
-				// A leader that took it and did not answer lives: its
-				// word, not this replica's (a preview it may have
-				// issued: that 503 does not say to retry).
-				if c.Method() == fiber.MethodPost {
-					return err
-				}
-				return retrySoon(c, err)
+			case errors.Is(err, tenant.ErrDisabled):
+				return errDenied("the tenant is disabled")
+			case errors.Is(err, tenant.ErrNotFound):
+				return errUnauthenticated("the API key is not valid")
+			case err != nil:
+				return relayUnavailableFor(err)
 			}
-			l.silent()
-		}
-		if err := l.admitsAlone(c.Context()); err != nil {
+			return answer(c, name)
+		})
+	}
+}
+
+// passOrAlone passes a request the Front could not pass to a leader on
+// to the leader itself, if one answers now; else, as an admission made
+// alone (askOrAlone), when canAlone, it is answered by alone.
+func (l *relayLive) passOrAlone(c *fiber.Ctx, canAlone bool, alone func() error) error {
+	release, err := l.slot(l.aloneAnswers)
+	if err != nil {
+		return retrySoon(c, err)
+	}
+	defer release()
+	if ask, done := l.asks(); ask || !canAlone {
+		p, err := l.passOn(c, 5*time.Second)
+		done()
+		switch {
+		case p == answered:
+			l.answered()
+			return err
+		case p == unanswered || !canAlone:
+			// A leader that took it and did not answer lives: its
+			// word, not this replica's (a preview it may have
+			// issued: that 503 does not say to retry).
+			if c.Method() == fiber.MethodPost {
+				return err
+			}
 			return retrySoon(c, err)
 		}
-		name, _, err := l.alone.Tenant(key)
-		switch {
-		case errors.Is(err, tenant.ErrDisabled):
-			return errDenied("the tenant is disabled")
-		case errors.Is(err, tenant.ErrNotFound):
-			return errUnauthenticated("the API key is not valid")
-		case err != nil:
-			return retrySoon(c, relayUnavailableFor(err))
-		}
-		return retrySoon(c, answer(c, name))
+		l.silent()
 	}
+	if err := l.admitsAlone(c.Context()); err != nil {
+		return retrySoon(c, err)
+	}
+	return retrySoon(c, alone())
 }
 
 // getAlone answers GET /v1/sessions/:id from the session's Pod, as the

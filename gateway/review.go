@@ -36,6 +36,9 @@ func (s *Server) reviewAuth(c *fiber.Ctx) error {
 // artifact of the session, each behind a fresh presigned link.
 func (s *Server) review(c *fiber.Ctx) error {
 	claims := c.Locals(localClaims).(*previewClaims)
+	if s.store == nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
 	as, err := s.store.List(ctx, claims.Tenant, claims.Session)
@@ -74,6 +77,9 @@ func (s *Server) review(c *fiber.Ctx) error {
 // session's artifacts.
 func (s *Server) reviewArtifact(c *fiber.Ctx) error {
 	claims := c.Locals(localClaims).(*previewClaims)
+	if s.store == nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
 	a, _, err := s.store.Find(ctx, claims.Tenant, c.Params("id"))
@@ -137,7 +143,7 @@ func (s *Server) noteReview(ctx context.Context, c *fiber.Ctx, claims *previewCl
 	addr := s.clientAddr(c)
 	fields["preview"], fields["viewer"] = claims.ID, s.tokens.viewer(claims.Tenant, claims.Session, addr)
 	s.log.Info("review link used", "session", claims.Session, "preview", claims.ID, "event", typ, "artifact", artifact, "remote", addr, "viewer", fields["viewer"])
-	if s.sessions.Record(claims.Session, typ, fields) {
+	if s.sessions != nil && s.sessions.Record(claims.Session, typ, fields) {
 		s.durable(claims.Session)
 		err = nil
 		return nil

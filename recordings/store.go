@@ -103,6 +103,10 @@ var (
 	tenantChars = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 )
 
+// IsArtifact says whether id is an artifact's id, as the store makes
+// them.
+func IsArtifact(id string) bool { return idPattern.MatchString(id) }
+
 // validName accepts a file name as a browser would save it: 1-255 bytes
 // of UTF-8 without path separators or control characters.
 func validName(n string) bool {

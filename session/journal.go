@@ -330,14 +330,25 @@ func readPiece(path string, off int64) ([]byte, int, int64, error) {
 	return out.Bytes(), n, used, nil
 }
 
-// readStoredTrail reads what the store holds of a session's trail: its
-// pieces in order, up to the first gap, within the trail's bounds.
+// readStoredTrail reads what the store holds of a session's trail
+// (StoredTrail), saying so in the log where it has a gap.
 func (m *Manager) readStoredTrail(ctx context.Context, tenant, id string) ([]Event, error) {
+	out, gap, err := StoredTrail(ctx, m.cfg.Trails, tenant, id)
+	if gap {
+		m.log.Warn("the stored audit trail has a gap; read up to it", "session", id, "events", len(out))
+	}
+	return out, err
+}
+
+// StoredTrail reads what ts holds of a session's trail while it runs:
+// its events, in order, up to the first gap in its pieces (and whether
+// there is one), within the bound of a trail.
+func StoredTrail(ctx context.Context, ts TrailStore, tenant, id string) ([]Event, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, trailReadTimeout)
 	defer cancel()
 	var out []Event
 	gap := false
-	err := m.cfg.Trails.ReadTrail(ctx, tenant, id, func(start int, r io.Reader) error {
+	err := ts.ReadTrail(ctx, tenant, id, func(start int, r io.Reader) error {
 		if gap || start > len(out) {
 			// A piece that does not follow on: what comes after a gap
 			// cannot be placed, so the trail stops at it.
@@ -353,10 +364,7 @@ func (m *Manager) readStoredTrail(ctx context.Context, tenant, id string) ([]Eve
 		}
 		return nil
 	})
-	if gap {
-		m.log.Warn("the stored audit trail has a gap; read up to it", "session", id, "events", len(out))
-	}
-	return out, err
+	return out, gap, err
 }
 
 // syncTrail matches an adopted session's trail with what the store has

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/sandgate/sandgate/ids"
 	sandgate "github.com/sandgate/sandgate/sdk/go"
+	"github.com/sandgate/sandgate/session/kube"
 )
 
 // TestKubeRelay: a replica that stands by carries the preview
@@ -55,7 +57,7 @@ import (
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	ra, rb := leaderAndStandby(t, ctx)
+	kb, ra, rb := leaderAndStandby(t, ctx)
 
 	st, body := rb.api(t, rb.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
 	var s sessionInfo
@@ -390,6 +392,58 @@ func TestKubeRelay(t *testing.T) {
 		t.Error("the revoked preview answers through B")
 	}
 
+	// A view link and a review link, issued by the leader: a person's
+	// and a reviewer's. The view page through B is B's to serve (by A's
+	// admission), as its VNC connection is.
+	viewP := ra.vncPreview(t, ra.keyA, s.ID, "view", true, 300)
+	reviewP := ra.vncPreview(t, ra.keyA, s.ID, "review", false, 600)
+	// An ended session, its Pod gone and its log stored, and its review
+	// link: a reviewer's.
+	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	var ended sessionInfo
+	if err := json.Unmarshal(body, &ended); st != 201 || err != nil {
+		t.Fatalf("create a second session: %d %s", st, body)
+	}
+	if st, body := ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+ended.ID, nil); st != 200 && st != 204 {
+		t.Fatalf("delete the second session: %d %s", st, body)
+	}
+	var endedLog string
+	waitFor(t, 2*time.Minute, "the ended session's log stored and its Pod gone", func() bool {
+		_, body := ra.api(t, ra.keyA, "GET", "/v1/sessions/"+ended.ID+"/artifacts", nil)
+		var as struct {
+			Artifacts []struct{ ID, Kind string }
+		}
+		json.Unmarshal(body, &as)
+		for _, a := range as.Artifacts {
+			if a.Kind == "log" {
+				endedLog = a.ID
+			}
+		}
+		_, pod := kubePods(t, kb)[ended.ID]
+		return endedLog != "" && !pod
+	})
+	endedReview := ra.vncPreview(t, ra.keyA, ended.ID, "review", false, 600)
+	viewPage := func(when string) {
+		t.Helper()
+		tok := viewP.URL[strings.LastIndex(viewP.URL, "/")+1:]
+		resp, err := fresh.Get(viaB(viewP.URL))
+		if err != nil {
+			t.Fatalf("the view page through B %s: %v", when, err)
+		}
+		page, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !bytes.Contains(page, []byte("/vnc/"+tok)) {
+			t.Errorf("the view page through B %s: %d %.200s", when, resp.StatusCode, page)
+		}
+		// (The control: a CDP preview's token has no view page.)
+		if resp, err := fresh.Get(viaB(strings.Replace(p1.URL, "/cdp/", "/view/", 1))); err != nil || resp.StatusCode != 401 {
+			t.Errorf("a CDP preview's view page through B %s: %v %v, want 401", when, resp, err)
+		} else {
+			resp.Body.Close()
+		}
+	}
+	viewPage("while A leads")
+
 	// A dies: what went through A breaks; what B carries goes on, while
 	// nobody leads and after.
 	// A command through B that runs across A's death.
@@ -473,6 +527,76 @@ func TestKubeRelay(t *testing.T) {
 			t.Errorf("the session through B while nobody leads, key %.12s…: %d %s, want %d", key, st, body, want)
 		}
 	}
+	// A person's view link and a reviewer's reads through B, answered
+	// alone from the store: the view page; the trail as stored (the
+	// screenshot A took is in it), the artifacts and an artifact's link;
+	// a review link's page and artifact, whose uses go into the stored
+	// trail (checked once B leads). Another tenant's key gets none.
+	viewPage("while nobody leads")
+	hasShot := func(body []byte) bool {
+		var trail struct {
+			Events []struct {
+				Type   string         `json:"type"`
+				Fields map[string]any `json:"fields"`
+			} `json:"events"`
+		}
+		json.Unmarshal(body, &trail)
+		for _, ev := range trail.Events {
+			if ev.Type == "screenshot" && ev.Fields["artifact"] == shot.ID {
+				return true
+			}
+		}
+		return false
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil); st != 200 || !hasShot(body) {
+		t.Errorf("the trail through B while nobody leads: %d %.300s, want the stored trail with the screenshot %s", st, body, shot.ID)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/sessions/"+s.ID+"/artifacts", nil); st != 200 || !bytes.Contains(body, []byte(`"`+shot.ID+`"`)) {
+		t.Errorf("the artifacts through B while nobody leads: %d %.300s, want the screenshot %s", st, body, shot.ID)
+	}
+	if png := rb.fetchArtifact(t, rb.keyA, shot.ID); fmt.Sprintf("%x", sha256.Sum256(png)) != shot.SHA256 {
+		t.Errorf("the screenshot's link through B while nobody leads: %d bytes, not the screenshot", len(png))
+	}
+	for _, path := range []string{"/v1/sessions/" + s.ID + "/events", "/v1/sessions/" + s.ID + "/artifacts", "/v1/artifacts/" + shot.ID} {
+		if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "GET", path, nil); st != 404 {
+			t.Errorf("GET %s through B while nobody leads, another tenant's key: %d %s, want 404", path, st, body)
+		}
+	}
+	noRedirect := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	reviewGet := func(u string) (int, []byte, string) {
+		t.Helper()
+		resp, err := noRedirect.Get(u)
+		if err != nil {
+			t.Fatalf("GET %s: %v", u, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b, resp.Header.Get("Location")
+	}
+	// The ended session's review link: its page and its log, served
+	// alone; the running session's waits for a leader (its trail is the
+	// leader's to add to).
+	if st, page, _ := reviewGet(viaB(endedReview.URL)); st != 200 || !bytes.Contains(page, []byte(endedLog)) {
+		t.Errorf("the ended session's review page through B while nobody leads: %d %.300s, want it with the log %s", st, page, endedLog)
+	}
+	if st, _, loc := reviewGet(viaB(endedReview.URL) + "/artifacts/" + endedLog); st != 302 || loc == "" {
+		t.Errorf("the ended session's review's log through B while nobody leads: %d, Location %q", st, loc)
+	} else if resp, err := http.Get(loc); err != nil || resp.StatusCode != 200 {
+		t.Errorf("the review's log's link: %v %v", resp, err)
+	} else {
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !bytes.Contains(raw, []byte(`"type":"created"`)) {
+			t.Errorf("the ended session's log through its review link: %.300s", raw)
+		}
+	}
+	if st, body, _ := reviewGet(viaB(reviewP.URL)); st != 503 {
+		t.Errorf("the running session's review page through B while nobody leads: %d %.300s, want 503", st, body)
+	}
+	if st, _, _ := reviewGet(viaB(strings.Replace(p1.URL, "/cdp/", "/review/", 1))); st != 401 {
+		t.Errorf("a CDP preview as a review link through B while nobody leads: %d, want 401", st)
+	}
 	if _, body := callVia(t, fresh, rb.gwURL, "", "GET", "/healthz", nil); jsonField(body, "status") != "standby" {
 		t.Fatalf("B leads already (%s, %.1f s after the kill): the reads above prove nothing alone", body, time.Since(killed).Seconds())
 	}
@@ -536,19 +660,19 @@ func TestKubeRelay(t *testing.T) {
 	// An SDK call through B while no replica that answers leads:
 	// refused at once without retries (the control); with them (the
 	// SDK's default), answered once B leads, as B's 503s say to retry.
-	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).Events(ctx, s.ID); !sandgate.IsUnavailable(err) {
+	// (Snapshots are a leader's alone: leaderRead.)
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).Snapshots(ctx, s.ID); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
-	if evs, err := sandgate.New(rb.gwURL, rb.keyA).Events(ctx, s.ID); err != nil || len(evs) == 0 {
-		t.Fatalf("an SDK call through B, retried, after A's death: %d events, %v", len(evs), err)
+	if _, err := sandgate.New(rb.gwURL, rb.keyA).Snapshots(ctx, s.ID); err != nil {
+		t.Fatalf("an SDK call through B, retried, after A's death: %v", err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
 	if st := httpStatus(rb.gwURL + "/readyz"); st == 200 {
 		t.Logf("(B answers ready already: it leads %.1f s after the kill)", time.Since(killed).Seconds())
 	}
 	waitFor(t, 3*time.Minute, "B to lead", func() bool {
-		// (Events are a leader's alone; B reads the session itself.)
-		st, _ := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
+		st, _ := leaderRead(t, rb, rb.keyA, s.ID)
 		return st == 200
 	})
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "state") != "running" {
@@ -604,6 +728,21 @@ func TestKubeRelay(t *testing.T) {
 		}
 		return false
 	})
+	// The ended session's review link's uses through B while nobody led
+	// are in its stored log (B added them), and the running session's
+	// review link is served by B, leading.
+	var reviewed []string
+	for _, ev := range rb.events(t, rb.keyA, ended.ID) {
+		if ev.Fields["preview"] == endedReview.ID {
+			reviewed = append(reviewed, ev.Type)
+		}
+	}
+	if !slices.Contains(reviewed, "review_opened") || !slices.Contains(reviewed, "review_fetched") {
+		t.Errorf("the ended session's log through B, leading: the review link's events %v, want review_opened and review_fetched", reviewed)
+	}
+	if st, page, _ := reviewGet(viaB(reviewP.URL)); st != 200 || !bytes.Contains(page, []byte(shot.ID)) {
+		t.Errorf("the running session's review page through B, leading: %d %.300s", st, page)
+	}
 	// Closed, they reach the trail of the leader B is now.
 	throughB1.Close()
 	vconn.Close()
@@ -613,6 +752,15 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 200 && st != 204 {
 		t.Errorf("delete the session: %d %s", st, body)
 	}
+}
+
+// leaderRead reads session id's snapshots through r: a read only a
+// leader that holds the session answers (200), where a replica that
+// stands by answers 503 while no leader answers (it answers the
+// session's reads, trail and artifacts itself then).
+func leaderRead(t testing.TB, r *testEnv, key, id string) (int, []byte) {
+	t.Helper()
+	return r.api(t, key, "GET", "/v1/sessions/"+id+"/snapshots", nil)
 }
 
 // callVia sends a request with a JSON body (none when body is nil)
@@ -681,13 +829,13 @@ func sendVia(t testing.TB, client *http.Client, gwURL, key, method, path string,
 
 // leaderAndStandby starts two replicas on the trial cluster: A, which
 // leads, and B, which stands by.
-func leaderAndStandby(t testing.TB, ctx context.Context) (ra, rb *testEnv) {
+func leaderAndStandby(t testing.TB, ctx context.Context) (kb *kube.Backend, ra, rb *testEnv) {
 	t.Helper()
-	_, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
+	kb, ra, rb, pods, roles, start := kubeReplicaPair(t, ctx)
 	startLeading(t, ra, "A", start, roles, pods[ra])
 	start(rb, "B")
 	roles.waitLeader(t, "B stands by", pods[ra])
-	return ra, rb
+	return kb, ra, rb
 }
 
 // logLines counts the lines of r's gateway log that hold every one of
@@ -936,7 +1084,7 @@ func BenchmarkKubeRelay(b *testing.B) {
 // by (B), and creates a runc session through A.
 func benchRelaySession(b *testing.B, ctx context.Context) (ra, rb *testEnv, id string) {
 	b.Helper()
-	ra, rb = leaderAndStandby(b, ctx)
+	_, ra, rb = leaderAndStandby(b, ctx)
 	st, body := ra.api(b, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
 	if st != 201 {
 		b.Fatalf("create: %d %s", st, body)
@@ -1010,8 +1158,7 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 	b.ReportMetric(float64(percentile(readAlone, 0.5))/float64(percentile(readAsked, 0.5)), "read-alone/forwarded-p50")
 	b.ReportMetric(float64(len(alone)), "alone-n")
 	waitFor(b, 3*time.Minute, "B to lead", func() bool {
-		// (Events are a leader's alone; B reads the session itself.)
-		st, _ := rb.api(b, rb.keyA, "GET", "/v1/sessions/"+id+"/events", nil)
+		st, _ := leaderRead(b, rb, rb.keyA, id)
 		return st == 200
 	})
 	rb.api(b, rb.keyA, "DELETE", "/v1/sessions/"+id, nil)

@@ -235,9 +235,7 @@ func TestKubeReplicas(t *testing.T) {
 	// Meanwhile B answers, with 503 in the API's JSON, until it leads.
 	var waits []int
 	waitFor(t, 3*time.Minute, "B to take the session over", func() bool {
-		// Its events are a leader's alone (B answers a read of the
-		// session itself while nobody leads).
-		st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
+		st, body := leaderRead(t, rb, rb.keyA, s.ID)
 		if st == 200 {
 			return true
 		}

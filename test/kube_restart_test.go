@@ -129,15 +129,14 @@ func TestKubeLeaderRestart(t *testing.T) {
 		return at
 	}
 	// served waits until the session answers through r as a leader
-	// answers it (503 while nobody leads: its events are a leader's
-	// alone, where a replica standing by reads the session itself) and
-	// its Pod runs a command.
+	// answers it (503 while nobody leads: leaderRead) and its Pod runs a
+	// command.
 	served := func(r *testEnv, when string) {
 		t.Helper()
 		waitFor(t, 3*time.Minute, "the session through "+r.gwAddr+" "+when, func() bool {
-			st, body := r.api(t, r.keyA, "GET", "/v1/sessions/"+s.ID+"/events", nil)
+			st, body := leaderRead(t, r, r.keyA, s.ID)
 			if st != 200 && st != 503 {
-				t.Fatalf("the session's events through %s %s: %d %s", r.gwAddr, when, st, body)
+				t.Fatalf("the session's snapshots through %s %s: %d %s", r.gwAddr, when, st, body)
 			}
 			if st != 200 {
 				return false

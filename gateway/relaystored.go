@@ -1,0 +1,145 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/session"
+)
+
+// What a relay answers alone from the artifact store while no leader
+// answers (see RelayAlone): a session's trail as stored, its artifacts,
+// an artifact's link, and an ended session's review links. A
+// reviewer's work does not wait for the next leader: all of it is in
+// the store, which every replica reads, and a review's use is added to
+// the ended session's stored log, which takes several writers
+// (StoreTrail), before it is served, as the leader adds it.
+
+// eventsAlone answers GET /v1/sessions/:id/events as the leader would
+// (events) from the store: an ended session's stored log, or a running
+// one's trail as the journal last stored it (each second). The events
+// since, and those this replica keeps for the next leader's trail, are
+// not in it. A session whose Pod is the tenant's but that has neither
+// waits for a leader (503).
+func (s *Server) eventsAlone(c *fiber.Ctx, tenantName string) error {
+	id := c.Params("id")
+	if !ids.IsSession(id) {
+		return errNotFound("no such session")
+	}
+	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	defer cancel()
+	evs, found, err := s.storedEvents(ctx, tenantName, id)
+	if err != nil {
+		return err
+	}
+	if !found {
+		evs, _, err = session.StoredTrail(ctx, s.store, tenantName, id)
+		if err != nil && !errors.Is(err, recordings.ErrNotFound) {
+			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+		}
+		found = len(evs) > 0
+	}
+	if found {
+		return c.JSON(fiber.Map{"events": evs})
+	}
+	if err := s.live.(*relayLive).ownPod(ctx, tenantName, id); err != nil {
+		return err
+	}
+	return relayUnavailableFor(errors.New("the session's audit trail is not stored yet"))
+}
+
+// artifactsAlone answers GET /v1/sessions/:id/artifacts as the leader
+// would (listArtifacts): the stored artifacts; none for a session whose
+// Pod is the tenant's, 404 for any other.
+func (s *Server) artifactsAlone(c *fiber.Ctx, tenantName string) error {
+	id := c.Params("id")
+	if !ids.IsSession(id) {
+		return errNotFound("no such session")
+	}
+	if s.store == nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+	}
+	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	defer cancel()
+	as, err := s.store.List(ctx, tenantName, id)
+	if err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+	}
+	if len(as) == 0 {
+		if err := s.live.(*relayLive).ownPod(ctx, tenantName, id); err != nil {
+			return err
+		}
+	}
+	return c.JSON(fiber.Map{"artifacts": as})
+}
+
+// artifactAlone answers GET /v1/artifacts/:id as the leader does
+// (getArtifact): a presigned link to one of the tenant's artifacts.
+func (s *Server) artifactAlone(c *fiber.Ctx, tenantName string) error {
+	if s.store == nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+	}
+	c.Locals(localTenant, tenantName)
+	return s.getArtifact(c)
+}
+
+// reviewOrAlone answers a review link's request (its page, one of its
+// artifacts) the Front could not pass to a leader: passOrAlone, the
+// link's token read by the replica's copies (tokenAlone, as reviewAuth
+// reads it), and answered by answer from the store.
+func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		token := c.Params("token")
+		if token == "" || len(token) > 4096 {
+			return errUnauthenticated("the preview token is missing, invalid or expired")
+		}
+		canAlone := l.alone != nil && l.alone.Revoked != nil && l.alone.Enabled != nil
+		return l.passOrAlone(c, canAlone, func() error {
+			claims, err := l.tokenAlone(c.Context(), token)
+			if err != nil {
+				return err
+			}
+			if claims.Scope != ScopeReview {
+				return errUnauthenticated("the preview token is missing, invalid or expired")
+			}
+			// A running session's review is recorded in its trail, which
+			// its leader holds: it waits for one. An ended one's goes
+			// into its stored log, as the leader adds it (noteReview).
+			ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
+			_, _, err = l.alone.Session(ctx, claims.Session)
+			cancel()
+			switch {
+			case errors.Is(err, session.ErrSandboxGone):
+			case err != nil:
+				return relayUnavailableFor(err)
+			default:
+				return relayUnavailableFor(errors.New("a running session's review link waits for a leader"))
+			}
+			c.Locals(localClaims, claims)
+			return answer(c)
+		})
+	}
+}
+
+// ownPod says whether session id's Pod is tenantName's: nil, 404 when
+// it is not (or there is none), 503 when the API server cannot say.
+func (l *relayLive) ownPod(ctx context.Context, tenantName, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rec, _, err := l.alone.Session(ctx, id)
+	if errors.Is(err, session.ErrSandboxGone) {
+		return errNotFound("no such session")
+	}
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	if info, ok := l.viewAlone(rec, false, tenantName); !ok || info.ID != id {
+		return errNotFound("no such session")
+	}
+	return nil
+}
