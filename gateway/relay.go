@@ -398,8 +398,11 @@ type relayEvent struct {
 	Action   string `json:"action,omitempty"`
 	Artifact string `json:"artifact,omitempty"`
 	// preview_revoked's: the preview (the event's token is a ticket of
-	// its session's).
+	// its session's), and whether the replica added it to the session's
+	// stored log already (an ended session's: the leader holds it, and
+	// records nothing).
 	Preview string `json:"preview,omitempty"`
+	Logged  bool   `json:"logged,omitempty"`
 	// wire is what the event takes in a report (its JSON), measured as
 	// it is kept.
 	wire int
@@ -743,6 +746,9 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		if err := s.sessions.HoldRevocation(claims.Tenant, claims.Session, ev.Preview, time.Now().Add(s.cfg.MaxPreviewTTL)); err != nil {
 			s.log.Warn("a revocation a replica made while no leader answered is not held here", "session", claims.Session, "preview", ev.Preview, "err", err)
 			return
+		}
+		if ev.Logged {
+			return // (an ended session's: in its stored log already)
 		}
 		s.sessions.Record(claims.Session, ev.Type, map[string]any{"preview": ev.Preview, "stored": true})
 	case "shell_closed":

@@ -444,13 +444,16 @@ func (l *relayLive) madeAlone(tenantName, kind string, count bool) error {
 
 // revokeAlone answers DELETE /v1/sessions/:id/previews/:preview as the
 // leader would (revokePreview), for a session whose Pod is the
-// tenant's: the revocation is stored (RelayAlone.Revoke) for the
-// longest a preview may live (the trail that says when this one
-// expires is the leader's), held here at once (the copy of the stored
-// revocations lags), the preview's connections this replica carries
-// end, and its preview_revoked is kept for the next leader's trail. A
-// session with no Pod left waits for a leader, which may hold it as
-// ended.
+// tenant's, or that ended (no Pod left) and whose artifacts the store
+// has under the tenant (as the leader's revokeForgotten finds it): the
+// revocation is stored (RelayAlone.Revoke) for the longest a preview
+// may live (the trail that says when this one expires is the
+// leader's), held here at once (the copy of the stored revocations
+// lags), the preview's connections this replica carries end, and its
+// preview_revoked is kept for the next leader, which holds it too. An
+// ended session's preview_revoked goes into its stored log before the
+// answer, as the leader adds it (the next leader does not hold the
+// session's trail).
 func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	l := s.live.(*relayLive)
 	id, pid, err := s.previewNamed(c)
@@ -463,19 +466,31 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
 	defer cancel()
 	rec, _, err := l.alone.Session(ctx, id)
-	if errors.Is(err, session.ErrSandboxGone) {
-		return relayUnavailableFor(errors.New("the session has no Pod: a leader revokes the previews of a session that ended"))
-	}
-	if err != nil {
+	ended := errors.Is(err, session.ErrSandboxGone)
+	switch {
+	case ended:
+		if s.store == nil {
+			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+		}
+		as, err := s.store.List(ctx, tenantName, id)
+		if err != nil {
+			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+		}
+		if len(as) == 0 {
+			return errNotFound("no such session")
+		}
+	case err != nil:
 		return relayUnavailableFor(err)
-	}
-	if info, ok := l.viewAlone(rec, false, tenantName); !ok || info.ID != id {
-		return errNotFound("no such session")
+	default:
+		if info, ok := l.viewAlone(rec, false, tenantName); !ok || info.ID != id {
+			return errNotFound("no such session")
+		}
 	}
 	if err := l.madeAlone(tenantName, "revocation", false); err != nil {
 		return err
 	}
-	until := time.Now().Add(s.cfg.MaxPreviewTTL)
+	now := time.Now()
+	until := now.Add(s.cfg.MaxPreviewTTL)
 	if err := l.alone.Revoke(ctx, id, pid, until); err != nil {
 		return &apiError{status: 503, code: "unavailable", msg: "the revocation could not be stored; revoke it again", err: err}
 	}
@@ -486,9 +501,8 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	// (the leader reads the session from it), for the time a report
 	// may take to reach a leader.
 	claims := shellClaims(tenantName, id, "")
-	claims.ExpiresAt = jwtTime(time.Now().Add(10 * time.Minute))
-	ticket, err := l.signer.issue(*claims)
-	now := time.Now()
+	claims.ExpiresAt = jwtTime(now.Add(10 * time.Minute))
+	ticket, terr := l.signer.issue(*claims)
 	l.mu.Lock()
 	for k, u := range l.revokedAlone {
 		if !now.Before(u) {
@@ -498,10 +512,17 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	l.revokedAlone[id+"\x00"+pid] = until
 	l.mu.Unlock()
 	l.endConns(func(rc *relayConn) bool { return rc.session == id && rc.preview == pid })
-	if err == nil {
-		l.event(relayEvent{Token: ticket, Type: "preview_revoked", Preview: pid})
+	if terr == nil {
+		l.event(relayEvent{Token: ticket, Type: "preview_revoked", Preview: pid, Logged: ended})
 	} else {
-		l.log.Warn("a revocation made alone is not kept for the trail", "session", id, "preview", pid, "err", err)
+		l.log.Warn("a revocation made alone is not kept for the next leader", "session", id, "preview", pid, "err", terr)
+	}
+	if ended {
+		ev := session.Event{Time: now.UTC(), Type: "preview_revoked", Fields: map[string]any{"preview": pid, "stored": true}}
+		if err := s.recordStored(ctx, tenantName, id, ev); err != nil {
+			l.log.Error("a revocation of an ended session's preview is not in its stored audit log", "session", id, "preview", pid, "err", err)
+			return &apiError{status: 503, code: "unavailable", msg: "the preview is revoked, but its revocation could not be added to the session's stored audit log; revoke it again", err: err}
+		}
 	}
 	return c.SendStatus(fiber.StatusNoContent)
 }

@@ -594,6 +594,18 @@ func TestKubeRelay(t *testing.T) {
 	if st, body, _ := reviewGet(viaB(reviewP.URL)); st != 503 {
 		t.Errorf("the running session's review page through B while nobody leads: %d %.300s, want 503", st, body)
 	}
+	// The ended session's review link revoked through B (another
+	// tenant's key cannot): refused at once; its revocation goes into
+	// the session's log (checked once B leads).
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "DELETE", "/v1/sessions/"+ended.ID+"/previews/"+endedReview.ID, nil); st != 404 {
+		t.Errorf("another tenant's revocation of the ended session's review link through B while nobody leads: %d %s, want 404", st, body)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "DELETE", "/v1/sessions/"+ended.ID+"/previews/"+endedReview.ID, nil); st != 204 {
+		t.Errorf("the ended session's review link revoked through B while nobody leads: %d %s", st, body)
+	}
+	if st, _, _ := reviewGet(viaB(endedReview.URL)); st != 401 {
+		t.Errorf("the ended session's review link revoked through B while nobody leads, then opened through B: %d, want 401", st)
+	}
 	if st, _, _ := reviewGet(viaB(strings.Replace(p1.URL, "/cdp/", "/review/", 1))); st != 401 {
 		t.Errorf("a CDP preview as a review link through B while nobody leads: %d, want 401", st)
 	}
@@ -728,17 +740,21 @@ func TestKubeRelay(t *testing.T) {
 		}
 		return false
 	})
-	// The ended session's review link's uses through B while nobody led
-	// are in its stored log (B added them), and the running session's
-	// review link is served by B, leading.
+	// The ended session's review link's uses and revocation through B
+	// while nobody led are in its stored log (B added them), the link
+	// stays revoked, and the running session's review link is served by
+	// B, leading.
 	var reviewed []string
 	for _, ev := range rb.events(t, rb.keyA, ended.ID) {
 		if ev.Fields["preview"] == endedReview.ID {
 			reviewed = append(reviewed, ev.Type)
 		}
 	}
-	if !slices.Contains(reviewed, "review_opened") || !slices.Contains(reviewed, "review_fetched") {
-		t.Errorf("the ended session's log through B, leading: the review link's events %v, want review_opened and review_fetched", reviewed)
+	if !slices.Contains(reviewed, "review_opened") || !slices.Contains(reviewed, "review_fetched") || !slices.Contains(reviewed, "preview_revoked") {
+		t.Errorf("the ended session's log through B, leading: the review link's events %v, want review_opened, review_fetched and preview_revoked", reviewed)
+	}
+	if st, _, _ := reviewGet(viaB(endedReview.URL)); st != 401 {
+		t.Errorf("the ended session's review link revoked while nobody led, opened through B, leading: %d, want 401", st)
 	}
 	if st, page, _ := reviewGet(viaB(reviewP.URL)); st != 200 || !bytes.Contains(page, []byte(shot.ID)) {
 		t.Errorf("the running session's review page through B, leading: %d %.300s", st, page)
@@ -1098,8 +1114,9 @@ func benchRelaySession(b *testing.B, ctx context.Context) (ra, rb *testEnv, id s
 // and the session's Pod): what a command costs while no leader answers,
 // against what it costs with one. Only the commands answered before B
 // took over count as alone. Each command is followed by a read of the
-// session through B: forwarded to A, then answered by B alone from the
-// session's Pod.
+// session through B, forwarded to A, then answered by B alone from the
+// session's Pod, and a read of its trail, forwarded, then answered by B
+// alone from the trail A's journal stored.
 func BenchmarkKubeRelayAlone(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -1121,13 +1138,25 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
+	// The session's trail through B: forwarded to the leader (its
+	// memory), or read by B alone from the pieces the leader's journal
+	// stored in MinIO.
+	trail := func() time.Duration {
+		t0 := time.Now()
+		if st, body := callVia(b, fresh, rb.gwURL, rb.keyA, "GET", "/v1/sessions/"+id+"/events", nil); st != 200 || !strings.Contains(string(body), `"type":"created"`) {
+			b.Fatalf("trail: %d %.300s", st, body)
+		}
+		return time.Since(t0)
+	}
 	run() // warm
 	read()
-	var asked, alone, readAsked, readAlone []time.Duration
+	trail()
+	var asked, alone, readAsked, readAlone, trailAsked, trailAlone []time.Duration
 	b.ResetTimer()
 	for range b.N {
 		asked = append(asked, run())
 		readAsked = append(readAsked, read())
+		trailAsked = append(trailAsked, trail())
 	}
 	b.StopTimer()
 	ra.stopGateway(syscall.SIGKILL)
@@ -1141,6 +1170,7 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 		}
 		alone = append(alone, run())
 		readAlone = append(readAlone, read())
+		trailAlone = append(trailAlone, trail())
 	}
 	b.StopTimer()
 	if logLines(rb, "no leader answers: this replica admits") != 1 || len(alone) == 0 {
@@ -1156,6 +1186,9 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 	b.ReportMetric(ms(percentile(readAsked, 0.5)), "read-forwarded-p50-ms")
 	b.ReportMetric(ms(percentile(readAlone, 0.5)), "read-alone-p50-ms")
 	b.ReportMetric(float64(percentile(readAlone, 0.5))/float64(percentile(readAsked, 0.5)), "read-alone/forwarded-p50")
+	b.ReportMetric(ms(percentile(trailAsked, 0.5)), "trail-forwarded-p50-ms")
+	b.ReportMetric(ms(percentile(trailAlone, 0.5)), "trail-alone-p50-ms")
+	b.ReportMetric(float64(percentile(trailAlone, 0.5))/float64(percentile(trailAsked, 0.5)), "trail-alone/forwarded-p50")
 	b.ReportMetric(float64(len(alone)), "alone-n")
 	waitFor(b, 3*time.Minute, "B to lead", func() bool {
 		st, _ := leaderRead(b, rb, rb.keyA, id)
