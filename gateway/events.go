@@ -49,12 +49,20 @@ func (s *Server) storedEvents(ctx context.Context, tenant, id string) ([]session
 	if err != nil {
 		return nil, false, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
-	var b bytes.Buffer
+	// Read whole into memory: a few at a time (those StoreTrail reads
+	// count too), each within what a log may hold.
+	select {
+	case s.logMerges <- struct{}{}:
+		defer func() { <-s.logMerges }()
+	case <-ctx.Done():
+		return nil, false, &apiError{status: 503, code: "unavailable", msg: "too many stored audit logs are being read now; retry", err: ctx.Err()}
+	}
+	b := boundedBuffer{max: maxLogMerge}
 	if err := s.store.Fetch(ctx, tenant, logs[len(logs)-1].ID, &b); err != nil {
 		return nil, false, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
 	stored := []session.Event{}
-	dec := json.NewDecoder(&b)
+	dec := json.NewDecoder(&b.Buffer)
 	for dec.More() {
 		var ev session.Event
 		if dec.Decode(&ev) != nil {
@@ -63,4 +71,20 @@ func (s *Server) storedEvents(ctx context.Context, tenant, id string) ([]session
 		stored = append(stored, ev)
 	}
 	return stored, true, nil
+}
+
+// boundedBuffer is a buffer that takes at most max bytes, and fails past
+// them.
+type boundedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+var errTooLarge = errors.New("larger than the gateway reads")
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.max {
+		return 0, errTooLarge
+	}
+	return b.Buffer.Write(p)
 }

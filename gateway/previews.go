@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 )
 
@@ -173,9 +175,21 @@ func (s *Server) forgotten(ctx context.Context, tenant, id string) (bool, error)
 }
 
 // recordStored adds an event to the stored audit log of a session this
-// gateway no longer holds.
+// gateway no longer holds. A session whose log was never stored (its
+// gateway died as it ended, after its Pod went) has its trail as the
+// journal stored it while it ran: the log it gets begins with that
+// trail, so that it does not hide it (a log, once there, is what the
+// session's events are read from).
 func (s *Server) recordStored(ctx context.Context, tenant, id string, ev session.Event) error {
-	return (*observer)(s).StoreTrail(ctx, session.Info{ID: id, Tenant: tenant}, []session.Event{ev})
+	if s.store == nil {
+		return errors.New("no artifact store")
+	}
+	// (A finalised session's trail pieces are gone: none to read.)
+	events, _, err := session.StoredTrail(ctx, s.store, tenant, id)
+	if err != nil && !errors.Is(err, recordings.ErrNotFound) {
+		return err
+	}
+	return (*observer)(s).StoreTrail(ctx, session.Info{ID: id, Tenant: tenant}, append(events, ev))
 }
 
 // previewNamed is the session and the preview a request names.

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -117,13 +118,16 @@ const (
 	maxRelayAdmits = 64
 	maxShellAdmits = 16
 	// maxAloneAnswers bounds the session reads and previews' issues
-	// and revocations a replica answers (or passes on) at once while
-	// no leader takes them, apart from the shells' turns;
-	// maxIssuedAlone the previews it issues or revokes a tenant while
+	// and revocations, trails and artifacts a replica answers (or
+	// passes on) at once while no leader takes them, apart from the
+	// shells' turns; maxReviewAnswers, the review links' apart from
+	// those (a link needs no API key: its holders cannot take a
+	// tenant's turns to revoke); maxIssuedAlone the previews it issues or revokes a tenant while
 	// no leader answers, each an event kept for the next leader among
 	// everyone's (and a revocation, an object in the store).
-	maxAloneAnswers = 8
-	maxIssuedAlone  = 64
+	maxAloneAnswers  = 8
+	maxReviewAnswers = 4
+	maxIssuedAlone   = 64
 	// maxReportEvents bounds the events of one report;
 	// maxReportDurable the sessions it asks to store.
 	maxReportEvents  = 256
@@ -867,14 +871,15 @@ type relayLive struct {
 	// until they would have expired, whatever a leader or the copy of
 	// the stored revocations says meanwhile (a leader holds one once
 	// this replica's report has reached it).
-	aloneAnswers chan struct{}
-	issuedAlone  map[string]int
-	revokedAlone map[string]time.Time
-	reached      time.Time // when a leader last answered a report
-	addr         string    // the leader's, read at addrAt
-	addrAt       time.Time
-	addrErr      error
-	lookup       sync.Mutex // one read of the leader at a time
+	aloneAnswers  chan struct{}
+	reviewAnswers chan struct{} // the review links' (maxReviewAnswers)
+	issuedAlone   map[string]int
+	revokedAlone  map[string]time.Time
+	reached       time.Time // when a leader last answered a report
+	addr          string    // the leader's, read at addrAt
+	addrAt        time.Time
+	addrErr       error
+	lookup        sync.Mutex // one read of the leader at a time
 	// refusedAt: when the leader last refused this replica's signature
 	// (unix ns; 0 never).
 	refusedAt atomic.Int64
@@ -932,7 +937,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		durable:      map[string]string{},
 		admits:       make(chan struct{}, maxRelayAdmits),
 		shellAdmits:  make(chan struct{}, maxShellAdmits),
-		aloneAnswers: make(chan struct{}, maxAloneAnswers),
+		aloneAnswers: make(chan struct{}, maxAloneAnswers), reviewAnswers: make(chan struct{}, maxReviewAnswers),
 		issuedAlone:  map[string]int{},
 		revokedAlone: map[string]time.Time{},
 		sandbox:      sandbox,
@@ -1120,6 +1125,11 @@ func (l *relayLive) passOn(c *fiber.Ctx, timeout time.Duration) (passed, error) 
 	// A 503 says to retry (Retry-After) only when the leader was not
 	// reached: once it was, it may have carried the request out.
 	resp, err := client.Do(req)
+	// (Not the URL's words: its path may hold a preview's token.)
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
 	var op *net.OpError
 	if err != nil && errors.As(err, &op) && op.Op == "dial" {
 		l.forgetAddr(addr)

@@ -1633,6 +1633,18 @@ func TestRelayAloneReviewGates(t *testing.T) {
 			t.Errorf("%s (GET %.60s…): %d %s (Retry-After %q), want %d", tc.why, tc.path, st, body, ra, tc.want)
 		}
 	}
+	// The review links' turns are their own: with all taken, a link is
+	// busy, a tenant's trail is not (it reaches the store).
+	l := srv.live.(*relayLive)
+	for range maxReviewAnswers {
+		l.reviewAnswers <- struct{}{}
+	}
+	if st, body, _ := get("/review/"+good, ""); st != 503 || !strings.Contains(body, "busy") {
+		t.Errorf("a review link with the review turns taken: %d %s, want busy", st, body)
+	}
+	if st, body, _ := get("/v1/sessions/"+sid+"/events", "good"); st != 503 || strings.Contains(body, "busy") {
+		t.Errorf("a trail with the review turns taken: %d %s, want the store's 503", st, body)
+	}
 }
 
 // relayGet is srv's answer to a GET of path with key (none when ""):
@@ -1649,4 +1661,45 @@ func relayGet(t *testing.T, srv *Server, path, key string) (int, string, string)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body), resp.Header.Get("Retry-After")
+}
+
+// TestRelayPassOnHidesToken: a review link's request a relay passes on
+// to a leader that takes the connection and drops it gets a 503, and
+// the relay's log says why without the link's token (the URL's words
+// would have it); the control is the cause, in the log.
+func TestRelayPassOnHidesToken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	u, _ := url.Parse("http://gw.test:8080")
+	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
+		func(context.Context) (string, error) { return ln.Addr().String(), nil }, func(id string) session.Sandbox { return failingSandbox{id: id} }, nil,
+		slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return logs.Write(p) }), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const token = "eyJsecret.review.token"
+	st, body, ra := relayGet(t, srv, "/review/"+token, "")
+	mu.Lock()
+	defer mu.Unlock()
+	if st != 503 || ra == "" {
+		t.Errorf("a review link passed on to a leader that drops it: %d %s (Retry-After %q), want 503", st, body, ra)
+	}
+	// (The cause: the connection ended, or was reset, before an answer.)
+	if strings.Contains(logs.String()+body, "secret") || !strings.Contains(logs.String(), "EOF") && !strings.Contains(logs.String(), "reset by peer") {
+		t.Errorf("the relay's log and answer: %s %s; want the cause, without the token", logs.String(), body)
+	}
 }

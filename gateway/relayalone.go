@@ -278,7 +278,7 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 		if len(key) > 4096 {
 			return errUnauthenticated("the API key is not valid")
 		}
-		return l.passOrAlone(c, l.alone != nil && l.alone.List != nil, func() error {
+		return l.passOrAlone(c, l.aloneAnswers, l.alone != nil && l.alone.List != nil, func() error {
 			name, _, err := l.alone.Tenant(key)
 			switch {
 			case errors.Is(err, tenant.ErrDisabled):
@@ -295,9 +295,10 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 
 // passOrAlone passes a request the Front could not pass to a leader on
 // to the leader itself, if one answers now; else, as an admission made
-// alone (askOrAlone), when canAlone, it is answered by alone.
-func (l *relayLive) passOrAlone(c *fiber.Ctx, canAlone bool, alone func() error) error {
-	release, err := l.slot(l.aloneAnswers)
+// alone (askOrAlone), when canAlone, it is answered by alone. Either
+// takes one of slots meanwhile.
+func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, canAlone bool, alone func() error) error {
+	release, err := l.slot(slots)
 	if err != nil {
 		return retrySoon(c, err)
 	}

@@ -1,10 +1,13 @@
 package test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/tenant"
 )
 
@@ -129,4 +133,55 @@ func TestStoredCopies(t *testing.T) {
 		_, terr := tenants.Authenticate(key)
 		return rerr == nil && r && terr == nil
 	})
+}
+
+// TestStoredLogKeepsTrail: a session that ended with no log stored (its
+// gateway died after its Pod went, before the log was written) has only
+// the trail its journal stored while it ran. An event added to its
+// stored log afterwards (here a review link's issue, as a replica that
+// stands by adds a review's use or a revocation) makes a log that begins
+// with that trail, which the session's events then show; the control is
+// the trail's events read before, as pieces.
+func TestStoredLogKeepsTrail(t *testing.T) {
+	e := needE2E(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	store, err := recordings.Open(recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-artifacts"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ids.NewSession()
+	t.Cleanup(func() {
+		store.DropTrail(context.Background(), "tenant-a", id)
+		as, _ := store.List(context.Background(), "tenant-a", id)
+		for _, a := range as {
+			store.Delete(context.Background(), "tenant-a", a.ID)
+		}
+	})
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Millisecond)
+	var piece bytes.Buffer
+	for i, typ := range []string{"created", "exec", "deleted"} {
+		json.NewEncoder(&piece).Encode(session.Event{Time: at.Add(time.Duration(i) * time.Second), Type: typ, Fields: map[string]any{"n": i}})
+	}
+	if err := store.PutTrail(ctx, "tenant-a", id, 0, piece.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Put(ctx, "tenant-a", id, recordings.KindScreenshot, "shot.png", "image/png", []byte("\x89PNG not really")); err != nil {
+		t.Fatal(err)
+	}
+	trail, _, err := session.StoredTrail(ctx, store, "tenant-a", id)
+	if err != nil || len(trail) != 3 {
+		t.Fatalf("the stored trail, as pieces: %d events, %v", len(trail), err)
+	}
+	st, body := e.api(t, e.keyA, "POST", "/v1/sessions/"+id+"/previews", map[string]any{"scope": "review", "ttl_seconds": 300})
+	if st != 201 {
+		t.Fatalf("a review link of the session: %d %s", st, body)
+	}
+	var types []string
+	for _, ev := range e.events(t, e.keyA, id) {
+		types = append(types, ev.Type)
+	}
+	if !slices.Equal(types, []string{"created", "exec", "deleted", "preview_issued"}) {
+		t.Errorf("the session's events once its log was made: %v, want the stored trail's, then preview_issued", types)
+	}
 }
