@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +64,20 @@ func TestMergeLog(t *testing.T) {
 	merged, _ := mergeLog([]byte(`{"time":"2026-01-01T00:00:00Z","type":"created"}`), []session.Event{ev(3, "stopped")})
 	if got := types(merged); len(got) != 2 {
 		t.Errorf("a log without its last newline: %v", got)
+	}
+}
+
+// TestBoundedBuffer: io.Copy into a boundedBuffer stops at its bound
+// (from a reader with no WriteTo, as a store's object is); within it,
+// the bytes are all there (the control).
+func TestBoundedBuffer(t *testing.T) {
+	src := func(n int) io.Reader { return io.LimitReader(strings.NewReader(strings.Repeat("x", n)), int64(n)) }
+	b := boundedBuffer{max: 10}
+	if n, err := io.Copy(&b, src(1000)); err == nil || b.buf.Len() > 10 {
+		t.Errorf("1000 bytes into a buffer of 10: %d copied, %d held, %v", n, b.buf.Len(), err)
+	}
+	b = boundedBuffer{max: 1000}
+	if n, err := io.Copy(&b, src(1000)); err != nil || n != 1000 || b.buf.Len() != 1000 {
+		t.Errorf("1000 bytes into a buffer of 1000: %d copied, %d held, %v", n, b.buf.Len(), err)
 	}
 }

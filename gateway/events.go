@@ -49,11 +49,12 @@ func (s *Server) storedEvents(ctx context.Context, tenant, id string) ([]session
 	if err != nil {
 		return nil, false, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
-	// Read whole into memory: a few at a time (those StoreTrail reads
-	// count too), each within what a log may hold.
+	// Read whole into memory: a few at a time (apart from StoreTrail's
+	// merges, which a reader cannot hold up), each within what a log
+	// may hold.
 	select {
-	case s.logMerges <- struct{}{}:
-		defer func() { <-s.logMerges }()
+	case s.logReads <- struct{}{}:
+		defer func() { <-s.logReads }()
 	case <-ctx.Done():
 		return nil, false, &apiError{status: 503, code: "unavailable", msg: "too many stored audit logs are being read now; retry", err: ctx.Err()}
 	}
@@ -62,7 +63,7 @@ func (s *Server) storedEvents(ctx context.Context, tenant, id string) ([]session
 		return nil, false, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
 	stored := []session.Event{}
-	dec := json.NewDecoder(&b.Buffer)
+	dec := json.NewDecoder(&b.buf)
 	for dec.More() {
 		var ev session.Event
 		if dec.Decode(&ev) != nil {
@@ -74,17 +75,18 @@ func (s *Server) storedEvents(ctx context.Context, tenant, id string) ([]session
 }
 
 // boundedBuffer is a buffer that takes at most max bytes, and fails past
-// them.
+// them. (It has Write alone: an embedded bytes.Buffer's ReadFrom would
+// let io.Copy past the bound.)
 type boundedBuffer struct {
-	bytes.Buffer
+	buf bytes.Buffer
 	max int
 }
 
 var errTooLarge = errors.New("larger than the gateway reads")
 
 func (b *boundedBuffer) Write(p []byte) (int, error) {
-	if b.Len()+len(p) > b.max {
+	if b.buf.Len()+len(p) > b.max {
 		return 0, errTooLarge
 	}
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
 }

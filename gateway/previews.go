@@ -179,17 +179,25 @@ func (s *Server) forgotten(ctx context.Context, tenant, id string) (bool, error)
 // gateway died as it ended, after its Pod went) has its trail as the
 // journal stored it while it ran: the log it gets begins with that
 // trail, so that it does not hide it (a log, once there, is what the
-// session's events are read from).
+// session's events are read from). A log that is there gets the event
+// alone.
 func (s *Server) recordStored(ctx context.Context, tenant, id string, ev session.Event) error {
 	if s.store == nil {
 		return errors.New("no artifact store")
 	}
-	// (A finalised session's trail pieces are gone: none to read.)
-	events, _, err := session.StoredTrail(ctx, s.store, tenant, id)
+	events := []session.Event{ev}
+	logs, err := s.store.ListKind(ctx, tenant, id, recordings.KindLog)
 	if err != nil && !errors.Is(err, recordings.ErrNotFound) {
 		return err
 	}
-	return (*observer)(s).StoreTrail(ctx, session.Info{ID: id, Tenant: tenant}, append(events, ev))
+	if len(logs) == 0 {
+		trail, _, err := session.StoredTrail(ctx, s.store, tenant, id)
+		if err != nil && !errors.Is(err, recordings.ErrNotFound) {
+			return err
+		}
+		events = append(trail, ev)
+	}
+	return (*observer)(s).StoreTrail(ctx, session.Info{ID: id, Tenant: tenant}, events)
 }
 
 // previewNamed is the session and the preview a request names.

@@ -10,6 +10,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/tenant"
 )
@@ -466,16 +467,21 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
 	defer cancel()
+	// The store first, whatever the Pod: while it does not answer, every
+	// session gets the same 503 (a 404 for another tenant's Pod would
+	// tell that it has one).
+	var as []recordings.Artifact
+	if s.store != nil {
+		if as, err = s.store.List(ctx, tenantName, id); err != nil && !errors.Is(err, recordings.ErrNotFound) {
+			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+		}
+	}
 	rec, _, err := l.alone.Session(ctx, id)
 	ended := errors.Is(err, session.ErrSandboxGone)
 	switch {
 	case ended:
 		if s.store == nil {
 			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
-		}
-		as, err := s.store.List(ctx, tenantName, id)
-		if err != nil {
-			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 		}
 		if len(as) == 0 {
 			return errNotFound("no such session")
@@ -513,17 +519,21 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	l.revokedAlone[id+"\x00"+pid] = until
 	l.mu.Unlock()
 	l.endConns(func(rc *relayConn) bool { return rc.session == id && rc.preview == pid })
+	var logErr error
+	if ended {
+		ev := session.Event{Time: now.UTC(), Type: "preview_revoked", Fields: map[string]any{"preview": pid, "stored": true}}
+		if logErr = s.recordStored(ctx, tenantName, id, ev); logErr != nil {
+			l.log.Error("a revocation of an ended session's preview is not in its stored audit log", "session", id, "preview", pid, "err", logErr)
+		}
+	}
+	// (Logged only once it is: else the next leader records it.)
 	if terr == nil {
-		l.event(relayEvent{Token: ticket, Type: "preview_revoked", Preview: pid, Logged: ended})
+		l.event(relayEvent{Token: ticket, Type: "preview_revoked", Preview: pid, Logged: ended && logErr == nil})
 	} else {
 		l.log.Warn("a revocation made alone is not kept for the next leader", "session", id, "preview", pid, "err", terr)
 	}
-	if ended {
-		ev := session.Event{Time: now.UTC(), Type: "preview_revoked", Fields: map[string]any{"preview": pid, "stored": true}}
-		if err := s.recordStored(ctx, tenantName, id, ev); err != nil {
-			l.log.Error("a revocation of an ended session's preview is not in its stored audit log", "session", id, "preview", pid, "err", err)
-			return &apiError{status: 503, code: "unavailable", msg: "the preview is revoked, but its revocation could not be added to the session's stored audit log; revoke it again", err: err}
-		}
+	if logErr != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the preview is revoked, but its revocation could not be added to the session's stored audit log; revoke it again", err: logErr}
 	}
 	return c.SendStatus(fiber.StatusNoContent)
 }

@@ -79,8 +79,9 @@ const (
 // Server is the gateway.
 type Server struct {
 	// logMerges bounds the stored audit logs read into memory at once
-	// (StoreTrail).
-	logMerges chan struct{}
+	// to be added to (StoreTrail); logReads, to be answered
+	// (storedEvents).
+	logMerges, logReads chan struct{}
 	// reviews keeps review links' views from growing a log unbounded.
 	reviews reviewNotes
 	// trusted are cfg.TrustedProxies, parsed.
@@ -168,7 +169,7 @@ func newServer(cfg Config, sessions *session.Manager, store *recordings.Store, l
 		}
 		trusted = append(trusted, pf.Masked())
 	}
-	s := &Server{logMerges: make(chan struct{}, maxLogMerges), trusted: trusted, shots: make(chan struct{}, maxScreenshots),
+	s := &Server{logMerges: make(chan struct{}, maxLogMerges), logReads: make(chan struct{}, maxLogMerges), trusted: trusted, shots: make(chan struct{}, maxScreenshots),
 		cfg: cfg, sessions: sessions, store: store, tokens: tokens, log: log,
 		hosts:    map[string]bool{strings.ToLower(cfg.PublicURL.Host): true},
 		origin:   cfg.PublicURL.Scheme + "://" + strings.ToLower(cfg.PublicURL.Host),
