@@ -1232,7 +1232,8 @@ func TestRelayAloneAnswers(t *testing.T) {
 		want          int
 	}{
 		{name["running"], "junk", `{"scope":"cdp"}`, 401}, {name["running"], "stale", `{"scope":"cdp"}`, 503},
-		{name["running"], "good", `{"scope":"review"}`, 503}, {name["running"], "good", `{"scope":"cdp","view_only":true}`, 400},
+		{ids.NewSession(), "good", `{"scope":"review"}`, 503}, // (no Pod: ended, or none? no store here to say)
+		{name["running"], "good", `{"scope":"cdp","view_only":true}`, 400},
 		{name["running"], "good", `{"scope":"vnc","ttl_seconds":99999999}`, 400}, {name["running"], "good", `{`, 400},
 		{name["starting"], "good", `{"scope":"vnc"}`, 503}, {name["stopping"], "good", `{"scope":"vnc"}`, 409},
 		{name["stopped"], "good", `{"scope":"vnc"}`, 409}, {name["other"], "good", `{"scope":"vnc"}`, 404},

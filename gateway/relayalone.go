@@ -400,8 +400,7 @@ func (l *relayLive) viewAlone(rec map[string]string, running bool, tenantName st
 // (createPreview), by the session's Pod (sessionAlone): the preview is
 // signed with the gateway's keys, and its issue (preview_issued) kept
 // for the next leader's trail, as the relay's other events are. A
-// review link waits for a leader: one may need the session's stored
-// artifacts.
+// review link's: issueReviewAlone.
 func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
 	l := s.live.(*relayLive)
 	id, req, ttl, err := s.previewAsked(c)
@@ -409,7 +408,7 @@ func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
 		return err
 	}
 	if req.Scope == ScopeReview {
-		return relayUnavailableFor(errors.New("a review link is issued by a leader"))
+		return s.issueReviewAlone(c, tenantName, id, req, ttl)
 	}
 	if _, _, err := l.sessionAlone(c.Context(), tenantName, id); err != nil {
 		return err
@@ -422,6 +421,73 @@ func (s *Server) issueAlone(c *fiber.Ctx, tenantName string) error {
 		return relayUnavailableFor(err)
 	}
 	l.event(relayEvent{Token: tok, Type: "preview_issued"})
+	return c.Status(fiber.StatusCreated).JSON(out)
+}
+
+// heldOrEnded says whether session id is tenantName's and has ended:
+// its Pod is the tenant's (false), or it has none left and the store
+// holds its artifacts under the tenant (true), as the leader finds a
+// session it no longer holds (forgotten); else 404, or 503 when the
+// store or the API server cannot say (no store: an ended session
+// cannot be told, 503). The store is asked first, whatever the Pod:
+// while it does not answer, every session gets the same 503 (a 404 for
+// another tenant's Pod would tell that it has one).
+func (s *Server) heldOrEnded(ctx context.Context, tenantName, id string) (bool, error) {
+	unavailable := &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+	var as []recordings.Artifact
+	if s.store != nil {
+		var err error
+		if as, err = s.store.List(ctx, tenantName, id); err != nil && !errors.Is(err, recordings.ErrNotFound) {
+			unavailable.err = err
+			return false, unavailable
+		}
+	}
+	l := s.live.(*relayLive)
+	rec, _, err := l.alone.Session(ctx, id)
+	switch {
+	case errors.Is(err, session.ErrSandboxGone):
+		if s.store == nil {
+			return false, unavailable
+		}
+		if len(as) == 0 {
+			return false, errNotFound("no such session")
+		}
+		return true, nil
+	case err != nil:
+		return false, relayUnavailableFor(err)
+	}
+	if info, ok := l.viewAlone(rec, false, tenantName); !ok || info.ID != id {
+		return false, errNotFound("no such session")
+	}
+	return false, nil
+}
+
+// issueReviewAlone issues a review link as the leader would
+// (createPreview): of a session whose Pod is the tenant's, whatever its
+// state, its issue kept for the next leader's trail as other previews'
+// are; or of one that ended (no Pod left) whose artifacts the store
+// has under the tenant, its issue added to the session's stored log
+// before the link is handed out.
+func (s *Server) issueReviewAlone(c *fiber.Ctx, tenantName, id string, req previewRequest, ttl time.Duration) error {
+	l := s.live.(*relayLive)
+	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	defer cancel()
+	ended, err := s.heldOrEnded(ctx, tenantName, id)
+	if err != nil {
+		return err
+	}
+	if err := l.madeAlone(tenantName, "issue", true); err != nil {
+		return err
+	}
+	out, tok, ev, err := s.signPreview(tenantName, id, req, ttl)
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	if !ended {
+		l.event(relayEvent{Token: tok, Type: "preview_issued"})
+	} else if err := s.recordStored(ctx, tenantName, id, ev); err != nil {
+		return &apiError{status: 503, code: "unavailable", msg: "the review link was not issued: its issue could not be added to the session's stored audit log", err: err}
+	}
 	return c.Status(fiber.StatusCreated).JSON(out)
 }
 
@@ -467,31 +533,9 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
 	defer cancel()
-	// The store first, whatever the Pod: while it does not answer, every
-	// session gets the same 503 (a 404 for another tenant's Pod would
-	// tell that it has one).
-	var as []recordings.Artifact
-	if s.store != nil {
-		if as, err = s.store.List(ctx, tenantName, id); err != nil && !errors.Is(err, recordings.ErrNotFound) {
-			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
-		}
-	}
-	rec, _, err := l.alone.Session(ctx, id)
-	ended := errors.Is(err, session.ErrSandboxGone)
-	switch {
-	case ended:
-		if s.store == nil {
-			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
-		}
-		if len(as) == 0 {
-			return errNotFound("no such session")
-		}
-	case err != nil:
-		return relayUnavailableFor(err)
-	default:
-		if info, ok := l.viewAlone(rec, false, tenantName); !ok || info.ID != id {
-			return errNotFound("no such session")
-		}
+	ended, err := s.heldOrEnded(ctx, tenantName, id)
+	if err != nil {
+		return err
 	}
 	if err := l.madeAlone(tenantName, "revocation", false); err != nil {
 		return err

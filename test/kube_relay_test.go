@@ -606,6 +606,25 @@ func TestKubeRelay(t *testing.T) {
 	if st, _, _ := reviewGet(viaB(endedReview.URL)); st != 401 {
 		t.Errorf("the ended session's review link revoked through B while nobody leads, then opened through B: %d, want 401", st)
 	}
+	// Review links issued through B: the ended session's, its issue in
+	// its stored log before the link is handed out, and its page served
+	// alone; the running session's, its issue kept for the next leader.
+	issueReview := func(id string) previewInfo {
+		t.Helper()
+		st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+id+"/previews", map[string]any{"scope": "review", "ttl_seconds": 600})
+		var p previewInfo
+		if err := json.Unmarshal(body, &p); st != 201 || err != nil {
+			t.Fatalf("a review link of %s issued through B while nobody leads: %d %s", id, st, body)
+		}
+		return p
+	}
+	gapEndedReview, gapReview := issueReview(ended.ID), issueReview(s.ID)
+	if st, page, _ := reviewGet(viaB(gapEndedReview.URL)); st != 200 || !bytes.Contains(page, []byte(endedLog)) {
+		t.Errorf("the ended session's review link issued through B, opened through B while nobody leads: %d %.300s", st, page)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "POST", "/v1/sessions/"+ended.ID+"/previews", map[string]any{"scope": "review"}); st != 404 {
+		t.Errorf("another tenant's review link of the ended session through B while nobody leads: %d %s, want 404", st, body)
+	}
 	if st, _, _ := reviewGet(viaB(strings.Replace(p1.URL, "/cdp/", "/review/", 1))); st != 401 {
 		t.Errorf("a CDP preview as a review link through B while nobody leads: %d, want 401", st)
 	}
@@ -755,6 +774,23 @@ func TestKubeRelay(t *testing.T) {
 	}
 	if st, _, _ := reviewGet(viaB(endedReview.URL)); st != 401 {
 		t.Errorf("the ended session's review link revoked while nobody led, opened through B, leading: %d, want 401", st)
+	}
+	issued := func(id, preview string) bool {
+		for _, ev := range rb.events(t, rb.keyA, id) {
+			if ev.Type == "preview_issued" && ev.Fields["preview"] == preview && ev.Fields["scope"] == "review" {
+				return true
+			}
+		}
+		return false
+	}
+	if !issued(ended.ID, gapEndedReview.ID) {
+		t.Errorf("the ended session's log through B, leading, lacks the issue of the review link B issued while nobody led")
+	}
+	waitFor(t, 30*time.Second, "preview_issued of the running session's review link B issued while nobody led, in the trail of B, leading", func() bool {
+		return issued(s.ID, gapReview.ID)
+	})
+	if st, page, _ := reviewGet(viaB(gapReview.URL)); st != 200 || !bytes.Contains(page, []byte(shot.ID)) {
+		t.Errorf("the running session's review link B issued while nobody led, through B, leading: %d %.300s", st, page)
 	}
 	if st, page, _ := reviewGet(viaB(reviewP.URL)); st != 200 || !bytes.Contains(page, []byte(shot.ID)) {
 		t.Errorf("the running session's review page through B, leading: %d %.300s", st, page)
