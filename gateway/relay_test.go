@@ -1238,6 +1238,11 @@ func TestRelayAloneAnswers(t *testing.T) {
 		{name["starting"], "good", `{"scope":"vnc"}`, 503}, {name["stopping"], "good", `{"scope":"vnc"}`, 409},
 		{name["stopped"], "good", `{"scope":"vnc"}`, 409}, {name["other"], "good", `{"scope":"vnc"}`, 404},
 		{ids.NewSession(), "good", `{"scope":"vnc"}`, 404}, {unreadable, "good", `{"scope":"vnc"}`, 503},
+		// A review link of a session whose Pod does not run, or that
+		// expired, waits for a leader (the next would not adopt it);
+		// another tenant's is not found.
+		{name["stopping"], "good", `{"scope":"review"}`, 503}, {name["stopped"], "good", `{"scope":"review"}`, 503},
+		{name["expired"], "good", `{"scope":"review"}`, 503}, {name["other"], "good", `{"scope":"review"}`, 404},
 	} {
 		st, body, ra := issue(tc.id, tc.key, tc.body)
 		if st != tc.want || (st == 503) != (ra != "") || !strings.Contains(body, `"error"`) {

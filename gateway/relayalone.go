@@ -463,9 +463,10 @@ func (s *Server) heldOrEnded(ctx context.Context, tenantName, id string) (bool, 
 }
 
 // issueReviewAlone issues a review link as the leader would
-// (createPreview): of a session whose Pod is the tenant's, whatever its
-// state, its issue kept for the next leader's trail as other previews'
-// are; or of one that ended (no Pod left) whose artifacts the store
+// (createPreview): of a session whose Pod is the tenant's and runs, its
+// issue kept for the next leader's trail as other previews' are (one
+// whose Pod stops waits for a leader: the next one would not adopt it
+// and record the issue); or of one that ended (no Pod left) whose artifacts the store
 // has under the tenant, its issue added to the session's stored log
 // before the link is handed out.
 func (s *Server) issueReviewAlone(c *fiber.Ctx, tenantName, id string, req previewRequest, ttl time.Duration) error {
@@ -476,17 +477,32 @@ func (s *Server) issueReviewAlone(c *fiber.Ctx, tenantName, id string, req previ
 	if err != nil {
 		return err
 	}
-	if err := l.madeAlone(tenantName, "issue", true); err != nil {
+	if !ended {
+		// Only a session the next leader adopts (running, unexpired)
+		// records the issue it is reported; one whose Pod stops or
+		// ended waits for a leader, which holds it as ending.
+		if _, _, err := l.sessionAlone(ctx, tenantName, id); err != nil {
+			return relayUnavailableFor(fmt.Errorf("a review link of a session that does not run waits for a leader: %w", err))
+		}
+	}
+	// Counted once issued: a failed issue does not use the tenant's up.
+	if err := l.madeAlone(tenantName, "issue", false); err != nil {
 		return err
 	}
 	out, tok, ev, err := s.signPreview(tenantName, id, req, ttl)
 	if err != nil {
 		return relayUnavailableFor(err)
 	}
+	if ended {
+		if err := s.recordStored(ctx, tenantName, id, ev); err != nil {
+			return &apiError{status: 503, code: "unavailable", msg: "the review link was not issued: its issue could not be added to the session's stored audit log", err: err}
+		}
+	}
+	if err := l.madeAlone(tenantName, "issue", true); err != nil && !ended {
+		return err // (others issued meanwhile; an ended one's is in its log)
+	}
 	if !ended {
 		l.event(relayEvent{Token: tok, Type: "preview_issued"})
-	} else if err := s.recordStored(ctx, tenantName, id, ev); err != nil {
-		return &apiError{status: 503, code: "unavailable", msg: "the review link was not issued: its issue could not be added to the session's stored audit log", err: err}
 	}
 	return c.Status(fiber.StatusCreated).JSON(out)
 }
