@@ -337,15 +337,11 @@ func (l *relayLive) getAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
 	defer cancel()
-	rec, running, err := l.alone.Session(ctx, id)
-	if errors.Is(err, session.ErrSandboxGone) {
-		return errNotFound("no such session")
-	}
+	info, found, err := l.podOf(ctx, tenantName, id)
 	if err != nil {
-		return relayUnavailableFor(err)
+		return err
 	}
-	info, ok := l.viewAlone(rec, running, tenantName)
-	if !ok || info.ID != id {
+	if !found {
 		return errNotFound("no such session")
 	}
 	return c.JSON(info)
@@ -442,24 +438,18 @@ func (s *Server) heldOrEnded(ctx context.Context, tenantName, id string) (bool, 
 			return false, unavailable
 		}
 	}
-	l := s.live.(*relayLive)
-	rec, _, err := l.alone.Session(ctx, id)
+	_, found, err := s.live.(*relayLive).podOf(ctx, tenantName, id)
 	switch {
-	case errors.Is(err, session.ErrSandboxGone):
-		if s.store == nil {
-			return false, unavailable
-		}
-		if len(as) == 0 {
-			return false, errNotFound("no such session")
-		}
-		return true, nil
 	case err != nil:
-		return false, relayUnavailableFor(err)
-	}
-	if info, ok := l.viewAlone(rec, false, tenantName); !ok || info.ID != id {
+		return false, err
+	case found:
+		return false, nil
+	case s.store == nil:
+		return false, unavailable
+	case len(as) == 0:
 		return false, errNotFound("no such session")
 	}
-	return false, nil
+	return true, nil
 }
 
 // issueReviewAlone issues a review link as the leader would

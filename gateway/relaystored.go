@@ -131,15 +131,27 @@ func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
 func (l *relayLive) ownPod(ctx context.Context, tenantName, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	rec, _, err := l.alone.Session(ctx, id)
-	if errors.Is(err, session.ErrSandboxGone) {
+	_, found, err := l.podOf(ctx, tenantName, id)
+	if err == nil && !found {
 		return errNotFound("no such session")
+	}
+	return err
+}
+
+// podOf is session id as its Pod's record has it (viewAlone), read from
+// the API server: found false when there is no Pod; 404 when the Pod is
+// another tenant's or no session's, 503 when the API server cannot say.
+func (l *relayLive) podOf(ctx context.Context, tenantName, id string) (session.Info, bool, error) {
+	rec, running, err := l.alone.Session(ctx, id)
+	if errors.Is(err, session.ErrSandboxGone) {
+		return session.Info{}, false, nil
 	}
 	if err != nil {
-		return relayUnavailableFor(err)
+		return session.Info{}, false, relayUnavailableFor(err)
 	}
-	if info, ok := l.viewAlone(rec, false, tenantName); !ok || info.ID != id {
-		return errNotFound("no such session")
+	info, ok := l.viewAlone(rec, running, tenantName)
+	if !ok || info.ID != id {
+		return session.Info{}, false, errNotFound("no such session")
 	}
-	return nil
+	return info, true, nil
 }
