@@ -295,7 +295,16 @@ func (o *observer) SessionEnded(info session.Info, events []session.Event) {
 	}
 }
 
-var _ session.SessionFinaliser = (*observer)(nil)
+var (
+	_ session.SessionFinaliser = (*observer)(nil)
+	_ session.LogReader        = (*observer)(nil)
+)
+
+// StoredLog reads a session's stored audit log, and whether it has one
+// (session.LogReader).
+func (o *observer) StoredLog(ctx context.Context, tenant, id string) ([]session.Event, bool, error) {
+	return (*Server)(o).storedEvents(ctx, tenant, id)
+}
 
 // FinaliseSession stops what watched the session, finalises its recording
 // (once: a recording that cannot be finalised is left to the janitor's

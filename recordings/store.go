@@ -576,6 +576,32 @@ func (s *Store) ReadTrail(ctx context.Context, tenant, session string, each func
 	return nil
 }
 
+// Trails calls each with the tenant and session of every trail the store
+// holds pieces of, once each, until each returns false
+// (session.TrailLister). Keys that are not a trail's are skipped.
+func (s *Store) Trails(ctx context.Context, each func(tenant, session string) bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the listing when each stops early
+	var last string
+	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: trailPrefix, Recursive: true}) {
+		if obj.Err != nil {
+			return fmt.Errorf("list audit trail pieces: %w", obj.Err)
+		}
+		parts := strings.Split(strings.TrimPrefix(obj.Key, trailPrefix), "/")
+		if len(parts) != 3 || !validTrail(parts[0], parts[1]) {
+			continue
+		}
+		// Listed in key order: a session's pieces come together.
+		if dir := parts[0] + "/" + parts[1]; dir != last {
+			last = dir
+			if !each(parts[0], parts[1]) {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
 // DropTrail removes a session's trail pieces (session.TrailStore).
 func (s *Store) DropTrail(ctx context.Context, tenant, session string) error {
 	if !validTrail(tenant, session) {

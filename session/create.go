@@ -189,7 +189,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	m.sessions[info.ID] = s
 	m.releaseLocked(r)
 	s.trail = m.liveTrail(info.Tenant, info.ID, true)
-	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record})
+	s.record("created", m.createdFields(info))
 	m.mu.Unlock()
 
 	log := m.log.With("session", info.ID, "tenant", info.Tenant, "runtime", rt.Name)

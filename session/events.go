@@ -494,6 +494,13 @@ func (m *Manager) Observe(o Observer) {
 	}
 	m.endOrphanTrails(o)
 	m.relogLeft(o)
+	// Those only the store remembers are found apart: listing every
+	// stored trail must not hold back a leader's first answers.
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.endStoredOrphans(o)
+	}()
 }
 
 // endOrphanTrails reports the sessions that ended while no gateway ran:
@@ -509,50 +516,66 @@ func (m *Manager) endOrphanTrails(o Observer) {
 		if live || !ids.IsSession(id) {
 			continue
 		}
-		info := Info{ID: id, Tenant: tenant, State: StateStopped, Labels: map[string]string{},
-			Failure: "the session ended while no gateway was running"}
-		// The store may hold events the file lacks (one the file did not
-		// take, stored at once), and its pieces are dropped once the log
-		// is stored: the file is matched with them first, as an adopted
-		// session's trail is, and kept for the next start while the store
-		// cannot be read.
-		s := newSess(info) // held by nobody else: not among m.sessions
-		s.trail = m.liveTrail(tenant, id, false)
-		if m.journalOn() {
-			ctx, cancel := context.WithTimeout(m.base, 2*time.Minute)
-			err := m.syncTrail(ctx, s)
-			cancel()
-			if err != nil {
-				m.log.Error("the trail of a session that ended while no gateway ran could not be matched with the store; kept for the next start", "session", id, "err", err)
-				continue
-			}
-		}
-		t := &s.trail
-		now := time.Now().UTC()
-		t.record(now, "ended_unobserved", map[string]any{"note": "the session ended while no gateway was running"})
-		t.summarise(now)
-		events := t.events()
-		if fin, ok := o.(SessionFinaliser); ok {
-			ctx, cancel := context.WithTimeout(m.base, 2*time.Minute)
-			err := fin.FinaliseSession(ctx, info, events)
-			cancel()
-			if err != nil {
-				// The file stays: the next start reports it again.
-				m.log.Error("the trail of a session that ended while no gateway ran was not stored; kept for the next start", "session", id, "err", err)
-				continue
-			}
-		} else {
-			o.SessionEnded(info, events)
-		}
-		if m.journalOn() {
-			ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
-			if err := m.cfg.Trails.DropTrail(ctx, tenant, id); err != nil {
-				m.log.Warn("the stored pieces of a finalised audit trail were not removed", "session", id, "err", err)
-			}
-			cancel()
-		}
-		os.Remove(f)
+		m.endOrphanTrail(o, f, tenant, id)
 	}
+}
+
+// endOrphanTrail finalises the session of trail file f, which ended while
+// no gateway ran, and removes the file once the store has the trail. It
+// says whether it did.
+func (m *Manager) endOrphanTrail(o Observer, f, tenant, id string) bool {
+	info := Info{ID: id, Tenant: tenant, State: StateStopped, Labels: map[string]string{},
+		Failure: "the session ended while no gateway was running"}
+	// The store may hold events the file lacks (one the file did not
+	// take, stored at once), and its pieces are dropped once the log
+	// is stored: the file is matched with them first, as an adopted
+	// session's trail is, and kept for the next start while the store
+	// cannot be read.
+	s := newSess(info) // held by nobody else: not among m.sessions
+	s.trail = m.liveTrail(tenant, id, false)
+	if m.journalOn() {
+		ctx, cancel := context.WithTimeout(m.base, 2*time.Minute)
+		err := m.syncTrail(ctx, s)
+		cancel()
+		if err != nil {
+			m.log.Error("the trail of a session that ended while no gateway ran could not be matched with the store; kept for the next start", "session", id, "err", err)
+			return false
+		}
+	}
+	t := &s.trail
+	now := time.Now().UTC()
+	// A log that holds the end already (another replica's host finalised
+	// the session from the store) takes what the file adds, not a
+	// second end.
+	ctx, cancel := context.WithTimeout(m.base, time.Minute)
+	ended, err := loggedEnd(ctx, o, tenant, id)
+	cancel()
+	if err != nil || !ended {
+		t.record(now, "ended_unobserved", map[string]any{"note": "the session ended while no gateway was running"})
+	}
+	t.summarise(now)
+	events := t.events()
+	if fin, ok := o.(SessionFinaliser); ok {
+		ctx, cancel := context.WithTimeout(m.base, 2*time.Minute)
+		err := fin.FinaliseSession(ctx, info, events)
+		cancel()
+		if err != nil {
+			// The file stays: the next start reports it again.
+			m.log.Error("the trail of a session that ended while no gateway ran was not stored; kept for the next start", "session", id, "err", err)
+			return false
+		}
+	} else {
+		o.SessionEnded(info, events)
+	}
+	if m.journalOn() {
+		ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
+		if err := m.cfg.Trails.DropTrail(ctx, tenant, id); err != nil {
+			m.log.Warn("the stored pieces of a finalised audit trail were not removed", "session", id, "err", err)
+		}
+		cancel()
+	}
+	os.Remove(f)
+	return true
 }
 
 // trailEvents reads a session's trail without holding the manager's lock

@@ -26,6 +26,16 @@ type TrailStore interface {
 	DropTrail(ctx context.Context, tenant, id string) error
 }
 
+// TrailLister is a TrailStore that lists the trails it holds pieces of.
+// With one, a gateway finalises the sessions that ended, sandbox and all,
+// while no gateway ran or led, and that only the store remembers
+// (endStoredOrphans).
+type TrailLister interface {
+	// Trails calls each with every trail's tenant and session, until
+	// each returns false.
+	Trails(ctx context.Context, each func(tenant, id string) bool) error
+}
+
 // Bounds of the stored trail.
 const (
 	// DefaultTrailFlush is how long an event waits, at most, before its

@@ -66,6 +66,14 @@ type Config struct {
 	// observer told, artifacts stored) at once (default 4). Finalisation
 	// runs apart from the reaper, so a slow store never delays a stop.
 	Finalisers int
+	// Scope names where this gateway's sandboxes live, as no other
+	// gateway that shares its artifact store names its own: the backend
+	// and its place (a host's containerd namespace, a cluster's
+	// namespace). Each session's created event carries a tag of it
+	// (scopeTag), and a gateway finalises from the store alone
+	// (endStoredOrphans) only the sessions whose tag is its own; empty:
+	// none.
+	Scope string
 	// Trails, when set, keeps every session's audit trail in a store
 	// as it is written, TrailFlush (DefaultTrailFlush) after an event at
 	// most, so that the trail outlives the gateway's host.

@@ -283,7 +283,9 @@ func (m *Manager) claim(ctx context.Context, s *sess, spec Spec, t0 time.Time, r
 		p.nextTry = now.Add(m.poolLimits.RefillDelay)
 	}
 	s.trail = m.liveTrail(info.Tenant, info.ID, true)
-	s.record("created", map[string]any{"kind": info.Kind, "runtime": info.Runtime, "record": info.Record, "start": StartWarm})
+	created := m.createdFields(info)
+	created["start"] = StartWarm
+	s.record("created", created)
 	s.record("started", map[string]any{"took_ms": time.Since(t0).Milliseconds(), "start": StartWarm,
 		"pooled_ms": now.Sub(pooledAt).Milliseconds(), "pool": p.key()})
 	o, out, ep := m.observer, copyInfo(s.info), s.ep

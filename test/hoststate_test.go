@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd"
 	"github.com/minio/minio-go/v7"
 )
 
@@ -42,6 +43,25 @@ func storedTrail(t testing.TB, mc *minio.Client, tenant, id string) []byte {
 	return all
 }
 
+// markedPair makes two sessions, each of which has run an echo of its
+// own mark, and waits until MinIO holds both marks in their trails.
+func markedPair(t *testing.T, e *testEnv, mc *minio.Client) (a, b sessionInfo, markA, markB string) {
+	t.Helper()
+	a = e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "labels": map[string]string{"test": t.Name()}})
+	b = e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "labels": map[string]string{"test": t.Name()}})
+	markA, markB = "trail-mark-"+randHex(6), "trail-mark-"+randHex(6)
+	for id, mark := range map[string]string{a.ID: markA, b.ID: markB} {
+		if out := e.execIn(t, e.keyA, id, map[string]any{"cmd": []string{"echo", mark}}); out.ExitCode != 0 {
+			t.Fatalf("exec: %s", out.Stderr)
+		}
+	}
+	waitFor(t, 30*time.Second, "both trails' exec in MinIO", func() bool {
+		return bytes.Contains(storedTrail(t, mc, "tenant-a", a.ID), []byte(markA)) &&
+			bytes.Contains(storedTrail(t, mc, "tenant-a", b.ID), []byte(markB))
+	})
+	return a, b, markA, markB
+}
+
 // TestAuditTrailOutlivesHost: a session's audit trail is in MinIO while
 // the session runs, a second or so behind, so a gateway that comes back
 // without the host's trail file (a replica on another node, a lost disk)
@@ -53,18 +73,7 @@ func storedTrail(t testing.TB, mc *minio.Client, tenant, id string) []byte {
 func TestAuditTrailOutlivesHost(t *testing.T) {
 	e := needE2E(t)
 	mc := e.profileBucket(t)
-	a := e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "labels": map[string]string{"test": t.Name()}})
-	b := e.createSession(t, e.keyA, map[string]any{"runtime": "runc", "labels": map[string]string{"test": t.Name()}})
-	markA, markB := "trail-mark-"+randHex(6), "trail-mark-"+randHex(6)
-	for id, mark := range map[string]string{a.ID: markA, b.ID: markB} {
-		if out := e.execIn(t, e.keyA, id, map[string]any{"cmd": []string{"echo", mark}}); out.ExitCode != 0 {
-			t.Fatalf("exec: %s", out.Stderr)
-		}
-	}
-	waitFor(t, 30*time.Second, "both trails' exec in MinIO", func() bool {
-		return bytes.Contains(storedTrail(t, mc, "tenant-a", a.ID), []byte(markA)) &&
-			bytes.Contains(storedTrail(t, mc, "tenant-a", b.ID), []byte(markB))
-	})
+	a, b, markA, markB := markedPair(t, e, mc)
 
 	e.stopGateway(syscall.SIGKILL)
 	for _, id := range []string{a.ID, b.ID} {
@@ -135,6 +144,81 @@ func TestAuditTrailOutlivesHost(t *testing.T) {
 	waitFor(t, 30*time.Second, "the trail pieces removed once the log is stored", func() bool {
 		return len(storedTrail(t, mc, "tenant-a", a.ID)) == 0 && len(storedTrail(t, mc, "tenant-a", b.ID)) == 0
 	})
+}
+
+// TestStoredOrphanFinalised: a session whose sandbox went while no
+// gateway ran, on a host that lost its trail file too (a Pod deleted
+// while no replica led, the next leader on another node), is finalised
+// by the next gateway from the trail's pieces in MinIO: its audit log is
+// stored, with what it did and ended_unobserved, and its pieces go. The
+// control, a session whose sandbox stayed, is adopted and goes on, its
+// pieces kept; and the gone one's log would not be there without the
+// pass (nothing else stores it).
+func TestStoredOrphanFinalised(t *testing.T) {
+	e := needE2E(t)
+	mc := e.profileBucket(t)
+	kept, gone, markKept, markGone := markedPair(t, e, mc)
+
+	e.stopGateway(syscall.SIGKILL)
+	ctx := e.ctx()
+	c, err := e.client.LoadContainer(ctx, gone.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if task, err := c.Task(ctx, nil); err == nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{kept.ID, gone.ID} {
+		if err := os.Remove(filepath.Join(e.dir, "state", "audit", "tenant-a", id+".jsonl")); err != nil {
+			t.Fatalf("the host trail file is not where the test looks: %v", err)
+		}
+	}
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Until its log is stored, the gateway knows nothing of it (404).
+	var whole []byte
+	waitFor(t, 2*time.Minute, "the gone session's audit log stored from its pieces", func() bool {
+		st, body := e.api(t, e.keyA, "GET", "/v1/sessions/"+gone.ID+"/artifacts", nil)
+		var l struct{ Artifacts []artifact }
+		if st != 200 || json.Unmarshal(body, &l) != nil {
+			return false
+		}
+		if a := findKind(l.Artifacts, "log", ""); a != nil {
+			whole = e.fetchArtifact(t, e.keyA, a.ID)
+		}
+		return bytes.Contains(whole, []byte(`"ended_unobserved"`))
+	})
+	for _, want := range []string{`"created"`, markGone} {
+		if !bytes.Contains(whole, []byte(want)) {
+			t.Errorf("the gone session's log lacks %s:\n%s", want, whole)
+		}
+	}
+	// It was this gateway's by its created event's tag, which names no
+	// host or namespace.
+	if !bytes.Contains(whole, []byte(`"scope":"`)) || bytes.Contains(whole, []byte("containerd/")) {
+		t.Errorf("the created event's scope is missing, or names where the gateway runs:\n%s", whole)
+	}
+	waitFor(t, 30*time.Second, "the gone session's pieces removed", func() bool {
+		return len(storedTrail(t, mc, "tenant-a", gone.ID)) == 0
+	})
+	if r := e.residue(t, gone.ID); len(r) != 0 {
+		t.Errorf("the gone session left %v", r)
+	}
+	// The control: adopted, running, its pieces kept and its trail whole.
+	if st, body := e.api(t, e.keyA, "GET", "/v1/sessions/"+kept.ID, nil); st != 200 || jsonField(body, "state") != "running" {
+		t.Errorf("the kept session after the restart: %d %s", st, body)
+	}
+	if b := storedTrail(t, mc, "tenant-a", kept.ID); !bytes.Contains(b, []byte(markKept)) || bytes.Contains(b, []byte("ended_unobserved")) {
+		t.Errorf("the kept session's pieces lost its exec or say it ended:\n%s", b)
+	}
+	e.stopSession(t, e.keyA, kept.ID)
 }
 
 // previewAnswers tells whether a CDP preview link is taken: its

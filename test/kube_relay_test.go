@@ -25,6 +25,7 @@ import (
 	"github.com/sandgate/sandgate/ids"
 	sandgate "github.com/sandgate/sandgate/sdk/go"
 	"github.com/sandgate/sandgate/session/kube"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestKubeRelay: a replica that stands by carries the preview
@@ -423,6 +424,18 @@ func TestKubeRelay(t *testing.T) {
 		return endedLog != "" && !pod
 	})
 	endedReview := ra.vncPreview(t, ra.keyA, ended.ID, "review", false, 600)
+	// A session whose Pod goes while nobody leads (deleted below, as a
+	// drain would): only its trail's pieces in MinIO remember it, until
+	// B, leading, finalises it from them.
+	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	var unseen sessionInfo
+	if err := json.Unmarshal(body, &unseen); st != 201 || err != nil {
+		t.Fatalf("create a third session: %d %s", st, body)
+	}
+	mc := rb.profileBucket(t)
+	waitFor(t, 30*time.Second, "the third session's trail in MinIO", func() bool {
+		return bytes.Contains(storedTrail(t, mc, "tenant-a", unseen.ID), []byte(`"created"`))
+	})
 	viewPage := func(when string) {
 		t.Helper()
 		tok := viewP.URL[strings.LastIndex(viewP.URL, "/")+1:]
@@ -473,6 +486,10 @@ func TestKubeRelay(t *testing.T) {
 
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
+	zero := int64(0)
+	if err := kb.Client().CoreV1().Pods(kb.Namespace()).Delete(ctx, "sandgate-"+unseen.ID, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatalf("delete the third session's Pod while nobody leads: %v", err)
+	}
 	if err := cdpTry(throughA, 4); err == nil {
 		t.Error("the CDP connection through A answers after A was killed")
 	}
@@ -710,6 +727,20 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the session through B, leading: %d %s", st, body)
 	}
 	t.Logf("B leads %.1f s after A's death", time.Since(killed).Seconds())
+	// The session whose Pod went while nobody led: B, leading, stores
+	// its log from its trail's pieces, with its end, and drops them.
+	led := time.Now()
+	waitFor(t, 2*time.Minute, "the log of the session whose Pod went while nobody led, with its end", func() bool {
+		st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+unseen.ID+"/events", nil)
+		return st == 200 && bytes.Contains(body, []byte(`"created"`)) && bytes.Contains(body, []byte(`"ended_unobserved"`))
+	})
+	t.Logf("the session whose Pod went while nobody led was finalised %.1f s after B led", time.Since(led).Seconds())
+	waitFor(t, 30*time.Second, "the pieces of the session whose Pod went while nobody led removed", func() bool {
+		return len(storedTrail(t, mc, "tenant-a", unseen.ID)) == 0
+	})
+	if b := storedTrail(t, mc, "tenant-a", s.ID); !bytes.Contains(b, []byte(`"created"`)) {
+		t.Errorf("the running session's pieces, the control, are not in MinIO: %.300s", b)
+	}
 	for i := 6; i < 9; i++ {
 		if err := cdpTry(throughB1, i); err != nil {
 			t.Fatalf("the CDP connection through B after it took the lead: %v", err)

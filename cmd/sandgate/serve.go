@@ -465,6 +465,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,
 		Trails:         store,
+		Scope:          sessionScope(cfg, kb != nil),
 		// A kubernetes gateway's successor may run on another node,
 		// with none of this one's files.
 		TakenOverElsewhere: kb != nil,
@@ -689,4 +690,16 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// sessionScope names where this gateway's sandboxes live (session.Config
+// Scope): a cluster's namespace, whichever replica leads, or a host's
+// containerd namespace. Gateways that share a bucket but not a scope do
+// not finalise each other's sessions.
+func sessionScope(cfg *Config, kubernetes bool) string {
+	if kubernetes {
+		return "kubernetes/" + cfg.Kubernetes.Namespace
+	}
+	host, _ := os.Hostname()
+	return "containerd/" + host + "/" + cfg.Containerd.Namespace
 }

@@ -1,0 +1,233 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Trails lists the sessions the store holds pieces of (TrailLister).
+func (p *pieceStore) Trails(_ context.Context, each func(tenant, id string) bool) error {
+	p.mu.Lock()
+	if p.fail != nil {
+		p.mu.Unlock()
+		return p.fail
+	}
+	var keys []string
+	for k := range p.pieces {
+		keys = append(keys, k)
+	}
+	p.mu.Unlock()
+	sort.Strings(keys)
+	for _, k := range keys {
+		tenant, id, _ := strings.Cut(k, "/")
+		if !each(tenant, id) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// boxesBackend is a backend whose List has sandboxes of these ids; the
+// manager calls nothing else of it here.
+type boxesBackend struct {
+	Backend
+	ids []string
+}
+
+type idBox struct {
+	Sandbox
+	id string
+}
+
+func (b boxesBackend) List(context.Context) ([]Sandbox, error) {
+	var out []Sandbox
+	for _, id := range b.ids {
+		out = append(out, idBox{id: id})
+	}
+	return out, nil
+}
+
+func (b idBox) ID() string { return b.id }
+
+// logKeeper finalises as the gateway does, and reads back the logs it
+// stored (LogReader); logs are those stored before it started.
+type logKeeper struct {
+	mu     sync.Mutex
+	logs   map[string][]Event
+	handed map[string][]Event // the last events handed to finalise
+	calls  map[string]int
+	fail   error
+}
+
+func (k *logKeeper) SessionRunning(Info, Endpoint) {}
+func (k *logKeeper) SessionEnded(Info, []Event)    {}
+
+func (k *logKeeper) FinaliseSession(_ context.Context, info Info, events []Event) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls[info.ID]++
+	if k.handed != nil {
+		k.handed[info.ID] = events
+	}
+	if k.fail != nil {
+		return k.fail
+	}
+	k.logs[info.ID] = append(k.logs[info.ID], events...)
+	return nil
+}
+
+func (k *logKeeper) StoredLog(_ context.Context, _, id string) ([]Event, bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	evs, ok := k.logs[id]
+	return evs, ok, nil
+}
+
+// storePieces stores a trail: created, with the scope tag given (none
+// if empty), then events of these types.
+func storePieces(t *testing.T, store *pieceStore, id, tag string, typs ...string) {
+	t.Helper()
+	var b bytes.Buffer
+	created := Event{Time: time.Now().UTC(), Type: "created", Fields: map[string]any{"runtime": "runc"}}
+	if tag != "" {
+		created.Fields["scope"] = tag
+	}
+	json.NewEncoder(&b).Encode(created)
+	for _, typ := range typs {
+		json.NewEncoder(&b).Encode(Event{Time: time.Now().UTC(), Type: typ})
+	}
+	if err := store.PutTrail(context.Background(), "acme", id, 0, b.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A session only the store's trail pieces remember (its sandbox went
+// while no gateway ran or led) is finalised from them: its log has the
+// trail and ended_unobserved, its pieces go, and no trail file is left.
+// Spared, the controls: a session the manager holds, one whose sandbox
+// is there (the adoption's), one with a trail file on the host
+// (endOrphanTrails'), one another gateway sharing the store made (its
+// scope is not this one's), and one from before scopes. One whose
+// stored log already ends (finalised; its pieces' removal failed) only
+// loses its pieces. A finalisation that fails is tried again. A
+// gateway with no scope finalises nothing from the store.
+func TestStoredOrphansFinalised(t *testing.T) {
+	const (
+		orphan  = "s-000000000000000a"
+		live    = "s-000000000000000b"
+		boxed   = "s-000000000000000c"
+		filed   = "s-000000000000000d"
+		ended   = "s-000000000000000e"
+		foreign = "s-000000000000000f"
+		old     = "s-0000000000000010"
+	)
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	m.backend = boxesBackend{ids: []string{boxed}}
+	m.cfg.Scope = "kubernetes/sandgate"
+	other := &Manager{cfg: Config{Scope: "kubernetes/elsewhere"}}
+	for _, id := range []string{orphan, live, boxed, filed, ended} {
+		storePieces(t, store, id, m.scopeTag(), "exec")
+	}
+	storePieces(t, store, foreign, other.scopeTag(), "exec")
+	storePieces(t, store, old, "", "exec")
+	if got := m.createdFields(Info{})["scope"]; got != m.scopeTag() || m.scopeTag() == other.scopeTag() || strings.Contains(m.scopeTag(), "sandgate") {
+		t.Fatalf("the created event's scope %v, tags %q and %q: want this gateway's own, opaque", got, m.scopeTag(), other.scopeTag())
+	}
+
+	// No scope: nothing is finalised from the store.
+	unscoped := journalManager(t, store)
+	unscoped.backend = m.backend
+	none := &logKeeper{logs: map[string][]Event{}, calls: map[string]int{}}
+	unscoped.endStoredOrphans(none)
+	if len(none.calls) != 0 {
+		t.Fatalf("a gateway with no scope finalised %v", none.calls)
+	}
+	journalSession(m, live, false)
+	f := m.openTrail("acme", filed)
+	f.record(time.Now(), "created", nil)
+	k := &logKeeper{logs: map[string][]Event{ended: {{Type: "created"}, {Type: "stopped"}}}, calls: map[string]int{}}
+
+	// The first finalisation fails: tried again after a backoff.
+	k.fail = errors.New("the store is away")
+	done := make(chan struct{})
+	go func() { defer close(done); m.endStoredOrphans(k) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		k.mu.Lock()
+		calls := k.calls[orphan]
+		if calls > 0 {
+			k.fail = nil
+		}
+		k.mu.Unlock()
+		if calls > 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not end once the orphan was finalised")
+	}
+
+	if got := types(k.logs[orphan]); !eq(got, []string{"created", "exec", "ended_unobserved"}) {
+		t.Errorf("the orphan's log: %v, want its trail and ended_unobserved (finalised %d times)", got, k.calls[orphan])
+	}
+	if k.calls[orphan] != 2 {
+		t.Errorf("the orphan was finalised %d times, want 2 (a failure, then its retry)", k.calls[orphan])
+	}
+	if _, err := os.Stat(m.trailPath("acme", orphan)); !os.IsNotExist(err) {
+		t.Errorf("the orphan's trail file was left on the host: %v", err)
+	}
+	for _, id := range []string{live, boxed, filed, foreign, old} {
+		if k.calls[id] != 0 || len(store.pieces["acme/"+id]) == 0 {
+			t.Errorf("%s, held elsewhere or not this gateway's, was finalised (%d) or lost its pieces", id, k.calls[id])
+		}
+	}
+	if len(store.pieces["acme/"+orphan]) != 0 {
+		t.Error("the finalised orphan's pieces were kept")
+	}
+	if k.calls[ended] != 0 || len(store.pieces["acme/"+ended]) != 0 {
+		t.Errorf("a session whose log had ended was finalised again (%d) or kept its pieces", k.calls[ended])
+	}
+}
+
+// A trail file left on this host for a session whose stored log holds
+// its end already (another replica's host finalised it from the store)
+// hands over what the file has, without a second end. The control: with
+// no such log, the end is added.
+func TestOrphanFileAfterStoredEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		log  []Event
+		want []string
+	}{
+		{"the log ended", []Event{{Type: "created"}, {Type: "ended_unobserved"}}, []string{"created", "exec"}},
+		{"no log", nil, []string{"created", "exec", "ended_unobserved"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const id = "s-00000000000000f0"
+			m := journalManager(t, &pieceStore{})
+			f := m.openTrail("acme", id)
+			f.record(time.Now(), "created", nil)
+			f.record(time.Now(), "exec", nil)
+			k := &logKeeper{logs: map[string][]Event{}, handed: map[string][]Event{}, calls: map[string]int{}}
+			if tc.log != nil {
+				k.logs[id] = tc.log
+			}
+			m.endOrphanTrails(k)
+			if got := types(k.handed[id]); !eq(got, tc.want) {
+				t.Errorf("handed %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
