@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -555,6 +556,11 @@ func (m *Manager) endOrphanTrail(o Observer, f, tenant, id string) bool {
 	}
 	t.summarise(now)
 	events := t.events()
+	// Made recorded, as its created event says: the replica that held
+	// its recording gets the time to store what it has.
+	if i := slices.IndexFunc(events, func(ev Event) bool { return ev.Type == "created" }); i >= 0 {
+		info.Record, _ = events[i].Fields["record"].(bool)
+	}
 	if fin, ok := o.(SessionFinaliser); ok {
 		ctx, cancel := context.WithTimeout(m.base, 2*time.Minute)
 		err := fin.FinaliseSession(ctx, info, events)

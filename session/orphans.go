@@ -7,6 +7,9 @@ import (
 	"os"
 	"slices"
 	"time"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/tenant"
 )
 
 // LogReader is an Observer that reads a session's stored audit log: its
@@ -22,13 +25,14 @@ const maxStoredOrphans = 10000
 // pieces remember: no sandbox, no trail file on this host, not among the
 // manager's. Their sandbox went while no gateway ran or led (a Pod
 // deleted, evicted or drained while a leader died, or after it died
-// stopping it; a host that lost its disk). Each is finalised as one with
-// a trail file is (endOrphanTrail), from a file made from the pieces:
-// its log stored, with ended_unobserved, its recording collected and
-// finished, its pieces removed. One whose stored log already holds its
-// end (finalised, its pieces' removal failed) only loses its pieces.
-// What cannot be done yet is tried again with backoff until the manager
-// closes.
+// stopping it; a container gone with the host's trail file). Only the
+// sessions of this gateway's scope (ownTrail). Each is finalised as one
+// with a trail file is (endOrphanTrail), from a file made from the
+// pieces: its log stored, with ended_unobserved, its recording
+// collected and finished, its pieces removed. One whose stored log
+// already holds its end has what its pieces hold added to the log, then
+// loses them. What cannot be done yet is tried again with backoff until
+// the manager closes.
 func (m *Manager) endStoredOrphans(o Observer) {
 	lister, ok := m.cfg.Trails.(TrailLister)
 	if !ok || m.scopeTag() == "" {
@@ -46,7 +50,7 @@ func (m *Manager) endStoredOrphans(o Observer) {
 			}
 		}
 		if listed {
-			left = slices.DeleteFunc(left, func(t [2]string) bool { return m.endStoredOrphan(o, t[0], t[1]) })
+			left = slices.DeleteFunc(left, func(t [2]string) bool { return m.base.Err() == nil && m.endStoredOrphan(o, t[0], t[1]) })
 			if len(left) == 0 {
 				return
 			}
@@ -67,8 +71,11 @@ func (m *Manager) storedOrphans(lister TrailLister) ([][2]string, error) {
 	ctx, cancel := context.WithTimeout(m.base, time.Minute)
 	defer cancel()
 	var found [][2]string
-	err := lister.Trails(ctx, func(tenant, id string) bool {
-		found = append(found, [2]string{tenant, id})
+	err := lister.Trails(ctx, func(tn, id string) bool {
+		// They name a file on this host: only well-formed names.
+		if ids.IsSession(id) && tenant.ValidName(tn) {
+			found = append(found, [2]string{tn, id})
+		}
 		return len(found) < maxStoredOrphans
 	})
 	if err != nil {
@@ -118,7 +125,19 @@ func (m *Manager) endStoredOrphan(o Observer, tenant, id string) bool {
 		return false
 	}
 	if ended {
-		// Finalised; only its pieces' removal had failed.
+		// Finalised already: its pieces stayed because their removal
+		// failed, or because the store could not be read as it ended
+		// (audit_store_unmatched), when they hold what the log lacks.
+		// The log takes what it lacks of them first (a merge adds only
+		// that), then they go.
+		r, ok := o.(TrailRestorer)
+		if !ok {
+			return true
+		}
+		if err := r.StoreTrail(ctx, Info{ID: id, Tenant: tenant}, events); err != nil {
+			log.Warn("the stored pieces of a finalised audit trail could not be added to its log; trying again", "err", err)
+			return false
+		}
 		if err := m.cfg.Trails.DropTrail(ctx, tenant, id); err != nil {
 			log.Warn("the stored pieces of a finalised audit trail were not removed; trying again", "err", err)
 			return false

@@ -63,6 +63,7 @@ type logKeeper struct {
 	mu     sync.Mutex
 	logs   map[string][]Event
 	handed map[string][]Event // the last events handed to finalise
+	infos  map[string]Info    // the last info handed to finalise
 	calls  map[string]int
 	fail   error
 }
@@ -77,10 +78,30 @@ func (k *logKeeper) FinaliseSession(_ context.Context, info Info, events []Event
 	if k.handed != nil {
 		k.handed[info.ID] = events
 	}
+	if k.infos != nil {
+		k.infos[info.ID] = info
+	}
 	if k.fail != nil {
 		return k.fail
 	}
 	k.logs[info.ID] = append(k.logs[info.ID], events...)
+	return nil
+}
+
+// StoreTrail adds to the log the events it lacks, known by time and
+// type, as the gateway's merge does (TrailRestorer).
+func (k *logKeeper) StoreTrail(_ context.Context, info Info, events []Event) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	have := map[string]bool{}
+	for _, ev := range k.logs[info.ID] {
+		have[ev.Time.String()+ev.Type] = true
+	}
+	for _, ev := range events {
+		if !have[ev.Time.String()+ev.Type] {
+			k.logs[info.ID] = append(k.logs[info.ID], ev)
+		}
+	}
 	return nil
 }
 
@@ -96,7 +117,7 @@ func (k *logKeeper) StoredLog(_ context.Context, _, id string) ([]Event, bool, e
 func storePieces(t *testing.T, store *pieceStore, id, tag string, typs ...string) {
 	t.Helper()
 	var b bytes.Buffer
-	created := Event{Time: time.Now().UTC(), Type: "created", Fields: map[string]any{"runtime": "runc"}}
+	created := Event{Time: time.Now().UTC(), Type: "created", Fields: map[string]any{"runtime": "runc", "record": true}}
 	if tag != "" {
 		created.Fields["scope"] = tag
 	}
@@ -116,9 +137,9 @@ func storePieces(t *testing.T, store *pieceStore, id, tag string, typs ...string
 // is there (the adoption's), one with a trail file on the host
 // (endOrphanTrails'), one another gateway sharing the store made (its
 // scope is not this one's), and one from before scopes. One whose
-// stored log already ends (finalised; its pieces' removal failed) only
-// loses its pieces. A finalisation that fails is tried again. A
-// gateway with no scope finalises nothing from the store.
+// stored log already ends is not finalised again: its pieces (kept when
+// the store could not be read as it ended: audit_store_unmatched) go
+// into its log, then go. A finalisation that fails is tried again.
 func TestStoredOrphansFinalised(t *testing.T) {
 	const (
 		orphan  = "s-000000000000000a"
@@ -143,18 +164,10 @@ func TestStoredOrphansFinalised(t *testing.T) {
 		t.Fatalf("the created event's scope %v, tags %q and %q: want this gateway's own, opaque", got, m.scopeTag(), other.scopeTag())
 	}
 
-	// No scope: nothing is finalised from the store.
-	unscoped := journalManager(t, store)
-	unscoped.backend = m.backend
-	none := &logKeeper{logs: map[string][]Event{}, calls: map[string]int{}}
-	unscoped.endStoredOrphans(none)
-	if len(none.calls) != 0 {
-		t.Fatalf("a gateway with no scope finalised %v", none.calls)
-	}
 	journalSession(m, live, false)
 	f := m.openTrail("acme", filed)
 	f.record(time.Now(), "created", nil)
-	k := &logKeeper{logs: map[string][]Event{ended: {{Type: "created"}, {Type: "stopped"}}}, calls: map[string]int{}}
+	k := &logKeeper{logs: map[string][]Event{ended: {{Type: "stopped"}, {Type: "audit_store_unmatched"}}}, infos: map[string]Info{}, calls: map[string]int{}}
 
 	// The first finalisation fails: tried again after a backoff.
 	k.fail = errors.New("the store is away")
@@ -182,6 +195,9 @@ func TestStoredOrphansFinalised(t *testing.T) {
 	if got := types(k.logs[orphan]); !eq(got, []string{"created", "exec", "ended_unobserved"}) {
 		t.Errorf("the orphan's log: %v, want its trail and ended_unobserved (finalised %d times)", got, k.calls[orphan])
 	}
+	if !k.infos[orphan].Record {
+		t.Error("the orphan made recorded was finalised as unrecorded: its recording's holder gets too little time")
+	}
 	if k.calls[orphan] != 2 {
 		t.Errorf("the orphan was finalised %d times, want 2 (a failure, then its retry)", k.calls[orphan])
 	}
@@ -198,6 +214,9 @@ func TestStoredOrphansFinalised(t *testing.T) {
 	}
 	if k.calls[ended] != 0 || len(store.pieces["acme/"+ended]) != 0 {
 		t.Errorf("a session whose log had ended was finalised again (%d) or kept its pieces", k.calls[ended])
+	}
+	if got := types(k.logs[ended]); !eq(got, []string{"stopped", "audit_store_unmatched", "created", "exec"}) {
+		t.Errorf("the ended session's log: %v, want what its pieces held added before they went", got)
 	}
 }
 

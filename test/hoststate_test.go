@@ -200,6 +200,9 @@ func TestStoredOrphanFinalised(t *testing.T) {
 			t.Errorf("the gone session's log lacks %s:\n%s", want, whole)
 		}
 	}
+	if bytes.Contains(whole, []byte("recording_failed")) {
+		t.Errorf("the gone session, never recorded, is said to have a failed recording:\n%s", whole)
+	}
 	// It was this gateway's by its created event's tag, which names no
 	// host or namespace.
 	if !bytes.Contains(whole, []byte(`"scope":"`)) || bytes.Contains(whole, []byte("containerd/")) {

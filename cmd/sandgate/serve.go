@@ -447,6 +447,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	for _, h := range cfg.AdminKeySHA256 {
 		admins[strings.ToLower(h)] = true
 	}
+	scope, err := sessionScope(cfg, kb != nil)
+	if err != nil {
+		return err
+	}
 	mgr, err = session.New(ctx, client, session.Config{
 		Namespace: cfg.Containerd.Namespace, Image: ref, Snapshotter: cfg.Containerd.Snapshotter,
 		StateDir: cfg.StateDir,
@@ -465,7 +469,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		Retention:      cfg.Sessions.Retention.Duration,
 		MaxEnded:       cfg.Sessions.MaxEnded,
 		Trails:         store,
-		Scope:          sessionScope(cfg, kb != nil),
+		Scope:          scope,
 		// A kubernetes gateway's successor may run on another node,
 		// with none of this one's files.
 		TakenOverElsewhere: kb != nil,
@@ -693,13 +697,28 @@ func randomHex(n int) string {
 }
 
 // sessionScope names where this gateway's sandboxes live (session.Config
-// Scope): a cluster's namespace, whichever replica leads, or a host's
-// containerd namespace. Gateways that share a bucket but not a scope do
-// not finalise each other's sessions.
-func sessionScope(cfg *Config, kubernetes bool) string {
+// Scope): a cluster's namespace, whichever replica leads, or this host's
+// gateway (a random name kept in its state directory) and containerd
+// namespace. Gateways that share a bucket but not a scope do not
+// finalise each other's sessions; deployments on clusters that share a
+// bucket need namespaces of their own (the tenant registry's copy in
+// MinIO is named by the namespace too).
+func sessionScope(cfg *Config, kubernetes bool) (string, error) {
 	if kubernetes {
-		return "kubernetes/" + cfg.Kubernetes.Namespace
+		return "kubernetes/" + cfg.Kubernetes.Namespace, nil
 	}
-	host, _ := os.Hostname()
-	return "containerd/" + host + "/" + cfg.Containerd.Namespace
+	p := filepath.Join(cfg.StateDir, "scope")
+	if b, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(b))) == 32 {
+		return "containerd/" + strings.TrimSpace(string(b)) + "/" + cfg.Containerd.Namespace, nil
+	}
+	var r [16]byte
+	rand.Read(r[:])
+	id := hex.EncodeToString(r[:])
+	if err := os.WriteFile(p+".new", []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("the gateway's scope: %w", err)
+	}
+	if err := os.Rename(p+".new", p); err != nil {
+		return "", fmt.Errorf("the gateway's scope: %w", err)
+	}
+	return "containerd/" + id + "/" + cfg.Containerd.Namespace, nil
 }
