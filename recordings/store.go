@@ -577,12 +577,14 @@ func (s *Store) ReadTrail(ctx context.Context, tenant, session string, each func
 }
 
 // Trails calls each with the tenant and session of every trail the store
-// holds pieces of, once each, until each returns false
-// (session.TrailLister). Keys that are not a trail's are skipped.
-func (s *Store) Trails(ctx context.Context, each func(tenant, session string) bool) error {
+// holds pieces of, once each, with when its newest piece was written,
+// until each returns false (session.TrailLister). Keys that are not a
+// trail's are skipped.
+func (s *Store) Trails(ctx context.Context, each func(tenant, session string, newest time.Time) bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the listing when each stops early
-	var last string
+	var tenant, session string
+	var newest time.Time
 	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: trailPrefix, Recursive: true}) {
 		if obj.Err != nil {
 			return fmt.Errorf("list audit trail pieces: %w", obj.Err)
@@ -592,12 +594,18 @@ func (s *Store) Trails(ctx context.Context, each func(tenant, session string) bo
 			continue
 		}
 		// Listed in key order: a session's pieces come together.
-		if dir := parts[0] + "/" + parts[1]; dir != last {
-			last = dir
-			if !each(parts[0], parts[1]) {
+		if parts[0] != tenant || parts[1] != session {
+			if session != "" && !each(tenant, session, newest) {
 				return nil
 			}
+			tenant, session, newest = parts[0], parts[1], time.Time{}
 		}
+		if obj.LastModified.After(newest) {
+			newest = obj.LastModified
+		}
+	}
+	if session != "" {
+		each(tenant, session, newest)
 	}
 	return nil
 }

@@ -31,9 +31,9 @@ type TrailStore interface {
 // while no gateway ran or led, and that only the store remembers
 // (endStoredOrphans).
 type TrailLister interface {
-	// Trails calls each with every trail's tenant and session, until
-	// each returns false.
-	Trails(ctx context.Context, each func(tenant, id string) bool) error
+	// Trails calls each with every trail's tenant and session, and
+	// when its newest piece was written, until each returns false.
+	Trails(ctx context.Context, each func(tenant, id string, newest time.Time) bool) error
 }
 
 // Bounds of the stored trail.

@@ -24,6 +24,8 @@ type pieceStore struct {
 	// lost: a put is stored, and its answer lost (an error all the
 	// same: a timeout, a connection reset).
 	lost error
+	// written is when each trail's newest piece was put.
+	written map[string]time.Time
 }
 
 func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, lines []byte) error {
@@ -39,6 +41,10 @@ func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, l
 		p.pieces[tenant+"/"+id] = map[int][]byte{}
 	}
 	p.pieces[tenant+"/"+id][start] = append([]byte(nil), lines...)
+	if p.written == nil {
+		p.written = map[string]time.Time{}
+	}
+	p.written[tenant+"/"+id] = time.Now()
 	return p.lost
 }
 

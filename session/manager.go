@@ -74,6 +74,12 @@ type Config struct {
 	// (endStoredOrphans) only the sessions whose tag is its own; empty:
 	// none.
 	Scope string
+	// OrphanQuiet: a trail the store had a piece of within this long is
+	// not finalised from the store yet (endStoredOrphans), only looked
+	// at again after it. Under Kubernetes a leader that was paused
+	// rather than dead may still write one, or make its sandbox, as it
+	// wakes and before it sees it lost the lease.
+	OrphanQuiet time.Duration
 	// Trails, when set, keeps every session's audit trail in a store
 	// as it is written, TrailFlush (DefaultTrailFlush) after an event at
 	// most, so that the trail outlives the gateway's host.

@@ -38,27 +38,39 @@ func (m *Manager) endStoredOrphans(o Observer) {
 	if !ok || m.scopeTag() == "" {
 		return
 	}
-	var left [][2]string
-	listed := false
+	left := map[[2]string]bool{}
+	list := true // again while a trail was too fresh to take
 	for wait := finaliseBackoff; ; wait = min(2*wait, maxFinaliseBackoff) {
-		if !listed {
-			var err error
-			if left, err = m.storedOrphans(lister); err != nil {
+		pause := wait
+		if list {
+			found, next, err := m.storedOrphans(lister)
+			if err != nil {
 				m.log.Warn("the stored audit trails could not be listed to find the sessions that ended while no gateway ran; trying again", "err", err)
 			} else {
-				listed = true
+				for _, t := range found {
+					left[t] = true
+				}
+				list = !next.IsZero()
+				if list {
+					pause = max(pause, time.Until(next))
+				}
 			}
 		}
-		if listed {
-			left = slices.DeleteFunc(left, func(t [2]string) bool { return m.base.Err() == nil && m.endStoredOrphan(o, t[0], t[1]) })
-			if len(left) == 0 {
+		for t := range left {
+			if m.base.Err() != nil {
 				return
 			}
+			if m.endStoredOrphan(o, t[0], t[1]) {
+				delete(left, t)
+			}
+		}
+		if len(left) == 0 && !list {
+			return
 		}
 		select {
 		case <-m.base.Done():
 			return
-		case <-time.After(wait):
+		case <-time.After(pause):
 		}
 	}
 }
@@ -66,39 +78,53 @@ func (m *Manager) endStoredOrphans(o Observer) {
 // storedOrphans lists the tenant and id of the sessions whose trail the
 // store holds pieces of and that nothing else holds: the manager, a
 // sandbox (read now, not at the start: one made since is spared) or a
-// trail file on this host (endOrphanTrails' own).
-func (m *Manager) storedOrphans(lister TrailLister) ([][2]string, error) {
+// trail file on this host (endOrphanTrails' own). A trail written to
+// within Config.OrphanQuiet is left for a later look, from next on: a
+// leader that was paused, not dead, may be writing it still, or making
+// its sandbox.
+func (m *Manager) storedOrphans(lister TrailLister) (found [][2]string, next time.Time, err error) {
 	ctx, cancel := context.WithTimeout(m.base, time.Minute)
 	defer cancel()
-	var found [][2]string
-	err := lister.Trails(ctx, func(tn, id string) bool {
+	type trail struct {
+		tenant, id string
+		newest     time.Time
+	}
+	var all []trail
+	err = lister.Trails(ctx, func(tn, id string, newest time.Time) bool {
 		// They name a file on this host: only well-formed names.
 		if ids.IsSession(id) && tenant.ValidName(tn) {
-			found = append(found, [2]string{tn, id})
+			all = append(all, trail{tn, id, newest})
 		}
-		return len(found) < maxStoredOrphans
+		return len(all) < maxStoredOrphans
 	})
-	if err != nil {
-		return nil, err
-	}
-	if len(found) == 0 {
-		return nil, nil
+	if err != nil || len(all) == 0 {
+		return nil, time.Time{}, err
 	}
 	boxes, err := m.backend.List(ctx)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	held := map[string]bool{}
 	for _, sb := range boxes {
 		held[sb.ID()] = true
 	}
-	return slices.DeleteFunc(found, func(t [2]string) bool {
+	now := time.Now()
+	for _, t := range all {
 		m.mu.Lock()
-		_, live := m.sessions[t[1]]
+		_, live := m.sessions[t.id]
 		m.mu.Unlock()
-		_, err := os.Stat(m.trailPath(t[0], t[1]))
-		return live || held[t[1]] || err == nil
-	}), nil
+		if _, err := os.Stat(m.trailPath(t.tenant, t.id)); live || held[t.id] || err == nil {
+			continue
+		}
+		if ripe := t.newest.Add(m.cfg.OrphanQuiet); ripe.After(now) {
+			if next.IsZero() || ripe.Before(next) {
+				next = ripe
+			}
+			continue
+		}
+		found = append(found, [2]string{t.tenant, t.id})
+	}
+	return found, next, nil
 }
 
 // endStoredOrphan finalises one session storedOrphans found, and says

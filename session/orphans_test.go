@@ -14,21 +14,23 @@ import (
 )
 
 // Trails lists the sessions the store holds pieces of (TrailLister).
-func (p *pieceStore) Trails(_ context.Context, each func(tenant, id string) bool) error {
+func (p *pieceStore) Trails(_ context.Context, each func(tenant, id string, newest time.Time) bool) error {
 	p.mu.Lock()
 	if p.fail != nil {
 		p.mu.Unlock()
 		return p.fail
 	}
 	var keys []string
+	newest := map[string]time.Time{}
 	for k := range p.pieces {
 		keys = append(keys, k)
+		newest[k] = p.written[k]
 	}
 	p.mu.Unlock()
 	sort.Strings(keys)
 	for _, k := range keys {
 		tenant, id, _ := strings.Cut(k, "/")
-		if !each(tenant, id) {
+		if !each(tenant, id, newest[k]) {
 			return nil
 		}
 	}
@@ -65,7 +67,9 @@ type logKeeper struct {
 	handed map[string][]Event // the last events handed to finalise
 	infos  map[string]Info    // the last info handed to finalise
 	calls  map[string]int
-	fail   error
+	// onFinalise, if set, is called as a finalisation begins.
+	onFinalise func()
+	fail       error
 }
 
 func (k *logKeeper) SessionRunning(Info, Endpoint) {}
@@ -75,6 +79,9 @@ func (k *logKeeper) FinaliseSession(_ context.Context, info Info, events []Event
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls[info.ID]++
+	if k.onFinalise != nil {
+		k.onFinalise()
+	}
 	if k.handed != nil {
 		k.handed[info.ID] = events
 	}
@@ -248,5 +255,35 @@ func TestOrphanFileAfterStoredEnd(t *testing.T) {
 				t.Errorf("handed %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A trail written to within OrphanQuiet is not finalised from the store
+// until it has been left that long (a paused leader may still write
+// it); then it is, without a restart. The control: TestStoredOrphans-
+// Finalised's trails, with no quiet, are finalised at once.
+func TestStoredOrphanQuiet(t *testing.T) {
+	const id = "s-00000000000000a0"
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	m.backend = boxesBackend{}
+	m.cfg.Scope, m.cfg.OrphanQuiet = "kubernetes/sandgate", 700*time.Millisecond
+	storePieces(t, store, id, m.scopeTag(), "exec")
+	written := store.written["acme/"+id]
+	k := &logKeeper{logs: map[string][]Event{}, infos: map[string]Info{}, calls: map[string]int{}}
+	var at time.Time
+	k.onFinalise = func() { at = time.Now() }
+	done := make(chan struct{})
+	go func() { defer close(done); m.endStoredOrphans(k) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not end once the quiet trail was finalised")
+	}
+	if k.calls[id] != 1 {
+		t.Fatalf("the quiet trail was finalised %d times, want once", k.calls[id])
+	}
+	if at.Sub(written) < m.cfg.OrphanQuiet {
+		t.Errorf("finalised %v after its last piece, within the quiet of %v", at.Sub(written), m.cfg.OrphanQuiet)
 	}
 }

@@ -54,7 +54,10 @@ import (
 // it: its connection ends, a new one is refused (by B leading too), and
 // its preview_revoked reaches the trail. A request B
 // cannot sign, and a signed one with a bad token, get nothing from the
-// leader's internal routes.
+// leader's internal routes. A session whose Pod is deleted while nobody
+// leads is finalised by B once it leads, from its trail's pieces in
+// MinIO (its log stored with its end, its pieces removed; the running
+// session's pieces stay, the control).
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

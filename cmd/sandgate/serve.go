@@ -470,6 +470,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		MaxEnded:       cfg.Sessions.MaxEnded,
 		Trails:         store,
 		Scope:          scope,
+		OrphanQuiet:    orphanQuiet(kb != nil),
 		// A kubernetes gateway's successor may run on another node,
 		// with none of this one's files.
 		TakenOverElsewhere: kb != nil,
@@ -721,4 +722,17 @@ func sessionScope(cfg *Config, kubernetes bool) (string, error) {
 		return "", fmt.Errorf("the gateway's scope: %w", err)
 	}
 	return "containerd/" + id + "/" + cfg.Containerd.Namespace, nil
+}
+
+// orphanQuiet is how long a trail must have been left unwritten before
+// a gateway finalises its session from the store (session.Config
+// OrphanQuiet): under Kubernetes, a leader paused for longer than its
+// lease (and so taken over) but less than this, that wakes and writes
+// before it sees it lost the lease, does not find its session
+// finalised under it. A host's gateway has no other to wait for.
+func orphanQuiet(kubernetes bool) time.Duration {
+	if kubernetes {
+		return 4 * kube.HoldDuration
+	}
+	return 0
 }
