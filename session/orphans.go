@@ -214,11 +214,13 @@ func (m *Manager) createdFields(info Info) map[string]any {
 	return f
 }
 
-// ownTrail tells whether a trail is of a session this gateway's scope
-// created: its created event carries the gateway's tag. A trail from
-// before tags, or another gateway's sharing the store, is not.
+// ownTrail tells whether a trail is of a session of this gateway's
+// scope: its created event carries the gateway's tag, or, for one made
+// before created events carried it, an adopted event does. Another
+// gateway's sharing the store is not, nor one no tagged gateway held.
 func (m *Manager) ownTrail(events []Event) bool {
 	tag := m.scopeTag()
-	i := slices.IndexFunc(events, func(ev Event) bool { return ev.Type == "created" })
-	return tag != "" && i >= 0 && events[i].Fields["scope"] == tag
+	return tag != "" && slices.ContainsFunc(events, func(ev Event) bool {
+		return (ev.Type == "created" || ev.Type == "adopted") && ev.Fields["scope"] == tag
+	})
 }

@@ -143,19 +143,21 @@ func storePieces(t *testing.T, store *pieceStore, id, tag string, typs ...string
 // Spared, the controls: a session the manager holds, one whose sandbox
 // is there (the adoption's), one with a trail file on the host
 // (endOrphanTrails'), one another gateway sharing the store made (its
-// scope is not this one's), and one from before scopes. One whose
+// scope is not this one's), and one from before scopes that no gateway
+// of this scope adopted (one that one did adopt is its own). One whose
 // stored log already ends is not finalised again: its pieces (kept when
 // the store could not be read as it ended: audit_store_unmatched) go
 // into its log, then go. A finalisation that fails is tried again.
 func TestStoredOrphansFinalised(t *testing.T) {
 	const (
-		orphan  = "s-000000000000000a"
-		live    = "s-000000000000000b"
-		boxed   = "s-000000000000000c"
-		filed   = "s-000000000000000d"
-		ended   = "s-000000000000000e"
-		foreign = "s-000000000000000f"
-		old     = "s-0000000000000010"
+		orphan   = "s-000000000000000a"
+		live     = "s-000000000000000b"
+		boxed    = "s-000000000000000c"
+		filed    = "s-000000000000000d"
+		ended    = "s-000000000000000e"
+		foreign  = "s-000000000000000f"
+		old      = "s-0000000000000010"
+		upgraded = "s-0000000000000011"
 	)
 	store := &pieceStore{}
 	m := journalManager(t, store)
@@ -167,6 +169,14 @@ func TestStoredOrphansFinalised(t *testing.T) {
 	}
 	storePieces(t, store, foreign, other.scopeTag(), "exec")
 	storePieces(t, store, old, "", "exec")
+	// Made before created events carried the tag, then adopted by a
+	// gateway of this scope: this gateway's.
+	var b bytes.Buffer
+	for _, ev := range []Event{{Type: "created"}, {Type: "adopted", Fields: map[string]any{"scope": m.scopeTag()}}} {
+		ev.Time = time.Now().UTC()
+		json.NewEncoder(&b).Encode(ev)
+	}
+	store.PutTrail(context.Background(), "acme", upgraded, 0, b.Bytes())
 	if got := m.createdFields(Info{})["scope"]; got != m.scopeTag() || m.scopeTag() == other.scopeTag() || strings.Contains(m.scopeTag(), "sandgate") {
 		t.Fatalf("the created event's scope %v, tags %q and %q: want this gateway's own, opaque", got, m.scopeTag(), other.scopeTag())
 	}
@@ -201,6 +211,9 @@ func TestStoredOrphansFinalised(t *testing.T) {
 
 	if got := types(k.logs[orphan]); !eq(got, []string{"created", "exec", "ended_unobserved"}) {
 		t.Errorf("the orphan's log: %v, want its trail and ended_unobserved (finalised %d times)", got, k.calls[orphan])
+	}
+	if got := types(k.logs[upgraded]); !eq(got, []string{"created", "adopted", "ended_unobserved"}) {
+		t.Errorf("the session adopted by a gateway of this scope: log %v, want it finalised", got)
 	}
 	if !k.infos[orphan].Record {
 		t.Error("the orphan made recorded was finalised as unrecorded: its recording's holder gets too little time")

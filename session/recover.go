@@ -181,7 +181,13 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 			m.log.Warn("the stored audit trail of an adopted session could not be read yet", "session", info.ID, "err", err)
 		}
 	}
-	s.record("adopted", map[string]any{"note": "the gateway restarted and took the session over"})
+	adopted := map[string]any{"note": "the gateway restarted and took the session over"}
+	if tag := m.scopeTag(); tag != "" {
+		// A session made before created events carried the tag is this
+		// gateway's from here on.
+		adopted["scope"] = tag
+	}
+	s.record("adopted", adopted)
 	switch State(labels[labelState]) {
 	case StateRunning:
 		s.marked = StateRunning // stored already
