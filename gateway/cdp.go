@@ -25,6 +25,9 @@ const (
 	localEndpoint = "endpoint"
 	localUpstream = "upstream"
 	localInfo     = "info"
+	// localReviewKeep: a review's use is kept for the next leader
+	// (reviewOrAlone), not recorded here (noteReview).
+	localReviewKeep = "review_keep"
 )
 
 func jwtTime(t time.Time) *jwt.NumericDate { return jwt.NewNumericDate(t) }

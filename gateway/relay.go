@@ -407,6 +407,11 @@ type relayEvent struct {
 	// records nothing).
 	Preview string `json:"preview,omitempty"`
 	Logged  bool   `json:"logged,omitempty"`
+	// review_opened's and review_fetched's (a running session's review
+	// link used while no leader answered): the viewer's digest, and the
+	// fetched artifact's name (its id in Artifact, its kind in Kind).
+	Viewer string `json:"viewer,omitempty"`
+	Name   string `json:"name,omitempty"`
 	// wire is what the event takes in a report (its JSON), measured as
 	// it is kept.
 	wire int
@@ -723,11 +728,52 @@ func (s *Server) relayEvent(claims *previewClaims, ev relayEvent) {
 	case "preview_issued":
 		// Issued by a replica while no leader answered (issueAlone).
 		s.sessions.Record(claims.Session, ev.Type, issuedFields(claims))
+	case "review_opened", "review_fetched":
+		// A running session's review link used while no leader
+		// answered (reviewOrAlone).
+		f, ok := reviewFields(claims, ev)
+		if !ok {
+			s.log.Warn("a relay reported a review's use that cannot be; not recorded", "session", claims.Session, "scope", claims.Scope)
+			return
+		}
+		s.sessions.Record(claims.Session, ev.Type, f)
 	case "client_left":
 		s.clientLeft(claims.Session)
 	case "browser_gone":
 		go s.checkBrowser(claims.Tenant, claims.Session)
 	}
+}
+
+// reviewFields are the fields noteReview records for a review's use ev
+// that a relay kept, or false when ev cannot be one: the token is not a
+// review link's, the viewer not a digest, or a fetch's artifact not one
+// of the link's session.
+func reviewFields(claims *previewClaims, ev relayEvent) (map[string]any, bool) {
+	if claims.Scope != ScopeReview || !viewerDigest(ev.Viewer) {
+		return nil, false
+	}
+	f := map[string]any{"preview": claims.ID, "viewer": ev.Viewer}
+	if ev.Type == "review_fetched" {
+		if !recordings.IsArtifact(ev.Artifact) || !strings.HasPrefix(ev.Artifact, claims.Session+".") {
+			return nil, false
+		}
+		f["artifact"], f["kind"], f["name"] = ev.Artifact, truncate(ev.Kind, 64), truncate(ev.Name, 256)
+	}
+	return f, true
+}
+
+// viewerDigest tells whether v is a review viewer's digest as
+// signer.viewer makes it: 16 lowercase hex digits.
+func viewerDigest(v string) bool {
+	if len(v) != 16 {
+		return false
+	}
+	for _, r := range v {
+		if (r < '0' || r > '9') && (r < 'a' || r > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // relayShellEvent records a shell's event with the fields the leader's

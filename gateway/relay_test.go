@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -1249,6 +1250,27 @@ func TestRelayAloneAnswers(t *testing.T) {
 			t.Errorf("a preview %s of %s with key %q: %d %s (Retry-After %q), want %d", tc.body, tc.id, tc.key, st, body, ra, tc.want)
 		}
 	}
+	// A review link's page: a running session's goes on to be served
+	// (to the store, none here), its use kept for the next leader; one
+	// of a session whose Pod does not run, or that expired, waits for
+	// a leader, the store not asked.
+	for _, tc := range []struct {
+		pod  string
+		want string
+	}{
+		{"running", "the artifact store is unavailable"},
+		{"stopped", "cannot check the request"}, {"stopping", "cannot check the request"},
+		{"expired", "cannot check the request"}, {"starting", "cannot check the request"},
+	} {
+		tok, err := srv.tokens.issue(previewClaims{Session: name[tc.pod], Tenant: "t", Scope: ScopeReview,
+			RegisteredClaims: jwt.RegisteredClaims{ID: ids.NewPreview(), ExpiresAt: jwtTime(time.Now().Add(time.Hour))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, body, ra := relayGet(t, srv, "/review/"+tok, ""); st != 503 || ra == "" || !strings.Contains(body, tc.want) {
+			t.Errorf("the review page of the %s session: %d %s (Retry-After %q), want 503 %q", tc.pod, st, body, ra, tc.want)
+		}
+	}
 	// A revocation: stored, held at once (the copy of the stored ones
 	// lags), the preview's connections admitted alone refused since,
 	// and its event kept for the next leader's trail.
@@ -1707,5 +1729,39 @@ func TestRelayPassOnHidesToken(t *testing.T) {
 	// (The cause: the connection ended, or was reset, before an answer.)
 	if strings.Contains(logs.String()+body, "secret") || !strings.Contains(logs.String(), "EOF") && !strings.Contains(logs.String(), "reset by peer") {
 		t.Errorf("the relay's log and answer: %s %s; want the cause, without the token", logs.String(), body)
+	}
+}
+
+// A review's use that a relay kept is recorded with the fields the
+// leader's own noteReview records, and only then: a review link's token,
+// a viewer's digest, a fetched artifact of the link's session. The
+// controls: a CDP token, a viewer that is not a digest, another
+// session's artifact or junk are refused.
+func TestRelayReviewFields(t *testing.T) {
+	sid, other := ids.NewSession(), ids.NewSession()
+	review := &previewClaims{Session: sid, Tenant: "t", Scope: ScopeReview, RegisteredClaims: jwt.RegisteredClaims{ID: "p-review"}}
+	cdp := &previewClaims{Session: sid, Tenant: "t", Scope: ScopeCDP, RegisteredClaims: jwt.RegisteredClaims{ID: "p-cdp"}}
+	art := recordings.SegmentID(sid, "shot.png")
+	long := strings.Repeat("n", 1000)
+	for _, tc := range []struct {
+		why    string
+		claims *previewClaims
+		ev     relayEvent
+		want   map[string]any
+	}{
+		{"an opening", review, relayEvent{Type: "review_opened", Viewer: "0123456789abcdef"},
+			map[string]any{"preview": "p-review", "viewer": "0123456789abcdef"}},
+		{"a fetch", review, relayEvent{Type: "review_fetched", Viewer: "0123456789abcdef", Artifact: art, Kind: "screenshot", Name: long},
+			map[string]any{"preview": "p-review", "viewer": "0123456789abcdef", "artifact": art, "kind": "screenshot", "name": long[:256]}},
+		{"a CDP token", cdp, relayEvent{Type: "review_opened", Viewer: "0123456789abcdef"}, nil},
+		{"a viewer that is no digest", review, relayEvent{Type: "review_opened", Viewer: "10.0.0.1"}, nil},
+		{"an upper-case digest", review, relayEvent{Type: "review_opened", Viewer: "0123456789ABCDEF"}, nil},
+		{"another session's artifact", review, relayEvent{Type: "review_fetched", Viewer: "0123456789abcdef", Artifact: recordings.SegmentID(other, "shot.png")}, nil},
+		{"a junk artifact", review, relayEvent{Type: "review_fetched", Viewer: "0123456789abcdef", Artifact: sid + ".zz"}, nil},
+	} {
+		got, ok := reviewFields(tc.claims, tc.ev)
+		if ok != (tc.want != nil) || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: %v %v, want %v", tc.why, got, ok, tc.want)
+		}
 	}
 }

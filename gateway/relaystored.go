@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -14,11 +16,12 @@ import (
 
 // What a relay answers alone from the artifact store while no leader
 // answers (see RelayAlone): a session's trail as stored, its artifacts,
-// an artifact's link, and an ended session's review links. A
-// reviewer's work does not wait for the next leader: all of it is in
-// the store, which every replica reads, and a review's use is added to
-// the ended session's stored log, which takes several writers
-// (StoreTrail), before it is served, as the leader adds it.
+// an artifact's link, and review links. A reviewer's work does not wait
+// for the next leader: all of it is in the store, which every replica
+// reads. A review's use is added to an ended session's stored log,
+// which takes several writers (StoreTrail), before it is served, as
+// the leader adds it; a running session's is kept for the next leader,
+// which holds its trail (keepReview).
 
 // eventsAlone answers GET /v1/sessions/:id/events as the leader would
 // (events) from the store: an ended session's stored log, or a running
@@ -107,9 +110,12 @@ func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
 			if claims.Scope != ScopeReview {
 				return errUnauthenticated("the preview token is missing, invalid or expired")
 			}
-			// A running session's review is recorded in its trail, which
-			// its leader holds: it waits for one. An ended one's goes
-			// into its stored log, as the leader adds it (noteReview).
+			// An ended session's review goes into its stored log, as the
+			// leader adds it (noteReview). A running session's is
+			// recorded in its trail, which its leader holds: kept for
+			// the next one, as a preview's issue is (keepReview). One
+			// whose Pod stops, or that expired, waits for a leader: the
+			// next would not adopt it, and would drop what it is told.
 			ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
 			_, _, err = l.alone.Session(ctx, claims.Session)
 			cancel()
@@ -118,12 +124,37 @@ func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
 			case err != nil:
 				return relayUnavailableFor(err)
 			default:
-				return relayUnavailableFor(errors.New("a running session's review link waits for a leader"))
+				if _, _, err := l.sessionAlone(c.Context(), claims.Tenant, claims.Session); err != nil {
+					return relayUnavailableFor(fmt.Errorf("the review link of a session that does not run waits for a leader: %w", err))
+				}
+				c.Locals(localReviewKeep, func(typ string, fields map[string]any) error {
+					return l.keepReview(token, claims.Tenant, typ, fields)
+				})
 			}
 			c.Locals(localClaims, claims)
 			return answer(c)
 		})
 	}
+}
+
+// keepReview keeps a running session's review use (noteReview's typ
+// and fields) for the next leader, which records it in the session's
+// trail (relayEvent). Each counts against the tenant's bound of what a
+// replica keeps while no leader answers (madeAlone).
+func (l *relayLive) keepReview(token, tenantName, typ string, fields map[string]any) error {
+	if err := l.madeAlone(tenantName, "review use", false); err != nil {
+		return err
+	}
+	ev := relayEvent{Token: strings.Clone(token), Type: typ} // (kept past the request)
+	ev.Viewer, _ = fields["viewer"].(string)
+	ev.Artifact, _ = fields["artifact"].(string)
+	ev.Kind, _ = fields["kind"].(string)
+	ev.Name, _ = fields["name"].(string)
+	if err := l.madeAlone(tenantName, "review use", true); err != nil {
+		return err
+	}
+	l.event(ev)
+	return nil
 }
 
 // ownPod says whether session id's Pod is tenantName's: nil, 404 when

@@ -148,6 +148,14 @@ func (s *Server) noteReview(ctx context.Context, c *fiber.Ctx, claims *previewCl
 		err = nil
 		return nil
 	}
+	if keep, ok := c.Locals(localReviewKeep).(func(typ string, fields map[string]any) error); ok {
+		// A running session's, while no leader answers: kept for the
+		// next one, which holds its trail.
+		if err = keep(typ, fields); err != nil {
+			return err
+		}
+		return nil
+	}
 	ev := session.Event{Time: now.UTC(), Type: typ, Fields: fields}
 	if err = s.recordStored(ctx, claims.Tenant, claims.Session, ev); err != nil {
 		return reviewUnlogged(err)

@@ -611,8 +611,14 @@ func TestKubeRelay(t *testing.T) {
 			t.Errorf("the ended session's log through its review link: %.300s", raw)
 		}
 	}
-	if st, body, _ := reviewGet(viaB(reviewP.URL)); st != 503 {
-		t.Errorf("the running session's review page through B while nobody leads: %d %.300s, want 503", st, body)
+	// The running session's review link: its page and the screenshot,
+	// served alone; their use is kept for the next leader's trail
+	// (checked once B leads).
+	if st, page, _ := reviewGet(viaB(reviewP.URL)); st != 200 || !bytes.Contains(page, []byte(shot.ID)) {
+		t.Errorf("the running session's review page through B while nobody leads: %d %.300s, want it with the screenshot %s", st, page, shot.ID)
+	}
+	if st, _, loc := reviewGet(viaB(reviewP.URL) + "/artifacts/" + shot.ID); st != 302 || loc == "" {
+		t.Errorf("the running session's screenshot through its review link through B while nobody leads: %d, Location %q", st, loc)
 	}
 	// The ended session's review link revoked through B (another
 	// tenant's key cannot): refused at once; its revocation goes into
@@ -829,6 +835,19 @@ func TestKubeRelay(t *testing.T) {
 	if st, page, _ := reviewGet(viaB(reviewP.URL)); st != 200 || !bytes.Contains(page, []byte(shot.ID)) {
 		t.Errorf("the running session's review page through B, leading: %d %.300s", st, page)
 	}
+	// Its use while nobody led, kept by B, is in the trail of B,
+	// leading, with the leader's fields.
+	waitFor(t, 30*time.Second, "review_opened and review_fetched of the running session's review link used while nobody led, in the trail of B, leading", func() bool {
+		var opened, fetched bool
+		for _, ev := range rb.events(t, rb.keyA, s.ID) {
+			if ev.Fields["preview"] != reviewP.ID || len(fmt.Sprint(ev.Fields["viewer"])) != 16 {
+				continue
+			}
+			opened = opened || ev.Type == "review_opened"
+			fetched = fetched || ev.Type == "review_fetched" && ev.Fields["artifact"] == shot.ID && ev.Fields["kind"] == "screenshot"
+		}
+		return opened && fetched
+	})
 	// Closed, they reach the trail of the leader B is now.
 	throughB1.Close()
 	vconn.Close()
