@@ -128,6 +128,10 @@ const (
 	maxAloneAnswers  = 8
 	maxReviewAnswers = 4
 	maxIssuedAlone   = 64
+	// A running session's review uses kept while no leader answers: of
+	// one link, and of all tenants together (keepReview).
+	maxReviewUsesAlone    = 8
+	maxReviewUsesAllAlone = 512
 	// maxReportEvents bounds the events of one report;
 	// maxReportDurable the sessions it asks to store.
 	maxReportEvents  = 256
@@ -736,7 +740,20 @@ func (s *Server) relayEvent(claims *previewClaims, ev relayEvent) {
 			s.log.Warn("a relay reported a review's use that cannot be; not recorded", "session", claims.Session, "scope", claims.Scope)
 			return
 		}
-		s.sessions.Record(claims.Session, ev.Type, f)
+		if s.sessions.Record(claims.Session, ev.Type, f) {
+			s.durable(claims.Session)
+			return
+		}
+		// A session this leader does not hold (it ended as the leader
+		// took over, and was not adopted): its stored log, as noteReview
+		// adds to an ended session's, apart from the report's answer.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := s.recordStored(ctx, claims.Tenant, claims.Session, session.Event{Time: time.Now().UTC(), Type: ev.Type, Fields: f}); err != nil {
+				s.log.Warn("a review's use a replica kept is of a session this leader does not hold, and its stored log did not take it", "session", claims.Session, "preview", claims.ID, "err", err)
+			}
+		}()
 	case "client_left":
 		s.clientLeft(claims.Session)
 	case "browser_gone":

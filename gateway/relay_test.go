@@ -1450,18 +1450,7 @@ func (noSandboxes) Sweep(func(string) bool)                         {}
 // the preview), not only written in a trail; a report naming no valid
 // preview revokes nothing.
 func TestRelayRevokedHeld(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	log := slog.New(slog.DiscardHandler)
-	mgr, err := session.New(ctx, nil, session.Config{Backend: noSandboxes{}, StateDir: t.TempDir()}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse("http://gw.test:8080")
-	srv, err := New(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, mgr, nil, log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, mgr := testLeader(t, slog.New(slog.DiscardHandler))
 	sid, pid := ids.NewSession(), ids.NewPreview()
 	if mgr.Revoked(sid, pid) {
 		t.Fatal("revoked before any report")
@@ -1764,4 +1753,129 @@ func TestRelayReviewFields(t *testing.T) {
 			t.Errorf("%s: %v %v, want %v", tc.why, got, ok, tc.want)
 		}
 	}
+}
+
+// A running session's review uses while no leader answers are kept for
+// the next leader with noteReview's fields, within bounds: one link's
+// uses, a tenant's, and everyone's. Past each, a 503 with nothing kept;
+// the control: another link, and another tenant, still keep theirs.
+func TestRelayKeepReview(t *testing.T) {
+	srv := testRelay(t, "http://127.0.0.1:1", func(id string) session.Sandbox { return failingSandbox{id: id} })
+	l := srv.live.(*relayLive)
+	sid := ids.NewSession()
+	art := recordings.SegmentID(sid, "shot.png")
+	keep := func(tenantName, preview, typ string) error {
+		f := map[string]any{"preview": preview, "viewer": "0123456789abcdef"}
+		if typ == "review_fetched" {
+			f["artifact"], f["kind"], f["name"] = art, "screenshot", "shot.png"
+		}
+		return l.keepReview("tok-"+preview, tenantName, preview, typ, f)
+	}
+	if err := keep("t", "p-1", "review_opened"); err != nil {
+		t.Fatal(err)
+	}
+	if err := keep("t", "p-1", "review_fetched"); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	got := slices.Clone(l.events)
+	l.mu.Unlock()
+	if len(got) != 2 || got[0].Type != "review_opened" || got[0].Token != "tok-p-1" || got[0].Viewer != "0123456789abcdef" ||
+		got[1].Type != "review_fetched" || got[1].Artifact != art || got[1].Kind != "screenshot" || got[1].Name != "shot.png" {
+		t.Fatalf("kept %+v", got)
+	}
+	kept := func() int { l.mu.Lock(); defer l.mu.Unlock(); return len(l.events) }
+	refused := func(why string, err error) {
+		t.Helper()
+		var ae *apiError
+		if !errors.As(err, &ae) || ae.status != 503 {
+			t.Errorf("%s: %v, want 503", why, err)
+		}
+	}
+	// One link: maxReviewUsesAlone in all.
+	for range maxReviewUsesAlone - 2 {
+		if err := keep("t", "p-1", "review_fetched"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := kept()
+	refused("a link past its uses", keep("t", "p-1", "review_fetched"))
+	if err := keep("t", "p-2", "review_opened"); err != nil {
+		t.Errorf("another link of the tenant: %v", err)
+	}
+	// The tenant: maxIssuedAlone in all.
+	for i := 0; kept() < maxIssuedAlone; i++ {
+		if err := keep("t", fmt.Sprintf("p-t%d", i), "review_opened"); err != nil {
+			t.Fatalf("use %d of the tenant's: %v", kept(), err)
+		}
+	}
+	refused("a tenant past its uses", keep("t", "p-last", "review_opened"))
+	if err := keep("u", "p-u", "review_opened"); err != nil {
+		t.Errorf("another tenant's: %v", err)
+	}
+	// Everyone: maxReviewUsesAllAlone in all.
+	for i := 0; kept() < maxReviewUsesAllAlone; i++ {
+		if err := keep(fmt.Sprintf("t%d", i/maxIssuedAlone), fmt.Sprintf("p-a%d", i), "review_opened"); err != nil {
+			t.Fatalf("use %d of everyone's: %v", kept(), err)
+		}
+	}
+	refused("everyone past their uses", keep("fresh", "p-fresh", "review_opened"))
+	if kept() != maxReviewUsesAllAlone || n != maxReviewUsesAlone {
+		t.Errorf("kept %d (the link %d), want %d (%d)", kept(), n, maxReviewUsesAllAlone, maxReviewUsesAlone)
+	}
+}
+
+// lockedBuffer is a log sink the test reads while the server writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// A review's use a replica kept, of a session this leader does not hold
+// (it ended as the leader took over, and was not adopted), goes to the
+// session's stored log, not nowhere: here the store is away, and the
+// leader says its use was not taken. The control: one that cannot be a
+// review's use is refused before that.
+func TestRelayReviewOfUnheld(t *testing.T) {
+	var logs lockedBuffer
+	srv, _ := testLeader(t, slog.New(slog.NewTextHandler(&logs, nil)))
+	sid := ids.NewSession()
+	review := &previewClaims{Session: sid, Tenant: "t", Scope: ScopeReview, RegisteredClaims: jwt.RegisteredClaims{ID: "p-review"}}
+	srv.relayEvent(review, relayEvent{Type: "review_opened", Viewer: "not a digest"})
+	if !strings.Contains(logs.String(), "cannot be; not recorded") {
+		t.Errorf("a use that cannot be was not refused:\n%s", logs.String())
+	}
+	srv.relayEvent(review, relayEvent{Type: "review_opened", Viewer: "0123456789abcdef"})
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "its stored log did not take it") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the use of an unheld session's review link went nowhere:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// testLeader is a leader's server with a session manager of no
+// sandboxes and no artifact store.
+func testLeader(t *testing.T, log *slog.Logger) (*Server, *session.Manager) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	mgr, err := session.New(ctx, nil, session.Config{Backend: noSandboxes{}, StateDir: t.TempDir()}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse("http://gw.test:8080")
+	srv, err := New(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, mgr, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, mgr
 }

@@ -128,7 +128,7 @@ func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
 					return relayUnavailableFor(fmt.Errorf("the review link of a session that does not run waits for a leader: %w", err))
 				}
 				c.Locals(localReviewKeep, func(typ string, fields map[string]any) error {
-					return l.keepReview(token, claims.Tenant, typ, fields)
+					return l.keepReview(token, claims.Tenant, claims.ID, typ, fields)
 				})
 			}
 			c.Locals(localClaims, claims)
@@ -138,21 +138,34 @@ func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
 }
 
 // keepReview keeps a running session's review use (noteReview's typ
-// and fields) for the next leader, which records it in the session's
-// trail (relayEvent). Each counts against the tenant's bound of what a
-// replica keeps while no leader answers (madeAlone).
-func (l *relayLive) keepReview(token, tenantName, typ string, fields map[string]any) error {
-	if err := l.madeAlone(tenantName, "review use", false); err != nil {
+// and fields) of link preview for the next leader, which records it in
+// the session's trail (relayEvent). What a replica keeps while no leader
+// answers is bounded (a buffer whose oldest events go first): a tenant
+// keeps at most maxIssuedAlone uses (madeAlone), one link
+// maxReviewUsesAlone of them (each artifact fetched is one: a recorded
+// session has many segments), and all tenants together
+// maxReviewUsesAllAlone, so that no link's holder takes a tenant's
+// budget, and no tenant everyone's.
+func (l *relayLive) keepReview(token, tenantName, preview, typ string, fields map[string]any) error {
+	link, all := "\x00review link\x00"+preview, "\x00review uses"
+	l.mu.Lock()
+	full := l.issuedAlone[link] >= maxReviewUsesAlone || l.issuedAlone[all] >= maxReviewUsesAllAlone
+	l.mu.Unlock()
+	if full {
+		return &apiError{status: 503, code: "unavailable", msg: "this review link's uses while no gateway replica leads are as many as are kept; retry"}
+	}
+	if err := l.madeAlone(tenantName, "review use", true); err != nil {
 		return err
 	}
+	l.mu.Lock()
+	l.issuedAlone[link]++
+	l.issuedAlone[all]++
+	l.mu.Unlock()
 	ev := relayEvent{Token: strings.Clone(token), Type: typ} // (kept past the request)
 	ev.Viewer, _ = fields["viewer"].(string)
 	ev.Artifact, _ = fields["artifact"].(string)
 	ev.Kind, _ = fields["kind"].(string)
 	ev.Name, _ = fields["name"].(string)
-	if err := l.madeAlone(tenantName, "review use", true); err != nil {
-		return err
-	}
 	l.event(ev)
 	return nil
 }
