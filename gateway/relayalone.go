@@ -159,6 +159,12 @@ func (l *relayLive) sessionAlone(ctx context.Context, tenantName, id string) (se
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	rec, running, err := l.alone.Session(ctx, id)
+	return l.sessionOf(rec, running, err, tenantName, id)
+}
+
+// sessionOf is sessionAlone of a Pod already read (RelayAlone.Session's
+// answer).
+func (l *relayLive) sessionOf(rec map[string]string, running bool, err error, tenantName, id string) (session.Info, session.Endpoint, error) {
 	if errors.Is(err, session.ErrSandboxGone) {
 		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
 	}

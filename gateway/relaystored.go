@@ -117,14 +117,14 @@ func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
 			// whose Pod stops, or that expired, waits for a leader: the
 			// next would not adopt it, and would drop what it is told.
 			ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
-			_, _, err = l.alone.Session(ctx, claims.Session)
+			rec, running, err := l.alone.Session(ctx, claims.Session)
 			cancel()
 			switch {
 			case errors.Is(err, session.ErrSandboxGone):
 			case err != nil:
 				return relayUnavailableFor(err)
 			default:
-				if _, _, err := l.sessionAlone(c.Context(), claims.Tenant, claims.Session); err != nil {
+				if _, _, err := l.sessionOf(rec, running, nil, claims.Tenant, claims.Session); err != nil {
 					return relayUnavailableFor(fmt.Errorf("the review link of a session that does not run waits for a leader: %w", err))
 				}
 				c.Locals(localReviewKeep, func(typ string, fields map[string]any) error {

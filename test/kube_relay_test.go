@@ -595,8 +595,7 @@ func TestKubeRelay(t *testing.T) {
 		return resp.StatusCode, b, resp.Header.Get("Location")
 	}
 	// The ended session's review link: its page and its log, served
-	// alone; the running session's waits for a leader (its trail is the
-	// leader's to add to).
+	// alone, their use added to its stored log.
 	if st, page, _ := reviewGet(viaB(endedReview.URL)); st != 200 || !bytes.Contains(page, []byte(endedLog)) {
 		t.Errorf("the ended session's review page through B while nobody leads: %d %.300s, want it with the log %s", st, page, endedLog)
 	}
@@ -1205,8 +1204,9 @@ func benchRelaySession(b *testing.B, ctx context.Context) (ra, rb *testEnv, id s
 // against what it costs with one. Only the commands answered before B
 // took over count as alone. Each command is followed by a read of the
 // session through B, forwarded to A, then answered by B alone from the
-// session's Pod, and a read of its trail, forwarded, then answered by B
-// alone from the trail A's journal stored.
+// session's Pod, a read of its trail, forwarded, then answered by B
+// alone from the trail A's journal stored, and its review page, passed
+// on to A, then served by B alone from MinIO.
 func BenchmarkKubeRelayAlone(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -1238,15 +1238,35 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 		}
 		return time.Since(t0)
 	}
+	// A running session's review page through B: passed on to the
+	// leader, or served by B alone from MinIO (its use, the first time
+	// a link is opened, kept for the next leader; recorded once).
+	rev := rb.vncPreview(b, rb.keyA, id, "review", false, 600)
+	reviewURL := strings.Replace(rev.URL, ra.gwAddr, rb.gwAddr, 1)
+	review := func() time.Duration {
+		t0 := time.Now()
+		resp, err := fresh.Get(reviewURL)
+		if err != nil {
+			b.Fatal(err)
+		}
+		page, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !bytes.Contains(page, []byte(id)) {
+			b.Fatalf("review page: %d %.300s", resp.StatusCode, page)
+		}
+		return time.Since(t0)
+	}
 	run() // warm
 	read()
 	trail()
-	var asked, alone, readAsked, readAlone, trailAsked, trailAlone []time.Duration
+	review()
+	var asked, alone, readAsked, readAlone, trailAsked, trailAlone, reviewAsked, reviewAlone []time.Duration
 	b.ResetTimer()
 	for range b.N {
 		asked = append(asked, run())
 		readAsked = append(readAsked, read())
 		trailAsked = append(trailAsked, trail())
+		reviewAsked = append(reviewAsked, review())
 	}
 	b.StopTimer()
 	ra.stopGateway(syscall.SIGKILL)
@@ -1261,6 +1281,7 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 		alone = append(alone, run())
 		readAlone = append(readAlone, read())
 		trailAlone = append(trailAlone, trail())
+		reviewAlone = append(reviewAlone, review())
 	}
 	b.StopTimer()
 	if logLines(rb, "no leader answers: this replica admits") != 1 || len(alone) == 0 {
@@ -1279,6 +1300,9 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 	b.ReportMetric(ms(percentile(trailAsked, 0.5)), "trail-forwarded-p50-ms")
 	b.ReportMetric(ms(percentile(trailAlone, 0.5)), "trail-alone-p50-ms")
 	b.ReportMetric(float64(percentile(trailAlone, 0.5))/float64(percentile(trailAsked, 0.5)), "trail-alone/forwarded-p50")
+	b.ReportMetric(ms(percentile(reviewAsked, 0.5)), "review-forwarded-p50-ms")
+	b.ReportMetric(ms(percentile(reviewAlone, 0.5)), "review-alone-p50-ms")
+	b.ReportMetric(float64(percentile(reviewAlone, 0.5))/float64(percentile(reviewAsked, 0.5)), "review-alone/forwarded-p50")
 	b.ReportMetric(float64(len(alone)), "alone-n")
 	waitFor(b, 3*time.Minute, "B to lead", func() bool {
 		st, _ := leaderRead(b, rb, rb.keyA, id)
