@@ -510,16 +510,35 @@ func (s *Server) issueReviewAlone(c *fiber.Ctx, tenantName, id string, req previ
 // revocations are counted apart: issues do not keep a tenant from
 // revoking.
 func (l *relayLive) madeAlone(tenantName, kind string, count bool) error {
-	key := tenantName + "\x00" + kind
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.issuedAlone[key] >= maxIssuedAlone {
+	if !l.withinAlone(count, aloneBound{tenantName + "\x00" + kind, maxIssuedAlone}) {
 		return &apiError{status: 503, code: "unavailable", msg: fmt.Sprintf("no more than %d previews' %ss are made for a tenant while no gateway replica leads; retry", maxIssuedAlone, kind)}
 	}
-	if count {
-		l.issuedAlone[key]++
-	}
 	return nil
+}
+
+// aloneBound is one bound on what a replica keeps while no leader
+// answers: at most max under key (cleared as a leader answers).
+type aloneBound struct {
+	key string
+	max int
+}
+
+// withinAlone says whether no bound is reached, and when count (and
+// none is) counts one against each, at once.
+func (l *relayLive) withinAlone(count bool, bounds ...aloneBound) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, b := range bounds {
+		if l.issuedAlone[b.key] >= b.max {
+			return false
+		}
+	}
+	if count {
+		for _, b := range bounds {
+			l.issuedAlone[b.key]++
+		}
+	}
+	return true
 }
 
 // revokeAlone answers DELETE /v1/sessions/:id/previews/:preview as the

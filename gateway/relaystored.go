@@ -141,26 +141,16 @@ func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
 // and fields) of link preview for the next leader, which records it in
 // the session's trail (relayEvent). What a replica keeps while no leader
 // answers is bounded (a buffer whose oldest events go first): a tenant
-// keeps at most maxIssuedAlone uses (madeAlone), one link
+// keeps at most maxIssuedAlone uses (as madeAlone counts), one link
 // maxReviewUsesAlone of them (each artifact fetched is one: a recorded
 // session has many segments), and all tenants together
 // maxReviewUsesAllAlone, so that no link's holder takes a tenant's
 // budget, and no tenant everyone's.
 func (l *relayLive) keepReview(token, tenantName, preview, typ string, fields map[string]any) error {
-	link, all := "\x00review link\x00"+preview, "\x00review uses"
-	l.mu.Lock()
-	full := l.issuedAlone[link] >= maxReviewUsesAlone || l.issuedAlone[all] >= maxReviewUsesAllAlone
-	l.mu.Unlock()
-	if full {
-		return &apiError{status: 503, code: "unavailable", msg: "this review link's uses while no gateway replica leads are as many as are kept; retry"}
+	if !l.withinAlone(true, aloneBound{tenantName + "\x00review use", maxIssuedAlone},
+		aloneBound{"\x00review link\x00" + preview, maxReviewUsesAlone}, aloneBound{"\x00review uses", maxReviewUsesAllAlone}) {
+		return &apiError{status: 503, code: "unavailable", msg: "as many review uses as are kept while no gateway replica leads are kept; retry"}
 	}
-	if err := l.madeAlone(tenantName, "review use", true); err != nil {
-		return err
-	}
-	l.mu.Lock()
-	l.issuedAlone[link]++
-	l.issuedAlone[all]++
-	l.mu.Unlock()
 	ev := relayEvent{Token: strings.Clone(token), Type: typ} // (kept past the request)
 	ev.Viewer, _ = fields["viewer"].(string)
 	ev.Artifact, _ = fields["artifact"].(string)

@@ -517,14 +517,21 @@ func (m *Manager) endOrphanTrails(o Observer) {
 		if live || !ids.IsSession(id) {
 			continue
 		}
-		m.endOrphanTrail(o, f, tenant, id)
+		// A log that holds the end already (another replica's host
+		// finalised the session from the store) takes what the file
+		// adds, not a second end.
+		ctx, cancel := context.WithTimeout(m.base, time.Minute)
+		ended, err := loggedEnd(ctx, o, tenant, id)
+		cancel()
+		m.endOrphanTrail(o, f, tenant, id, err == nil && ended)
 	}
 }
 
 // endOrphanTrail finalises the session of trail file f, which ended while
 // no gateway ran, and removes the file once the store has the trail. It
-// says whether it did.
-func (m *Manager) endOrphanTrail(o Observer, f, tenant, id string) bool {
+// says whether it did. ended: its stored log holds its end already, and
+// takes no second one.
+func (m *Manager) endOrphanTrail(o Observer, f, tenant, id string, ended bool) bool {
 	info := Info{ID: id, Tenant: tenant, State: StateStopped, Labels: map[string]string{},
 		Failure: "the session ended while no gateway was running"}
 	// The store may hold events the file lacks (one the file did not
@@ -545,13 +552,7 @@ func (m *Manager) endOrphanTrail(o Observer, f, tenant, id string) bool {
 	}
 	t := &s.trail
 	now := time.Now().UTC()
-	// A log that holds the end already (another replica's host finalised
-	// the session from the store) takes what the file adds, not a
-	// second end.
-	ctx, cancel := context.WithTimeout(m.base, time.Minute)
-	ended, err := loggedEnd(ctx, o, tenant, id)
-	cancel()
-	if err != nil || !ended {
+	if !ended {
 		t.record(now, "ended_unobserved", map[string]any{"note": "the session ended while no gateway was running"})
 	}
 	t.summarise(now)

@@ -85,15 +85,15 @@ func (m *Manager) endStoredOrphans(o Observer) {
 func (m *Manager) storedOrphans(lister TrailLister) (found [][2]string, next time.Time, err error) {
 	ctx, cancel := context.WithTimeout(m.base, time.Minute)
 	defer cancel()
-	type trail struct {
+	type stored struct {
 		tenant, id string
 		newest     time.Time
 	}
-	var all []trail
+	var all []stored
 	err = lister.Trails(ctx, func(tn, id string, newest time.Time) bool {
 		// They name a file on this host: only well-formed names.
 		if ids.IsSession(id) && tenant.ValidName(tn) {
-			all = append(all, trail{tn, id, newest})
+			all = append(all, stored{tn, id, newest})
 		}
 		return len(all) < maxStoredOrphans
 	})
@@ -176,7 +176,7 @@ func (m *Manager) endStoredOrphan(o Observer, tenant, id string) bool {
 		log.Warn("the stored audit trail of a session that ended while no gateway ran could not be written on this host; trying again")
 		return false
 	}
-	return m.endOrphanTrail(o, t.path, tenant, id)
+	return m.endOrphanTrail(o, t.path, tenant, id, false) // (its log does not end: read above)
 }
 
 // loggedEnd tells whether the session's stored log holds its end, as o
