@@ -79,9 +79,11 @@ func (s *Server) shell() fiber.Handler {
 			return
 		}
 		defer proc.Close()
+		sizer := newTermSizer(proc)
+		go sizer.run(ctx)
 		// The size given at start is not applied by every runtime
 		// (under gVisor the terminal starts at 0x0): set it again now.
-		if err := proc.Resize(ctx, uint16(clamp(cols, 1, 1000)), uint16(clamp(rows, 1, 1000))); err != nil {
+		if err := sizer.resize(ctx, uint16(clamp(cols, 1, 1000)), uint16(clamp(rows, 1, 1000))); err != nil {
 			log.Warn("shell resize at start", "err", err)
 		}
 		var once sync.Once
@@ -137,9 +139,7 @@ func (s *Server) shell() fiber.Handler {
 				}
 				var ctl shellControl
 				if json.Unmarshal(data, &ctl) == nil && ctl.Type == "resize" && ctl.Cols > 0 && ctl.Rows > 0 {
-					rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
-					proc.Resize(rctx, min(ctl.Cols, 1000), min(ctl.Rows, 1000))
-					rcancel()
+					sizer.resize(ctx, min(ctl.Cols, 1000), min(ctl.Rows, 1000))
 				}
 			}
 		}()
@@ -159,6 +159,73 @@ func (s *Server) shell() fiber.Handler {
 			<-readerDone
 		}
 	})
+}
+
+// resizeAgain is when, after the last resize, the terminal's size is set
+// again. A program in the session can put an older size back: readline
+// reads the size and writes it again as it readies each prompt
+// (set_winsize in rltty.c), and a resize that lands between the two is
+// lost. Resizes sent as each prompt appeared: under runc none of 60 was
+// lost, under gVisor one to three of 60 (and one in a CI run). Setting a
+// size that holds changes nothing (the kernel sends no SIGWINCH); a size
+// put back is restored, with the SIGWINCH that makes the program redraw.
+var resizeAgain = []time.Duration{20 * time.Millisecond, 250 * time.Millisecond, time.Second, 3 * time.Second}
+
+// termSizer sets a shell's terminal size: at once, in the order of the
+// client's messages, then again at resizeAgain's times with the newest.
+type termSizer struct {
+	proc  resizer
+	newer chan [2]uint16 // the newest size, for run; holds one
+}
+
+type resizer interface {
+	Resize(ctx context.Context, cols, rows uint16) error
+}
+
+func newTermSizer(p resizer) *termSizer {
+	return &termSizer{proc: p, newer: make(chan [2]uint16, 1)}
+}
+
+// resize sets the size now, within 5 s, and has run set it again later.
+// One goroutine at a time calls it.
+func (z *termSizer) resize(ctx context.Context, cols, rows uint16) error {
+	err := z.set(ctx, [2]uint16{cols, rows})
+	select { // a size run has not taken yet is older
+	case <-z.newer:
+	default:
+	}
+	z.newer <- [2]uint16{cols, rows}
+	return err
+}
+
+func (z *termSizer) set(ctx context.Context, size [2]uint16) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return z.proc.Resize(ctx, size[0], size[1])
+}
+
+// run sets the newest size again on resizeAgain's schedule, until ctx
+// ends. Its failures are dropped: the size set at once reported its own.
+func (z *termSizer) run(ctx context.Context) {
+	var size [2]uint16
+	var step int
+	timer := time.NewTimer(resizeAgain[0])
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case size = <-z.newer:
+			step = 0
+			timer.Reset(resizeAgain[0])
+		case <-timer.C:
+			z.set(ctx, size)
+			if step++; step < len(resizeAgain) {
+				timer.Reset(resizeAgain[step] - resizeAgain[step-1])
+			}
+		}
+	}
 }
 
 type writerFunc func([]byte) (int, error)
