@@ -404,20 +404,25 @@ func kubeSessionFlow(t *testing.T, b *kube.Backend, s kube.Spec) {
 		}
 		done <- code
 	}()
-	// Asked again until it answers: the first size may reach the
-	// terminal after bash has read the first question (a CI run waited
-	// a minute for it).
-	waitFor(t, time.Minute, "30 100 from stty", func() bool {
-		fmt.Fprint(inW, "stty size\n")
-		time.Sleep(100 * time.Millisecond)
-		return strings.Contains(term.String(), "30 100")
-	})
-	sizes <- kube.TermSize{Cols: 120, Rows: 40}
-	waitFor(t, time.Minute, "40 120 after the resize", func() bool {
-		fmt.Fprint(inW, "stty size\n")
-		time.Sleep(100 * time.Millisecond)
-		return strings.Contains(term.String(), "40 120")
-	})
+	// Asked again until it answers, and the size sent again each time,
+	// as the gateway does (termSizer): bash's readline reads the size and
+	// writes it back as it readies each prompt, and a size that lands in
+	// between is lost (a CI run once waited its whole minute for 30 100,
+	// which this would explain).
+	sizeShows := func(want kube.TermSize) {
+		t.Helper()
+		waitFor(t, time.Minute, fmt.Sprintf("%d %d from stty", want.Rows, want.Cols), func() bool {
+			select {
+			case sizes <- want:
+			default:
+			}
+			fmt.Fprint(inW, "stty size\n")
+			time.Sleep(100 * time.Millisecond)
+			return strings.Contains(term.String(), fmt.Sprintf("%d %d", want.Rows, want.Cols))
+		})
+	}
+	sizeShows(kube.TermSize{Cols: 100, Rows: 30})
+	sizeShows(kube.TermSize{Cols: 120, Rows: 40})
 	fmt.Fprint(inW, "exit 5\n")
 	select {
 	case code := <-done:
