@@ -524,11 +524,28 @@ func validTrail(tenant, session string) bool {
 // PutTrail stores the piece of a session's audit trail that starts at
 // event start (session.TrailStore).
 func (s *Store) PutTrail(ctx context.Context, tenant, session string, start int, lines []byte) error {
-	if !validTrail(tenant, session) || start < 0 || len(lines) > maxTrailPiece {
-		return fmt.Errorf("recordings: bad tenant, session or trail piece")
+	return s.PutScopedTrail(ctx, tenant, session, "", start, lines)
+}
+
+// trailScopeMeta is the user metadata that marks a trail piece with the
+// scope of the gateway that wrote it; the listing reads it back.
+const trailScopeMeta = "Sandgate-Scope"
+
+// validScope: a scope mark is a tag (session.Manager.scopeTag): 16 hex
+// digits.
+var validScope = regexp.MustCompile(`^[0-9a-f]{16}$`)
+
+// PutScopedTrail is PutTrail, the piece marked with scope ("": none),
+// which Trails reports (session.TrailLister).
+func (s *Store) PutScopedTrail(ctx context.Context, tenant, session, scope string, start int, lines []byte) error {
+	if !validTrail(tenant, session) || start < 0 || len(lines) > maxTrailPiece || scope != "" && !validScope.MatchString(scope) {
+		return fmt.Errorf("recordings: bad tenant, session, scope or trail piece")
 	}
-	_, err := s.client.PutObject(ctx, s.cfg.Bucket, trailKey(tenant, session, start), bytes.NewReader(lines), int64(len(lines)),
-		minio.PutObjectOptions{ContentType: "application/x-ndjson", SendContentMd5: true})
+	opts := minio.PutObjectOptions{ContentType: "application/x-ndjson", SendContentMd5: true}
+	if scope != "" {
+		opts.UserMetadata = map[string]string{trailScopeMeta: scope}
+	}
+	_, err := s.client.PutObject(ctx, s.cfg.Bucket, trailKey(tenant, session, start), bytes.NewReader(lines), int64(len(lines)), opts)
 	if err != nil {
 		return fmt.Errorf("store audit trail piece: %w", err)
 	}
@@ -577,15 +594,17 @@ func (s *Store) ReadTrail(ctx context.Context, tenant, session string, each func
 }
 
 // Trails calls each with the tenant and session of every trail the store
-// holds pieces of, once each, with when its newest piece was written,
-// until each returns false (session.TrailLister). Keys that are not a
-// trail's are skipped.
-func (s *Store) Trails(ctx context.Context, each func(tenant, session string, newest time.Time) bool) error {
+// holds pieces of, once each, with the scope its pieces are marked with
+// (PutScopedTrail; the first mark listed, "" when none is) and when its
+// newest piece was written, until each returns false
+// (session.TrailLister). Keys that are not a trail's are skipped.
+func (s *Store) Trails(ctx context.Context, each func(tenant, session, scope string, newest time.Time) bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the listing when each stops early
-	var tenant, session string
+	var tenant, session, scope string
 	var newest time.Time
-	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: trailPrefix, Recursive: true}) {
+	opts := minio.ListObjectsOptions{Prefix: trailPrefix, Recursive: true, WithMetadata: true}
+	for obj := range s.client.ListObjects(ctx, s.cfg.Bucket, opts) {
 		if obj.Err != nil {
 			return fmt.Errorf("list audit trail pieces: %w", obj.Err)
 		}
@@ -595,19 +614,35 @@ func (s *Store) Trails(ctx context.Context, each func(tenant, session string, ne
 		}
 		// Listed in key order: a session's pieces come together.
 		if parts[0] != tenant || parts[1] != session {
-			if session != "" && !each(tenant, session, newest) {
+			if session != "" && !each(tenant, session, scope, newest) {
 				return nil
 			}
-			tenant, session, newest = parts[0], parts[1], time.Time{}
+			tenant, session, scope, newest = parts[0], parts[1], "", time.Time{}
 		}
 		if obj.LastModified.After(newest) {
 			newest = obj.LastModified
 		}
+		if scope == "" {
+			scope = pieceScope(obj.UserMetadata)
+		}
 	}
 	if session != "" {
-		each(tenant, session, newest)
+		each(tenant, session, scope, newest)
 	}
 	return nil
+}
+
+// pieceScope is the scope mark in a listed piece's metadata ("" when it
+// has none, or none well formed). The listing names user metadata with
+// or without its X-Amz-Meta- prefix, in any case.
+func pieceScope(meta map[string]string) string {
+	for k, v := range meta {
+		k = strings.TrimPrefix(strings.ToLower(k), "x-amz-meta-")
+		if k == strings.ToLower(trailScopeMeta) && validScope.MatchString(v) {
+			return v
+		}
+	}
+	return ""
 }
 
 // DropTrail removes a session's trail pieces (session.TrailStore).

@@ -31,9 +31,14 @@ type TrailStore interface {
 // while no gateway ran or led, and that only the store remembers
 // (endStoredOrphans).
 type TrailLister interface {
-	// Trails calls each with every trail's tenant and session, and
-	// when its newest piece was written, until each returns false.
-	Trails(ctx context.Context, each func(tenant, id string, newest time.Time) bool) error
+	// PutScopedTrail is PutTrail, the piece marked with scope: the tag
+	// of the gateway that writes it (Manager.scopeTag).
+	PutScopedTrail(ctx context.Context, tenant, id, scope string, start int, lines []byte) error
+	// Trails calls each with every trail's tenant and session, the
+	// scope its pieces are marked with ("" when none is, as pieces
+	// written before the mark), and when its newest piece was written,
+	// until each returns false.
+	Trails(ctx context.Context, each func(tenant, id, scope string, newest time.Time) bool) error
 }
 
 // Bounds of the stored trail.
@@ -271,7 +276,7 @@ func (m *Manager) flushTrailLocked(ctx context.Context, s *sess) error {
 				put, at = append(t.tail[:len(t.tail):len(t.tail)], lines...), t.tailStart
 			}
 			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := m.cfg.Trails.PutTrail(pctx, tenant, id, at, put)
+			err := m.putPiece(pctx, tenant, id, at, put)
 			cancel()
 			if err != nil {
 				t.unsure, t.unsureAt = true, at

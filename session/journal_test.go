@@ -26,6 +26,10 @@ type pieceStore struct {
 	lost error
 	// written is when each trail's newest piece was put.
 	written map[string]time.Time
+	// scopes: the scope each trail's pieces were marked with;
+	// reads: how often each trail was read.
+	scopes map[string]string
+	reads  map[string]int
 }
 
 func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, lines []byte) error {
@@ -55,6 +59,10 @@ func (p *pieceStore) ReadTrail(_ context.Context, tenant, id string, each func(i
 		return p.fail
 	}
 	got := p.pieces[tenant+"/"+id]
+	if p.reads == nil {
+		p.reads = map[string]int{}
+	}
+	p.reads[tenant+"/"+id]++
 	var starts []int
 	for s := range got {
 		starts = append(starts, s)
@@ -73,6 +81,7 @@ func (p *pieceStore) DropTrail(_ context.Context, tenant, id string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.pieces, tenant+"/"+id)
+	delete(p.scopes, tenant+"/"+id)
 	return nil
 }
 

@@ -18,8 +18,10 @@ type LogReader interface {
 	StoredLog(ctx context.Context, tenant, id string) ([]Event, bool, error)
 }
 
-// maxStoredOrphans bounds the trails one start looks through.
-const maxStoredOrphans = 10000
+// maxStoredOrphans bounds the trails one look takes: those this gateway
+// marked, or none did (another gateway's are passed over uncounted). A
+// variable for the tests.
+var maxStoredOrphans = 10000
 
 // endStoredOrphans finalises the sessions that only the store's trail
 // pieces remember: no sandbox, no trail file on this host, not among the
@@ -90,9 +92,13 @@ func (m *Manager) storedOrphans(lister TrailLister) (found [][2]string, next tim
 		newest     time.Time
 	}
 	var all []stored
-	err = lister.Trails(ctx, func(tn, id string, newest time.Time) bool {
-		// They name a file on this host: only well-formed names.
-		if ids.IsSession(id) && tenant.ValidName(tn) {
+	own := m.scopeTag()
+	err = lister.Trails(ctx, func(tn, id, scope string, newest time.Time) bool {
+		// They name a file on this host: only well-formed names. Those
+		// marked by another gateway are passed over unread, uncounted;
+		// those marked by none (written before the mark) are read, by
+		// endStoredOrphan, for the tag in their events.
+		if ids.IsSession(id) && tenant.ValidName(tn) && (scope == "" || scope == own) {
 			all = append(all, stored{tn, id, newest})
 		}
 		return len(all) < maxStoredOrphans
@@ -197,6 +203,16 @@ var endEvents = map[string]bool{string(StateStopped): true, string(StateFailed):
 // scopeTag is the tag of the gateway's Scope that its sessions' created
 // events carry: a hash, so the trail a tenant reads names no host or
 // namespace. Empty when there is no Scope.
+// putPiece stores a piece of the trail, marked with this gateway's scope
+// where the store keeps marks: the next gateway's pass over the store
+// then passes over other gateways' trails without reading them.
+func (m *Manager) putPiece(ctx context.Context, tenant, id string, start int, lines []byte) error {
+	if l, ok := m.cfg.Trails.(TrailLister); ok && m.scopeTag() != "" {
+		return l.PutScopedTrail(ctx, tenant, id, m.scopeTag(), start, lines)
+	}
+	return m.cfg.Trails.PutTrail(ctx, tenant, id, start, lines)
+}
+
 func (m *Manager) scopeTag() string {
 	if m.cfg.Scope == "" {
 		return ""

@@ -14,23 +14,35 @@ import (
 )
 
 // Trails lists the sessions the store holds pieces of (TrailLister).
-func (p *pieceStore) Trails(_ context.Context, each func(tenant, id string, newest time.Time) bool) error {
+func (p *pieceStore) PutScopedTrail(ctx context.Context, tenant, id, scope string, start int, lines []byte) error {
+	p.mu.Lock()
+	if p.scopes == nil {
+		p.scopes = map[string]string{}
+	}
+	if scope != "" && p.fail == nil {
+		p.scopes[tenant+"/"+id] = scope
+	}
+	p.mu.Unlock()
+	return p.PutTrail(ctx, tenant, id, start, lines)
+}
+
+func (p *pieceStore) Trails(_ context.Context, each func(tenant, id, scope string, newest time.Time) bool) error {
 	p.mu.Lock()
 	if p.fail != nil {
 		p.mu.Unlock()
 		return p.fail
 	}
 	var keys []string
-	newest := map[string]time.Time{}
+	newest, scopes := map[string]time.Time{}, map[string]string{}
 	for k := range p.pieces {
 		keys = append(keys, k)
-		newest[k] = p.written[k]
+		newest[k], scopes[k] = p.written[k], p.scopes[k]
 	}
 	p.mu.Unlock()
 	sort.Strings(keys)
 	for _, k := range keys {
 		tenant, id, _ := strings.Cut(k, "/")
-		if !each(tenant, id, newest[k]) {
+		if !each(tenant, id, scopes[k], newest[k]) {
 			return nil
 		}
 	}
@@ -123,6 +135,14 @@ func (k *logKeeper) StoredLog(_ context.Context, _, id string) ([]Event, bool, e
 // if empty), then events of these types.
 func storePieces(t *testing.T, store *pieceStore, id, tag string, typs ...string) {
 	t.Helper()
+	if err := store.PutTrail(context.Background(), "acme", id, 0, trailLines(tag, typs...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// trailLines is a trail's piece: created (with the scope tag, if any),
+// then events of typs.
+func trailLines(tag string, typs ...string) []byte {
 	var b bytes.Buffer
 	created := Event{Time: time.Now().UTC(), Type: "created", Fields: map[string]any{"runtime": "runc", "record": true}}
 	if tag != "" {
@@ -132,8 +152,72 @@ func storePieces(t *testing.T, store *pieceStore, id, tag string, typs ...string
 	for _, typ := range typs {
 		json.NewEncoder(&b).Encode(Event{Time: time.Now().UTC(), Type: typ})
 	}
-	if err := store.PutTrail(context.Background(), "acme", id, 0, b.Bytes()); err != nil {
+	return b.Bytes()
+}
+
+// passEnds runs the pass over the stored trails to its end, within 30 s.
+func passEnds(t *testing.T, m *Manager, k *logKeeper, why string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); m.endStoredOrphans(k) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal(why)
+	}
+}
+
+// Trails whose pieces another gateway marked (PutScopedTrail) are passed
+// over unread, and do not count against a look's bound: this gateway's
+// orphan, listed after more of them than the bound, is finalised. The
+// controls: an unmarked trail (pieces from before the mark) is still
+// read for the tag in its events, and left alone by it; the journal
+// marks the pieces it writes with this gateway's tag.
+func TestStoredOrphansMarked(t *testing.T) {
+	defer func(n int) { maxStoredOrphans = n }(maxStoredOrphans)
+	maxStoredOrphans = 3
+	foreign := []string{"s-0000000000000001", "s-0000000000000002", "s-0000000000000003"}
+	const (
+		old    = "s-0000000000000004"
+		orphan = "s-0000000000000005"
+		live   = "s-0000000000000006"
+	)
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	m.backend = boxesBackend{}
+	m.cfg.Scope = "kubernetes/sandgate"
+	other := &Manager{cfg: Config{Scope: "kubernetes/elsewhere"}}
+	ctx := context.Background()
+	for _, id := range foreign {
+		if err := store.PutScopedTrail(ctx, "acme", id, other.scopeTag(), 0, trailLines(other.scopeTag(), "exec")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	storePieces(t, store, old, other.scopeTag(), "exec")
+	s := journalSession(m, live, false)
+	s.trail.record(time.Now(), "created", m.createdFields(Info{}))
+	if err := m.flushTrail(ctx, s); err != nil {
 		t.Fatal(err)
+	}
+	if got := store.scopes["acme/"+live]; got != m.scopeTag() {
+		t.Fatalf("the journal marked a live session's pieces %q, want this gateway's tag %q", got, m.scopeTag())
+	}
+	delete(m.sessions, live)
+	store.PutScopedTrail(ctx, "acme", orphan, m.scopeTag(), 0, trailLines(m.scopeTag(), "exec"))
+	// (live, now held by nothing, is an orphan too: its sandbox is gone.)
+
+	k := &logKeeper{logs: map[string][]Event{}, infos: map[string]Info{}, calls: map[string]int{}}
+	passEnds(t, m, k, "the pass did not end")
+	if got := types(k.logs[orphan]); !eq(got, []string{"created", "exec", "ended_unobserved"}) {
+		t.Errorf("this gateway's orphan, listed after %d trails of another, gave the log %v; want it finalised", len(foreign), got)
+	}
+	for _, id := range foreign {
+		if store.reads["acme/"+id] != 0 || k.calls[id] != 0 || len(store.pieces["acme/"+id]) == 0 {
+			t.Errorf("%s, marked by another gateway, was read %d times or finalised", id, store.reads["acme/"+id])
+		}
+	}
+	if store.reads["acme/"+old] == 0 || k.calls[old] != 0 || len(store.pieces["acme/"+old]) == 0 {
+		t.Errorf("the unmarked trail was read %d times, finalised %d: want read, and left alone by its events' tag", store.reads["acme/"+old], k.calls[old])
 	}
 }
 
@@ -286,13 +370,7 @@ func TestStoredOrphanQuiet(t *testing.T) {
 	k := &logKeeper{logs: map[string][]Event{}, infos: map[string]Info{}, calls: map[string]int{}}
 	var at time.Time
 	k.onFinalise = func() { at = time.Now() }
-	done := make(chan struct{})
-	go func() { defer close(done); m.endStoredOrphans(k) }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the pass did not end once the quiet trail was finalised")
-	}
+	passEnds(t, m, k, "the pass did not end once the quiet trail was finalised")
 	if k.calls[id] != 1 {
 		t.Fatalf("the quiet trail was finalised %d times, want once", k.calls[id])
 	}

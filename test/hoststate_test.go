@@ -158,6 +158,21 @@ func TestStoredOrphanFinalised(t *testing.T) {
 	e := needE2E(t)
 	mc := e.profileBucket(t)
 	kept, gone, markKept, markGone := markedPair(t, e, mc)
+	// The gateway marks the pieces it writes with its scope's tag, the
+	// one its created events carry: another gateway that shares the
+	// bucket passes over them unread.
+	scope := ""
+	if err := artifactStore(t, e).Trails(e.ctx(), func(_, id, s string, _ time.Time) bool {
+		if id == gone.ID {
+			scope = s
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if scope == "" || !bytes.Contains(storedTrail(t, mc, "tenant-a", gone.ID), []byte(`"scope":"`+scope+`"`)) {
+		t.Errorf("the session's pieces are marked %q, not with its created event's tag:\n%s", scope, storedTrail(t, mc, "tenant-a", gone.ID))
+	}
 
 	e.stopGateway(syscall.SIGKILL)
 	ctx := e.ctx()

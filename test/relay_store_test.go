@@ -28,10 +28,7 @@ import (
 func TestRelayStoreComesBack(t *testing.T) {
 	e := needE2E(t)
 	back := e.minioAway(t)
-	store, err := recordings.Open(recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-artifacts"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := artifactStore(t, e)
 	var logs syncBuffer
 	u, _ := url.Parse("http://gw.test:8080")
 	relay, err := gateway.NewRelay(gateway.Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-test",
@@ -67,10 +64,7 @@ func TestStoredCopies(t *testing.T) {
 	e := needE2E(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store, err := recordings.Open(recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-artifacts"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := artifactStore(t, e)
 	log := slog.New(slog.DiscardHandler)
 	const every, maxAge = 200 * time.Millisecond, 2 * time.Second
 	sid, revoked, kept := ids.NewSession(), ids.NewPreview(), ids.NewPreview()
@@ -146,10 +140,7 @@ func TestStoredLogKeepsTrail(t *testing.T) {
 	e := needE2E(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	store, err := recordings.Open(recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: "sandgate-artifacts"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := artifactStore(t, e)
 	id := ids.NewSession()
 	t.Cleanup(func() {
 		store.DropTrail(context.Background(), "tenant-a", id)
@@ -184,4 +175,66 @@ func TestStoredLogKeepsTrail(t *testing.T) {
 	if !slices.Equal(types, []string{"created", "exec", "deleted", "preview_issued"}) {
 		t.Errorf("the session's events once its log was made: %v, want the stored trail's, then preview_issued", types)
 	}
+}
+
+// TestTrailScopeMarks: a trail piece stored marked with a gateway's scope
+// tag is listed with it by MinIO (the listing's metadata), so that a
+// gateway passes over other gateways' trails without reading them. The
+// controls: an unmarked piece is listed with none, a trail whose first
+// piece is unmarked and whose next is marked (a session adopted across
+// the upgrade) with the mark, and a malformed mark is refused.
+func TestTrailScopeMarks(t *testing.T) {
+	e := needE2E(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	store := artifactStore(t, e)
+	const tag = "0123456789abcdef"
+	marked, unmarked, adopted := ids.NewSession(), ids.NewSession(), ids.NewSession()
+	t.Cleanup(func() {
+		for _, id := range []string{marked, unmarked, adopted} {
+			store.DropTrail(context.Background(), "tenant-a", id)
+		}
+	})
+	line := []byte(`{"type":"exec"}` + "\n")
+	for _, p := range []struct {
+		id, scope string
+		start     int
+	}{{marked, tag, 0}, {marked, tag, 1}, {unmarked, "", 0}, {adopted, "", 0}, {adopted, tag, 1}} {
+		if err := store.PutScopedTrail(ctx, "tenant-a", p.id, p.scope, p.start, line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := store.PutScopedTrail(ctx, "tenant-a", marked, "not-a-tag", 2, line); err == nil {
+		t.Error("a malformed scope mark was stored")
+	}
+	got := map[string]string{}
+	err := store.Trails(ctx, func(tenant, id, scope string, newest time.Time) bool {
+		if tenant == "tenant-a" && (id == marked || id == unmarked || id == adopted) {
+			got[id] = scope
+			if time.Since(newest) > time.Minute {
+				t.Errorf("%s's newest piece listed as written at %v", id, newest)
+			}
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{marked: tag, unmarked: "", adopted: tag}
+	for id, w := range want {
+		if s, ok := got[id]; !ok || s != w {
+			t.Errorf("trail %s listed with scope %q (listed: %v), want %q", id, s, ok, w)
+		}
+	}
+}
+
+// artifactStore is the test gateway's artifact store, opened as the
+// gateway opens it.
+func artifactStore(t testing.TB, e *testEnv) *recordings.Store {
+	t.Helper()
+	store, err := recordings.Open(recordings.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret", Bucket: artifactsBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store
 }
