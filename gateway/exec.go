@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -134,10 +135,13 @@ func (s *Server) exec(c *fiber.Ctx) error {
 	// one pipe in order; the gateway's own deadline is the backstop.
 	args := append([]string{"/usr/local/bin/sandgate-exec", strconv.FormatInt(int64(timeout/time.Second), 10)}, req.Cmd...)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+10*time.Second)
-	proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{
-		Args: args, Env: env, Cwd: req.Cwd, Root: root,
-		Stdin: strings.NewReader(string(stdin)), Stdout: frames, Stderr: errw,
-	})
+	spec := session.ExecSpec{Args: args, Env: env, Cwd: req.Cwd, Root: root, Stdout: frames, Stderr: errw}
+	if len(stdin) > 0 {
+		// (None at all otherwise: under Kubernetes, no stdin stream
+		// whose end the command would wait for; see kube.Run.)
+		spec.Stdin, spec.StdinSize = bytes.NewReader(stdin), int64(len(stdin))
+	}
+	proc, err := s.shells.startShell(ctx, claims, spec)
 	if err != nil {
 		cancel()
 		return err

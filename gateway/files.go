@@ -192,7 +192,14 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 		defer ccancel()
 		return s.runIn(cctx, claims, args)
 	}
-	proc, err := s.shells.startShell(ctx, claims, session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p, tmp, size, staged}, Stdin: counted})
+	spec := session.ExecSpec{Args: []string{"sh", "-c", scriptPut, "sandgate", p, tmp, size, staged}, Stdin: counted}
+	switch {
+	case declared > 0:
+		spec.StdinSize = declared // read to its last byte, not to its end (kube.Run)
+	case declared == 0:
+		spec.Stdin = nil // no stream at all
+	}
+	proc, err := s.shells.startShell(ctx, claims, spec)
 	if err != nil {
 		return err
 	}

@@ -12,16 +12,20 @@ import (
 
 // ExecSpec is a command to run in a session.
 type ExecSpec struct {
-	Args     []string
-	Env      []string // KEY=VALUE, added to the session's environment
-	Cwd      string   // default: the session user's home
-	Root     bool     // run as root (still without capabilities)
-	Stdin    io.Reader
-	Stdout   io.Writer
-	Stderr   io.Writer // ignored with Terminal
-	Terminal bool
-	Cols     uint16
-	Rows     uint16
+	Args  []string
+	Env   []string // KEY=VALUE, added to the session's environment
+	Cwd   string   // default: the session user's home
+	Root  bool     // run as root (still without capabilities)
+	Stdin io.Reader
+	// StdinSize is how many bytes Stdin holds, when known (0: not
+	// known). A backend whose stdin can lose its end (the Pod exec API)
+	// reads that many and no more, rather than wait for the end.
+	StdinSize int64
+	Stdout    io.Writer
+	Stderr    io.Writer // ignored with Terminal
+	Terminal  bool
+	Cols      uint16
+	Rows      uint16
 }
 
 // Process is a command running in a session.

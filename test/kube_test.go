@@ -374,6 +374,25 @@ func kubeSessionFlow(t *testing.T, b *kube.Backend, s kube.Spec) {
 	if _, _, code := kubeRun(t, b, s.ID, kube.Exec{Args: []string{"no-such-program"}}); code != 127 {
 		t.Errorf("a missing program exited %d, want 127", code)
 	}
+	// Input whose end never comes (as when the exec API loses it): with
+	// its size known the command reads that many bytes and ends; the
+	// control, with no size, still waits for the end when the test gives
+	// up on it. A command given no input has no stream to wait on.
+	endless := func() io.Reader { return io.MultiReader(strings.NewReader("hello"), blockingReader{ctx}) }
+	if o, _, code := kubeRun(t, b, s.ID, kube.Exec{Args: []string{"cat"}, Stdin: endless(), StdinSize: 5}); o != "hello" || code != 0 {
+		t.Errorf("input of a known size whose end never comes: %q, exit %d", o, code)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	if _, err := b.Run(wctx, s.ID, kube.Exec{Args: []string{"cat"}, Stdin: endless(), Stdout: io.Discard}); wctx.Err() == nil {
+		t.Errorf("the control: input of no known size whose end never comes ended the command (%v); the test shows nothing", err)
+	}
+	wcancel()
+	if o, _, _ := kubeRun(t, b, s.ID, kube.Exec{Args: []string{"readlink", "/proc/self/fd/0"}}); strings.Contains(o, "pipe") || o == "" {
+		t.Errorf("a command given no input reads %q", o)
+	}
+	if o, _, _ := kubeRun(t, b, s.ID, kube.Exec{Args: []string{"readlink", "/proc/self/fd/0"}, Stdin: strings.NewReader("x"), StdinSize: 1}); !strings.Contains(o, "pipe") {
+		t.Errorf("the control: a command given input reads %q, not a pipe", o)
+	}
 	// What env would read another way is refused; the commands above
 	// are the control.
 	for name, bad := range map[string]kube.Exec{
@@ -699,4 +718,12 @@ func TestKubeLeases(t *testing.T) {
 	if left, err := c.List(ctx); err != nil || len(left) != 0 {
 		t.Fatalf("leases left: %+v, %v", left, err)
 	}
+}
+
+// blockingReader is input that never ends: Read waits until ctx does.
+type blockingReader struct{ ctx context.Context }
+
+func (r blockingReader) Read([]byte) (int, error) {
+	<-r.ctx.Done()
+	return 0, r.ctx.Err()
 }

@@ -489,7 +489,7 @@ func (p *pod) Exec(ctx context.Context, spec session.ExecSpec, env []string) (se
 	if strings.HasPrefix(cwd, "/") {
 		cwd = path.Clean(cwd)
 	}
-	e := Exec{Args: spec.Args, Env: env, Cwd: cwd, Stdin: spec.Stdin, Stdout: spec.Stdout, Stderr: spec.Stderr, Terminal: spec.Terminal}
+	e := Exec{Args: spec.Args, Env: env, Cwd: cwd, Stdin: spec.Stdin, StdinSize: spec.StdinSize, Stdout: spec.Stdout, Stderr: spec.Stderr, Terminal: spec.Terminal}
 	if err := e.Check(); err != nil { // refused now, not as the command's end
 		return nil, &session.PublicError{Class: session.ErrInvalid, Msg: "the command cannot run in the session: " + strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "), Err: err}
 	}
