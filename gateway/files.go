@@ -302,7 +302,8 @@ func (s *Server) uploadBody(c *fiber.Ctx) *requestBody {
 		conn.SetReadDeadline(time.Now().Add(s.cfg.UploadTimeout))
 	}
 	if st := c.Context().RequestBodyStream(); st != nil {
-		return &requestBody{r: st, conn: conn, c: c, chunked: c.Request().Header.ContentLength() == -1}
+		cl := int64(c.Request().Header.ContentLength())
+		return &requestBody{r: st, conn: conn, c: c, chunked: cl == -1, declared: cl}
 	}
 	// Not streamed (an empty body): already read.
 	return &requestBody{r: bytes.NewReader(c.Body()), c: c}
@@ -328,6 +329,10 @@ type requestBody struct {
 	// chunked: the body's length is not declared; its end is its last
 	// chunk.
 	chunked bool
+	// declared is the body's declared length (-1: chunked); read, what
+	// was read of it. Its last byte is its end: a command that reads no
+	// further (head, under Kubernetes) leaves the connection usable.
+	declared, read int64
 }
 
 var errBodyDetached = errors.New("the request was answered")
@@ -348,7 +353,8 @@ func (b *requestBody) Read(p []byte) (int, error) {
 		// short at a chunk's end.
 		return n, io.ErrUnexpectedEOF
 	}
-	if err == io.EOF {
+	b.read += int64(n)
+	if err == io.EOF || b.declared > 0 && b.read >= b.declared {
 		b.end.Store(true)
 	}
 	return n, err
@@ -364,7 +370,7 @@ func (b *requestBody) detach() {
 	b.mu.Lock()
 	b.gone = true
 	b.mu.Unlock()
-	if !end {
+	if !end && b.conn != nil { // (a body not streamed was read whole)
 		b.c.Set(fiber.HeaderConnection, "close")
 		b.c.Context().SetConnectionClose()
 	}

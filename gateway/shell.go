@@ -80,7 +80,9 @@ func (s *Server) shell() fiber.Handler {
 		}
 		defer proc.Close()
 		sizer := newTermSizer(proc)
-		go sizer.run(ctx)
+		sizeCtx, endSizer := context.WithCancel(ctx)
+		defer endSizer()
+		go sizer.run(sizeCtx)
 		// The size given at start is not applied by every runtime
 		// (under gVisor the terminal starts at 0x0): set it again now.
 		if err := sizer.resize(ctx, uint16(clamp(cols, 1, 1000)), uint16(clamp(rows, 1, 1000))); err != nil {
@@ -144,6 +146,7 @@ func (s *Server) shell() fiber.Handler {
 			}
 		}()
 		code, _ := proc.Wait(ctx)
+		endSizer() // no resize of a process that is gone
 		msg, _ := json.Marshal(map[string]any{"type": "exit", "exit_code": code})
 		send(fws.TextMessage, msg)
 		shut(fws.CloseNormalClosure, "the shell exited")
@@ -167,8 +170,10 @@ func (s *Server) shell() fiber.Handler {
 // (set_winsize in rltty.c), and a resize that lands between the two is
 // lost. Resizes sent as each prompt appeared: under runc none of 60 was
 // lost, under gVisor one to three of 60 (and one in a CI run). Setting a
-// size that holds changes nothing (the kernel sends no SIGWINCH); a size
-// put back is restored, with the SIGWINCH that makes the program redraw.
+// size that holds changes nothing (Linux's pty sends no SIGWINCH); a size
+// put back is restored. A size the session sets itself (stty cols) within
+// 3 s of the client's resize is overridden: the client's window is the
+// terminal's size.
 var resizeAgain = []time.Duration{20 * time.Millisecond, 250 * time.Millisecond, time.Second, 3 * time.Second}
 
 // termSizer sets a shell's terminal size: at once, in the order of the

@@ -595,9 +595,10 @@ func (s *Store) ReadTrail(ctx context.Context, tenant, session string, each func
 
 // Trails calls each with the tenant and session of every trail the store
 // holds pieces of, once each, with the scope its pieces are marked with
-// (PutScopedTrail; the first mark listed, "" when none is) and when its
-// newest piece was written, until each returns false
-// (session.TrailLister). Keys that are not a trail's are skipped.
+// (PutScopedTrail: the mark all of them carry; "" when one carries none,
+// or they differ, as when a host that lost its scope adopted the
+// session) and when its newest piece was written, until each returns
+// false (session.TrailLister). Keys that are not a trail's are skipped.
 func (s *Store) Trails(ctx context.Context, each func(tenant, session, scope string, newest time.Time) bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the listing when each stops early
@@ -612,18 +613,19 @@ func (s *Store) Trails(ctx context.Context, each func(tenant, session, scope str
 		if len(parts) != 3 || !validTrail(parts[0], parts[1]) {
 			continue
 		}
+		mark := pieceScope(obj.UserMetadata)
 		// Listed in key order: a session's pieces come together.
 		if parts[0] != tenant || parts[1] != session {
 			if session != "" && !each(tenant, session, scope, newest) {
 				return nil
 			}
-			tenant, session, scope, newest = parts[0], parts[1], "", time.Time{}
+			tenant, session, scope, newest = parts[0], parts[1], mark, time.Time{}
+		}
+		if mark != scope {
+			scope = ""
 		}
 		if obj.LastModified.After(newest) {
 			newest = obj.LastModified
-		}
-		if scope == "" {
-			scope = pieceScope(obj.UserMetadata)
 		}
 	}
 	if session != "" {

@@ -31,14 +31,20 @@ type TrailStore interface {
 // while no gateway ran or led, and that only the store remembers
 // (endStoredOrphans).
 type TrailLister interface {
-	// PutScopedTrail is PutTrail, the piece marked with scope: the tag
-	// of the gateway that writes it (Manager.scopeTag).
-	PutScopedTrail(ctx context.Context, tenant, id, scope string, start int, lines []byte) error
 	// Trails calls each with every trail's tenant and session, the
-	// scope its pieces are marked with ("" when none is, as pieces
-	// written before the mark), and when its newest piece was written,
-	// until each returns false.
+	// scope all its pieces are marked with (TrailMarker; "" when one is
+	// not, as pieces written before the mark, or their marks differ),
+	// and when its newest piece was written, until each returns false.
 	Trails(ctx context.Context, each func(tenant, id, scope string, newest time.Time) bool) error
+}
+
+// TrailMarker is a TrailStore that marks each piece with the scope of
+// the gateway that wrote it, which its listing (TrailLister) reports: a
+// gateway then passes over other gateways' trails without reading them.
+type TrailMarker interface {
+	// PutScopedTrail is PutTrail, the piece marked with scope (the
+	// writer's Manager.scopeTag).
+	PutScopedTrail(ctx context.Context, tenant, id, scope string, start int, lines []byte) error
 }
 
 // Bounds of the stored trail.

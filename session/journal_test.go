@@ -26,9 +26,9 @@ type pieceStore struct {
 	lost error
 	// written is when each trail's newest piece was put.
 	written map[string]time.Time
-	// scopes: the scope each trail's pieces were marked with;
-	// reads: how often each trail was read.
-	scopes map[string]string
+	// scopes: the scope each trail's pieces were marked with, by
+	// start; reads: how often each trail was read.
+	scopes map[string]map[int]string
 	reads  map[string]int
 }
 
@@ -45,6 +45,7 @@ func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, l
 		p.pieces[tenant+"/"+id] = map[int][]byte{}
 	}
 	p.pieces[tenant+"/"+id][start] = append([]byte(nil), lines...)
+	delete(p.scopes[tenant+"/"+id], start) // (PutScopedTrail marks it)
 	if p.written == nil {
 		p.written = map[string]time.Time{}
 	}

@@ -92,16 +92,19 @@ func (m *Manager) storedOrphans(lister TrailLister) (found [][2]string, next tim
 		newest     time.Time
 	}
 	var all []stored
-	own := m.scopeTag()
+	own, listed := m.scopeTag(), 0
 	err = lister.Trails(ctx, func(tn, id, scope string, newest time.Time) bool {
 		// They name a file on this host: only well-formed names. Those
-		// marked by another gateway are passed over unread, uncounted;
-		// those marked by none (written before the mark) are read, by
-		// endStoredOrphan, for the tag in their events.
+		// marked by another gateway are passed over unread and not
+		// counted against maxStoredOrphans (but against 10 times it:
+		// the listing too has its bound); those without one mark (from
+		// before the mark, or adopted by a host that lost its scope)
+		// are read, by endStoredOrphan, for the tags in their events.
+		listed++
 		if ids.IsSession(id) && tenant.ValidName(tn) && (scope == "" || scope == own) {
 			all = append(all, stored{tn, id, newest})
 		}
-		return len(all) < maxStoredOrphans
+		return len(all) < maxStoredOrphans && listed < 10*maxStoredOrphans
 	})
 	if err != nil || len(all) == 0 {
 		return nil, time.Time{}, err
@@ -200,19 +203,19 @@ func loggedEnd(ctx context.Context, o Observer, tenant, id string) (bool, error)
 // is over: its final state, or the note that it ended unobserved.
 var endEvents = map[string]bool{string(StateStopped): true, string(StateFailed): true, "ended_unobserved": true}
 
-// scopeTag is the tag of the gateway's Scope that its sessions' created
-// events carry: a hash, so the trail a tenant reads names no host or
-// namespace. Empty when there is no Scope.
 // putPiece stores a piece of the trail, marked with this gateway's scope
 // where the store keeps marks: the next gateway's pass over the store
 // then passes over other gateways' trails without reading them.
 func (m *Manager) putPiece(ctx context.Context, tenant, id string, start int, lines []byte) error {
-	if l, ok := m.cfg.Trails.(TrailLister); ok && m.scopeTag() != "" {
-		return l.PutScopedTrail(ctx, tenant, id, m.scopeTag(), start, lines)
+	if mk, ok := m.cfg.Trails.(TrailMarker); ok && m.scopeTag() != "" {
+		return mk.PutScopedTrail(ctx, tenant, id, m.scopeTag(), start, lines)
 	}
 	return m.cfg.Trails.PutTrail(ctx, tenant, id, start, lines)
 }
 
+// scopeTag is the tag of the gateway's Scope that its sessions' created
+// events carry: a hash, so the trail a tenant reads names no host or
+// namespace. Empty when there is no Scope.
 func (m *Manager) scopeTag() string {
 	if m.cfg.Scope == "" {
 		return ""

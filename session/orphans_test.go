@@ -15,17 +15,23 @@ import (
 
 // Trails lists the sessions the store holds pieces of (TrailLister).
 func (p *pieceStore) PutScopedTrail(ctx context.Context, tenant, id, scope string, start int, lines []byte) error {
+	if err := p.PutTrail(ctx, tenant, id, start, lines); err != nil && p.lost == nil {
+		return err
+	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.scopes == nil {
-		p.scopes = map[string]string{}
+		p.scopes = map[string]map[int]string{}
 	}
-	if scope != "" && p.fail == nil {
-		p.scopes[tenant+"/"+id] = scope
+	if p.scopes[tenant+"/"+id] == nil {
+		p.scopes[tenant+"/"+id] = map[int]string{}
 	}
-	p.mu.Unlock()
-	return p.PutTrail(ctx, tenant, id, start, lines)
+	p.scopes[tenant+"/"+id][start] = scope
+	return p.lost
 }
 
+// Trails reports a trail's scope as recordings.Store does: the mark all
+// its pieces carry, "" when one carries none or they differ.
 func (p *pieceStore) Trails(_ context.Context, each func(tenant, id, scope string, newest time.Time) bool) error {
 	p.mu.Lock()
 	if p.fail != nil {
@@ -34,9 +40,18 @@ func (p *pieceStore) Trails(_ context.Context, each func(tenant, id, scope strin
 	}
 	var keys []string
 	newest, scopes := map[string]time.Time{}, map[string]string{}
-	for k := range p.pieces {
+	for k, pieces := range p.pieces {
 		keys = append(keys, k)
-		newest[k], scopes[k] = p.written[k], p.scopes[k]
+		newest[k] = p.written[k]
+		first := true
+		for start := range pieces {
+			mark := p.scopes[k][start]
+			if first {
+				scopes[k], first = mark, false
+			} else if mark != scopes[k] {
+				scopes[k] = ""
+			}
+		}
 	}
 	p.mu.Unlock()
 	sort.Strings(keys)
@@ -169,7 +184,9 @@ func passEnds(t *testing.T, m *Manager, k *logKeeper, why string) {
 
 // Trails whose pieces another gateway marked (PutScopedTrail) are passed
 // over unread, and do not count against a look's bound: this gateway's
-// orphan, listed after more of them than the bound, is finalised. The
+// orphan, listed after more of them than the bound, is finalised. So is
+// one whose first piece another scope marked and whose next this one did
+// (a host that lost its scope and adopted the session): it is read. The
 // controls: an unmarked trail (pieces from before the mark) is still
 // read for the tag in its events, and left alone by it; the journal
 // marks the pieces it writes with this gateway's tag.
@@ -178,9 +195,10 @@ func TestStoredOrphansMarked(t *testing.T) {
 	maxStoredOrphans = 3
 	foreign := []string{"s-0000000000000001", "s-0000000000000002", "s-0000000000000003"}
 	const (
-		old    = "s-0000000000000004"
+		mixed  = "s-0000000000000004"
 		orphan = "s-0000000000000005"
-		live   = "s-0000000000000006"
+		old    = "s-0000000000000006"
+		live   = "s-0000000000000007"
 	)
 	store := &pieceStore{}
 	m := journalManager(t, store)
@@ -194,12 +212,16 @@ func TestStoredOrphansMarked(t *testing.T) {
 		}
 	}
 	storePieces(t, store, old, other.scopeTag(), "exec")
+	var adopted bytes.Buffer
+	json.NewEncoder(&adopted).Encode(Event{Time: time.Now().UTC(), Type: "adopted", Fields: map[string]any{"scope": m.scopeTag()}})
+	store.PutScopedTrail(ctx, "acme", mixed, other.scopeTag(), 0, trailLines(other.scopeTag()))
+	store.PutScopedTrail(ctx, "acme", mixed, m.scopeTag(), 1, adopted.Bytes())
 	s := journalSession(m, live, false)
 	s.trail.record(time.Now(), "created", m.createdFields(Info{}))
 	if err := m.flushTrail(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	if got := store.scopes["acme/"+live]; got != m.scopeTag() {
+	if got := store.scopes["acme/"+live][0]; got != m.scopeTag() {
 		t.Fatalf("the journal marked a live session's pieces %q, want this gateway's tag %q", got, m.scopeTag())
 	}
 	delete(m.sessions, live)
@@ -210,6 +232,9 @@ func TestStoredOrphansMarked(t *testing.T) {
 	passEnds(t, m, k, "the pass did not end")
 	if got := types(k.logs[orphan]); !eq(got, []string{"created", "exec", "ended_unobserved"}) {
 		t.Errorf("this gateway's orphan, listed after %d trails of another, gave the log %v; want it finalised", len(foreign), got)
+	}
+	if got := types(k.logs[mixed]); !eq(got, []string{"created", "adopted", "ended_unobserved"}) {
+		t.Errorf("the orphan adopted by this scope after another marked its first piece gave the log %v; want it finalised", got)
 	}
 	for _, id := range foreign {
 		if store.reads["acme/"+id] != 0 || k.calls[id] != 0 || len(store.pieces["acme/"+id]) == 0 {

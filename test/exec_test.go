@@ -290,6 +290,8 @@ func TestShellResize(t *testing.T) {
 	var screen strings.Builder
 	chunks := make(chan []byte, 256)
 	exit := make(chan int, 1)
+	stop := make(chan struct{})
+	defer close(stop)
 	go func() {
 		defer close(chunks)
 		for {
@@ -302,7 +304,11 @@ func TestShellResize(t *testing.T) {
 				ExitCode int    `json:"exit_code"`
 			}
 			if mt == websocket.BinaryMessage {
-				chunks <- data
+				select {
+				case chunks <- data:
+				case <-stop:
+					return
+				}
 			} else if json.Unmarshal(data, &ctl) == nil && ctl.Type == "exit" {
 				exit <- ctl.ExitCode
 			}

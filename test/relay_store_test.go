@@ -177,21 +177,23 @@ func TestStoredLogKeepsTrail(t *testing.T) {
 	}
 }
 
-// TestTrailScopeMarks: a trail piece stored marked with a gateway's scope
-// tag is listed with it by MinIO (the listing's metadata), so that a
-// gateway passes over other gateways' trails without reading them. The
-// controls: an unmarked piece is listed with none, a trail whose first
-// piece is unmarked and whose next is marked (a session adopted across
-// the upgrade) with the mark, and a malformed mark is refused.
+// TestTrailScopeMarks: a trail whose pieces are stored marked with a
+// gateway's scope tag is listed with it by MinIO (the listing's
+// metadata), so that a gateway passes over other gateways' trails
+// without reading them. The controls, listed with no mark (to be read): an
+// unmarked trail, one whose first piece is unmarked and whose next is
+// marked (adopted across the upgrade), one whose pieces two scopes
+// marked (adopted by a host that lost its scope); and a malformed mark is
+// refused.
 func TestTrailScopeMarks(t *testing.T) {
 	e := needE2E(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	store := artifactStore(t, e)
 	const tag = "0123456789abcdef"
-	marked, unmarked, adopted := ids.NewSession(), ids.NewSession(), ids.NewSession()
+	marked, unmarked, adopted, moved := ids.NewSession(), ids.NewSession(), ids.NewSession(), ids.NewSession()
 	t.Cleanup(func() {
-		for _, id := range []string{marked, unmarked, adopted} {
+		for _, id := range []string{marked, unmarked, adopted, moved} {
 			store.DropTrail(context.Background(), "tenant-a", id)
 		}
 	})
@@ -199,7 +201,7 @@ func TestTrailScopeMarks(t *testing.T) {
 	for _, p := range []struct {
 		id, scope string
 		start     int
-	}{{marked, tag, 0}, {marked, tag, 1}, {unmarked, "", 0}, {adopted, "", 0}, {adopted, tag, 1}} {
+	}{{marked, tag, 0}, {marked, tag, 1}, {unmarked, "", 0}, {adopted, "", 0}, {adopted, tag, 1}, {moved, "fedcba9876543210", 0}, {moved, tag, 1}} {
 		if err := store.PutScopedTrail(ctx, "tenant-a", p.id, p.scope, p.start, line); err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +211,7 @@ func TestTrailScopeMarks(t *testing.T) {
 	}
 	got := map[string]string{}
 	err := store.Trails(ctx, func(tenant, id, scope string, newest time.Time) bool {
-		if tenant == "tenant-a" && (id == marked || id == unmarked || id == adopted) {
+		if tenant == "tenant-a" && (id == marked || id == unmarked || id == adopted || id == moved) {
 			got[id] = scope
 			if time.Since(newest) > time.Minute {
 				t.Errorf("%s's newest piece listed as written at %v", id, newest)
@@ -220,7 +222,7 @@ func TestTrailScopeMarks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{marked: tag, unmarked: "", adopted: tag}
+	want := map[string]string{marked: tag, unmarked: "", adopted: "", moved: ""}
 	for id, w := range want {
 		if s, ok := got[id]; !ok || s != w {
 			t.Errorf("trail %s listed with scope %q (listed: %v), want %q", id, s, ok, w)
