@@ -170,7 +170,7 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 	if declared > max {
 		return tooLarge(c, fmt.Sprintf("the file is larger than the tenant's limit of %d bytes", max))
 	}
-	body := s.uploadBody(c)
+	body := s.uploadBody(c, declared)
 	defer body.detach()
 	sha := sha256.New()
 	counted := &countingReader{r: io.LimitReader(body, max+1), h: sha}
@@ -295,15 +295,15 @@ func (s *Server) putFile(c *fiber.Ctx) error {
 // read into memory. The server's read timeout covers the headers and
 // every other route; an upload gets UploadTimeout from now, so a large
 // file on a slow link is not cut at ReadTimeout. The handler must call
-// its detach before it returns.
-func (s *Server) uploadBody(c *fiber.Ctx) *requestBody {
+// its detach before it returns. declared is the body's declared length
+// (-1: chunked).
+func (s *Server) uploadBody(c *fiber.Ctx, declared int64) *requestBody {
 	conn := c.Context().Conn()
 	if conn != nil {
 		conn.SetReadDeadline(time.Now().Add(s.cfg.UploadTimeout))
 	}
 	if st := c.Context().RequestBodyStream(); st != nil {
-		cl := int64(c.Request().Header.ContentLength())
-		return &requestBody{r: st, conn: conn, c: c, chunked: cl == -1, declared: cl}
+		return &requestBody{r: st, conn: conn, c: c, chunked: declared == -1, declared: declared}
 	}
 	// Not streamed (an empty body): already read.
 	return &requestBody{r: bytes.NewReader(c.Body()), c: c}

@@ -37,7 +37,7 @@ func TestUploadOutlivesReadTimeout(t *testing.T) {
 		}
 		return c.SendString(fmt.Sprint(n))
 	}
-	s.app.Put("/test/upload/files", func(c *fiber.Ctx) error { return count(c, s.uploadBody(c)) })
+	s.app.Put("/test/upload/files", func(c *fiber.Ctx) error { return count(c, s.uploadBody(c, int64(c.Request().Header.ContentLength()))) })
 	s.app.Put("/test/plain/files", func(c *fiber.Ctx) error { return count(c, c.Context().RequestBodyStream()) })
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

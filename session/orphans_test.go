@@ -170,6 +170,17 @@ func trailLines(tag string, typs ...string) []byte {
 	return b.Bytes()
 }
 
+// scopedManagers is a manager of scope kubernetes/sandgate whose journal
+// writes to store and whose backend has sandboxes of the ids boxed, and
+// a manager of another scope (for its tag).
+func scopedManagers(t *testing.T, boxed ...string) (store *pieceStore, m, other *Manager) {
+	store = &pieceStore{}
+	m = journalManager(t, store)
+	m.backend = boxesBackend{ids: boxed}
+	m.cfg.Scope = "kubernetes/sandgate"
+	return store, m, &Manager{cfg: Config{Scope: "kubernetes/elsewhere"}}
+}
+
 // passEnds runs the pass over the stored trails to its end, within 30 s.
 func passEnds(t *testing.T, m *Manager, k *logKeeper, why string) {
 	t.Helper()
@@ -200,11 +211,7 @@ func TestStoredOrphansMarked(t *testing.T) {
 		old    = "s-0000000000000006"
 		live   = "s-0000000000000007"
 	)
-	store := &pieceStore{}
-	m := journalManager(t, store)
-	m.backend = boxesBackend{}
-	m.cfg.Scope = "kubernetes/sandgate"
-	other := &Manager{cfg: Config{Scope: "kubernetes/elsewhere"}}
+	store, m, other := scopedManagers(t)
 	ctx := context.Background()
 	for _, id := range foreign {
 		if err := store.PutScopedTrail(ctx, "acme", id, other.scopeTag(), 0, trailLines(other.scopeTag(), "exec")); err != nil {
@@ -268,11 +275,7 @@ func TestStoredOrphansFinalised(t *testing.T) {
 		old      = "s-0000000000000010"
 		upgraded = "s-0000000000000011"
 	)
-	store := &pieceStore{}
-	m := journalManager(t, store)
-	m.backend = boxesBackend{ids: []string{boxed}}
-	m.cfg.Scope = "kubernetes/sandgate"
-	other := &Manager{cfg: Config{Scope: "kubernetes/elsewhere"}}
+	store, m, other := scopedManagers(t, boxed)
 	for _, id := range []string{orphan, live, boxed, filed, ended} {
 		storePieces(t, store, id, m.scopeTag(), "exec")
 	}
@@ -386,10 +389,8 @@ func TestOrphanFileAfterStoredEnd(t *testing.T) {
 // Finalised's trails, with no quiet, are finalised at once.
 func TestStoredOrphanQuiet(t *testing.T) {
 	const id = "s-00000000000000a0"
-	store := &pieceStore{}
-	m := journalManager(t, store)
-	m.backend = boxesBackend{}
-	m.cfg.Scope, m.cfg.OrphanQuiet = "kubernetes/sandgate", 700*time.Millisecond
+	store, m, _ := scopedManagers(t)
+	m.cfg.OrphanQuiet = 700 * time.Millisecond
 	storePieces(t, store, id, m.scopeTag(), "exec")
 	written := store.written["acme/"+id]
 	k := &logKeeper{logs: map[string][]Event{}, infos: map[string]Info{}, calls: map[string]int{}}
