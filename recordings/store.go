@@ -85,17 +85,30 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := s.client
-	ok, err := c.BucketExists(ctx, cfg.Bucket)
-	if err != nil {
-		return nil, fmt.Errorf("minio at %s: %w", cfg.Endpoint, err)
-	}
-	if !ok {
-		if err := c.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{}); err != nil {
-			return nil, fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)
-		}
+	if err := EnsureBucket(ctx, s.client, cfg.Endpoint, cfg.Bucket); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// EnsureBucket creates the bucket if it is missing. Replicas starting
+// together race to create it: one that loses finds it made (MinIO
+// answers BucketAlreadyOwnedByYou), which is not an error.
+func EnsureBucket(ctx context.Context, c *minio.Client, endpoint, bucket string) error {
+	ok, err := c.BucketExists(ctx, bucket)
+	if err != nil {
+		return fmt.Errorf("minio at %s: %w", endpoint, err)
+	}
+	if ok {
+		return nil
+	}
+	if err := c.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
+		if ok, xerr := c.BucketExists(ctx, bucket); xerr == nil && ok {
+			return nil
+		}
+		return fmt.Errorf("create bucket %s: %w", bucket, err)
+	}
+	return nil
 }
 
 var (

@@ -25,7 +25,9 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/recordings"
 )
 
 // Error classes; messages wrapped around them are safe to show.
@@ -140,14 +142,8 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if err != nil {
 		return nil, fmt.Errorf("minio client: %w", err)
 	}
-	ok, err := c.BucketExists(ctx, cfg.Bucket)
-	if err != nil {
-		return nil, fmt.Errorf("minio at %s: %w", cfg.Endpoint, err)
-	}
-	if !ok {
-		if err := c.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{}); err != nil {
-			return nil, fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)
-		}
+	if err := recordings.EnsureBucket(ctx, c, cfg.Endpoint, cfg.Bucket); err != nil {
+		return nil, err
 	}
 	phKey, err := placeholderKey(cfg.Key)
 	if err != nil {
