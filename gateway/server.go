@@ -304,8 +304,11 @@ func (s *Server) routes() {
 	})
 	a.Use(s.limitBody)
 	a.Get("/healthz", func(c *fiber.Ctx) error { return c.JSON(fiber.Map{"status": "ok"}) })
-	a.Use(s.checkHost)
+	// Probes (a kubelet's, a load balancer's) name a replica by its
+	// address, not by the gateway's host: /readyz answers them too, and
+	// says why it is not ready only to a request that names the gateway.
 	a.Get("/readyz", s.readyz)
+	a.Use(s.checkHost)
 	a.Get("/metrics", s.metrics)
 	a.Get("/openapi.yaml", s.openapiYAML)
 	a.Get("/openapi.json", s.openapiJSONDoc)
@@ -550,8 +553,17 @@ func reqCtx(c *fiber.Ctx, d time.Duration) (context.Context, context.CancelFunc)
 	return context.WithTimeout(c.UserContext(), d)
 }
 
-// readyz answers 200 when the session backend and MinIO answer, else 503.
+// readyz answers 200 when the session backend and MinIO answer, else 503;
+// the reason only to a request whose Host names the gateway.
 func (s *Server) readyz(c *fiber.Ctx) error {
+	err := s.ready(c)
+	if err != nil && !s.hosts[strings.ToLower(c.Hostname())] {
+		return &apiError{status: 503, code: "unavailable", msg: "not ready"}
+	}
+	return err
+}
+
+func (s *Server) ready(c *fiber.Ctx) error {
 	ctx, cancel := reqCtx(c, 5*time.Second)
 	defer cancel()
 	if err := s.sessions.Ready(ctx); err != nil {

@@ -3,6 +3,9 @@ package test
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -42,6 +45,22 @@ func TestGracefulDrain(t *testing.T) {
 			}
 		}
 	})
+	// A kubelet's or a load balancer's probe names the replica by its
+	// address, not the gateway's host: answered, the reason not given.
+	probe := func() (int, string) {
+		req, _ := http.NewRequest("GET", e.gwURL+"/readyz", nil)
+		req.Host = "10.0.0.1:8080"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if st, body := probe(); st != 200 {
+		t.Fatalf("a probe naming the gateway by its address, ready: %d %s", st, body)
+	}
 	proc.Signal(syscall.SIGTERM)
 	signalled := time.Now()
 
@@ -57,6 +76,9 @@ func TestGracefulDrain(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("readyz 10 s after SIGTERM: %d %s", st, body)
 		}
+	}
+	if st, body := probe(); st != 503 || strings.Contains(body, "draining") || !strings.Contains(body, "not ready") {
+		t.Errorf("a probe naming the gateway by its address, draining: %d %s, want 503 without the reason", st, body)
 	}
 	select {
 	case r := <-done:
