@@ -83,7 +83,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	actx, cancelA := remote.NewAllocator(ctx, ws)
+	// NoModifyURL: the endpoint as it is (see examples/chromedp).
+	actx, cancelA := remote.NewAllocator(ctx, ws, remote.NoModifyURL)
 	defer cancelA()
 	bctx, cancelB := chromedp.NewContext(actx)
 	defer cancelB()
