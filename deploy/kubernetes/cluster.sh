@@ -4,13 +4,20 @@
 # at the cluster you already run (see README.md here).
 #
 #   cluster.sh build   build etcd, kube-apiserver, kube-controller-manager,
-#                      kube-scheduler, kubelet and the NetworkPolicy
-#                      enforcer (cached, keyed by version)
+#                      kube-scheduler, kubelet, kube-proxy and the
+#                      NetworkPolicy enforcer (cached, keyed by version)
 #   cluster.sh up      build, then start the cluster unless it runs; prints
 #                      the admin kubeconfig's path
 #   cluster.sh down    stop it, its Pods' containers and its network; keep
 #                      the binaries
 #   cluster.sh status  exit 0 when the API answers
+#   cluster.sh import ARCHIVE
+#                      import an OCI archive into the cluster's containerd
+#   cluster.sh image NAME PROGRAM [HOST_PROGRAM...]
+#                      build an image of one static program (its
+#                      entrypoint, run as 65532, with the host's CA
+#                      certificates), and of host programs with their
+#                      libraries, named NAME, and import it
 #
 # It runs its own containerd (socket /run/sandgate-kube/containerd.sock)
 # with the CRI plugin, so the host's containerd, which the embedded
@@ -52,6 +59,8 @@ SERVICE_CIDR=10.99.0.0/24
 API_PORT=16443
 NETPOL_QUEUE=100
 ETCD_PORT=23790
+PROXY_HEALTH_PORT=10256
+PROXY_METRICS_PORT=10249
 HERE=$(cd "$(dirname "$0")" && pwd)
 export PATH=/usr/local/go/bin:$PATH
 PAUSE_IMAGE=sandgate.local/pause:1
@@ -70,6 +79,12 @@ netpoldir() {
 	local key
 	key=$( (cat "$HERE/build/netpol/go.mod" "$HERE/build/netpol/go.sum" "$HERE/build/netpol/main.go"; go version) | sha256sum | cut -c1-12)
 	echo "$CACHE/netpol-$key"
+}
+
+proxydir() {
+	local key
+	key=$( (cat "$HERE/build/proxy/go.mod" "$HERE/build/proxy/go.sum"; go version) | sha256sum | cut -c1-12)
+	echo "$CACHE/kube-proxy-$KUBE_VERSION-$key"
 }
 
 etcddir() {
@@ -116,6 +131,17 @@ build() {
 		}
 		mv "$netpol.tmp" "$netpol"
 	fi
+	local proxy
+	proxy=$(proxydir)/kube-proxy
+	if [ ! -x "$proxy" ]; then
+		step "building kube-proxy (once; a few minutes)"
+		mkdir -p "$(proxydir)"
+		(cd "$HERE/build/proxy" && CGO_ENABLED=0 go build -trimpath -o "$proxy.tmp" k8s.io/kubernetes/cmd/kube-proxy) >"$LOGS/proxy-build.log" 2>&1 || {
+			tail -20 "$LOGS/proxy-build.log" >&2
+			exit 1
+		}
+		mv "$proxy.tmp" "$proxy"
+	fi
 	local pause="$CACHE/kube-pause.oci.tar"
 	local pkey
 	pkey=$( (cat "$HERE/pause/main.go"; go version) | sha256sum | cut -c1-12)
@@ -127,16 +153,58 @@ build() {
 
 # pause_image writes an OCI archive of a one-file image: the pause program.
 pause_image() {
-	local out=$1 tmp
+	local tmp
 	tmp=$(mktemp -d)
-	mkdir -p "$tmp/root" "$tmp/oci/blobs/sha256"
+	mkdir -p "$tmp/root"
 	(cd "$HERE/pause" && CGO_ENABLED=0 go build -trimpath -o "$tmp/root/pause" .)
-	tar -C "$tmp/root" --owner=0 --group=0 --numeric-owner --mtime=@0 -cf "$tmp/layer.tar" pause
+	oci_archive "$tmp/root" "$PAUSE_IMAGE" '"Entrypoint":["/pause"],"User":"65535:65535"' "$1"
+	rm -rf "$tmp"
+}
+
+# program_image NAME PROGRAM [HOST_PROGRAM...]: builds and imports an
+# image of one static program: /usr/local/bin/<its name>, its
+# entrypoint, run as 65532 (a user /etc/passwd names, as distroless's
+# nonroot), with the host's CA certificates and a /tmp; and with each
+# HOST_PROGRAM (a program on the host's PATH, ffmpeg say) at its host
+# path, with the shared libraries it loads.
+program_image() {
+	local name=$1 prog=$2 tmp base extra lib
+	shift 2
+	base=$(basename "$prog")
+	tmp=$(mktemp -d)
+	mkdir -p "$tmp/root/usr/local/bin" "$tmp/root/etc/ssl/certs" "$tmp/root/tmp" "$tmp/root/home/nonroot"
+	cp "$prog" "$tmp/root/usr/local/bin/$base"
+	chmod 755 "$tmp/root/usr/local/bin/$base"
+	for extra in "$@"; do
+		extra=$(command -v "$extra")
+		for lib in "$extra" $(ldd "$extra" | grep -o '/[^ ]*'); do
+			mkdir -p "$tmp/root$(dirname "$lib")"
+			cp -L "$lib" "$tmp/root$lib"
+		done
+	done
+	cp /etc/ssl/certs/ca-certificates.crt "$tmp/root/etc/ssl/certs/"
+	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$tmp/root/etc/passwd"
+	printf 'root:x:0:\nnonroot:x:65532:\n' >"$tmp/root/etc/group"
+	chmod 1777 "$tmp/root/tmp"
+	chown 65532:65532 "$tmp/root/home/nonroot"
+	oci_archive "$tmp/root" "$name" "$(printf '"Entrypoint":["/usr/local/bin/%s"],"User":"65532:65532","Env":["PATH=/usr/local/bin:/usr/bin:/bin","HOME=/home/nonroot"]' "$base")" "$tmp/image.tar"
+	ctr -a "$RUN/containerd.sock" -n k8s.io images import --all-platforms "$tmp/image.tar" >/dev/null
+	rm -rf "$tmp"
+}
+
+# oci_archive ROOT NAME CONFIG OUT: writes an OCI archive of an image of
+# one layer, ROOT's files, with CONFIG (the members of the image
+# config's "config"), named NAME.
+oci_archive() {
+	local root=$1 name=$2 conf=$3 out=$4 tmp
+	tmp=$(mktemp -d)
+	mkdir -p "$tmp/oci/blobs/sha256"
+	tar -C "$root" --numeric-owner --mtime=@0 -cf "$tmp/layer.tar" .
 	local layer layer_size config config_size manifest manifest_size
 	layer=$(sha256sum <"$tmp/layer.tar" | cut -d' ' -f1)
 	layer_size=$(stat -c %s "$tmp/layer.tar")
 	mv "$tmp/layer.tar" "$tmp/oci/blobs/sha256/$layer"
-	printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":["/pause"],"User":"65535:65535"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$layer" >"$tmp/config"
+	printf '{"architecture":"amd64","os":"linux","config":{%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$conf" "$layer" >"$tmp/config"
 	config=$(sha256sum <"$tmp/config" | cut -d' ' -f1)
 	config_size=$(stat -c %s "$tmp/config")
 	mv "$tmp/config" "$tmp/oci/blobs/sha256/$config"
@@ -146,21 +214,19 @@ pause_image() {
 	manifest_size=$(stat -c %s "$tmp/manifest")
 	mv "$tmp/manifest" "$tmp/oci/blobs/sha256/$manifest"
 	printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
-		"$manifest" "$manifest_size" "$PAUSE_IMAGE" "$PAUSE_IMAGE" >"$tmp/oci/index.json"
+		"$manifest" "$manifest_size" "$name" "$name" >"$tmp/oci/index.json"
 	echo '{"imageLayoutVersion":"1.0.0"}' >"$tmp/oci/oci-layout"
 	tar -C "$tmp/oci" -cf "$out.tmp" .
 	mv "$out.tmp" "$out"
 	rm -rf "$tmp"
 }
 
-# pki writes a CA and the certificates and kubeconfigs the parts use, once.
+# pki writes a CA and the certificates and kubeconfigs the parts use, once
+# each.
 pki() {
 	local p=$STATE/pki
-	[ -s "$p/admin.kubeconfig" ] && return
 	mkdir -p "$p"
 	chmod 700 "$p"
-	openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=sandgate-kube-ca" \
-		-keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
 	cert() { # name subject [extensions]
 		openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$p/$1.key" -out "$p/$1.csr" 2>/dev/null
 		printf '%s\n' "${3:-extendedKeyUsage=clientAuth}" >"$p/$1.ext"
@@ -168,19 +234,8 @@ pki() {
 			-extfile "$p/$1.ext" -out "$p/$1.crt" 2>/dev/null
 		rm -f "$p/$1.csr" "$p/$1.ext"
 	}
-	cert apiserver "/CN=kube-apiserver" \
-		"subjectAltName=IP:$NODE_IP,IP:10.99.0.1,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
-extendedKeyUsage=serverAuth"
-	cert admin "/O=system:masters/CN=sandgate-kube-admin"
-	cert apiserver-kubelet "/O=system:masters/CN=kube-apiserver-kubelet-client"
-	cert kubelet "/O=system:nodes/CN=system:node:$NODE"
-	cert controller-manager "/CN=system:kube-controller-manager"
-	cert scheduler "/CN=system:kube-scheduler"
-	openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
-	openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
-	local who
-	for who in kubelet controller-manager scheduler admin; do
-		cat >"$p/$who.kubeconfig" <<EOF
+	kubeconfig() { # who
+		cat >"$p/$1.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
@@ -189,16 +244,43 @@ clusters:
     server: https://$NODE_IP:$API_PORT
     certificate-authority: $p/ca.crt
 users:
-- name: $who
+- name: $1
   user:
-    client-certificate: $p/$who.crt
-    client-key: $p/$who.key
+    client-certificate: $p/$1.crt
+    client-key: $p/$1.key
 contexts:
 - name: sandgate-kube
-  context: {cluster: sandgate-kube, user: $who}
+  context: {cluster: sandgate-kube, user: $1}
 current-context: sandgate-kube
 EOF
-	done
+	}
+	if [ ! -s "$p/admin.kubeconfig" ]; then
+		openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=sandgate-kube-ca" \
+			-keyout "$p/ca.key" -out "$p/ca.crt" 2>/dev/null
+		cert apiserver "/CN=kube-apiserver" \
+			"subjectAltName=IP:$NODE_IP,IP:10.99.0.1,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+extendedKeyUsage=serverAuth"
+		cert apiserver-kubelet "/O=system:masters/CN=kube-apiserver-kubelet-client"
+		cert kubelet "/O=system:nodes/CN=system:node:$NODE"
+		cert controller-manager "/CN=system:kube-controller-manager"
+		cert scheduler "/CN=system:kube-scheduler"
+		openssl genrsa -out "$p/sa.key" 2048 2>/dev/null
+		openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null
+		local who
+		for who in kubelet controller-manager scheduler; do
+			kubeconfig $who
+		done
+		# The admin's last: its kubeconfig says the PKI is complete.
+		cert admin "/O=system:masters/CN=sandgate-kube-admin"
+		kubeconfig admin
+	fi
+	# kube-proxy's, added after the rest (a PKI made before it lacks it):
+	# the user the API server's default policy binds to
+	# system:node-proxier.
+	if [ ! -s "$p/proxy.kubeconfig" ]; then
+		cert proxy "/CN=system:kube-proxy"
+		kubeconfig proxy
+	fi
 }
 
 api_ok() {
@@ -233,7 +315,7 @@ wait_for() {
 
 up() {
 	build
-	if api_ok && all_alive && netpol_rule -C 2>/dev/null; then
+	if api_ok && all_alive && netpol_rule -C 2>/dev/null && netpol_api_rule -C 2>/dev/null; then
 		echo "$STATE/pki/admin.kubeconfig"
 		return
 	fi
@@ -268,15 +350,22 @@ up() {
 	# Pods have a default route through the node, as in any cluster, and
 	# the node lets them answer it, reach each other over IPv4 (where
 	# NetworkPolicy lets them) and reach network namespaces the tests make
-	# (host side of their veth named sgkt*), and nothing else: not the
+	# (host side of their veth named sgkt*, or sgth* for the suite's test
+	# hosts, which a gateway Pod's egress proxy reaches), where
+	# NetworkPolicy lets them, and nothing else: not the
 	# host's services, not another machine, not each other over IPv6 (the
 	# link-local addresses every Pod has, which the enforcer's IPv4 queue
-	# would not see). One host service is open to them: a gateway run on
-	# the node serves its egress proxy on the bridge's address ($POD_GW,
-	# port $EGRESS_PORT), the trial's stand-in for the proxy's Service; it
-	# serves sessions only, known by their Pod addresses. Bridged traffic
-	# passes these hooks only with
-	# br_netfilter's bridge-nf-call-* on, which up makes sure of.
+	# would not see). Two host services are open to them:
+	# - the API server, as in any cluster (a gateway run in the cluster
+	#   reaches it through the Service "kubernetes"); which Pods may is
+	#   the NetworkPolicy enforcer's to decide (netpol_api_rule), so a
+	#   session Pod may not;
+	# - a gateway run on the node serves its egress proxy on the bridge's
+	#   address ($POD_GW, port $EGRESS_PORT), the trial's stand-in for
+	#   the proxy's Service; it serves sessions only, known by their Pod
+	#   addresses.
+	# Bridged traffic passes these hooks only with br_netfilter's
+	# bridge-nf-call-* on, which up makes sure of.
 	nft -f - <<EOF
 table inet sandgate_kube
 delete table inet sandgate_kube
@@ -285,6 +374,7 @@ table inet sandgate_kube {
 		type filter hook input priority 0; policy accept;
 		iifname "sgkbr0" ct state established,related accept
 		iifname "sgkbr0" ip daddr $POD_GW tcp dport $EGRESS_PORT accept
+		iifname "sgkbr0" ip daddr $NODE_IP tcp dport $API_PORT accept
 		iifname "sgkbr0" drop
 	}
 	chain forward {
@@ -293,6 +383,7 @@ table inet sandgate_kube {
 		meta nfproto ipv6 oifname "sgkbr0" drop
 		iifname "sgkbr0" oifname "sgkbr0" accept
 		iifname "sgkbr0" oifname "sgkt*" accept
+		iifname "sgkbr0" oifname "sgth*" accept
 		iifname "sgkbr0" drop
 		oifname "sgkbr0" ct state established,related accept
 		oifname "sgkbr0" drop
@@ -362,6 +453,7 @@ EOF
 	start netpol "$(netpoldir)/netpol" -kubeconfig "$p/admin.kubeconfig" -node "$NODE" -nfqueue-id "$NETPOL_QUEUE"
 	wait_for "the NetworkPolicy enforcer" 60 netpol_ok
 	netpol_rule -C 2>/dev/null || netpol_rule -I
+	netpol_api_rule -C 2>/dev/null || netpol_api_rule -I
 
 	cat >"$STATE/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -392,6 +484,25 @@ EOF
 	start kubelet "$bin/kubelet" --config "$STATE/kubelet.yaml" --kubeconfig "$p/kubelet.kubeconfig" \
 		--hostname-override "$NODE" --node-ip "$NODE_IP" --root-dir "$STATE/kubelet"
 	wait_for "the node $NODE" 120 node_ready
+	# Services: kube-proxy, iptables mode (these kernels' nftables lack
+	# pieces its nftables mode needs; iptables here is iptables-nft).
+	# It leaves the host's conntrack settings and route_localnet alone,
+	# and serves node ports on the node's address only.
+	cat >"$STATE/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $p/proxy.kubeconfig}
+hostnameOverride: $NODE
+mode: iptables
+clusterCIDR: $POD_CIDR
+nodePortAddresses: ["$NODE_IP/32"]
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+iptables: {localhostNodePorts: false}
+healthzBindAddress: 127.0.0.1:$PROXY_HEALTH_PORT
+metricsBindAddress: 127.0.0.1:$PROXY_METRICS_PORT
+EOF
+	start proxy "$(proxydir)/kube-proxy" --config "$STATE/kube-proxy.yaml"
+	wait_for kube-proxy 60 proxy_ok
 	# Pods need their namespace's default ServiceAccount, which the
 	# controller manager makes.
 	wait_for "the default ServiceAccount" 120 sa_ready
@@ -403,7 +514,7 @@ EOF
 	echo "$p/admin.kubeconfig"
 }
 
-PARTS="containerd etcd apiserver controller-manager scheduler netpol kubelet"
+PARTS="containerd etcd apiserver controller-manager scheduler netpol kubelet proxy"
 
 # all_alive: every part runs; else $dead names one that does not.
 all_alive() {
@@ -430,6 +541,18 @@ get() {
 netpol_rule() {
 	iptables -w "$1" FORWARD -i sgkbr0 -m conntrack ! --ctstate ESTABLISHED,RELATED -m comment --comment sandgate-kube-netpol \
 		-j NFQUEUE --queue-num "$NETPOL_QUEUE"
+}
+
+# netpol_api_rule -C|-I|-D: the same for Pods' connections to the API
+# server (the node's input, not forwarded).
+netpol_api_rule() {
+	iptables -w "$1" INPUT -i sgkbr0 -d "$NODE_IP" -p tcp --dport "$API_PORT" -m conntrack ! --ctstate ESTABLISHED,RELATED \
+		-m comment --comment sandgate-kube-netpol-api -j NFQUEUE --queue-num "$NETPOL_QUEUE"
+}
+
+# proxy_ok: kube-proxy has its rules in place.
+proxy_ok() {
+	curl -sf --max-time 2 "http://127.0.0.1:$PROXY_HEALTH_PORT/healthz" >/dev/null 2>&1
 }
 
 # netpol_ok: the enforcer listens on its queue.
@@ -475,6 +598,9 @@ down() {
 		done
 	fi
 	stop kubelet
+	stop proxy
+	# Its Services' rules go with it.
+	[ -x "$(proxydir)/kube-proxy" ] && "$(proxydir)/kube-proxy" --cleanup >"$LOGS/proxy-cleanup.log" 2>&1 || true
 	stop scheduler
 	stop controller-manager
 	stop apiserver
@@ -499,6 +625,7 @@ down() {
 	# The enforcement goes last, once no Pod runs: until here a Pod's new
 	# connections are still decided (or dropped, the enforcer stopped).
 	while netpol_rule -D 2>/dev/null; do :; done
+	while netpol_api_rule -D 2>/dev/null; do :; done
 	stop netpol
 	nft delete table inet kube-network-policies 2>/dev/null || true
 	local m
@@ -541,8 +668,12 @@ status) api_ok || exit 1 ;;
 import)
 	ctr -a "$RUN/containerd.sock" -n k8s.io images import --all-platforms "$2" >/dev/null
 	;;
+image)
+	shift
+	program_image "$@"
+	;;
 *)
-	echo "usage: $0 build|up|down|status|import ARCHIVE" >&2
+	echo "usage: $0 build|up|down|status|import ARCHIVE|image NAME PROGRAM [HOST_PROGRAM...]" >&2
 	exit 2
 	;;
 esac
