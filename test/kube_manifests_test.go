@@ -41,6 +41,36 @@ func manifestDocs(t *testing.T, path string) []*unstructured.Unstructured {
 	return out
 }
 
+// kubeCreator creates objects in b's namespace as the API server gets
+// them from a manifest, unknown fields and all.
+func kubeCreator(t testing.TB, kubeconfig string, b *kube.Backend) func(context.Context, *unstructured.Unstructured, metav1.CreateOptions) error {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := restmapper.GetAPIGroupResources(b.Client().Discovery())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDiscoveryRESTMapper(groups)
+	ns := b.Namespace()
+	return func(ctx context.Context, obj *unstructured.Unstructured, opts metav1.CreateOptions) error {
+		gvk := obj.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return err
+		}
+		obj.SetNamespace(ns)
+		_, err = dyn.Resource(m.Resource).Namespace(ns).Create(ctx, obj, opts)
+		return err
+	}
+}
+
 // TestKubeManifests: every object of deploy/kubernetes's gateway.yaml and
 // minio-trial.yaml passes the real API server's validation (a dry-run
 // create with strict field validation, in a test namespace), and the
@@ -55,32 +85,11 @@ func TestKubeManifests(t *testing.T) {
 	needE2E(t)
 	kubeconfig := needKube(t)
 	b := kubeNamespace(t, kubeconfig)
-	ns := b.Namespace()
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups, err := restmapper.GetAPIGroupResources(b.Client().Discovery())
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDiscoveryRESTMapper(groups)
+	create := kubeCreator(t, kubeconfig, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dryRun := func(obj *unstructured.Unstructured) error {
-		gvk := obj.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			return err
-		}
-		obj.SetNamespace(ns)
-		_, err = dyn.Resource(m.Resource).Namespace(ns).Create(ctx, obj, metav1.CreateOptions{
-			DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
-		return err
+		return create(ctx, obj, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"})
 	}
 	kinds := map[string]int{}
 	for _, path := range []string{"../deploy/kubernetes/gateway.yaml", "../deploy/kubernetes/minio-trial.yaml"} {

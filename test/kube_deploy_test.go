@@ -1,0 +1,392 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/remote"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/images"
+	"github.com/sandgate/sandgate/session/kube"
+)
+
+// The images the trial cluster runs gateway.yaml and minio-trial.yaml
+// with: cluster.sh image builds each from one static program (the
+// gateway's name is gateway.yaml's own).
+const (
+	deployGatewayImage = "sandgate.local/gateway:dev"
+	deployMinioImage   = "sandgate.local/minio:trial"
+)
+
+// TestKubeDeployment runs deploy/kubernetes as its README says, on the
+// trial cluster: rbac.yaml, networkpolicies.yaml, minio-trial.yaml and
+// gateway.yaml as they are (in a test namespace, MinIO's image and
+// password replaced), the config in the Secret the Deployment mounts.
+// Both replicas come up ready, one leads (its Pod labelled) and the
+// other stands by. Through the gateway's Service, as a client reaches
+// it, a session is created and driven (exec, CDP with chromedp, a file),
+// and its browser and commands reach an allowed host through the egress
+// proxy's Service and are refused one off the list; from the session,
+// the API server is not reached while the gateway reaches it. The
+// leader's gateway is then SIGKILLed: a replica takes over,
+// the same session is driven through the Service again, its recording
+// goes on, and its audit trail has the events from before. The logs hold none of the secrets.
+//
+// The trial cluster has no DNS: the config names MinIO and the egress
+// proxy by their Services' cluster IPs (a cluster with DNS names MinIO
+// sandgate-minio.sandgate.svc, as the README's config does).
+func TestKubeDeployment(t *testing.T) {
+	e := needE2E(t)
+	kubeconfig := needKube(t)
+	admin := kubeNamespace(t, kubeconfig)
+	ns, c := admin.Namespace(), admin.Client()
+	kubeGatewayIdentity(t, admin, kubeconfig) // rbac.yaml and networkpolicies.yaml, in ns
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	// The images: the gateway as the Containerfile makes it (the static
+	// binary, ffmpeg for the recordings), MinIO as the suite runs it.
+	t0 := time.Now()
+	bin := filepath.Join(t.TempDir(), "sandgate")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "../cmd/sandgate")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("static gateway binary: %v\n%s", err, out)
+	}
+	for name, progs := range map[string][]string{deployGatewayImage: {bin, "ffmpeg", "ffprobe"}, deployMinioImage: {filepath.Join(cacheDir(), "minio")}} {
+		if out, err := exec.Command("../deploy/kubernetes/cluster.sh", append([]string{"image", name}, progs...)...).CombinedOutput(); err != nil {
+			t.Fatalf("cluster.sh image %s: %v\n%s", name, err, out)
+		}
+	}
+	t.Logf("images built and imported in %.1f s", time.Since(t0).Seconds())
+
+	create := kubeCreator(t, kubeconfig, admin)
+	apply := func(ctx context.Context, obj *unstructured.Unstructured) {
+		t.Helper()
+		if err := create(ctx, obj, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+			t.Fatalf("%s %s: %v", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+	gwPods, minioPods := "app.kubernetes.io/name=sandgate-gateway", "app.kubernetes.io/name=sandgate-minio"
+	t.Cleanup(func() {
+		if t.Failed() {
+			deployLogs(t, c, ns, gwPods)
+			deployLogs(t, c, ns, minioPods)
+		}
+	})
+	minioSecret := "minio-" + strings.ToLower(ids.NewSession()[2:14])
+	for _, obj := range manifestDocs(t, "../deploy/kubernetes/minio-trial.yaml") {
+		switch obj.GetKind() {
+		case "Secret":
+			unstructured.SetNestedField(obj.Object, minioSecret, "stringData", "MINIO_ROOT_PASSWORD")
+		case "Deployment":
+			containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
+			containers[0].(map[string]any)["image"] = deployMinioImage
+			unstructured.SetNestedSlice(obj.Object, containers, "spec", "template", "spec", "containers")
+		}
+		apply(ctx, obj)
+	}
+	waitFor(t, 3*time.Minute, "MinIO ready", func() bool {
+		return len(deployReady(t, ctx, c, ns, minioPods)) == 1
+	})
+	// The Services first: the config names their addresses.
+	var deployment *unstructured.Unstructured
+	for _, obj := range manifestDocs(t, "../deploy/kubernetes/gateway.yaml") {
+		if obj.GetKind() == "Deployment" {
+			deployment = obj
+			continue
+		}
+		apply(ctx, obj)
+	}
+	svcIP := func(name string) string {
+		svc, err := c.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || svc.Spec.ClusterIP == "" {
+			t.Fatalf("Service %s: %v", name, err)
+		}
+		return svc.Spec.ClusterIP
+	}
+	gwIP, egressIP, minioIP := svcIP("sandgate-gateway"), svcIP("sandgate-egress"), svcIP("sandgate-minio")
+
+	sum, sumB := sha256.Sum256([]byte(e.keyA)), sha256.Sum256([]byte(e.keyB))
+	cfg := map[string]any{
+		"listen": "0.0.0.0:8080", "public_url": "http://" + gwIP,
+		"state_dir": "/var/lib/sandgate",
+		"backend":   "kubernetes",
+		"kubernetes": map[string]any{
+			"namespace": ns, "image": images.SessionDefinition().Ref(), "pull_policy": "Never",
+			"runtime_classes": map[string]string{"runc": "sandgate-runc"},
+			"seccomp":         map[string]string{"gvisor": "sandgate/gvisor.json", "runc": "sandgate/runc.json"},
+		},
+		// Under the runc RuntimeClass, as the other gateway tests on
+		// this cluster (see kubeGatewayConfig).
+		"default_runtime": "runc",
+		"recording":       map[string]any{"segment": "2s"},
+		"egress":          map[string]any{"listen": "0.0.0.0:3128", "advertise": egressIP + ":3128", "hosts": testHostNames},
+		"minio":           map[string]any{"endpoint": minioIP + ":9000", "access_key": "sandgate", "secret_key": minioSecret},
+		"tokens":          map[string]any{"active_key": "k1", "keys": map[string]string{"k1": e.tokenKey}},
+		"vault":           map[string]any{"key": e.vaultKey},
+		"tenants": []map[string]any{
+			{"name": "tenant-a", "api_key_sha256": []string{hex.EncodeToString(sum[:])}, "max_sessions": 2, "default_ttl": "10m", "max_ttl": "1h"},
+			{"name": "tenant-b", "api_key_sha256": []string{hex.EncodeToString(sumB[:])}, "max_sessions": 1, "default_ttl": "10m", "max_ttl": "1h"},
+		},
+	}
+	raw, _ := json.MarshalIndent(cfg, "", "  ")
+	if _, err := c.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "sandgate-gateway-config", Namespace: ns},
+		Data:       map[string][]byte{"config.json": raw},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	apply(ctx, deployment)
+
+	t0 = time.Now()
+	// The replicas ready, the leader (its Pod's label) and the others.
+	roles := func() (leader string, standing []string, ready int) {
+		pods := deployReady(t, ctx, c, ns, gwPods)
+		for _, p := range pods {
+			if p.Labels[kube.LabelGatewayRole] == kube.RoleLeader {
+				leader = p.Name
+			} else {
+				standing = append(standing, p.Name)
+			}
+		}
+		return leader, standing, len(pods)
+	}
+	var leader string
+	waitFor(t, 5*time.Minute, "both replicas ready, one leading", func() bool {
+		l, standing, ready := roles()
+		leader = l
+		return l != "" && len(standing) == 1 && ready == 2
+	})
+	t.Logf("the Deployment's two replicas ready, %s leading, %.1f s after it was applied", leader, time.Since(t0).Seconds())
+
+	k := &testEnv{gwURL: "http://" + gwIP, keyA: e.keyA, keyB: e.keyB, tokenKey: e.tokenKey, vaultKey: e.vaultKey, canary: e.canary}
+	// kube-proxy sends to the replicas once it has seen them ready.
+	waitFor(t, time.Minute, "the API through the gateway's Service", func() bool {
+		st, _, err := deployGet(k.gwURL+"/v1/sessions", k.keyA)
+		return err == nil && st == 200
+	})
+	// The control for the key: another is refused.
+	if st, body := k.api(t, "sg_not-a-key", "GET", "/v1/sessions", nil); st != 401 {
+		t.Fatalf("a wrong key through the gateway's Service: %d %s", st, body)
+	}
+
+	t0 = time.Now()
+	s := k.createSession(t, k.keyA, map[string]any{"runtime": "runc", "record": true, "egress": map[string]any{"allow": []string{"pages.sandgate.test:80"}}})
+	t.Logf("a session created through the gateway's Service in %.1f s (Chromium answering)", time.Since(t0).Seconds())
+	drive := func(when string) {
+		t.Helper()
+		out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo " + when + "; id -u"}})
+		if out.ExitCode != 0 || string(out.Stdout) != when+"\n1000\n" {
+			t.Fatalf("%s: exec through the Service: exit %d, %q %q", when, out.ExitCode, out.Stdout, out.Stderr)
+		}
+		p := k.preview(t, k.keyA, s.ID, 300)
+		// As the README says to: the gateway's URL has no port here.
+		actx, acancel := remote.NewAllocator(ctx, browserWS(t, p.URL), remote.NoModifyURL)
+		defer acancel()
+		cctx, ccancel := chromedp.NewContext(actx)
+		defer ccancel()
+		if err := chromedp.Do(cctx, chromedp.Navigate(`data:text/html,<title>d</title><script>window.answer=6*7</script>`)); err != nil {
+			t.Fatalf("%s: chromedp through the Service: %v", when, err)
+		}
+		if answer, err := chromedp.Run(cctx, chromedp.Evaluate[int](`window.answer`)); err != nil || answer != 42 {
+			t.Fatalf("%s: chromedp through the Service: answer %d, %v", when, answer, err)
+		}
+		// The browser's egress, through the proxy's Service, to the
+		// leader's proxy, which knows the session by its Pod's address.
+		if title, err := navigateTitle(cctx, "http://pages.sandgate.test/hello.html"); err != nil || title != "Sandgate test page" {
+			t.Fatalf("%s: the browser, through the egress proxy's Service, to a host on the allow list: %q, %v", when, title, err)
+		}
+		blob := []byte(when + " file")
+		if st, body := k.putFile(t, s.ID, "/home/sandgate/workspace/"+when, blob); st != 200 && st != 201 && st != 204 {
+			t.Fatalf("%s: upload: %d %s", when, st, body)
+		}
+		if st, got := k.getFile(t, s.ID, "/home/sandgate/workspace/"+when); st != 200 || !bytes.Equal(got, blob) {
+			t.Fatalf("%s: download: %d %q", when, st, got)
+		}
+	}
+	drive("before")
+
+	sh := func(script string) execOut {
+		return k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"bash", "-c", script}, "timeout_seconds": 30})
+	}
+	if out := sh("curl -sS --max-time 10 http://pages.sandgate.test/hello.html"); out.ExitCode != 0 || !strings.Contains(string(out.Stdout), "Sandgate test page") {
+		t.Fatalf("curl through the egress proxy's Service to a host on the allow list: exit %d %q %q", out.ExitCode, out.Stdout, out.Stderr)
+	}
+	if out := sh("curl -sf --max-time 10 http://other.sandgate.test/"); out.ExitCode == 0 {
+		t.Errorf("curl through the egress proxy to a host off the allow list: reached (%q)", out.Stdout)
+	}
+	// The API server, through its Service: the gateway's Pods reach it
+	// (they run), a session's may not (NetworkPolicy).
+	apiProbe := `perl -MIO::Socket::IP -e 'IO::Socket::IP->new(PeerAddr => "%s", Timeout => 5) or exit 1; exit 0'`
+	if out := sh(fmt.Sprintf(apiProbe, "10.99.0.1:443")); out.ExitCode == 0 {
+		t.Errorf("the session's Pod opened a connection to the API server")
+	}
+	if out := sh(fmt.Sprintf(apiProbe, egressIP+":3128")); out.ExitCode != 0 {
+		t.Errorf("the control: the session's Pod could not open a connection to the egress proxy's Service: %q", out.Stderr)
+	}
+
+	// The recording is stored as it goes.
+	var segments int
+	waitFor(t, 2*time.Minute, "a segment of the recording stored", func() bool {
+		segments = recordingSegments(t, k, s.ID)
+		return segments > 0
+	})
+
+	// The leader's gateway is SIGKILLed on the node: a replica takes
+	// over (the other, once the lease runs out, or the same Pod's
+	// container as it starts again, which knows its dead run).
+	holder := func() string {
+		le, err := c.CoordinationV1().Leases(ns).Get(ctx, kube.HoldLease, metav1.GetOptions{})
+		if err != nil || le.Spec.HolderIdentity == nil {
+			return ""
+		}
+		return *le.Spec.HolderIdentity
+	}
+	held := holder()
+	pod, err := c.CoreV1().Pods(ns).Get(ctx, leader, metav1.GetOptions{})
+	if err != nil || held == "" || len(pod.Status.ContainerStatuses) != 1 {
+		t.Fatalf("the leader's Pod %s: %v, lease held by %q", leader, err, held)
+	}
+	container := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	t0 = time.Now()
+	if out, err := exec.Command("ctr", "-a", kubeSock, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", container).CombinedOutput(); err != nil {
+		t.Fatalf("SIGKILL the leader's gateway: %v\n%s", err, out)
+	}
+	var next string
+	waitFor(t, 3*time.Minute, "a replica leading again", func() bool {
+		l, _, _ := roles()
+		next = l
+		return l != "" && holder() != held && holder() != ""
+	})
+	t.Logf("%s leads %.1f s after the gateway of %s was SIGKILLed", next, time.Since(t0).Seconds(), leader)
+	waitFor(t, 2*time.Minute, "the session through the Service", func() bool {
+		st, body := k.api(t, k.keyA, "GET", "/v1/sessions/"+s.ID, nil)
+		return st == 200 && jsonField(body, "state") == "running"
+	})
+	drive("after")
+	waitFor(t, 2*time.Minute, "the recording going on after the takeover", func() bool {
+		return recordingSegments(t, k, s.ID) > segments
+	})
+	evs := k.events(t, k.keyA, s.ID)
+	if !hasEvent(evs, "egress_allowed", "pages.sandgate.test", "") || !hasEvent(evs, "egress_denied", "other.sandgate.test", "allow list") {
+		t.Errorf("the session's trail after the takeover lacks the egress events from before: %v", evs)
+	}
+	var execs int
+	for _, ev := range evs {
+		if ev.Type == "exec" {
+			execs++
+		}
+	}
+	if execs < 2 {
+		t.Errorf("the session's trail after the takeover: %d exec events, want those before and after", execs)
+	}
+
+	if st, body := k.api(t, k.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 204 && st != 200 {
+		t.Fatalf("delete: %d %s", st, body)
+	}
+	waitFor(t, 2*time.Minute, "the session's Pod gone", func() bool {
+		pods, err := admin.List(ctx)
+		return err == nil && len(pods) == 0
+	})
+	waitFor(t, 2*time.Minute, "the recording finished", func() bool {
+		return len(recordedSegments(t, k, s.ID)) > 0
+	})
+
+	// No secret in either replica's log, nor the killed one's (gone
+	// with its Pod: what it wrote before is not kept here).
+	logs := deployLogs(nil, c, ns, gwPods)
+	if logs == "" {
+		t.Errorf("no gateway log read")
+	}
+	for name, secret := range map[string]string{"tenant-a's key": e.keyA, "the token key": e.tokenKey, "the vault key": e.vaultKey, "MinIO's secret": minioSecret} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("%s in the gateway's log", name)
+		}
+	}
+}
+
+// deployGet is a GET with the API key, which may fail.
+func deployGet(u, key string) (int, []byte, error) {
+	req, _ := http.NewRequest("GET", u, nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	client := http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, body, err
+}
+
+// deployReady is the Pods selector picks that run, not being deleted,
+// and are ready. A container restarted three times fails the test.
+func deployReady(t *testing.T, ctx context.Context, c kubernetes.Interface, ns, selector string) []corev1.Pod {
+	t.Helper()
+	pods, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready []corev1.Pod
+	for _, p := range pods.Items {
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.RestartCount >= 3 {
+				t.Fatalf("the container %s of %s restarted %d times", cs.Name, p.Name, cs.RestartCount)
+			}
+		}
+		if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				ready = append(ready, p)
+			}
+		}
+	}
+	return ready
+}
+
+// deployLogs is the logs of the Pods selector picks, each headed by its
+// name; with t, also logged.
+func deployLogs(t *testing.T, c kubernetes.Interface, ns, selector string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pods, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return ""
+	}
+	var all strings.Builder
+	for _, p := range pods.Items {
+		rc, err := c.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{}).Stream(ctx)
+		if err != nil {
+			fmt.Fprintf(&all, "== %s: %v\n", p.Name, err)
+			continue
+		}
+		raw, _ := io.ReadAll(io.LimitReader(rc, 4<<20))
+		rc.Close()
+		fmt.Fprintf(&all, "== %s (%s)\n%s\n", p.Name, p.Status.Phase, raw)
+	}
+	if t != nil {
+		t.Logf("logs of %s:\n%s", selector, all.String())
+	}
+	return all.String()
+}
