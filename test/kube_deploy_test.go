@@ -46,9 +46,12 @@ const (
 // and its browser and commands reach an allowed host through the egress
 // proxy's Service and are refused one off the list; from the session,
 // the API server is not reached while the gateway reaches it. The
-// leader's gateway is then SIGKILLed: a replica takes over,
-// the same session is driven through the Service again, its recording
-// goes on, and its audit trail has the events from before. The logs hold none of the secrets.
+// leader's gateway is then SIGKILLed: a replica takes over (in practice
+// the same Pod's container, started again, which knows its dead run);
+// then the leader's Pod is deleted, as a rolling update does: the other
+// replica takes over. Each time the same session is driven through the
+// Service again and its recording goes on; its audit trail has the
+// events from before. The logs hold none of the secrets.
 //
 // The trial cluster has no DNS: the config names MinIO and the egress
 // proxy by their Services' cluster IPs (a cluster with DNS names MinIO
@@ -278,26 +281,48 @@ func TestKubeDeployment(t *testing.T) {
 		return l != "" && holder() != held && holder() != ""
 	})
 	t.Logf("%s leads %.1f s after the gateway of %s was SIGKILLed", next, time.Since(t0).Seconds(), leader)
-	waitFor(t, 2*time.Minute, "the session through the Service", func() bool {
-		st, body := k.api(t, k.keyA, "GET", "/v1/sessions/"+s.ID, nil)
-		return st == 200 && jsonField(body, "state") == "running"
-	})
+	running := func() bool {
+		st, body, err := deployGet(k.gwURL+"/v1/sessions/"+s.ID, k.keyA)
+		return err == nil && st == 200 && jsonField(body, "state") == "running"
+	}
+	waitFor(t, 2*time.Minute, "the session through the Service", running)
 	drive("after")
 	waitFor(t, 2*time.Minute, "the recording going on after the takeover", func() bool {
+		return recordingSegments(t, k, s.ID) > segments
+	})
+
+	// The leading replica's Pod deleted, as a rolling update or a drain
+	// does: it hands over on SIGTERM, and the other replica's Pod leads.
+	held = holder()
+	t0 = time.Now()
+	if err := c.CoreV1().Pods(ns).Delete(ctx, next, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var other string
+	waitFor(t, 3*time.Minute, "the other replica leading", func() bool {
+		l, _, _ := roles()
+		other = l
+		return l != "" && l != next && holder() != held && holder() != ""
+	})
+	t.Logf("%s leads %.1f s after the Pod of %s was deleted", other, time.Since(t0).Seconds(), next)
+	waitFor(t, 2*time.Minute, "the session through the Service", running)
+	segments = recordingSegments(t, k, s.ID)
+	drive("moved")
+	waitFor(t, 2*time.Minute, "the recording going on after the handover", func() bool {
 		return recordingSegments(t, k, s.ID) > segments
 	})
 	evs := k.events(t, k.keyA, s.ID)
 	if !hasEvent(evs, "egress_allowed", "pages.sandgate.test", "") || !hasEvent(evs, "egress_denied", "other.sandgate.test", "allow list") {
 		t.Errorf("the session's trail after the takeover lacks the egress events from before: %v", evs)
 	}
-	var execs int
-	for _, ev := range evs {
-		if ev.Type == "exec" {
-			execs++
+	for _, when := range []string{"before", "after", "moved"} {
+		found := false
+		for _, ev := range evs {
+			found = found || ev.Type == "exec" && strings.Contains(fmt.Sprint(ev.Fields), "echo "+when)
 		}
-	}
-	if execs < 2 {
-		t.Errorf("the session's trail after the takeover: %d exec events, want those before and after", execs)
+		if !found {
+			t.Errorf("the session's trail lacks the exec %s the takeovers: %v", when, evs)
+		}
 	}
 
 	if st, body := k.api(t, k.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 204 && st != 200 {
