@@ -28,7 +28,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
-	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/bucket"
 )
 
 // Error classes; messages wrapped around them are safe to show.
@@ -135,7 +135,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("minio client: %w", err)
 	}
-	if err := recordings.EnsureBucket(ctx, c, cfg.Endpoint, cfg.Bucket); err != nil {
+	if err := bucket.Ensure(ctx, c, cfg.Endpoint, cfg.Bucket); err != nil {
 		return nil, err
 	}
 	return &Store{client: c, bucket: cfg.Bucket, key: key, metaKey: metaKey, keep: cfg.Keep, locks: map[string]*profileLock{}}, nil

@@ -27,6 +27,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/sandgate/sandgate/bucket"
 	"github.com/sandgate/sandgate/ids"
 )
 
@@ -85,30 +86,10 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := EnsureBucket(ctx, s.client, cfg.Endpoint, cfg.Bucket); err != nil {
+	if err := bucket.Ensure(ctx, s.client, cfg.Endpoint, cfg.Bucket); err != nil {
 		return nil, err
 	}
 	return s, nil
-}
-
-// EnsureBucket creates the bucket if it is missing. Replicas starting
-// together race to create it: one that loses finds it made (MinIO
-// answers BucketAlreadyOwnedByYou), which is not an error.
-func EnsureBucket(ctx context.Context, c *minio.Client, endpoint, bucket string) error {
-	ok, err := c.BucketExists(ctx, bucket)
-	if err != nil {
-		return fmt.Errorf("minio at %s: %w", endpoint, err)
-	}
-	if ok {
-		return nil
-	}
-	if err := c.MakeBucket(ctx, bucket, minio.MakeBucketOptions{}); err != nil {
-		if ok, xerr := c.BucketExists(ctx, bucket); xerr == nil && ok {
-			return nil
-		}
-		return fmt.Errorf("create bucket %s: %w", bucket, err)
-	}
-	return nil
 }
 
 var (

@@ -26,8 +26,8 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/sandgate/sandgate/bucket"
 	"github.com/sandgate/sandgate/ids"
-	"github.com/sandgate/sandgate/recordings"
 )
 
 // Error classes; messages wrapped around them are safe to show.
@@ -142,7 +142,7 @@ func Open(ctx context.Context, cfg Config) (*Vault, error) {
 	if err != nil {
 		return nil, fmt.Errorf("minio client: %w", err)
 	}
-	if err := recordings.EnsureBucket(ctx, c, cfg.Endpoint, cfg.Bucket); err != nil {
+	if err := bucket.Ensure(ctx, c, cfg.Endpoint, cfg.Bucket); err != nil {
 		return nil, err
 	}
 	phKey, err := placeholderKey(cfg.Key)
