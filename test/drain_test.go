@@ -50,7 +50,7 @@ func TestGracefulDrain(t *testing.T) {
 	probe := func() (int, string) {
 		req, _ := http.NewRequest("GET", e.gwURL+"/readyz", nil)
 		req.Host = "10.0.0.1:8080"
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

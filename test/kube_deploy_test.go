@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/sandgate/sandgate/ids"
@@ -29,17 +30,18 @@ import (
 )
 
 // The images the trial cluster runs gateway.yaml and minio-trial.yaml
-// with: cluster.sh image builds each from one static program (the
-// gateway's name is gateway.yaml's own).
+// with: cluster.sh image builds each from one static program. Names of
+// the tests' own, put in the manifests: not the ones a user of the trial
+// cluster would import.
 const (
-	deployGatewayImage = "sandgate.local/gateway:dev"
-	deployMinioImage   = "sandgate.local/minio:trial"
+	deployGatewayImage = "sandgate.local/gateway:test"
+	deployMinioImage   = "sandgate.local/minio:test"
 )
 
 // TestKubeDeployment runs deploy/kubernetes as its README says, on the
 // trial cluster: rbac.yaml, networkpolicies.yaml, minio-trial.yaml and
-// gateway.yaml as they are (in a test namespace, MinIO's image and
-// password replaced), the config in the Secret the Deployment mounts.
+// gateway.yaml as they are (in a test namespace, and MinIO's password replaced), the config in the Secret
+// the Deployment mounts.
 // Both replicas come up ready, one leads (its Pod labelled) and the
 // other stands by. Through the gateway's Service, as a client reaches
 // it, a session is created and driven (exec, CDP with chromedp, a file),
@@ -96,14 +98,17 @@ func TestKubeDeployment(t *testing.T) {
 		}
 	})
 	minioSecret := "minio-" + strings.ToLower(ids.NewSession()[2:14])
+	setImage := func(obj *unstructured.Unstructured, image string) {
+		containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
+		containers[0].(map[string]any)["image"] = image
+		unstructured.SetNestedSlice(obj.Object, containers, "spec", "template", "spec", "containers")
+	}
 	for _, obj := range manifestDocs(t, "../deploy/kubernetes/minio-trial.yaml") {
 		switch obj.GetKind() {
 		case "Secret":
 			unstructured.SetNestedField(obj.Object, minioSecret, "stringData", "MINIO_ROOT_PASSWORD")
 		case "Deployment":
-			containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
-			containers[0].(map[string]any)["image"] = deployMinioImage
-			unstructured.SetNestedSlice(obj.Object, containers, "spec", "template", "spec", "containers")
+			setImage(obj, deployMinioImage)
 		}
 		apply(ctx, obj)
 	}
@@ -158,6 +163,7 @@ func TestKubeDeployment(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	setImage(deployment, deployGatewayImage)
 	apply(ctx, deployment)
 
 	t0 = time.Now()
@@ -183,10 +189,15 @@ func TestKubeDeployment(t *testing.T) {
 
 	k := &testEnv{gwURL: "http://" + gwIP, keyA: e.keyA, keyB: e.keyB, tokenKey: e.tokenKey, vaultKey: e.vaultKey, canary: e.canary}
 	// kube-proxy sends to the replicas once it has seen them ready.
-	waitFor(t, time.Minute, "the API through the gateway's Service", func() bool {
-		st, _, err := deployGet(k.gwURL+"/v1/sessions", k.keyA)
-		return err == nil && st == 200
-	})
+	for end := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		st, body, err := deployGet(k.gwURL+"/v1/sessions", k.keyA)
+		if err == nil && st == 200 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the API through the gateway's Service, a minute on: %d %.300s %v", st, body, err)
+		}
+	}
 	// The control for the key: another is refused.
 	if st, body := k.api(t, "sg_not-a-key", "GET", "/v1/sessions", nil); st != 401 {
 		t.Fatalf("a wrong key through the gateway's Service: %d %s", st, body)
@@ -246,6 +257,26 @@ func TestKubeDeployment(t *testing.T) {
 	if out := sh(fmt.Sprintf(apiProbe, egressIP+":3128")); out.ExitCode != 0 {
 		t.Errorf("the control: the session's Pod could not open a connection to the egress proxy's Service: %q", out.Stderr)
 	}
+	// A node port to the gateway's API (kube-proxy marks such
+	// connections, and accepts them before any filter rule of the
+	// node's): the policy holds for it too. The control: the node
+	// reaches it.
+	nodePort, err := c.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "gateway-nodeport", Namespace: ns},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app.kubernetes.io/name": "sandgate-gateway"},
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromString("api")}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeAddr := fmt.Sprintf("10.97.0.1:%d", nodePort.Spec.Ports[0].NodePort)
+	waitFor(t, time.Minute, "the gateway through the node port, from the node", func() bool {
+		st, _, err := deployGet("http://"+nodeAddr+"/healthz", "")
+		return err == nil && st == 200
+	})
+	if out := sh(fmt.Sprintf(apiProbe, nodeAddr)); out.ExitCode == 0 {
+		t.Errorf("the session's Pod opened a connection to the gateway's API through a node port")
+	}
 
 	// The recording is stored as it goes.
 	var segments int
@@ -281,11 +312,18 @@ func TestKubeDeployment(t *testing.T) {
 		return l != "" && holder() != held && holder() != ""
 	})
 	t.Logf("%s leads %.1f s after the gateway of %s was SIGKILLed", next, time.Since(t0).Seconds(), leader)
+	// Until every replica knows who leads again, one may answer 503 with
+	// a Retry-After, which clients (the SDKs) wait out: the test waits
+	// until each ready replica carries a command of the session.
 	running := func() bool {
-		st, body, err := deployGet(k.gwURL+"/v1/sessions/"+s.ID, k.keyA)
-		return err == nil && st == 200 && jsonField(body, "state") == "running"
+		for _, p := range deployReady(t, ctx, c, ns, gwPods) {
+			if deployExec(p.Status.PodIP, gwIP, k.keyA, s.ID) != 200 {
+				return false
+			}
+		}
+		return true
 	}
-	waitFor(t, 2*time.Minute, "the session through the Service", running)
+	waitFor(t, 2*time.Minute, "every replica carrying the session's commands", running)
 	drive("after")
 	waitFor(t, 2*time.Minute, "the recording going on after the takeover", func() bool {
 		return recordingSegments(t, k, s.ID) > segments
@@ -293,6 +331,10 @@ func TestKubeDeployment(t *testing.T) {
 
 	// The leading replica's Pod deleted, as a rolling update or a drain
 	// does: it hands over on SIGTERM, and the other replica's Pod leads.
+	killedLog := deployLog(c, ns, leader, true)
+	if killedLog == "" {
+		t.Errorf("no log of the SIGKILLed run of %s", leader)
+	}
 	held = holder()
 	t0 = time.Now()
 	if err := c.CoreV1().Pods(ns).Delete(ctx, next, metav1.DeleteOptions{}); err != nil {
@@ -305,7 +347,7 @@ func TestKubeDeployment(t *testing.T) {
 		return l != "" && l != next && holder() != held && holder() != ""
 	})
 	t.Logf("%s leads %.1f s after the Pod of %s was deleted", other, time.Since(t0).Seconds(), next)
-	waitFor(t, 2*time.Minute, "the session through the Service", running)
+	waitFor(t, 2*time.Minute, "every replica carrying the session's commands", running)
 	segments = recordingSegments(t, k, s.ID)
 	drive("moved")
 	waitFor(t, 2*time.Minute, "the recording going on after the handover", func() bool {
@@ -336,9 +378,9 @@ func TestKubeDeployment(t *testing.T) {
 		return len(recordedSegments(t, k, s.ID)) > 0
 	})
 
-	// No secret in either replica's log, nor the killed one's (gone
-	// with its Pod: what it wrote before is not kept here).
-	logs := deployLogs(nil, c, ns, gwPods)
+	// No secret in either replica's log, nor in the SIGKILLed run's
+	// (read before its Pod went).
+	logs := killedLog + deployLogs(nil, c, ns, gwPods)
 	if logs == "" {
 		t.Errorf("no gateway log read")
 	}
@@ -361,6 +403,37 @@ func deployGet(u, key string) (int, []byte, error) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, body, err
+}
+
+// deployExec runs true in the session through the replica at podIP
+// (port 8080), naming the gateway by host; its status, 0 when there is
+// none.
+func deployExec(podIP, host, key, id string) int {
+	req, _ := http.NewRequest("POST", "http://"+podIP+":8080/v1/sessions/"+id+"/exec", strings.NewReader(`{"cmd":["true"]}`))
+	req.Host = host
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+// deployLog is the log of the Pod's container, or of its run before
+// (previous); "" if there is none.
+func deployLog(c kubernetes.Interface, ns, pod string, previous bool) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rc, err := c.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Previous: previous}).Stream(ctx)
+	if err != nil {
+		return ""
+	}
+	defer rc.Close()
+	raw, _ := io.ReadAll(io.LimitReader(rc, 4<<20))
+	return string(raw)
 }
 
 // deployReady is the Pods selector picks that run, not being deleted,
@@ -401,14 +474,7 @@ func deployLogs(t *testing.T, c kubernetes.Interface, ns, selector string) strin
 	}
 	var all strings.Builder
 	for _, p := range pods.Items {
-		rc, err := c.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{}).Stream(ctx)
-		if err != nil {
-			fmt.Fprintf(&all, "== %s: %v\n", p.Name, err)
-			continue
-		}
-		raw, _ := io.ReadAll(io.LimitReader(rc, 4<<20))
-		rc.Close()
-		fmt.Fprintf(&all, "== %s (%s)\n%s\n", p.Name, p.Status.Phase, raw)
+		fmt.Fprintf(&all, "== %s (%s)\n%s\n", p.Name, p.Status.Phase, deployLog(c, ns, p.Name, false))
 	}
 	if t != nil {
 		t.Logf("logs of %s:\n%s", selector, all.String())

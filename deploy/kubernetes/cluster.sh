@@ -168,21 +168,38 @@ pause_image() {
 # HOST_PROGRAM (a program on the host's PATH, ffmpeg say) at its host
 # path, with the shared libraries it loads.
 program_image() {
-	local name=$1 prog=$2 tmp base extra lib
+	local name=$1 prog=$2 base extra lib
 	shift 2
 	base=$(basename "$prog")
+	if ! [[ $name =~ ^[a-z0-9][a-z0-9./_:-]*$ && $base =~ ^[A-Za-z0-9._-]+$ ]]; then
+		echo "cluster.sh image: unusable name $name or program $base" >&2
+		exit 2
+	fi
+	if ldd "$prog" >/dev/null 2>&1; then
+		echo "cluster.sh image: $prog is not static (ldd lists its libraries); build it with CGO_ENABLED=0" >&2
+		exit 1
+	fi
+	umask 022
+	# Global, for the trap that removes it when a step fails.
 	tmp=$(mktemp -d)
+	trap 'rm -rf "${tmp:-}"' EXIT
 	mkdir -p "$tmp/root/usr/local/bin" "$tmp/root/etc/ssl/certs" "$tmp/root/tmp" "$tmp/root/home/nonroot"
 	cp "$prog" "$tmp/root/usr/local/bin/$base"
 	chmod 755 "$tmp/root/usr/local/bin/$base"
 	for extra in "$@"; do
 		extra=$(command -v "$extra")
+		if ldd "$extra" | grep -q 'not found'; then
+			echo "cluster.sh image: $extra lacks libraries: $(ldd "$extra" | grep 'not found')" >&2
+			exit 1
+		fi
 		for lib in "$extra" $(ldd "$extra" | grep -o '/[^ ]*'); do
 			mkdir -p "$tmp/root$(dirname "$lib")"
 			cp -L "$lib" "$tmp/root$lib"
 		done
 	done
-	cp /etc/ssl/certs/ca-certificates.crt "$tmp/root/etc/ssl/certs/"
+	# Debian's CA bundle as shipped (Mozilla's), not the host's, which may
+	# hold CAs added locally.
+	cat /usr/share/ca-certificates/mozilla/*.crt >"$tmp/root/etc/ssl/certs/ca-certificates.crt"
 	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$tmp/root/etc/passwd"
 	printf 'root:x:0:\nnonroot:x:65532:\n' >"$tmp/root/etc/group"
 	chmod 1777 "$tmp/root/tmp"
@@ -199,7 +216,7 @@ oci_archive() {
 	local root=$1 name=$2 conf=$3 out=$4 tmp
 	tmp=$(mktemp -d)
 	mkdir -p "$tmp/oci/blobs/sha256"
-	tar -C "$root" --numeric-owner --mtime=@0 -cf "$tmp/layer.tar" .
+	tar -C "$root" --sort=name --numeric-owner --mtime=@0 -cf "$tmp/layer.tar" .
 	local layer layer_size config config_size manifest manifest_size
 	layer=$(sha256sum <"$tmp/layer.tar" | cut -d' ' -f1)
 	layer_size=$(stat -c %s "$tmp/layer.tar")
@@ -340,6 +357,10 @@ up() {
 	ip link show sgk0 >/dev/null 2>&1 || ip link add sgk0 type bridge
 	ip addr replace "$NODE_IP/32" dev sgk0
 	ip link set sgk0 up
+	# Services' addresses lead nowhere but through kube-proxy's rules: a
+	# connection the node opens to one before kube-proxy has its rule
+	# goes to the empty bridge, not off the machine by the default route.
+	ip route replace "$SERVICE_CIDR" dev sgk0
 	# The Pods' bridge, with its address, before the first Pod (the CNI
 	# plugin would make it then, and takes it as it finds it): a gateway
 	# on the node can serve its egress proxy there from the start.
@@ -501,6 +522,9 @@ iptables: {localhostNodePorts: false}
 healthzBindAddress: 127.0.0.1:$PROXY_HEALTH_PORT
 metricsBindAddress: 127.0.0.1:$PROXY_METRICS_PORT
 EOF
+	# down cleans its rules up with the same binary, whatever the cache
+	# holds by then.
+	echo "$(proxydir)/kube-proxy" >"$RUN/proxy.bin"
 	start proxy "$(proxydir)/kube-proxy" --config "$STATE/kube-proxy.yaml"
 	wait_for kube-proxy 60 proxy_ok
 	# Pods need their namespace's default ServiceAccount, which the
@@ -537,22 +561,28 @@ get() {
 # netpol_rule -C|-I|-D: checks, inserts or deletes the rule that sends
 # Pods' IPv4 packets that start a connection, or belong to none, (to each
 # other and out; not the node's own to them) to the enforcer's queue.
-# Without --queue-bypass: dropped while the enforcer is gone.
+# Without --queue-bypass: dropped while the enforcer is gone. In the
+# mangle table, which runs before the filter table's rules: kube-proxy
+# accepts there the packets it marks (a Pod's connection to a node port
+# or an external IP), which would pass no policy.
 netpol_rule() {
-	iptables -w "$1" FORWARD -i sgkbr0 -m conntrack ! --ctstate ESTABLISHED,RELATED -m comment --comment sandgate-kube-netpol \
+	iptables -w -t mangle "$1" FORWARD -i sgkbr0 -m conntrack ! --ctstate ESTABLISHED,RELATED -m comment --comment sandgate-kube-netpol \
 		-j NFQUEUE --queue-num "$NETPOL_QUEUE"
 }
 
 # netpol_api_rule -C|-I|-D: the same for Pods' connections to the API
 # server (the node's input, not forwarded).
 netpol_api_rule() {
-	iptables -w "$1" INPUT -i sgkbr0 -d "$NODE_IP" -p tcp --dport "$API_PORT" -m conntrack ! --ctstate ESTABLISHED,RELATED \
+	iptables -w -t mangle "$1" INPUT -i sgkbr0 -d "$NODE_IP" -p tcp --dport "$API_PORT" -m conntrack ! --ctstate ESTABLISHED,RELATED \
 		-m comment --comment sandgate-kube-netpol-api -j NFQUEUE --queue-num "$NETPOL_QUEUE"
 }
 
-# proxy_ok: kube-proxy has its rules in place.
+# proxy_ok: kube-proxy has its rules in place (its /healthz says healthy
+# while it starts, before it has written any): the Service kubernetes's
+# among them.
 proxy_ok() {
-	curl -sf --max-time 2 "http://127.0.0.1:$PROXY_HEALTH_PORT/healthz" >/dev/null 2>&1
+	curl -sf --max-time 2 "http://127.0.0.1:$PROXY_HEALTH_PORT/healthz" >/dev/null 2>&1 &&
+		iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q 'default/kubernetes:https'
 }
 
 # netpol_ok: the enforcer listens on its queue.
@@ -600,7 +630,15 @@ down() {
 	stop kubelet
 	stop proxy
 	# Its Services' rules go with it.
-	[ -x "$(proxydir)/kube-proxy" ] && "$(proxydir)/kube-proxy" --cleanup >"$LOGS/proxy-cleanup.log" 2>&1 || true
+	local proxy_bin
+	proxy_bin=$(cat "$RUN/proxy.bin" 2>/dev/null || true)
+	if [ -x "$proxy_bin" ]; then
+		"$proxy_bin" --cleanup >"$LOGS/proxy-cleanup.log" 2>&1 || true
+		rm -f "$RUN/proxy.bin"
+	fi
+	if iptables -w -t nat -S 2>/dev/null | grep -q -- '-N KUBE-SERVICES'; then
+		echo "cluster.sh: kube-proxy's rules are still there (iptables -t nat -S | grep KUBE-); see $LOGS/proxy-cleanup.log" >&2
+	fi
 	stop scheduler
 	stop controller-manager
 	stop apiserver
