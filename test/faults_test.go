@@ -28,13 +28,23 @@ func restartContainerd(t *testing.T, down time.Duration) {
 			t.Fatalf("systemctl start containerd: %v %s", err, out)
 		}
 	} else {
-		out, err := exec.Command("pgrep", "-x", "containerd").Output()
-		pid, perr := strconv.Atoi(strings.TrimSpace(strings.Split(string(out), "\n")[0]))
-		if err != nil || perr != nil {
-			t.Fatalf("no containerd to restart: %v %s", err, out)
+		// The host's containerd, not the trial cluster's (cluster.sh runs
+		// its own, with a config of its own), whichever pid is lower.
+		out, _ := exec.Command("pgrep", "-x", "containerd").Output()
+		pid := 0
+		var argv []string
+		for _, f := range strings.Fields(string(out)) {
+			p, err := strconv.Atoi(f)
+			raw, rerr := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+			if err != nil || rerr != nil || strings.Contains(string(raw), "sandgate-kube") {
+				continue
+			}
+			pid, argv = p, strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+			break
 		}
-		raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		argv := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if pid == 0 {
+			t.Fatalf("no host containerd to restart (pgrep: %q)", out)
+		}
 		syscall.Kill(pid, syscall.SIGKILL)
 		for deadline := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {

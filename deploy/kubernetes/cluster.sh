@@ -658,6 +658,8 @@ down() {
 		done
 	fi
 	stop containerd
+	# One started again by hand, which its pid file does not name.
+	pkill -9 -f "^containerd --config $STATE/containerd.toml" 2>/dev/null || true
 	pkill -9 -f "containerd-shim-runc-v2 .*-address $RUN/containerd.sock" 2>/dev/null || true
 	pkill -9 -f "runsc-(sandbox|gofer) .*--root=$RUN/" 2>/dev/null || true
 	# The enforcement goes last, once no Pod runs: until here a Pod's new
