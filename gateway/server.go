@@ -493,11 +493,16 @@ func refuseToken(c *fiber.Ctx) error {
 	return errUnauthenticated("the preview token is missing, invalid or expired")
 }
 
+// namesGateway says whether the request's Host is one of the gateway's.
+// c.Hostname() reads X-Forwarded-Host only from a trusted proxy.
+func (s *Server) namesGateway(c *fiber.Ctx) bool {
+	return s.hosts[strings.ToLower(c.Hostname())]
+}
+
 // checkHost refuses requests whose Host is not the gateway's, which stops
 // DNS rebinding from turning a browser into a client of the gateway.
-// c.Hostname() reads X-Forwarded-Host only from a trusted proxy.
 func (s *Server) checkHost(c *fiber.Ctx) error {
-	if !s.hosts[strings.ToLower(c.Hostname())] {
+	if !s.namesGateway(c) {
 		return errDenied("the Host header does not name this gateway")
 	}
 	return c.Next()
@@ -557,7 +562,7 @@ func reqCtx(c *fiber.Ctx, d time.Duration) (context.Context, context.CancelFunc)
 // the reason only to a request whose Host names the gateway.
 func (s *Server) readyz(c *fiber.Ctx) error {
 	err := s.ready(c)
-	if err != nil && !s.hosts[strings.ToLower(c.Hostname())] {
+	if err != nil && !s.namesGateway(c) {
 		return &apiError{status: 503, code: "unavailable", msg: "not ready"}
 	}
 	return err
