@@ -276,22 +276,70 @@ func (b *bucket) reserve(n int) time.Duration {
 }
 
 // limitListener admits a session's connection only within its limits;
-// a refused one gets a 429 (403 for a stranger) and is closed at once,
-// before any goroutine or buffer is spent on it.
+// a refused one gets a 429 (403 for a stranger) and is closed at once.
+// The policy of a connection's source is asked beside the accepting
+// (a replica that stands by reads it from the session's Pod, which may
+// take a while), by at most maxAdmitting at once; past that, accepting
+// waits. A refused connection costs its admission's goroutine only.
 type limitListener struct {
 	net.Listener
-	p *Proxy
+	p        *Proxy
+	admitted chan net.Conn
+	failed   chan error
+	once     *sync.Once
+}
+
+// maxAdmitting bounds the connections whose admission is under way.
+const maxAdmitting = 64
+
+func newLimitListener(l net.Listener, p *Proxy) limitListener {
+	return limitListener{Listener: l, p: p, admitted: make(chan net.Conn), failed: make(chan error, 1), once: &sync.Once{}}
 }
 
 func (l limitListener) Accept() (net.Conn, error) {
+	l.once.Do(func() { go l.accept() })
+	select {
+	case c := <-l.admitted:
+		return c, nil
+	case err := <-l.failed:
+		l.failed <- err // for the next caller too
+		return nil, err
+	}
+}
+
+// accept takes connections until the listener fails, admitting each
+// in its own goroutine.
+func (l limitListener) accept() {
+	slots := make(chan struct{}, maxAdmitting)
+	var backoff time.Duration
 	for {
+		slots <- struct{}{}
 		c, err := l.Listener.Accept()
 		if err != nil {
-			return nil, err
+			<-slots
+			if errors.Is(err, net.ErrClosed) {
+				l.failed <- err
+				return
+			}
+			// Out of files, say: tried again, waiting longer each
+			// time, as the HTTP server does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			l.p.cfg.Log.Warn("egress proxy: accept failed; trying again", "err", err, "in", backoff)
+			time.Sleep(backoff)
+			continue
 		}
-		if sc := l.p.admit(c); sc != nil {
-			return sc, nil
-		}
+		backoff = 0
+		go func() {
+			defer func() { <-slots }()
+			if sc := l.p.admit(c); sc != nil {
+				select {
+				case l.admitted <- sc:
+				case err := <-l.failed:
+					l.failed <- err
+					sc.Close()
+				}
+			}
+		}()
 	}
 }
 

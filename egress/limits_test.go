@@ -392,3 +392,67 @@ func TestProxyByteRate(t *testing.T) {
 	}
 	t.Logf("2 MiB each way at 1 MiB/s: %v", took)
 }
+
+// slowPolicies answers srcB only once released (a replica reading a
+// session's Pod from an API server that is slow), srcA at once.
+type slowPolicies struct {
+	addrPolicies
+	release chan struct{}
+}
+
+func (s slowPolicies) Policy(src netip.Addr) (Policy, bool) {
+	if src == srcB {
+		<-s.release
+	}
+	return s.addrPolicies.Policy(src)
+}
+
+// TestProxySlowPolicy: a connection whose session takes a while to find
+// does not hold up another session's; it is served once found. (With
+// the policy asked in the accept loop, session A's request waited
+// behind B's.)
+func TestProxySlowPolicy(t *testing.T) {
+	up := upstream(t)
+	host, port, _ := net.SplitHostPort(up.Listener.Addr().String())
+	allow, err := ParsePattern("up.example.test:" + port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := func(id string) Policy { return Policy{Session: id, Tenant: "t", Allow: []Pattern{allow}} }
+	release := make(chan struct{})
+	var once sync.Once
+	p := New(Config{
+		Resolver: NewResolver("", map[string][]netip.Addr{"up.example.test": {netip.MustParseAddr(host)}}),
+		Exempt:   []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		Limits:   Limits{SessionConns: 8, SessionConnRate: 1000, MaxConns: 1000},
+	}, slowPolicies{addrPolicies{srcA: pol("a"), srcB: pol("b")}, release}, secretsMap{})
+	addr := startProxy(t, p)
+	// (Before the proxy's close, which waits for B's admission.)
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	target := "http://up.example.test:" + port + "/"
+
+	cb := dialFrom(t, srcB, addr)
+	brB := bufio.NewReader(cb)
+	time.Sleep(50 * time.Millisecond) // B's admission under way first
+	done := make(chan error, 1)
+	go func() {
+		ca := dialFrom(t, srcA, addr)
+		st, body, err := get(ca, bufio.NewReader(ca), target)
+		if err == nil && (st != 200 || body != "up") {
+			err = fmt.Errorf("%d %q", st, body)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("session A, while B's session is looked up: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("session A's request waited for B's session to be found")
+	}
+	once.Do(func() { close(release) })
+	if st, body, err := get(cb, brB, target); err != nil || st != 200 || body != "up" {
+		t.Errorf("session B, once found: %d %q %v", st, body, err)
+	}
+}

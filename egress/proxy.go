@@ -110,7 +110,7 @@ func New(cfg Config, policies Policies, secrets Secrets) *Proxy {
 // Serve accepts session connections on l, within their limits, until
 // Close.
 func (p *Proxy) Serve(l net.Listener) error {
-	err := p.srv.Serve(limitListener{Listener: l, p: p})
+	err := p.srv.Serve(newLimitListener(l, p))
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
