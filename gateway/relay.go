@@ -416,6 +416,15 @@ type relayEvent struct {
 	// fetched artifact's name (its id in Artifact, its kind in Kind).
 	Viewer string `json:"viewer,omitempty"`
 	Name   string `json:"name,omitempty"`
+	// An egress event's (EgressEvent): the destination, the address it
+	// was reached at, the way through the proxy, the credential, and
+	// the refusals a limit counted.
+	Host       string `json:"host,omitempty"`
+	Port       int    `json:"port,omitempty"`
+	Address    string `json:"address,omitempty"`
+	Via        string `json:"via,omitempty"`
+	Credential string `json:"credential,omitempty"`
+	Refused    int    `json:"refused,omitempty"`
 	// wire is what the event takes in a report (its JSON), measured as
 	// it is kept.
 	wire int
@@ -856,6 +865,11 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 			ev.Artifact, ev.SHA256 = "", ""
 		}
 		s.sessions.Record(claims.Session, ev.Type, screenshotFields(recordings.Artifact{ID: ev.Artifact, Size: max(ev.Bytes, 0), SHA256: ev.SHA256}))
+	default:
+		// The egress proxy's of a replica that stands by (EgressEvent).
+		if f, ok := egressFields(ev); ok {
+			s.sessions.Record(claims.Session, ev.Type, f)
+		}
 	}
 }
 
@@ -951,6 +965,9 @@ type relayLive struct {
 	signer    *signer // the token keys: it signs with them, and reads the tokens it can
 	// sandbox names a session's Pod, for the shells (nil: none).
 	sandbox func(id string) session.Sandbox
+	// egressTickets: by session, the tickets its egress events are
+	// reported by (EgressEvent).
+	egressTickets map[string]egressTicket
 	// storeOK: the artifact store answered when last asked
 	// (watchStore; never without a store).
 	storeOK atomic.Bool
@@ -1001,9 +1018,10 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		admits:       make(chan struct{}, maxRelayAdmits),
 		shellAdmits:  make(chan struct{}, maxShellAdmits),
 		aloneAnswers: make(chan struct{}, maxAloneAnswers), reviewAnswers: make(chan struct{}, maxReviewAnswers),
-		issuedAlone:  map[string]int{},
-		revokedAlone: map[string]time.Time{},
-		sandbox:      sandbox,
+		issuedAlone:   map[string]int{},
+		revokedAlone:  map[string]time.Time{},
+		sandbox:       sandbox,
+		egressTickets: map[string]egressTicket{},
 	}
 	s.live, s.shells = l, l
 	if store != nil {
