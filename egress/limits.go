@@ -287,13 +287,16 @@ type limitListener struct {
 	admitted chan net.Conn
 	failed   chan error
 	once     *sync.Once
+	done     chan struct{} // closed by Close
+	closing  *sync.Once
 }
 
 // maxAdmitting bounds the connections whose admission is under way.
 const maxAdmitting = 64
 
 func newLimitListener(l net.Listener, p *Proxy) limitListener {
-	return limitListener{Listener: l, p: p, admitted: make(chan net.Conn), failed: make(chan error, 1), once: &sync.Once{}}
+	return limitListener{Listener: l, p: p, admitted: make(chan net.Conn), failed: make(chan error, 1), once: &sync.Once{},
+		done: make(chan struct{}), closing: &sync.Once{}}
 }
 
 func (l limitListener) Accept() (net.Conn, error) {
@@ -304,16 +307,28 @@ func (l limitListener) Accept() (net.Conn, error) {
 	case err := <-l.failed:
 		l.failed <- err // for the next caller too
 		return nil, err
+	case <-l.done:
+		return nil, net.ErrClosed
 	}
 }
 
-// accept takes connections until the listener fails, admitting each
-// in its own goroutine.
+// Close stops the accepting at once, admissions under way too.
+func (l limitListener) Close() error {
+	l.closing.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// accept takes connections until the listener fails or is closed,
+// admitting each in its own goroutine.
 func (l limitListener) accept() {
 	slots := make(chan struct{}, maxAdmitting)
 	var backoff time.Duration
 	for {
-		slots <- struct{}{}
+		select {
+		case slots <- struct{}{}:
+		case <-l.done:
+			return
+		}
 		c, err := l.Listener.Accept()
 		if err != nil {
 			<-slots
@@ -325,7 +340,11 @@ func (l limitListener) accept() {
 			// time, as the HTTP server does.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			l.p.cfg.Log.Warn("egress proxy: accept failed; trying again", "err", err, "in", backoff)
-			time.Sleep(backoff)
+			select {
+			case <-time.After(backoff):
+			case <-l.done:
+				return
+			}
 			continue
 		}
 		backoff = 0
@@ -334,8 +353,7 @@ func (l limitListener) accept() {
 			if sc := l.p.admit(c); sc != nil {
 				select {
 				case l.admitted <- sc:
-				case err := <-l.failed:
-					l.failed <- err
+				case <-l.done:
 					sc.Close()
 				}
 			}
