@@ -20,6 +20,8 @@ var egressEvents = map[string]bool{
 	"egress_allowed": true, "egress_denied": true, "egress_failed": true, "egress_limited": true,
 	"credential_used": true, "credential_refused": true, "credential_unavailable": true,
 	"placeholder_not_swapped": true,
+	// How many of a session's were dropped here (the relay's own).
+	"egress_dropped": true,
 }
 
 // maxEgressHost bounds a host as an event carries it: a name is at most
@@ -34,24 +36,67 @@ type egressTicket struct {
 	until  time.Time
 }
 
+// maxEgressKept bounds the egress events kept for the reports (those of
+// a browser that opens connections by the thousand, while no leader
+// answers), and maxEgressSession a session's: past them, its events are
+// dropped (not the other events, nor the other sessions'), and counted
+// in an egress_dropped of the session, which the leader records.
+const (
+	maxEgressKept    = maxRelayEvents / 4
+	maxEgressSession = maxEgressKept / 8
+)
+
+// egressCount: a session's egress events kept, and dropped.
+type egressCount struct{ kept, dropped int }
+
 // maxEgressTickets bounds the tickets kept; past it, they are signed
 // afresh.
 const maxEgressTickets = 4096
 
-// EgressEvent keeps an event of this replica's egress proxy, of session
-// id (tenant's, expiring at expires), for the next report to the
-// leader. A replica that leads records its proxy's events itself.
-func (s *Server) EgressEvent(tenantName, id string, expires time.Time, typ string, fields map[string]any) {
+// EgressSession makes ready to report the egress events of session id,
+// tenant's, which expires at expires (its proxy has found it): its
+// ticket, signed again once the session outlasts the one signed before.
+func (s *Server) EgressSession(tenantName, id string, expires time.Time) {
 	l, ok := s.live.(*relayLive)
-	if !ok || !egressEvents[typ] || !ids.IsSession(id) {
+	if !ok || !ids.IsSession(id) {
 		return
 	}
-	ticket, err := l.egressTicket(tenantName, id, expires)
-	if err != nil {
-		l.log.Warn("an egress event is not reported: its ticket cannot be signed", "session", id, "type", typ, "err", err)
+	if err := l.egressTicket(tenantName, id, expires); err != nil {
+		l.log.Warn("the session's egress events will not be reported: their ticket cannot be signed", "session", id, "err", err)
+	}
+}
+
+// EgressEvent keeps an event of this replica's egress proxy for the
+// next report to the leader, if its session is one EgressSession made
+// ready (a replica that leads records its proxy's events itself).
+func (s *Server) EgressEvent(id, typ string, fields map[string]any) {
+	l, ok := s.live.(*relayLive)
+	if !ok || !egressEvents[typ] {
 		return
 	}
-	ev := relayEvent{Token: ticket, Type: typ}
+	if typ == "egress_dropped" {
+		return // (counted here, not by the proxy)
+	}
+	l.mu.Lock()
+	t, ok := l.egressTickets[id]
+	if !ok {
+		l.mu.Unlock()
+		return
+	}
+	c := l.egressBy[id]
+	if c == nil {
+		c = &egressCount{}
+		l.egressBy[id] = c
+	}
+	if l.egressKept >= maxEgressKept || c.kept >= maxEgressSession {
+		l.egressDropped++
+		c.dropped++
+		l.mu.Unlock()
+		return
+	}
+	c.kept++ // (before event counts it among all: it may be dropped at once)
+	l.mu.Unlock()
+	ev := relayEvent{Token: t.ticket, Type: typ, egress: id}
 	ev.Host, _ = fields["host"].(string)
 	ev.Host = truncate(ev.Host, maxEgressHost)
 	ev.Address, _ = fields["address"].(string)
@@ -71,21 +116,54 @@ func (s *Server) EgressEvent(tenantName, id string, expires time.Time, typ strin
 	l.event(ev)
 }
 
-// egressTicket is session id's ticket for its egress events, signed
-// again once the session outlasts it.
-func (l *relayLive) egressTicket(tenantName, id string, expires time.Time) (string, error) {
+// taken counts the egress events among evs, which leave the events
+// kept. l.mu is held.
+func (l *relayLive) taken(evs []relayEvent) {
+	for _, ev := range evs {
+		if !egressEvents[ev.Type] {
+			continue
+		}
+		l.egressKept--
+		if c := l.egressBy[ev.egress]; c != nil {
+			c.kept--
+			if c.kept <= 0 && c.dropped == 0 {
+				delete(l.egressBy, ev.egress)
+			}
+		}
+	}
+}
+
+// keepDropsLocked keeps, for each session whose egress events were
+// dropped, an egress_dropped that counts them. l.mu is held.
+func (l *relayLive) keepDropsLocked() {
+	for id, c := range l.egressBy {
+		t, ok := l.egressTickets[id]
+		if c.dropped == 0 || !ok {
+			continue
+		}
+		ev := relayEvent{Token: t.ticket, Type: "egress_dropped", Refused: c.dropped, egress: id}
+		ev.measure()
+		c.dropped = 0
+		c.kept++
+		l.keepLocked(ev)
+	}
+}
+
+// egressTicket signs session id's ticket for its egress events, unless
+// the one it has lasts past the session's expiry.
+func (l *relayLive) egressTicket(tenantName, id string, expires time.Time) error {
 	until := expires.Add(time.Minute)
 	l.mu.Lock()
 	t, ok := l.egressTickets[id]
 	l.mu.Unlock()
 	if ok && t.tenant == tenantName && !t.until.Before(until) {
-		return t.ticket, nil
+		return nil
 	}
 	claims := shellClaims(tenantName, id, "")
 	claims.ExpiresAt = jwtTime(until)
 	ticket, err := l.signer.issue(*claims)
 	if err != nil {
-		return "", err
+		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -97,11 +175,11 @@ func (l *relayLive) egressTicket(tenantName, id string, expires time.Time) (stri
 			}
 		}
 		if len(l.egressTickets) >= maxEgressTickets {
-			clear(l.egressTickets)
+			clear(l.egressTickets) // signed again as their sessions are found
 		}
 	}
 	l.egressTickets[id] = egressTicket{tenant: tenantName, ticket: ticket, until: until}
-	return ticket, nil
+	return nil
 }
 
 // egressFields are the fields the leader records for an egress event a
@@ -168,6 +246,9 @@ func egressFields(ev relayEvent) (map[string]any, bool) {
 		f["host"] = host
 		port()
 		reason()
+	case "egress_dropped":
+		f["dropped"] = max(ev.Refused, 0)
+		f["reason"] = "more egress events than a replica standing by keeps for the leader"
 	}
 	return f, true
 }

@@ -18,7 +18,7 @@ import (
 // reach the leader in its reports, named by a ticket of the session
 // (scopeShell, signed with the gateway's keys, of the session's tenant,
 // lasting past its expiry) and carrying the proxy's fields; what is no
-// egress event, or no session's, is not reported. The leader makes the
+// egress event, or of no session the proxy found, is not reported. The leader makes the
 // trail's fields itself: those of the proxy for each type, values that
 // cannot be (an address that is none, a port out of range, a way
 // through the proxy it does not take, a credential id that is none)
@@ -27,9 +27,13 @@ func TestRelayEgressEvents(t *testing.T) {
 	var mu sync.Mutex
 	var got []relayEvent
 	var runs relayRuns
+	silent := false
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if r.URL.Path != relaySyncPath {
+		mu.Lock()
+		quiet := silent
+		mu.Unlock()
+		if r.URL.Path != relaySyncPath || quiet {
 			w.WriteHeader(404)
 			return
 		}
@@ -46,12 +50,16 @@ func TestRelayEgressEvents(t *testing.T) {
 
 	sid, cred := ids.NewSession(), ids.NewCredential()
 	expires := time.Now().Add(10 * time.Minute)
-	srv.EgressEvent("tenant-a", sid, expires, "egress_allowed", map[string]any{"host": "pages.sandgate.test", "port": uint16(80), "address": "198.51.100.10", "via": "tunnel"})
-	srv.EgressEvent("tenant-a", sid, expires, "credential_used", map[string]any{"credential": cred, "host": "basic.sandgate.test", "port": uint16(443), "via": "header"})
-	srv.EgressEvent("tenant-a", sid, expires, "egress_limited", map[string]any{"reason": "too many connections", "refused": 7})
+	// Not reported: the event of a session the proxy has not found.
+	srv.EgressEvent(sid, "egress_denied", map[string]any{"host": "before.test"})
+	srv.EgressSession("tenant-a", sid, expires)
+	srv.EgressSession("tenant-a", "../"+sid, expires)
+	srv.EgressEvent(sid, "egress_allowed", map[string]any{"host": "pages.sandgate.test", "port": uint16(80), "address": "198.51.100.10", "via": "tunnel"})
+	srv.EgressEvent(sid, "credential_used", map[string]any{"credential": cred, "host": "basic.sandgate.test", "port": uint16(443), "via": "header"})
+	srv.EgressEvent(sid, "egress_limited", map[string]any{"reason": "too many connections", "refused": 7})
 	// Not reported: no egress event, and no session's id.
-	srv.EgressEvent("tenant-a", sid, expires, "exec", map[string]any{"host": "x"})
-	srv.EgressEvent("tenant-a", "../"+sid, expires, "egress_denied", map[string]any{"host": "x"})
+	srv.EgressEvent(sid, "exec", map[string]any{"host": "x"})
+	srv.EgressEvent("../"+sid, "egress_denied", map[string]any{"host": "x"})
 	l.sync()
 	mu.Lock()
 	events := append([]relayEvent(nil), got...)
@@ -78,11 +86,16 @@ func TestRelayEgressEvents(t *testing.T) {
 	}
 	// The same ticket for the session's next event; another once its
 	// expiry moved past the ticket's.
-	first := events[0].Token
-	if tk, _ := l.egressTicket("tenant-a", sid, expires); tk != first {
-		t.Error("a second event of the session got a new ticket")
+	ticket := func() string {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.egressTickets[sid].ticket
 	}
-	if tk, _ := l.egressTicket("tenant-a", sid, expires.Add(time.Hour)); tk == first {
+	first := events[0].Token
+	if srv.EgressSession("tenant-a", sid, expires); ticket() != first {
+		t.Error("the session found again: a new ticket")
+	}
+	if srv.EgressSession("tenant-a", sid, expires.Add(time.Hour)); ticket() == first {
 		t.Error("the session extended: its old ticket, which ends before it does")
 	}
 
@@ -101,6 +114,68 @@ func TestRelayEgressEvents(t *testing.T) {
 			t.Errorf("%+v: the leader records %v (%v), want %v", c.ev, f, ok, c.want)
 		}
 	}
+	// While no leader answers, the egress events kept are bounded, each
+	// session's and all; the others are kept beside them. All go once a
+	// leader answers, with each session's count of those dropped.
+	mu.Lock()
+	silent, got = true, nil
+	mu.Unlock()
+	others := make([]string, 8)
+	for i := range others {
+		others[i] = ids.NewSession()
+		srv.EgressSession("tenant-b", others[i], expires)
+	}
+	for range 2 * maxEgressSession {
+		srv.EgressEvent(sid, "egress_denied", map[string]any{"host": "other.sandgate.test", "reason": "not on the session's allow list"})
+	}
+	for _, o := range others {
+		for range maxEgressSession {
+			srv.EgressEvent(o, "egress_allowed", map[string]any{"host": "pages.sandgate.test", "port": uint16(80)})
+		}
+	}
+	l.record(shellClaims("tenant-a", sid, first), "shell_opened", nil)
+	l.mu.Lock()
+	kept, egressKept, dropped := len(l.events), l.egressKept, l.egressDropped
+	l.mu.Unlock()
+	// sid's first maxEgressSession, then 7 others' whole (the kept
+	// reach maxEgressKept), the last one's none.
+	if kept != maxEgressKept+1 || egressKept != maxEgressKept || dropped != 2*maxEgressSession {
+		t.Errorf("no leader answering: %d kept, %d of them egress, %d dropped; want %d, %d, %d",
+			kept, egressKept, dropped, maxEgressKept+1, maxEgressKept, 2*maxEgressSession)
+	}
+	l.sync() // refused: all stay
+	mu.Lock()
+	silent = false
+	mu.Unlock()
+	for range 10 {
+		l.sync()
+	}
+	mu.Lock()
+	all := append([]relayEvent(nil), got...)
+	mu.Unlock()
+	drops := map[string]any{}
+	shell := 0
+	for _, ev := range all {
+		claims, _ := srv.tokens.verify(ev.Token, time.Now())
+		switch {
+		case ev.Type == "egress_dropped" && claims != nil:
+			f, _ := egressFields(ev)
+			drops[claims.Session] = f["dropped"]
+		case ev.Type == "shell_opened":
+			shell++
+		}
+	}
+	wantDrops := map[string]any{sid: maxEgressSession, others[7]: maxEgressSession}
+	if len(all) != maxEgressKept+3 || shell != 1 || !reflect.DeepEqual(drops, wantDrops) {
+		t.Errorf("a leader answering again got %d events, %d shell_opened, drops %v; want %d, 1, %v", len(all), shell, drops, maxEgressKept+3, wantDrops)
+	}
+	l.mu.Lock()
+	egressKept, left := l.egressKept, len(l.egressBy)
+	l.mu.Unlock()
+	if egressKept != 0 || left != 0 {
+		t.Errorf("all reported: %d egress events still counted, %d sessions", egressKept, left)
+	}
+
 	// The control: a type the proxy does not record is none.
 	if f, ok := egressFields(relayEvent{Type: "shell_opened", Host: "a.test"}); ok {
 		t.Errorf("shell_opened taken as an egress event: %v", f)

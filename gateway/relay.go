@@ -428,6 +428,8 @@ type relayEvent struct {
 	// wire is what the event takes in a report (its JSON), measured as
 	// it is kept.
 	wire int
+	// egress: the session of an egress event (EgressEvent).
+	egress string
 }
 
 // Bounds of what a relay reports, well under the leader's limit on a
@@ -966,8 +968,15 @@ type relayLive struct {
 	// sandbox names a session's Pod, for the shells (nil: none).
 	sandbox func(id string) session.Sandbox
 	// egressTickets: by session, the tickets its egress events are
-	// reported by (EgressEvent).
+	// reported by (EgressEvent); egressKept counts those events kept,
+	// egressDropped those dropped since the last report (over
+	// maxEgressKept).
 	egressTickets map[string]egressTicket
+	egressKept    int
+	egressDropped int
+	// egressBy: by session, its egress events kept, and those dropped
+	// since its last egress_dropped was kept.
+	egressBy map[string]*egressCount
 	// storeOK: the artifact store answered when last asked
 	// (watchStore; never without a store).
 	storeOK atomic.Bool
@@ -1022,6 +1031,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		revokedAlone:  map[string]time.Time{},
 		sandbox:       sandbox,
 		egressTickets: map[string]egressTicket{},
+		egressBy:      map[string]*egressCount{},
 	}
 	s.live, s.shells = l, l
 	if store != nil {
@@ -1612,10 +1622,19 @@ func (l *relayLive) event(ev relayEvent) int {
 	ev.measure()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.keepLocked(ev)
+}
+
+// keepLocked is event for a measured ev, l.mu held.
+func (l *relayLive) keepLocked(ev relayEvent) int {
 	if len(l.events) >= maxRelayEvents {
+		l.taken(l.events[:1])
 		l.events = l.events[1:]
 		l.base++
 		l.dropped++
+	}
+	if egressEvents[ev.Type] {
+		l.egressKept++
 	}
 	l.events = append(l.events, ev)
 	return l.base + len(l.events)
@@ -1819,6 +1838,21 @@ func (l *relayLive) heldRevokedLocked(session, preview string, now time.Time) bo
 	return ok && now.Before(until)
 }
 
+// FlushReports reports what this relay keeps (its connections, their
+// events, its egress proxy's), for at most d: a replica that stops
+// sends its last events to the leader.
+func (s *Server) FlushReports(d time.Duration) {
+	l, ok := s.live.(*relayLive)
+	if !ok {
+		return
+	}
+	deadline := time.Now().Add(d)
+	l.reporting.Lock()
+	defer l.reporting.Unlock()
+	for time.Now().Before(deadline) && l.reportWithin(time.Until(deadline)) {
+	}
+}
+
 // sync reports until the events kept are sent (at most a few reports
 // a tick: one holder's connections cannot crowd out the others').
 func (l *relayLive) sync() {
@@ -1860,6 +1894,10 @@ func (l *relayLive) reportWithin(d time.Duration) bool {
 		n++
 	}
 	carried := l.events[:n]
+	if n == len(l.events) {
+		// What was dropped goes after what was kept (it came later).
+		l.keepDropsLocked()
+	}
 	req := relaySyncRequest{Relay: l.identity, Run: l.run, First: l.base, Events: append([]relayEvent(nil), carried...)}
 	for tok := range l.touched {
 		req.Touched = append(req.Touched, tok)
@@ -1881,8 +1919,8 @@ func (l *relayLive) reportWithin(d time.Duration) bool {
 		rc.active = false
 		closers[id] = rc.closer
 	}
-	dropped := l.dropped
-	l.dropped = 0
+	dropped, egressDropped := l.dropped, l.egressDropped
+	l.dropped, l.egressDropped = 0, 0
 	l.mu.Unlock()
 	// The whole report within relayReportMax: the activity goes first,
 	// then half the events at a time (the connections must be named).
@@ -1907,6 +1945,9 @@ func (l *relayLive) reportWithin(d time.Duration) bool {
 	}
 	if dropped > 0 {
 		l.log.Warn("events of relayed connections dropped while no leader answered", "dropped", dropped)
+	}
+	if egressDropped > 0 {
+		l.log.Warn("egress events dropped: more were kept for the leader than this replica keeps", "dropped", egressDropped, "kept", maxEgressKept)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(max(d, 0), relayReportWait))
 	var ans relaySyncAnswer
@@ -1939,6 +1980,7 @@ func (l *relayLive) reportWithin(d time.Duration) bool {
 	}
 	// The events sent are taken; those added meanwhile stay.
 	if cut := min(upTo-l.base, len(l.events)); cut > 0 {
+		l.taken(l.events[:cut])
 		l.events = append([]relayEvent(nil), l.events[cut:]...)
 		l.base += cut
 	}
