@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +63,21 @@ paint(); setInterval(paint, 50);</script></body></html>`, paletteJS())
 const g = c.getContext("2d"); function draw() { for (let i = 0; i < 200; i++) { g.fillStyle = "hsl(" + (Math.random() * 360) + ",80%,50%)";
 g.fillRect(Math.random() * c.width, Math.random() * c.height, 80, 60); } requestAnimationFrame(draw); } draw();</script></body></html>`)
 	})
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		// A download that lasts: a KiB every 100 ms for ?seconds= (1 to
+		// 30), slowBytes in all.
+		secs, _ := strconv.Atoi(r.URL.Query().Get("seconds"))
+		secs = min(max(secs, 1), 30)
+		w.Header().Set("Content-Length", fmt.Sprint(slowBytes(secs)))
+		chunk := bytes.Repeat([]byte("s"), 1024)
+		for range secs * 10 {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
 	mux.HandleFunc("/download.html", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `<!doctype html><html><head><title>download</title></head><body><a id="dl" href="/file.bin">get the report</a></body></html>`)
 	})
@@ -72,6 +88,9 @@ g.fillRect(Math.random() * c.width, Math.random() * c.height, 80, 60); } request
 	})
 	return mux
 }
+
+// slowBytes is what /slow sends in secs seconds.
+func slowBytes(secs int) int { return secs * 10 * 1024 }
 
 func TestChromedpThroughGateway(t *testing.T) {
 	e := needE2E(t)

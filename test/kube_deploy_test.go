@@ -47,8 +47,11 @@ const (
 // it, a session is created and driven (exec, CDP with chromedp, a file),
 // and its browser and commands reach an allowed host through the egress
 // proxy's Service and are refused one off the list; from the session,
-// the API server is not reached while the gateway reaches it. The
-// leader's gateway is then SIGKILLed: a replica takes over (in practice
+// the API server is not reached while the gateway reaches it. Each
+// replica's own egress proxy serves the session (the one standing by
+// knows it by its Pod), and reports its events to the leader's trail. The
+// leader's gateway is then SIGKILLed, while a download through the
+// other's proxy goes on to its end: a replica takes over (in practice
 // the same Pod's container, started again, which knows its dead run);
 // then the leader's Pod is deleted, as a rolling update does: the other
 // replica takes over. Each time the same session is driven through the
@@ -278,6 +281,31 @@ func TestKubeDeployment(t *testing.T) {
 		t.Errorf("the session's Pod opened a connection to the gateway's API through a node port")
 	}
 
+	// Every replica serves the sessions' egress, the one standing by
+	// knowing the session by its Pod: straight to its Pod's proxy, a
+	// host on the allow list is reached and one off it refused, as
+	// through the leader's (the control).
+	standby := ""
+	addrs := map[string]string{}
+	for _, p := range deployReady(t, ctx, c, ns, gwPods) {
+		addrs[p.Name] = p.Status.PodIP
+		if p.Name != leader {
+			standby = p.Name
+		}
+	}
+	if standby == "" || addrs[leader] == "" {
+		t.Fatalf("the replicas' addresses: %v (leader %s)", addrs, leader)
+	}
+	for _, name := range []string{leader, standby} {
+		via := "curl -sS --max-time 10 -x http://" + addrs[name] + ":3128 "
+		if out := sh(via + "http://pages.sandgate.test/hello.html"); out.ExitCode != 0 || !strings.Contains(string(out.Stdout), "Sandgate test page") {
+			t.Errorf("curl through the egress proxy of %s (leading: %v) to a host on the allow list: exit %d %q %q", name, name == leader, out.ExitCode, out.Stdout, out.Stderr)
+		}
+		if out := sh(via + "-f http://other.sandgate.test/"); out.ExitCode == 0 {
+			t.Errorf("curl through the egress proxy of %s (leading: %v) to a host off the allow list: reached (%q)", name, name == leader, out.Stdout)
+		}
+	}
+
 	// The recording is stored as it goes.
 	var segments int
 	waitFor(t, 2*time.Minute, "a segment of the recording stored", func() bool {
@@ -301,6 +329,17 @@ func TestKubeDeployment(t *testing.T) {
 		t.Fatalf("the leader's Pod %s: %v, lease held by %q", leader, err, held)
 	}
 	container := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	// A download through the proxy of the replica standing by, under
+	// way as the leader dies: it goes on to its end.
+	const slowSecs = 12
+	if out := sh(fmt.Sprintf(`setsid sh -c 'curl -sS -o /tmp/slow.out -x http://%s:3128 "http://pages.sandgate.test/slow?seconds=%d"; echo $? >/tmp/slow.rc' </dev/null >/dev/null 2>&1 &`,
+		addrs[standby], slowSecs)); out.ExitCode != 0 {
+		t.Fatalf("start a download through %s's egress proxy: exit %d %q", standby, out.ExitCode, out.Stderr)
+	}
+	waitFor(t, time.Minute, "the download under way", func() bool {
+		out := sh("test ! -e /tmp/slow.rc && test -s /tmp/slow.out")
+		return out.ExitCode == 0
+	})
 	t0 = time.Now()
 	if out, err := exec.Command("ctr", "-a", kubeSock, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", container).CombinedOutput(); err != nil {
 		t.Fatalf("SIGKILL the leader's gateway: %v\n%s", err, out)
@@ -325,6 +364,12 @@ func TestKubeDeployment(t *testing.T) {
 	}
 	waitFor(t, 2*time.Minute, "every replica carrying the session's commands", running)
 	drive("after")
+	waitFor(t, 2*time.Minute, "the download through the replica standing by ending", func() bool {
+		return sh("test -e /tmp/slow.rc").ExitCode == 0
+	})
+	if out := sh("cat /tmp/slow.rc; wc -c </tmp/slow.out"); string(out.Stdout) != fmt.Sprintf("0\n%d\n", slowBytes(slowSecs)) {
+		t.Errorf("the download through %s's egress proxy, the leader SIGKILLed meanwhile: exit and bytes %q, want 0 and %d", standby, out.Stdout, slowBytes(slowSecs))
+	}
 	waitFor(t, 2*time.Minute, "the recording going on after the takeover", func() bool {
 		return recordingSegments(t, k, s.ID) > segments
 	})
@@ -356,6 +401,18 @@ func TestKubeDeployment(t *testing.T) {
 	evs := k.events(t, k.keyA, s.ID)
 	if !hasEvent(evs, "egress_allowed", "pages.sandgate.test", "") || !hasEvent(evs, "egress_denied", "other.sandgate.test", "allow list") {
 		t.Errorf("the session's trail after the takeover lacks the egress events from before: %v", evs)
+	}
+	// Each refusal of other.sandgate.test is in it: through the Service,
+	// and through each replica's proxy (the one standing by reported
+	// its own to the leader).
+	denied := 0
+	for _, ev := range evs {
+		if ev.Type == "egress_denied" && ev.Fields["host"] == "other.sandgate.test" {
+			denied++
+		}
+	}
+	if denied != 3 {
+		t.Errorf("the session's trail has %d refusals of other.sandgate.test, want 3 (through the Service, the leader's proxy and the other's): %v", denied, evs)
 	}
 	for _, when := range []string{"before", "after", "moved"} {
 		found := false

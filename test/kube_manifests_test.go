@@ -76,8 +76,8 @@ func kubeCreator(t testing.TB, kubeconfig string, b *kube.Backend) func(context.
 // create with strict field validation, in a test namespace), and the
 // pieces agree: the gateway's Pods run as rbac.yaml's ServiceAccount,
 // carry the label networkpolicies.yaml lets reach session Pods, and are
-// what the API's Service selects (the egress proxy's only while a
-// replica leads, by the label it puts on its Pod), on the ports the
+// what both Services select (the egress proxy's with each session's
+// connections sent to one replica), on the ports the
 // policy and the config name; a rolling update adds a replica before it
 // removes one.
 // The control: the same Deployment with a misspelt field is refused.
@@ -142,23 +142,23 @@ func TestKubeManifests(t *testing.T) {
 	for _, p := range gw.Spec.Template.Spec.Containers[0].Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	// The API's Service sends to every replica (one standing by
-	// forwards); the egress proxy's, to the leader's Pod only: the proxy
-	// knows a session by its connection's source address.
+	// Both Services send to every replica: the API's (one standing by
+	// forwards), and the egress proxy's (each replica's proxy knows a
+	// session by its connection's source address), a session's
+	// connections to one (so that its limits hold as one replica counts
+	// them).
 	leader := labels.Merge(pod, labels.Set{kube.LabelGatewayRole: kube.RoleLeader})
 	for _, svc := range services {
 		sel := labels.SelectorFromSet(svc.Spec.Selector)
-		if !sel.Matches(leader) || len(svc.Spec.Selector) == 0 {
-			t.Errorf("Service %s does not select the leading gateway's Pod", svc.Name)
+		if !sel.Matches(leader) || !sel.Matches(pod) || len(svc.Spec.Selector) == 0 {
+			t.Errorf("Service %s does not select every gateway replica's Pod", svc.Name)
 		}
 		egress := len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].TargetPort.StrVal == "egress"
-		if egress == sel.Matches(pod) {
-			t.Errorf("Service %s (egress %v) selects a replica standing by: %v", svc.Name, egress, sel.Matches(pod))
-		}
-		// The leader's proxy serves while its /readyz says 503 (full,
-		// draining): the label alone decides where egress goes.
-		if egress && !svc.Spec.PublishNotReadyAddresses {
-			t.Errorf("Service %s sends egress only to a leader that is ready", svc.Name)
+		// A proxy serves while its replica's /readyz says 503 (full,
+		// draining, no leader answering).
+		if egress && (!svc.Spec.PublishNotReadyAddresses || svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP) {
+			t.Errorf("Service %s sends egress only to a replica that is ready (%v), or a session's connections to any (affinity %q)",
+				svc.Name, !svc.Spec.PublishNotReadyAddresses, svc.Spec.SessionAffinity)
 		}
 		for _, p := range svc.Spec.Ports {
 			if _, ok := ports[p.TargetPort.StrVal]; !ok {

@@ -33,10 +33,10 @@ import (
 // trial cluster, each with an address the other reaches and a Pod of its
 // own (a stand-in running pause: the replicas run on the host). One
 // leads, and labels its Pod so; the other stands by (ready while there
-// is a leader) and forwards what it is sent. The egress proxy's Service
-// of deploy/kubernetes sends to the leader's Pod only: a leader takes
-// the label off the Pods that carry it as it comes to lead, and a
-// replica that stands by takes it off its own.
+// is a leader) and forwards what it is sent. A leader takes the label
+// off the Pods that carry it as it comes to lead, and a replica that
+// stands by takes it off its own; the egress proxy's Service of
+// deploy/kubernetes sends to every replica's Pod.
 // A session created through the leader is driven through the other:
 // CDP with chromedp, a VNC viewer, exec, files, a screenshot, a preview
 // revoked. The leader is then SIGKILLed mid-session: meanwhile the other
@@ -574,7 +574,7 @@ func (e *testEnv) fileRequest(t testing.TB, method, id, path string, body io.Rea
 
 // gatewayRoles: stand-ins for the Pods of gateway replicas that run on
 // the host, and the egress proxy's Service of deploy/kubernetes, which
-// selects the leader's.
+// selects them all.
 type gatewayRoles struct {
 	b      *kube.Backend
 	ctx    context.Context
@@ -705,11 +705,12 @@ func (r *gatewayRoles) label(t testing.TB, name string) {
 }
 
 // waitLeader waits until the leader's label is on exactly these Pods,
-// and the egress proxy's Service sends to exactly their addresses.
+// and the egress proxy's Service sends to every replica's address,
+// whichever leads.
 func (r *gatewayRoles) waitLeader(t testing.TB, when string, names ...string) {
 	t.Helper()
 	want := map[string]bool{}
-	for _, n := range names {
+	for _, n := range r.pods {
 		want[r.podIPs[n]] = true
 	}
 	var labelled, endpoints []string
@@ -732,7 +733,7 @@ func (r *gatewayRoles) waitLeader(t testing.TB, when string, names ...string) {
 				}
 			}
 		}
-		ok := len(labelled) == len(names) && len(endpoints) == len(names)
+		ok := len(labelled) == len(names) && len(endpoints) == len(r.pods)
 		for _, n := range labelled {
 			ok = ok && slices.Contains(names, n)
 		}
@@ -743,7 +744,7 @@ func (r *gatewayRoles) waitLeader(t testing.TB, when string, names ...string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: the leader's label is on %v and the egress Service sends to %v; want %v", when, labelled, endpoints, names)
+			t.Fatalf("%s: the leader's label is on %v and the egress Service sends to %v; want the label on %v, egress to %v", when, labelled, endpoints, names, r.pods)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -84,8 +84,8 @@ type Config struct {
 		Advertise string `json:"advertise"`
 		// Pod is this gateway's own Pod (serve's -pod overrides it;
 		// the Deployment passes its name). While this replica leads, the
-		// Pod carries the label sandgate.io/gateway-role=leader, which
-		// the egress proxy's Service selects.
+		// Pod carries the label sandgate.io/gateway-role=leader (and a
+		// higher deletion cost).
 		Pod string `json:"pod"`
 	} `json:"kubernetes"`
 

@@ -32,6 +32,12 @@ func (c *Config) vaultKey() ([]byte, error) {
 	return k, nil
 }
 
+// vaultConfig is the vault's config, with its key.
+func vaultConfig(cfg *Config, key []byte) vault.Config {
+	return vault.Config{Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
+		Secure: cfg.MinIO.Secure, Bucket: cfg.Vault.Bucket, Key: key}
+}
+
 // caSecret derives the secret the session CAs come from, apart from the
 // key that seals credentials.
 func caSecret(vaultKey []byte) ([]byte, error) {
@@ -84,13 +90,18 @@ func (p policies) Policy(src netip.Addr) (egress.Policy, bool) {
 	if !ok {
 		return egress.Policy{}, false
 	}
+	return policyOf(info), true
+}
+
+// policyOf is what info's session may reach, with which credentials.
+func policyOf(info session.Info) egress.Policy {
 	pol := egress.Policy{Session: info.ID, Tenant: info.Tenant, Bindings: info.Egress.Credentials}
 	for _, a := range info.Egress.Allow {
 		if pat, err := egress.ParsePattern(a); err == nil {
 			pol.Allow = append(pol.Allow, pat)
 		}
 	}
-	return pol, true
+	return pol
 }
 
 // secrets opens vault credentials for the proxy.
@@ -118,46 +129,12 @@ func (s secrets) Placeholder(session, credential string) string {
 }
 
 // startEgress runs the egress proxy on the bridge's address, the one
-// place the kernel rules let sessions connect to.
+// place the kernel rules let sessions connect to (backend kubernetes:
+// egress.listen).
 func startEgress(cfg *Config, m *session.Manager, v *vault.Vault, ca []byte, log *slog.Logger) (*egress.Proxy, error) {
-	ec := egress.Config{CASecret: ca, Log: log.With("component", "egress"),
-		Audit:  func(id, typ string, f map[string]any) { m.Record(id, typ, f) },
-		Limits: cfg.egressLimits()}
-	static := map[string][]netip.Addr{}
-	for name, addrs := range cfg.Egress.Hosts {
-		h, ok := egress.NormalizeHost(name)
-		if !ok {
-			return nil, fmt.Errorf("config: egress.hosts: %q is not a host name", name)
-		}
-		for _, a := range addrs {
-			ip, err := netip.ParseAddr(a)
-			if err != nil {
-				return nil, fmt.Errorf("config: egress.hosts.%s: %q is not an IP address", name, a)
-			}
-			static[h] = append(static[h], ip)
-		}
-	}
-	ec.Resolver = egress.NewResolver(cfg.Egress.DNS, static)
-	for _, n := range cfg.Egress.ExemptNetworks {
-		p, err := netip.ParsePrefix(n)
-		if err != nil {
-			return nil, fmt.Errorf("config: egress.exempt_networks: %q is not a CIDR prefix", n)
-		}
-		ec.Exempt = append(ec.Exempt, p.Masked())
-	}
-	if cfg.Egress.UpstreamCAFile != "" {
-		pem, err := os.ReadFile(cfg.Egress.UpstreamCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("config: egress.upstream_ca_file: %w", err)
-		}
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, errors.New("config: egress.upstream_ca_file holds no PEM certificate")
-		}
-		ec.UpstreamRoots = pool
+	ec, err := egressConfig(cfg, func(id, typ string, f map[string]any) { m.Record(id, typ, f) }, ca, log)
+	if err != nil {
+		return nil, err
 	}
 	addr := m.ProxyAddr().String()
 	if !m.ProxyAddr().IsValid() {
@@ -167,15 +144,64 @@ func startEgress(cfg *Config, m *session.Manager, v *vault.Vault, ca []byte, log
 	if err != nil {
 		return nil, fmt.Errorf("egress proxy on %s: %w", addr, err)
 	}
-	p := egress.New(ec, policies{m}, secrets{v})
+	return serveEgress(ec, l, policies{m}, secrets{v}, log), nil
+}
+
+// egressConfig is the proxy's config from egress.*: audit records its
+// events.
+func egressConfig(cfg *Config, audit func(id, typ string, f map[string]any), ca []byte, log *slog.Logger) (egress.Config, error) {
+	ec := egress.Config{CASecret: ca, Log: log.With("component", "egress"), Audit: audit, Limits: cfg.egressLimits()}
+	static := map[string][]netip.Addr{}
+	for name, addrs := range cfg.Egress.Hosts {
+		h, ok := egress.NormalizeHost(name)
+		if !ok {
+			return ec, fmt.Errorf("config: egress.hosts: %q is not a host name", name)
+		}
+		for _, a := range addrs {
+			ip, err := netip.ParseAddr(a)
+			if err != nil {
+				return ec, fmt.Errorf("config: egress.hosts.%s: %q is not an IP address", name, a)
+			}
+			static[h] = append(static[h], ip)
+		}
+	}
+	ec.Resolver = egress.NewResolver(cfg.Egress.DNS, static)
+	for _, n := range cfg.Egress.ExemptNetworks {
+		p, err := netip.ParsePrefix(n)
+		if err != nil {
+			return ec, fmt.Errorf("config: egress.exempt_networks: %q is not a CIDR prefix", n)
+		}
+		ec.Exempt = append(ec.Exempt, p.Masked())
+	}
+	if cfg.Egress.UpstreamCAFile != "" {
+		pem, err := os.ReadFile(cfg.Egress.UpstreamCAFile)
+		if err != nil {
+			return ec, fmt.Errorf("config: egress.upstream_ca_file: %w", err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return ec, errors.New("config: egress.upstream_ca_file holds no PEM certificate")
+		}
+		ec.UpstreamRoots = pool
+	}
+	return ec, nil
+}
+
+// serveEgress runs the egress proxy of config ec on l: pol finds the
+// session behind a connection, sec opens its credentials.
+func serveEgress(ec egress.Config, l net.Listener, pol egress.Policies, sec egress.Secrets, log *slog.Logger) *egress.Proxy {
+	p := egress.New(ec, pol, sec)
 	go func() {
 		if err := p.Serve(l); err != nil {
 			log.Error("egress proxy stopped", "err", err)
 		}
 	}()
-	log.Info("egress proxy listening", "addr", addr, "max_conns", ec.Limits.MaxConns,
+	log.Info("egress proxy listening", "addr", l.Addr().String(), "max_conns", ec.Limits.MaxConns,
 		"session_max_conns", ec.Limits.SessionConns, "session_bytes_per_second", ec.Limits.SessionBytesPerSecond, "idle_timeout", ec.Limits.IdleTimeout)
-	return p, nil
+	return p
 }
 
 // proxyURL is where sessions of the kubernetes backend reach the egress

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate/mcpserver"
@@ -86,6 +87,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	// Backend kubernetes: the recordings this replica takes, and how.
 	var recShare *kube.Shared
 	var heldRec *recordings.Recorder
+	// Backend kubernetes, with kubernetes.advertise and egress.listen:
+	// the egress proxy this replica serves from the start, which the
+	// session manager takes once it leads (egressStand ends its tries
+	// to listen).
+	var standEgress *replicaEgress
+	egressStand, endEgressStand := context.WithCancel(ctx)
+	defer endEgressStand()
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
 		kubeBackend := func(cfg *Config) (*kube.Backend, error) {
@@ -252,6 +260,40 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					},
 				})
 			}
+			// Every replica serves the sessions' egress (the proxy's
+			// Service sends to each): while this one stands by, it knows
+			// a session by its Pod.
+			if cfg.Egress.Listen != "" {
+				vkey, _ := cfg.vaultKey()
+				ca, err := caSecret(vkey)
+				if err != nil {
+					return err
+				}
+				sources, err := kube.NewSources(pods)
+				if err != nil {
+					return err
+				}
+				standEgress = &replicaEgress{sources: sources, relay: relay, log: log.With("component", "egress")}
+				if vkey != nil {
+					standEgress.openV = func(ctx context.Context) (*vault.Vault, error) {
+						return vault.Open(ctx, vaultConfig(cfg, vkey))
+					}
+				}
+				if err := startReplicaEgress(egressStand, cfg, standEgress, ca, log); err != nil {
+					return err
+				}
+				defer func() {
+					endEgressStand()
+					<-standEgress.started
+					if standEgress.proxy != nil {
+						standEgress.proxy.Close()
+					}
+					if standEgress.lead.Load() == nil {
+						// Its last events go to the leader before it exits.
+						relay.FlushReports(5 * time.Second)
+					}
+				}()
+			}
 			go relay.ServeRelay(front.RelayListener(relay.RelayUsable))
 			defer relay.App().ShutdownWithTimeout(5 * time.Second)
 			// A replica that led in this Pod before its container
@@ -405,10 +447,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	vkey, _ := cfg.vaultKey()
 	var v *vault.Vault
 	if vkey != nil {
-		v, err = vault.Open(ctx, vault.Config{
-			Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
-			Secure: cfg.MinIO.Secure, Bucket: cfg.Vault.Bucket, Key: vkey,
-		})
+		v, err = vault.Open(ctx, vaultConfig(cfg, vkey))
 		if err != nil {
 			return fmt.Errorf("vault: %w", err)
 		}
@@ -487,12 +526,33 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return err
 	}
 	defer mgr.Close()
-	if mgr.ProxyAddr().IsValid() || cfg.Egress.Listen != "" {
+	if standEgress != nil {
+		endEgressStand()
+		<-standEgress.started
+	}
+	if standEgress != nil && standEgress.proxy != nil && standEgress.settings != egressSettings(cfg) {
+		// The config read again on taking the lead changed egress.* or
+		// the vault's key: the proxy starts again with them.
+		log.Warn("the egress settings or the vault key changed since this replica started: its egress proxy starts again with them (the connections through it end)")
+		standEgress.proxy.Close()
+		standEgress.proxy = nil
+	}
+	if standEgress != nil && standEgress.proxy != nil {
+		// Its connections go on; the manager knows the sessions now.
+		// (Closed before the manager, as the leader's own proxy is.)
+		standEgress.Lead(mgr, v)
+		defer standEgress.proxy.Close()
+	} else if mgr.ProxyAddr().IsValid() || cfg.Egress.Listen != "" {
 		proxy, err := startEgress(cfg, mgr, v, ca, log)
-		if err != nil {
+		switch {
+		case err != nil && standEgress != nil && errors.Is(err, syscall.EADDRINUSE):
+			// Replicas that share a host's network: another serves there.
+			log.Warn("another process holds egress.listen (a replica on the same host?): this replica leads without an egress proxy of its own", "addr", cfg.Egress.Listen)
+		case err != nil:
 			return err
+		default:
+			defer proxy.Close()
 		}
-		defer proxy.Close()
 	} else {
 		log.Warn("no egress proxy: sessions of this backend reach what the cluster's NetworkPolicy allows (deploy/kubernetes/networkpolicies.yaml)", "backend", mgr.Backend())
 	}
@@ -553,10 +613,8 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 	}
 	log.Info("sandgate listening", "addr", cfg.Listen, "public_url", cfg.PublicURL, "image", ref)
-	// Once it serves (its egress proxy listens by then), the leader's
-	// label, which the proxy's Service selects; as it stops leading
-	// (served, drained), the label goes first, then the proxy and the
-	// lease.
+	// Once it serves, the leader's label; as it stops leading (served,
+	// drained), the label goes first, then the proxy and the lease.
 	role.Lead(kb)
 	defer role.StepDown(kb)
 	if front != nil {

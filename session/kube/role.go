@@ -13,12 +13,11 @@ import (
 )
 
 // LabelGatewayRole is on the Pod of the gateway replica that leads the
-// namespace, with the value RoleLeader. The egress proxy's Service
-// selects it: the proxy knows a session by the address its connection
-// comes from, which a replica standing by would hide if it forwarded
-// the connection, so the proxy's traffic must go to the leader itself.
-// (The API's Service sends to every replica that is ready: one standing
-// by forwards to the leader.)
+// namespace, with the value RoleLeader: it tells an operator (and the
+// tests) which replica leads, and goes with the leader's higher
+// deletion cost. (The API's Service sends to every replica that is
+// ready: one standing by forwards to the leader; the egress proxy's
+// Service to every replica: each serves the sessions' egress.)
 const (
 	LabelGatewayRole = "sandgate.io/gateway-role"
 	RoleLeader       = "leader"
