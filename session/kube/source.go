@@ -24,9 +24,9 @@ import (
 // cache that stalled would keep an ended session's address, which may
 // have gone to another tenant's Pod since), and used for sourceFresh:
 // a browser's burst of connections costs one read. A Pod is found by its
-// address once (a list by status.podIP), then read by its name; an
-// address no running session Pod holds is asked again after
-// sourceFresh too.
+// address once (a list by status.podIP), then read by its name. An
+// address no running session Pod holds is asked again at its next
+// connection, as is one whose Pod's record the caller Forgets.
 type Sources struct {
 	pods corev1client.PodInterface // a client of its own (NewSources)
 
@@ -102,6 +102,11 @@ func (r *Sources) Record(ctx context.Context, a netip.Addr) (map[string]string, 
 	if read {
 		sn.name, sn.record, sn.err = r.read(ctx, a, name)
 		sn.at = time.Now()
+		if sn.err == nil && sn.record == nil {
+			// No session Pod holds it (yet: one that has just started
+			// may not be marked running): asked again next time.
+			sn.at = time.Time{}
+		}
 		if sn.err != nil {
 			sn.at = time.Time{} // asked again next time
 			if old != nil && old.err == nil && old.record != nil && now.Sub(old.at) < sourceStale {
@@ -121,6 +126,21 @@ func (r *Sources) Record(ctx context.Context, a netip.Addr) (map[string]string, 
 		return nil, false, sn.err
 	}
 	return sn.record, sn.record != nil, nil
+}
+
+// Forget drops what was read of address a: its Pod's record is no
+// session's that runs (a warm Pod's, say, which a claim may make one's
+// at any moment), so the next connection from it is read afresh.
+func (r *Sources) Forget(a netip.Addr) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sn := r.seen[a]; sn != nil {
+		select {
+		case <-sn.ready:
+			sn.at = time.Time{}
+		default:
+		}
+	}
 }
 
 func (r *Sources) forgetLocked(now time.Time) {
