@@ -138,7 +138,11 @@ func (l *relayLive) taken(evs []relayEvent) {
 func (l *relayLive) keepDropsLocked() {
 	for id, c := range l.egressBy {
 		t, ok := l.egressTickets[id]
-		if c.dropped == 0 || !ok {
+		switch {
+		case !ok && c.kept <= 0:
+			delete(l.egressBy, id) // its ticket forgotten: nothing to say it by
+			continue
+		case c.dropped == 0 || !ok:
 			continue
 		}
 		ev := relayEvent{Token: t.ticket, Type: "egress_dropped", Refused: c.dropped, egress: id}
