@@ -75,10 +75,7 @@ func (r *replicaEgress) Policy(src netip.Addr) (egress.Policy, bool) {
 	}
 	info, err := session.InfoFromRecord(rec)
 	if err != nil || (info.State != session.StateStarting && info.State != session.StateRunning) {
-		// A warm Pod's (which a claim makes a session's), or one that
-		// stops: read afresh at its next connection.
-		r.sources.Forget(src)
-		return egress.Policy{}, false
+		return egress.Policy{}, false // (read afresh at its next connection)
 	}
 	r.relay.EgressSession(info.Tenant, info.ID, info.ExpiresAt)
 	return policyOf(info), true

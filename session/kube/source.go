@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+
+	"github.com/sandgate/sandgate/session"
 )
 
 // Sources finds the session Pod behind an address, for an egress proxy
@@ -25,8 +27,8 @@ import (
 // have gone to another tenant's Pod since), and used for sourceFresh:
 // a browser's burst of connections costs one read. A Pod is found by its
 // address once (a list by status.podIP), then read by its name. An
-// address no running session Pod holds is asked again at its next
-// connection, as is one whose Pod's record the caller Forgets.
+// address no session that starts or runs holds is asked again at its
+// next connection.
 type Sources struct {
 	pods corev1client.PodInterface // a client of its own (NewSources)
 
@@ -102,9 +104,10 @@ func (r *Sources) Record(ctx context.Context, a netip.Addr) (map[string]string, 
 	if read {
 		sn.name, sn.record, sn.err = r.read(ctx, a, name)
 		sn.at = time.Now()
-		if sn.err == nil && sn.record == nil {
-			// No session Pod holds it (yet: one that has just started
-			// may not be marked running): asked again next time.
+		if sn.err == nil && !liveSession(sn.record) {
+			// No session that starts or runs holds it (yet: a Pod that
+			// has just started may not be marked running, a warm one may
+			// be claimed at any moment): asked again next time.
 			sn.at = time.Time{}
 		}
 		if sn.err != nil {
@@ -126,21 +129,6 @@ func (r *Sources) Record(ctx context.Context, a netip.Addr) (map[string]string, 
 		return nil, false, sn.err
 	}
 	return sn.record, sn.record != nil, nil
-}
-
-// Forget drops what was read of address a: its Pod's record is no
-// session's that runs (a warm Pod's, say, which a claim may make one's
-// at any moment), so the next connection from it is read afresh.
-func (r *Sources) Forget(a netip.Addr) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sn := r.seen[a]; sn != nil {
-		select {
-		case <-sn.ready:
-			sn.at = time.Time{}
-		default:
-		}
-	}
 }
 
 func (r *Sources) forgetLocked(now time.Time) {
@@ -201,6 +189,15 @@ func (r *Sources) read(ctx context.Context, a netip.Addr, name string) (string, 
 		return found.Name, nil, nil
 	}
 	return found.Name, rec, nil
+}
+
+// liveSession: rec is the record of a session that starts or runs.
+func liveSession(rec map[string]string) bool {
+	if rec == nil {
+		return false
+	}
+	info, err := session.InfoFromRecord(rec)
+	return err == nil && (info.State == session.StateStarting || info.State == session.StateRunning)
 }
 
 // holds: o runs, is not being deleted and has a as its IP.
