@@ -7,9 +7,9 @@ import (
 	"log/slog"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 )
 
 // LabelGatewayRole is on the Pod of the gateway replica that leads the
@@ -78,40 +78,26 @@ func isSessionPod(labels map[string]string) bool {
 }
 
 func (b *Backend) setRole(ctx context.Context, name string, leader bool) error {
-	pods := b.client.CoreV1().Pods(b.cfg.Namespace)
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		p, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && !leader {
-			return nil // gone: nothing to take off
-		}
-		if err != nil {
-			return err
-		}
-		if isSessionPod(p.Labels) {
-			return fmt.Errorf("pod %s is a session's, not a gateway replica's", name)
-		}
+	err := b.updateGatewayPod(ctx, name, func(p *corev1.Pod) bool {
 		isLeader := p.Labels[LabelGatewayRole] == RoleLeader && p.Annotations[annDeletionCost] == leaderCost
 		_, labelled := p.Labels[LabelGatewayRole]
 		_, costed := p.Annotations[annDeletionCost]
 		if leader && isLeader || !leader && !labelled && !costed {
-			return nil
+			return false
 		}
 		if leader {
-			if p.Labels == nil {
-				p.Labels = map[string]string{}
-			}
-			if p.Annotations == nil {
-				p.Annotations = map[string]string{}
-			}
 			p.Labels[LabelGatewayRole] = RoleLeader
 			p.Annotations[annDeletionCost] = leaderCost
 		} else {
 			delete(p.Labels, LabelGatewayRole)
 			delete(p.Annotations, annDeletionCost)
 		}
-		_, err = pods.Update(ctx, p, metav1.UpdateOptions{})
-		return err
+		return true
 	})
+	if apierrors.IsNotFound(err) && !leader {
+		return nil // gone: nothing to take off
+	}
+	return err
 }
 
 // Role keeps the leader's label right on a gateway replica's own Pod:
