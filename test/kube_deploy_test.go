@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/remote"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -189,6 +191,14 @@ func TestKubeDeployment(t *testing.T) {
 		return l != "" && len(standing) == 1 && ready == 2
 	})
 	t.Logf("the Deployment's two replicas ready, %s leading, %.1f s after it was applied", leader, time.Since(t0).Seconds())
+	// The egress proxy's Service sends to both once the leader's probe
+	// found their proxies answering (and sessions have egress only from
+	// then: a new gateway's first seconds).
+	egressTo := func(serving ...string) func() bool {
+		return func() bool { return deployEgress(ctx, c, ns, gwPods, "sandgate-egress", serving...) }
+	}
+	waitFor(t, 2*time.Minute, "the egress proxy's Service sending to both replicas", egressTo(leader, standingBy(roles)))
+	t.Logf("the egress proxy's Service sends to both replicas %.1f s after the Deployment was applied", time.Since(t0).Seconds())
 
 	k := &testEnv{gwURL: "http://" + gwIP, keyA: e.keyA, keyB: e.keyB, tokenKey: e.tokenKey, vaultKey: e.vaultKey, canary: e.canary}
 	// kube-proxy sends to the replicas once it has seen them ready.
@@ -424,6 +434,55 @@ func TestKubeDeployment(t *testing.T) {
 		}
 	}
 
+	// A replica whose process hangs (as on a node that died; its Pod
+	// stays) leaves the egress proxy's Service once it has missed the
+	// leader's probes, and the session's egress through the Service goes
+	// on through the other; it comes back once it answers again. (The
+	// one standing by now is the Pod that replaced the deleted one: it
+	// joins the Service as a new replica does.)
+	waitFor(t, 3*time.Minute, "the replaced replica ready", func() bool {
+		_, standing, ready := roles()
+		return ready == 2 && len(standing) == 1
+	})
+	frozen := standingBy(roles)
+	waitFor(t, 2*time.Minute, "the egress proxy's Service sending to both replicas", egressTo(other, frozen))
+	fpod, err := c.CoreV1().Pods(ns).Get(ctx, frozen, metav1.GetOptions{})
+	if err != nil || len(fpod.Status.ContainerStatuses) != 1 {
+		t.Fatalf("the Pod %s: %v", frozen, err)
+	}
+	fcontainer := strings.TrimPrefix(fpod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	ctrTask := func(verb string) error {
+		out, err := exec.Command("ctr", "-a", kubeSock, "-n", "k8s.io", "tasks", verb, fcontainer).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ctr tasks %s: %v: %s", verb, err, out)
+		}
+		return nil
+	}
+	t0 = time.Now()
+	if err := ctrTask("pause"); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	defer func() {
+		if !thawed {
+			ctrTask("resume")
+		}
+	}()
+	waitFor(t, 2*time.Minute, "the frozen replica out of the egress proxy's Service", egressTo(other))
+	t.Logf("the gateway of %s frozen: out of the egress proxy's Service %.1f s on", frozen, time.Since(t0).Seconds())
+	for i := range 3 {
+		if out := sh("curl -sS --max-time 10 http://pages.sandgate.test/hello.html"); out.ExitCode != 0 || !strings.Contains(string(out.Stdout), "Sandgate test page") {
+			t.Errorf("curl %d through the egress proxy's Service, one replica frozen: exit %d %q %q", i, out.ExitCode, out.Stdout, out.Stderr)
+		}
+	}
+	t0 = time.Now()
+	thawed = true
+	if err := ctrTask("resume"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the thawed replica back in the egress proxy's Service", egressTo(other, frozen))
+	t.Logf("the gateway of %s thawed: back in the egress proxy's Service %.1f s on", frozen, time.Since(t0).Seconds())
+
 	if st, body := k.api(t, k.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 204 && st != 200 {
 		t.Fatalf("delete: %d %s", st, body)
 	}
@@ -537,4 +596,57 @@ func deployLogs(t *testing.T, c kubernetes.Interface, ns, selector string) strin
 		t.Logf("logs of %s:\n%s", selector, all.String())
 	}
 	return all.String()
+}
+
+// standingBy is the one replica of roles that stands by ("": none, or
+// more than one).
+func standingBy(roles func() (string, []string, int)) string {
+	_, standing, _ := roles()
+	if len(standing) != 1 {
+		return ""
+	}
+	return standing[0]
+}
+
+// deployEgress says whether the egress proxy's Service svc sends to the
+// Pods serving, by name, and to no other: each labelled as serving
+// egress, the other gateway Pods not, and the Service's endpoints
+// their addresses.
+func deployEgress(ctx context.Context, c kubernetes.Interface, ns, selector, svc string, serving ...string) bool {
+	pods, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return false
+	}
+	want := map[string]bool{}
+	for _, p := range pods.Items {
+		on := slices.Contains(serving, p.Name)
+		if on != (p.Labels[kube.LabelEgress] == kube.EgressServing) {
+			return false
+		}
+		if on {
+			want[p.Status.PodIP] = true
+		}
+	}
+	if len(want) != len(serving) {
+		return false
+	}
+	eps, err := c.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
+	if err != nil {
+		return false
+	}
+	got := 0
+	for _, sl := range eps.Items {
+		for _, ep := range sl.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				if !want[a] {
+					return false
+				}
+				got++
+			}
+		}
+	}
+	return got == len(want)
 }

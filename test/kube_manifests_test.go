@@ -146,14 +146,24 @@ func TestKubeManifests(t *testing.T) {
 	// forwards), and the egress proxy's (each replica's proxy knows a
 	// session by its connection's source address), a session's
 	// connections to one (so that its limits hold as one replica counts
-	// them).
+	// them), and only to those whose proxy answers (the leader's probe
+	// labels them serving).
 	leader := labels.Merge(pod, labels.Set{kube.LabelGatewayRole: kube.RoleLeader})
+	serving := labels.Set{kube.LabelEgress: kube.EgressServing}
+	pending := labels.Set{kube.LabelEgress: kube.EgressPending}
 	for _, svc := range services {
 		sel := labels.SelectorFromSet(svc.Spec.Selector)
-		if !sel.Matches(leader) || !sel.Matches(pod) || len(svc.Spec.Selector) == 0 {
+		egress := len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].TargetPort.StrVal == "egress"
+		if egress {
+			if !sel.Matches(labels.Merge(leader, serving)) || !sel.Matches(labels.Merge(pod, serving)) {
+				t.Errorf("Service %s does not select every gateway replica's Pod whose proxy serves", svc.Name)
+			}
+			if sel.Matches(pod) || sel.Matches(labels.Merge(leader, pending)) {
+				t.Errorf("Service %s selects a gateway replica's Pod whose proxy has not answered the leader's probe", svc.Name)
+			}
+		} else if !sel.Matches(leader) || !sel.Matches(pod) || len(svc.Spec.Selector) == 0 {
 			t.Errorf("Service %s does not select every gateway replica's Pod", svc.Name)
 		}
-		egress := len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].TargetPort.StrVal == "egress"
 		// A proxy serves while its replica's /readyz says 503 (full,
 		// draining, no leader answering).
 		if egress && (!svc.Spec.PublishNotReadyAddresses || svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP) {
@@ -224,14 +234,24 @@ func TestKubeManifests(t *testing.T) {
 			switch {
 			case p.Port.IntVal == ports["api"] && len(in.From) == 0:
 				apiOpen = true
-			case p.Port.IntVal == ports["egress"] && len(in.From) == 1:
-				sel, err := metav1.LabelSelectorAsSelector(in.From[0].PodSelector)
-				proxyFromSessions = err == nil && sel.Matches(sessionPod)
+			case p.Port.IntVal == ports["egress"] && len(in.From) == 2:
+				// Session Pods, and the gateway's own (the leader probes
+				// each replica's proxy), each peer one or the other.
+				var fromSessions, fromGateway bool
+				for _, from := range in.From {
+					sel, err := metav1.LabelSelectorAsSelector(from.PodSelector)
+					if err != nil || from.NamespaceSelector != nil || from.IPBlock != nil {
+						continue
+					}
+					fromSessions = fromSessions || sel.Matches(sessionPod) && !sel.Matches(pod)
+					fromGateway = fromGateway || sel.Matches(pod) && !sel.Matches(sessionPod)
+				}
+				proxyFromSessions = fromSessions && fromGateway
 			}
 		}
 	}
 	if !apiOpen || !proxyFromSessions {
-		t.Errorf("sandgate-gateway: the API port open to all %v, the proxy's port to session Pods only %v", apiOpen, proxyFromSessions)
+		t.Errorf("sandgate-gateway: the API port open to all %v, the proxy's port to session Pods and the gateway's only %v", apiOpen, proxyFromSessions)
 	}
 	for _, np := range []*networkingv1.NetworkPolicy{sessions} {
 		for _, in := range np.Spec.Ingress {

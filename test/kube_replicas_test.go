@@ -36,7 +36,8 @@ import (
 // is a leader) and forwards what it is sent. A leader takes the label
 // off the Pods that carry it as it comes to lead, and a replica that
 // stands by takes it off its own; the egress proxy's Service of
-// deploy/kubernetes sends to every replica's Pod.
+// deploy/kubernetes sends to no stand-in Pod, where no proxy answers
+// the leader's probe.
 // A session created through the leader is driven through the other:
 // CDP with chromedp, a VNC viewer, exec, files, a screenshot, a preview
 // revoked. The leader is then SIGKILLed mid-session: meanwhile the other
@@ -70,6 +71,7 @@ func TestKubeReplicas(t *testing.T) {
 	start(ra, "A")
 	waitFor(t, time.Minute, "replica A to lead (ready)", func() bool { return httpStatus(ra.gwURL+"/readyz") == 200 })
 	roles.waitLeader(t, "A leads", pods[ra])
+	roles.waitPending(t, pods[ra])
 	// Again, now that A has looked for stale labels (it took that one
 	// off, so its one look is over and it will not take this one off):
 	// B, standing by, takes it off itself.
@@ -580,7 +582,6 @@ type gatewayRoles struct {
 	ctx    context.Context
 	egress string // the Service's name
 	pods   []string
-	podIPs map[string]string
 }
 
 // kubePauseImage is the trial cluster's sandbox image (cluster.sh), in
@@ -644,7 +645,7 @@ func startLeading(t testing.TB, r *testEnv, name string, start func(*testEnv, st
 // Deployment labels the gateway's, and the egress proxy's Service.
 func gatewayStandIns(t testing.TB, ctx context.Context, b *kube.Backend, names ...string) *gatewayRoles {
 	t.Helper()
-	r := &gatewayRoles{b: b, ctx: ctx, pods: names, podIPs: map[string]string{}}
+	r := &gatewayRoles{b: b, ctx: ctx, pods: names}
 	var gw *appsv1.Deployment
 	for _, obj := range kubeManifest(t, "../deploy/kubernetes/gateway.yaml") {
 		switch o := obj.(type) {
@@ -683,7 +684,6 @@ func gatewayStandIns(t testing.TB, ctx context.Context, b *kube.Backend, names .
 			if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
 				return false
 			}
-			r.podIPs[name] = p.Status.PodIP
 		}
 		return true
 	})
@@ -705,22 +705,26 @@ func (r *gatewayRoles) label(t testing.TB, name string) {
 }
 
 // waitLeader waits until the leader's label is on exactly these Pods,
-// and the egress proxy's Service sends to every replica's address,
-// whichever leads.
+// and the egress proxy's Service sends to none: the leader, probing the
+// stand-in Pods' IPs, where no proxy answers, never labels one serving
+// (TestKubeDeployment shows the other side, with the replicas in their
+// Pods; waitPending that a replica labels its own).
 func (r *gatewayRoles) waitLeader(t testing.TB, when string, names ...string) {
 	t.Helper()
-	want := map[string]bool{}
-	for _, n := range r.pods {
-		want[r.podIPs[n]] = true
-	}
-	var labelled, endpoints []string
+	var labelled, endpoints, pending, serving []string
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		labelled, endpoints = nil, nil
+		labelled, endpoints, pending, serving = nil, nil, nil, nil
 		for _, n := range r.pods {
 			p, err := r.b.Client().CoreV1().Pods(r.b.Namespace()).Get(r.ctx, n, metav1.GetOptions{})
 			if err == nil && p.Labels[kube.LabelGatewayRole] == kube.RoleLeader {
 				labelled = append(labelled, n)
+			}
+			if err == nil && p.Labels[kube.LabelEgress] == kube.EgressPending {
+				pending = append(pending, n)
+			}
+			if err == nil && p.Labels[kube.LabelEgress] == kube.EgressServing {
+				serving = append(serving, n)
 			}
 		}
 		eps, err := r.b.Client().DiscoveryV1().EndpointSlices(r.b.Namespace()).List(r.ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + r.egress})
@@ -733,21 +737,32 @@ func (r *gatewayRoles) waitLeader(t testing.TB, when string, names ...string) {
 				}
 			}
 		}
-		ok := len(labelled) == len(names) && len(endpoints) == len(r.pods)
+		if len(serving) > 0 {
+			t.Fatalf("%s: stand-in Pods %v, where no proxy answers, are labelled as serving egress", when, serving)
+		}
+		ok := len(labelled) == len(names) && len(endpoints) == 0
 		for _, n := range labelled {
 			ok = ok && slices.Contains(names, n)
-		}
-		for _, a := range endpoints {
-			ok = ok && want[a]
 		}
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: the leader's label is on %v and the egress Service sends to %v; want the label on %v, egress to %v", when, labelled, endpoints, names, r.pods)
+			t.Fatalf("%s: the leader's label is on %v, the egress label pending on %v, and the egress Service sends to %v; want the label on %v, egress to none", when, labelled, pending, endpoints, names)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// waitPending waits until the stand-in Pod name is labelled as pending
+// egress: its replica's proxy listens (the replicas share the host's
+// network: the first to start holds the address).
+func (r *gatewayRoles) waitPending(t testing.TB, name string) {
+	t.Helper()
+	waitFor(t, time.Minute, name+" labelled as its replica's proxy listening", func() bool {
+		p, err := r.b.Client().CoreV1().Pods(r.b.Namespace()).Get(r.ctx, name, metav1.GetOptions{})
+		return err == nil && p.Labels[kube.LabelEgress] == kube.EgressPending
+	})
 }
 
 // recordingHolder is the replica of rs that holds the session's

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -507,4 +508,18 @@ func checkAdvertise(a string) error {
 		return fmt.Errorf("%q: other replicas need an address and a port they can reach", a)
 	}
 	return nil
+}
+
+// listenPort is the port of a listen address (host:port): a replica's
+// egress proxy listens on the same one in every replica's Pod.
+func listenPort(listen string) (uint16, error) {
+	_, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		return 0, fmt.Errorf("egress.listen %q: %w", listen, err)
+	}
+	n, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("egress.listen %q: no port", listen)
+	}
+	return uint16(n), nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/containerd/containerd/namespaces"
 
 	"github.com/sandgate/sandgate/browser"
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/profile"
@@ -94,6 +95,21 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	var standEgress *replicaEgress
 	egressStand, endEgressStand := context.WithCancel(ctx)
 	defer endEgressStand()
+	// leaveEgress takes this replica's Pod out of the egress proxy's
+	// Service as its proxy stops (kube.LabelEgress).
+	var leaveOnce sync.Once
+	leaveEgress := func() {
+		leaveOnce.Do(func() {
+			if kb == nil || cfg.Kubernetes.Pod == "" || cfg.Egress.Listen == "" {
+				return
+			}
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+			defer cancel()
+			if err := kb.LeaveEgress(lctx, cfg.Kubernetes.Pod); err != nil {
+				log.Warn("cannot take this replica's Pod out of the egress proxy's Service; the leader will once its proxy stops answering", "err", err)
+			}
+		})
+	}
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
 		kubeBackend := func(cfg *Config) (*kube.Backend, error) {
@@ -282,9 +298,20 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				if err := startReplicaEgress(egressStand, cfg, standEgress, ca, log); err != nil {
 					return err
 				}
+				if pod := cfg.Kubernetes.Pod; pod != "" {
+					// Once its proxy listens, its Pod joins the proxy's
+					// Service (kube.LabelEgress).
+					go func() {
+						<-standEgress.started
+						if standEgress.proxy != nil {
+							holds.JoinEgress(ctx, pod, log.With("component", "egress"))
+						}
+					}()
+				}
 				defer func() {
 					endEgressStand()
 					<-standEgress.started
+					leaveEgress()
 					if standEgress.proxy != nil {
 						standEgress.proxy.Close()
 					}
@@ -537,21 +564,25 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		standEgress.proxy.Close()
 		standEgress.proxy = nil
 	}
+	ownEgress := false // this replica's own proxy serves
 	if standEgress != nil && standEgress.proxy != nil {
 		// Its connections go on; the manager knows the sessions now.
 		// (Closed before the manager, as the leader's own proxy is.)
 		standEgress.Lead(mgr, v)
 		defer standEgress.proxy.Close()
+		ownEgress = true
 	} else if mgr.ProxyAddr().IsValid() || cfg.Egress.Listen != "" {
 		proxy, err := startEgress(cfg, mgr, v, ca, log)
 		switch {
 		case err != nil && standEgress != nil && errors.Is(err, syscall.EADDRINUSE):
 			// Replicas that share a host's network: another serves there.
 			log.Warn("another process holds egress.listen (a replica on the same host?): this replica leads without an egress proxy of its own", "addr", cfg.Egress.Listen)
+			leaveEgress()
 		case err != nil:
 			return err
 		default:
 			defer proxy.Close()
+			ownEgress = true
 		}
 	} else {
 		log.Warn("no egress proxy: sessions of this backend reach what the cluster's NetworkPolicy allows (deploy/kubernetes/networkpolicies.yaml)", "backend", mgr.Backend())
@@ -617,6 +648,20 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	// drained), the label goes first, then the proxy and the lease.
 	role.Lead(kb)
 	defer role.StepDown(kb)
+	if kb != nil && cfg.Kubernetes.Pod != "" && cfg.Egress.Listen != "" {
+		// The egress proxy's Service sends to the replicas whose proxy
+		// answers (this one's too); out of it before the proxy stops.
+		defer leaveEgress()
+		if port, err := listenPort(cfg.Egress.Listen); err != nil {
+			log.Warn("the egress proxy's Service is not kept to the replicas that serve", "err", err)
+		} else {
+			own := ""
+			if ownEgress {
+				own = cfg.Kubernetes.Pod
+			}
+			go kb.KeepEgress(ctx, own, port, egress.Probe, log.With("component", "egress"))
+		}
+	}
 	if front != nil {
 		front.Lead()
 		endStand()
