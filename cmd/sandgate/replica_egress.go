@@ -47,6 +47,7 @@ type replicaEgress struct {
 	settings string
 	proxy    *egress.Proxy
 	started  chan struct{} // closed once the proxy serves (or never will)
+	served   bool          // the proxy served (set before started closes)
 }
 
 // leading: the leader's session manager and vault, once this replica
@@ -168,6 +169,7 @@ func startReplicaEgress(stop context.Context, cfg *Config, r *replicaEgress, ca 
 	l, err := net.Listen("tcp", cfg.Egress.Listen)
 	if err == nil {
 		r.proxy = serveEgress(ec, l, r, r, log)
+		r.served = true
 		close(r.started)
 		return nil
 	}
@@ -186,6 +188,7 @@ func startReplicaEgress(stop context.Context, cfg *Config, r *replicaEgress, ca 
 			}
 			if l, err := net.Listen("tcp", cfg.Egress.Listen); err == nil {
 				r.proxy = serveEgress(ec, l, r, r, log)
+				r.served = true
 				return
 			}
 		}

@@ -97,6 +97,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	defer endEgressStand()
 	// leaveEgress takes this replica's Pod out of the egress proxy's
 	// Service as its proxy stops (kube.LabelEgress).
+	// leadCtx lasts while this replica holds the namespace's lease, its
+	// drain too (backend kubernetes).
+	leadCtx := ctx
 	var leaveOnce sync.Once
 	leaveEgress := func() {
 		leaveOnce.Do(func() {
@@ -134,6 +137,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		// without is refused once the leader has kept the lease a while.
 		holdCtx, endHold := context.WithCancel(context.WithoutCancel(ctx))
 		defer endHold()
+		leadCtx = holdCtx
 		// Named by its Pod (name and UID) where it runs in one, so that
 		// the next run of its container knows this one's leases (below).
 		name, _ := os.Hostname()
@@ -300,13 +304,19 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				}
 				if pod := cfg.Kubernetes.Pod; pod != "" {
 					// Once its proxy listens, its Pod joins the proxy's
-					// Service (kube.LabelEgress).
+					// Service (kube.LabelEgress); it leaves as the replica
+					// is told to stop, its proxy serving on until it exits
+					// (the Service's endpoints follow meanwhile).
 					go func() {
 						<-standEgress.started
-						if standEgress.proxy != nil {
+						if standEgress.served {
 							holds.JoinEgress(ctx, pod, log.With("component", "egress"))
 						}
+						<-ctx.Done()
+						leaveEgress()
 					}()
+				} else {
+					log.Warn("no kubernetes.pod (serve -pod): this replica's Pod never joins the egress proxy's Service of deploy/kubernetes, which sends only to Pods labelled sandgate.io/egress=serving")
 				}
 				defer func() {
 					endEgressStand()
@@ -650,8 +660,12 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	defer role.StepDown(kb)
 	if kb != nil && cfg.Kubernetes.Pod != "" && cfg.Egress.Listen != "" {
 		// The egress proxy's Service sends to the replicas whose proxy
-		// answers (this one's too); out of it before the proxy stops.
+		// answers (this one's too), kept so while this replica holds the
+		// lease, through its drain; this one leaves it as it is told to
+		// stop, its proxy serving on until it exits (and if it stops
+		// otherwise, before its proxy does).
 		defer leaveEgress()
+		go func() { <-ctx.Done(); leaveEgress() }()
 		if port, err := listenPort(cfg.Egress.Listen); err != nil {
 			log.Warn("the egress proxy's Service is not kept to the replicas that serve", "err", err)
 		} else {
@@ -659,7 +673,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			if ownEgress {
 				own = cfg.Kubernetes.Pod
 			}
-			go kb.KeepEgress(ctx, own, port, egress.Probe, log.With("component", "egress"))
+			go kb.KeepEgress(leadCtx, own, port, egress.Probe, log.With("component", "egress"))
 		}
 	}
 	if front != nil {

@@ -32,10 +32,13 @@ const (
 // Probing of KeepEgress: a labelled Pod's proxy is asked every
 // egressProbeEvery, given egressProbeWait to answer, and is no longer
 // served to sessions once it has not answered egressProbeMisses times
-// in a row (about 10 s to 15 s).
+// in a row (about 10 s to 25 s). The wait is longer than a standing-by
+// replica's proxy takes at most to refuse the probe's source (it asks
+// the API server, 5 s at most): an API server that is slow does not
+// take replicas out.
 const (
 	egressProbeEvery  = 2 * time.Second
-	egressProbeWait   = 3 * time.Second
+	egressProbeWait   = 6 * time.Second
 	egressProbeMisses = 3
 )
 
@@ -78,16 +81,20 @@ func (b *Backend) LeaveEgress(ctx context.Context, pod string) error {
 // has missed egressProbeMisses probes in a row. own, this replica's Pod
 // ("": its proxy does not serve there), is labelled first. probe says
 // whether a Sandgate egress proxy answers at an address (egress.Probe).
+//
+// The probes come from the leader's network, and a fault on its side
+// (its node cut off from the other Pods, out of files) would look like
+// every other replica's. So it takes none out in a round where two or
+// more others were probed and none answered, and never the last Pod
+// that serves: it says so instead.
 func (b *Backend) KeepEgress(ctx context.Context, own string, port uint16, probe func(context.Context, netip.AddrPort) error, log *slog.Logger) {
 	if own != "" {
 		b.JoinEgress(ctx, own, log)
 	}
-	missed := map[string]int{} // by Pod UID
-	warned := time.Time{}
+	k := &egressKeeper{b: b, own: own, port: port, probe: probe, log: log, missed: map[string]int{}}
 	for {
-		if err := b.probeEgress(ctx, port, probe, missed, log); err != nil && ctx.Err() == nil && time.Since(warned) > time.Minute {
-			warned = time.Now()
-			log.Warn("cannot keep the egress proxy's Service to the replicas that serve; trying again", "err", err)
+		if err := k.round(ctx); err != nil && ctx.Err() == nil {
+			k.warn("cannot keep the egress proxy's Service to the replicas that serve; trying again", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -97,9 +104,29 @@ func (b *Backend) KeepEgress(ctx context.Context, own string, port uint16, probe
 	}
 }
 
-// probeEgress is one round of KeepEgress: every labelled Pod probed at
-// once, then the labels that changed written.
-func (b *Backend) probeEgress(ctx context.Context, port uint16, probe func(context.Context, netip.AddrPort) error, missed map[string]int, log *slog.Logger) error {
+// egressKeeper is KeepEgress's state between rounds.
+type egressKeeper struct {
+	b      *Backend
+	own    string
+	port   uint16
+	probe  func(context.Context, netip.AddrPort) error
+	log    *slog.Logger
+	missed map[string]int // by Pod UID
+	warned time.Time
+}
+
+// warn logs, at most once a minute.
+func (k *egressKeeper) warn(msg string, args ...any) {
+	if time.Since(k.warned) > time.Minute {
+		k.warned = time.Now()
+		k.log.Warn(msg, args...)
+	}
+}
+
+// round probes every labelled Pod at once, then writes the labels that
+// change.
+func (k *egressKeeper) round(ctx context.Context) error {
+	b, port, probe, missed, log := k.b, k.port, k.probe, k.missed, k.log
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	l, err := b.client.CoreV1().Pods(b.cfg.Namespace).List(lctx, metav1.ListOptions{LabelSelector: LabelEgress})
 	cancel()
@@ -117,10 +144,11 @@ func (b *Backend) probeEgress(ctx context.Context, port uint16, probe func(conte
 		p := &l.Items[i]
 		results[i].pod = p
 		ip, err := netip.ParseAddr(p.Status.PodIP)
-		if isSessionPod(p.Labels) || err != nil {
-			// A session's Pod is never a proxy; a Pod without an address
-			// (not yet scheduled) does not answer.
-			results[i].err = fmt.Errorf("pod %s has no address", p.Name)
+		if isSessionPod(p.Labels) || err != nil || p.Status.Phase != corev1.PodRunning {
+			// A session's Pod is never a proxy; a Pod that does not run
+			// (not yet, or no longer: its address may be another's now)
+			// does not answer.
+			results[i].err = fmt.Errorf("pod %s does not run with an address", p.Name)
 			continue
 		}
 		wg.Add(1)
@@ -136,6 +164,24 @@ func (b *Backend) probeEgress(ctx context.Context, port uint16, probe func(conte
 	if ctx.Err() != nil {
 		return nil
 	}
+	// What the leader's own side can be blamed for: others probed, and
+	// how many answered; the Pods that serve, and how many stop.
+	others, othersAnswered, serving := 0, 0, 0
+	for _, r := range results {
+		if isSessionPod(r.pod.Labels) {
+			continue
+		}
+		if r.pod.Name != k.own {
+			others++
+			if r.answered {
+				othersAnswered++
+			}
+		}
+		if r.answered || r.pod.Labels[LabelEgress] == EgressServing {
+			serving++ // (after this round, unless taken out)
+		}
+	}
+	holdBack := others >= 2 && othersAnswered == 0
 	listed := map[string]bool{}
 	var errs []error
 	for _, r := range results {
@@ -158,10 +204,19 @@ func (b *Backend) probeEgress(ctx context.Context, port uint16, probe func(conte
 				to = EgressPending
 			}
 		}
+		if to == EgressPending && (holdBack || serving <= 1) {
+			k.warn("gateway replicas' egress proxies do not answer this replica's probes, but it takes none out of the egress proxy's Service: none of the others answers, or this one is the last that serves (the fault may be on this replica's side)",
+				"pod", p.Name, "err", r.err, "others", others, "answered", othersAnswered)
+			continue
+		}
 		if to == "" {
 			continue
 		}
-		err := b.updateGatewayPod(ctx, p.Name, func(q *corev1.Pod) bool {
+		if to == EgressPending {
+			serving--
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := b.updateGatewayPod(wctx, p.Name, func(q *corev1.Pod) bool {
 			cur, ok := q.Labels[LabelEgress]
 			if !ok || cur == to || q.UID != p.UID {
 				return false // its replica left meanwhile, or a new Pod has the name
@@ -169,6 +224,7 @@ func (b *Backend) probeEgress(ctx context.Context, port uint16, probe func(conte
 			q.Labels[LabelEgress] = to
 			return true
 		})
+		cancel()
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
