@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -454,5 +455,61 @@ func TestProxySlowPolicy(t *testing.T) {
 	once.Do(func() { close(release) })
 	if st, body, err := get(cb, brB, target); err != nil || st != 200 || body != "up" {
 		t.Errorf("session B, once found: %d %q %v", st, body, err)
+	}
+}
+
+// TestProxyCloseEndsTunnels: a CONNECT tunnel, taken from the HTTP
+// server, carries bytes both ways and stays open while the proxy runs
+// (the control), and ends once the proxy closes: none goes on under
+// settings the proxy no longer runs with.
+func TestProxyCloseEndsTunnels(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { echo.Close() })
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	host, port, _ := net.SplitHostPort(echo.Addr().String())
+	allow, err := ParsePattern("up.example.test:" + port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := New(Config{
+		Resolver: NewResolver("", map[string][]netip.Addr{"up.example.test": {netip.MustParseAddr(host)}}),
+		Exempt:   []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+	}, addrPolicies{srcA: {Session: "a", Tenant: "t", Allow: []Pattern{allow}}}, secretsMap{})
+	addr := startProxy(t, p)
+	open := func() (net.Conn, *bufio.Reader) {
+		c := dialFrom(t, srcA, addr)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "CONNECT up.example.test:%s HTTP/1.1\r\nHost: up.example.test:%s\r\n\r\n", port, port)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("CONNECT: %v %v", resp, err)
+		}
+		return c, br
+	}
+	c, br := open()
+	io.WriteString(c, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
+		t.Fatalf("through the tunnel: %q %v", line, err)
+	}
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := br.ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the tunnel, while the proxy runs: %v, want it open (a read that times out)", err)
+	}
+	p.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the tunnel after the proxy closed: %v, want it ended", err)
 	}
 }

@@ -74,6 +74,10 @@ type Proxy struct {
 
 	mu       sync.Mutex
 	sessions map[string]*sessionState
+	// tunnels: the CONNECT connections taken from the HTTP server,
+	// which its Close does not end; closed: Close has run.
+	tunnels map[net.Conn]struct{}
+	closed  bool
 }
 
 // sessionState is what the proxy keeps per session: its CA and its own
@@ -95,7 +99,7 @@ func New(cfg Config, policies Policies, secrets Secrets) *Proxy {
 	if cfg.Resolver == nil {
 		cfg.Resolver = NewResolver("", nil)
 	}
-	p := &Proxy{cfg: cfg, policies: policies, secrets: secrets, sessions: map[string]*sessionState{}}
+	p := &Proxy{cfg: cfg, policies: policies, secrets: secrets, sessions: map[string]*sessionState{}, tunnels: map[net.Conn]struct{}{}}
 	p.lim = newLimiter(cfg.Limits, cfg.Audit, cfg.Log)
 	p.srv = &http.Server{
 		Handler:           p,
@@ -117,14 +121,37 @@ func (p *Proxy) Serve(l net.Listener) error {
 	return err
 }
 
-// Close stops the proxy and drops its connections.
+// Close stops the proxy and drops its connections, its tunnels too: no
+// connection goes on under settings the proxy no longer runs with.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
+	p.closed = true
 	for _, st := range p.sessions {
 		st.transport.CloseIdleConnections()
 	}
+	for c := range p.tunnels {
+		c.Close()
+	}
 	p.mu.Unlock()
 	return p.srv.Close()
+}
+
+// tunnel keeps c, a connection taken from the HTTP server, for Close
+// to end (false: the proxy is closed; c is closed); the returned func
+// lets it go.
+func (p *Proxy) tunnel(c net.Conn) (func(), bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		c.Close()
+		return nil, false
+	}
+	p.tunnels[c] = struct{}{}
+	return func() {
+		p.mu.Lock()
+		delete(p.tunnels, c)
+		p.mu.Unlock()
+	}, true
 }
 
 type vettedKey struct{}
@@ -343,6 +370,14 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request, pol Policy) {
 		}
 		return
 	}
+	forget, ok := p.tunnel(c)
+	if !ok {
+		if upstream != nil {
+			upstream.Close()
+		}
+		return
+	}
+	defer forget()
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 		c.Close()
 		if upstream != nil {
