@@ -95,24 +95,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	var standEgress *replicaEgress
 	egressStand, endEgressStand := context.WithCancel(ctx)
 	defer endEgressStand()
-	// leaveEgress takes this replica's Pod out of the egress proxy's
-	// Service as its proxy stops (kube.LabelEgress).
 	// leadCtx lasts while this replica holds the namespace's lease, its
 	// drain too (backend kubernetes).
 	leadCtx := ctx
-	var leaveOnce sync.Once
-	leaveEgress := func() {
-		leaveOnce.Do(func() {
-			if kb == nil || cfg.Kubernetes.Pod == "" || cfg.Egress.Listen == "" {
-				return
-			}
-			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
-			defer cancel()
-			if err := kb.LeaveEgress(lctx, cfg.Kubernetes.Pod); err != nil {
-				log.Warn("cannot take this replica's Pod out of the egress proxy's Service; the leader will once its proxy stops answering", "err", err)
-			}
-		})
-	}
+	// leaveEgress takes this replica's Pod out of the egress proxy's
+	// Service (kube.LabelEgress), once; set below for a replica with a
+	// Pod and a proxy.
+	leaveEgress := func() {}
 	ref := images.SessionDefinition().Ref()
 	if cfg.Backend == "kubernetes" {
 		kubeBackend := func(cfg *Config) (*kube.Backend, error) {
@@ -128,6 +117,21 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		}
 		if kb, err = kubeBackend(cfg); err != nil {
 			return err
+		}
+		if own, listen := cfg.Kubernetes.Pod, cfg.Egress.Listen; own != "" && listen != "" {
+			// (Its own copies: kb and cfg are read again on taking the
+			// lead, while this may run, at a SIGTERM.)
+			pods := kb
+			var once sync.Once
+			leaveEgress = func() {
+				once.Do(func() {
+					lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+					defer cancel()
+					if err := pods.LeaveEgress(lctx, own); err != nil {
+						log.Warn("cannot take this replica's Pod out of the egress proxy's Service; the leader will once its proxy stops answering", "err", err)
+					}
+				})
+			}
 		}
 		// One replica leads the namespace's sessions: it holds the
 		// namespace's lease while it runs (given back as serve returns),
