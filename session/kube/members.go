@@ -85,8 +85,8 @@ func (b *Backend) LeaveEgress(ctx context.Context, pod string) error {
 // The probes come from the leader's network, and a fault on its side
 // (its node cut off from the other Pods, out of files) would look like
 // every other replica's. So it takes none out in a round where two or
-// more others were probed and none answered, and never the last Pod
-// that serves: it says so instead.
+// more others that serve were probed and none answered, and never the
+// last Pod that serves: it says so instead.
 func (b *Backend) KeepEgress(ctx context.Context, own string, port uint16, probe func(context.Context, netip.AddrPort) error, log *slog.Logger) {
 	if own != "" {
 		b.JoinEgress(ctx, own, log)
@@ -164,21 +164,23 @@ func (k *egressKeeper) round(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	// What the leader's own side can be blamed for: others probed, and
-	// how many answered; the Pods that serve, and how many stop.
+	// What the leader's own side can be blamed for: the other Pods that
+	// serve, and how many of them answered (one out already, its node
+	// dead, says nothing of the leader); the Pods that serve after this
+	// round, unless taken out.
 	others, othersAnswered, serving := 0, 0, 0
 	for _, r := range results {
 		if isSessionPod(r.pod.Labels) {
 			continue
 		}
-		if r.pod.Name != k.own {
+		if r.pod.Name != k.own && r.pod.Labels[LabelEgress] == EgressServing {
 			others++
 			if r.answered {
 				othersAnswered++
 			}
 		}
 		if r.answered || r.pod.Labels[LabelEgress] == EgressServing {
-			serving++ // (after this round, unless taken out)
+			serving++
 		}
 	}
 	holdBack := others >= 2 && othersAnswered == 0

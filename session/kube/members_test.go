@@ -19,7 +19,7 @@ import (
 // (not before), and serving again once it answers; they never touch a
 // session's Pod, nor probe one, nor a Pod without the label; they take
 // no Pod out in a round where two others or more were probed and none
-// answered, nor the last Pod that serves; and a Pod whose label its
+// answered (of those that serve), nor the last Pod that serves; and a Pod whose label its
 // replica took off is not labelled again. (The API server is
 // client-go's fake clientset; the probe answers as the test says.)
 func TestKeepEgress(t *testing.T) {
@@ -117,6 +117,14 @@ func TestKeepEgress(t *testing.T) {
 		round()
 	}
 	expect("c alone silent", map[string]string{"gw-b": EgressServing, "gw-c": EgressPending})
+
+	// b silent too: c, out already, says nothing of the leader's side,
+	// and b goes.
+	setDown("10.0.0.2", "10.0.0.3")
+	for range 3 {
+		round()
+	}
+	expect("b silent, c out already", map[string]string{"gw-a": EgressServing, "gw-b": EgressPending, "gw-c": EgressPending})
 
 	// The last that serves stays: b and c gone, a silent too.
 	if err := b.LeaveEgress(ctx, "gw-b"); err != nil {
