@@ -18,10 +18,11 @@ import (
 // once its proxy answers, pending once it has missed 3 probes in a row
 // (not before), and serving again once it answers; they never touch a
 // session's Pod, nor probe one, nor a Pod without the label; they take
-// no Pod out in a round where two others or more were probed and none
-// answered (of those that serve), nor the last Pod that serves; and a Pod whose label its
-// replica took off is not labelled again. (The API server is
-// client-go's fake clientset; the probe answers as the test says.)
+// no Pod out in a round where two others or more that serve were probed
+// and none answered (one out already does not count), nor the last Pod
+// that serves; and a Pod whose label its replica took off is not
+// labelled again. (The API server is client-go's fake clientset; the
+// probe answers as the test says.)
 func TestKeepEgress(t *testing.T) {
 	ctx := context.Background()
 	pod := func(name, ip string, lbl map[string]string) *corev1.Pod {
