@@ -181,3 +181,40 @@ func TestRelayEgressEvents(t *testing.T) {
 		t.Errorf("shell_opened taken as an egress event: %v", f)
 	}
 }
+
+// TestRelayedAt: a relayed event is stamped as the relay keeps it, the
+// stamp goes in its report, and the leader records it as happened_at:
+// as it is, or now when ahead of the leader's clock; left out when
+// missing (a replica of an earlier version) or over a day old.
+func TestRelayedAt(t *testing.T) {
+	before := time.Now()
+	ev := relayEvent{Type: "egress_denied", Host: "a.test"}
+	ev.measure()
+	if ev.At.Before(before) || ev.At.After(time.Now()) {
+		t.Fatalf("kept at %v, want between %v and now", ev.At, before)
+	}
+	raw, _ := json.Marshal(ev)
+	var back relayEvent
+	if err := json.Unmarshal(raw, &back); err != nil || !back.At.Equal(ev.At) {
+		t.Fatalf("the report carries %s, read back as %v (%v)", raw, back.At, err)
+	}
+	if raw, _ := json.Marshal(relayEvent{Type: "x"}); strings.Contains(string(raw), `"at"`) {
+		t.Errorf("an event with no time carries one: %s", raw)
+	}
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		at   time.Time
+		want time.Time
+		ok   bool
+	}{
+		{now.Add(-3 * time.Second), now.Add(-3 * time.Second), true},
+		{now.Add(-23 * time.Hour), now.Add(-23 * time.Hour), true},
+		{now.Add(time.Minute), now, true},
+		{time.Time{}, time.Time{}, false},
+		{now.Add(-25 * time.Hour), time.Time{}, false},
+	} {
+		if got, ok := relayedAt(c.at, now); ok != c.ok || !got.Equal(c.want) {
+			t.Errorf("relayedAt(%v): %v %v, want %v %v", c.at, got, ok, c.want, c.ok)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -425,6 +426,9 @@ type relayEvent struct {
 	Via        string `json:"via,omitempty"`
 	Credential string `json:"credential,omitempty"`
 	Refused    int    `json:"refused,omitempty"`
+	// At is when the replica kept the event (stamped by measure); the
+	// leader records it as the event's happened_at (recordRelayed).
+	At time.Time `json:"at,omitzero"`
 	// wire is what the event takes in a report (its JSON), measured as
 	// it is kept.
 	wire int
@@ -449,6 +453,9 @@ const (
 // measure sets ev.wire, cutting an exec's command (then its working
 // directory and names) until the event fits relayEventBytes.
 func (ev *relayEvent) measure() {
+	if ev.At.IsZero() {
+		ev.At = time.Now().UTC() // (kept now: see relayEvent.At)
+	}
 	for _, budget := range []int{relayArgvBytes, 2 << 10, 0} {
 		if budget < relayArgvBytes {
 			var cut bool
@@ -730,19 +737,19 @@ func (s *Server) relayEvent(claims *previewClaims, ev relayEvent) {
 		if claims.Scope != ScopeCDP {
 			base["view_only"] = claims.ViewOnly
 		}
-		s.sessions.Record(claims.Session, ev.Type, base)
+		s.recordRelayed(ev, claims.Session, base)
 	case "preview_closed":
 		base["duration_ms"] = max(ev.DurationMS, 0)
 		if claims.Scope == ScopeCDP {
 			base["reason"] = truncate(ev.Reason, 200)
 		}
-		s.sessions.Record(claims.Session, ev.Type, base)
+		s.recordRelayed(ev, claims.Session, base)
 	case "message_too_big":
 		base["limit"] = max(ev.Limit, 0)
-		s.sessions.Record(claims.Session, ev.Type, base)
+		s.recordRelayed(ev, claims.Session, base)
 	case "preview_issued":
 		// Issued by a replica while no leader answered (issueAlone).
-		s.sessions.Record(claims.Session, ev.Type, issuedFields(claims))
+		s.recordRelayed(ev, claims.Session, issuedFields(claims))
 	case "review_opened", "review_fetched":
 		// A running session's review link used while no leader
 		// answered (reviewOrAlone).
@@ -751,7 +758,7 @@ func (s *Server) relayEvent(claims *previewClaims, ev relayEvent) {
 			s.log.Warn("a relay reported a review's use that cannot be; not recorded", "session", claims.Session, "scope", claims.Scope)
 			return
 		}
-		if s.sessions.Record(claims.Session, ev.Type, f) {
+		if s.recordRelayed(ev, claims.Session, f) {
 			s.durable(claims.Session)
 			return
 		}
@@ -809,7 +816,7 @@ func viewerDigest(v string) bool {
 func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 	switch ev.Type {
 	case "shell_opened":
-		s.sessions.Record(claims.Session, ev.Type, nil)
+		s.recordRelayed(ev, claims.Session, nil)
 	case "preview_revoked":
 		// Revoked by a replica while no leader answered (revokeAlone),
 		// and stored there: held here too (this leader may have read
@@ -828,11 +835,11 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		if ev.Logged {
 			return // (an ended session's: in its stored log already)
 		}
-		s.sessions.Record(claims.Session, ev.Type, map[string]any{"preview": ev.Preview, "stored": true})
+		s.recordRelayed(ev, claims.Session, map[string]any{"preview": ev.Preview, "stored": true})
 	case "shell_closed":
-		s.sessions.Record(claims.Session, ev.Type, map[string]any{"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0)})
+		s.recordRelayed(ev, claims.Session, map[string]any{"exit_code": ev.ExitCode, "duration_ms": max(ev.DurationMS, 0)})
 	case "message_too_big":
-		s.sessions.Record(claims.Session, ev.Type, map[string]any{"scope": scopeShell, "limit": max(ev.Limit, 0)})
+		s.recordRelayed(ev, claims.Session, map[string]any{"scope": scopeShell, "limit": max(ev.Limit, 0)})
 	case "exec":
 		if ev.User != "root" {
 			ev.User = "sandgate"
@@ -842,35 +849,35 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		if ev.ArgvTruncated {
 			fields["argv_truncated"] = true
 		}
-		s.sessions.Record(claims.Session, ev.Type, fields)
+		s.recordRelayed(ev, claims.Session, fields)
 	case "file_upload":
 		sum := ev.SHA256
 		if !isDigest(sum) {
 			sum = ""
 		}
-		s.sessions.Record(claims.Session, ev.Type, uploadFields(truncate(ev.Path, maxPathBytes), max(ev.Bytes, 0), sum))
+		s.recordRelayed(ev, claims.Session, uploadFields(truncate(ev.Path, maxPathBytes), max(ev.Bytes, 0), sum))
 	case "file_download":
 		if ev.Kind != "dir" {
 			ev.Kind = "file"
 		}
-		s.sessions.Record(claims.Session, ev.Type, downloadFields(truncate(ev.Path, maxPathBytes), ev.Kind, max(ev.Bytes, 0)))
+		s.recordRelayed(ev, claims.Session, downloadFields(truncate(ev.Path, maxPathBytes), ev.Kind, max(ev.Bytes, 0)))
 	case "action":
 		if !slices.Contains(desktop.Actions, ev.Action) {
 			s.log.Warn("a relay reported an action of no known name; recorded as invalid", "session", claims.Session)
 			ev.Action = "invalid"
 		}
-		s.sessions.Record(claims.Session, ev.Type, map[string]any{"action": ev.Action})
+		s.recordRelayed(ev, claims.Session, map[string]any{"action": ev.Action})
 	case "screenshot":
 		rnd, ok := strings.CutPrefix(ev.Artifact, claims.Session+".")
 		if !ok || len(rnd) != 16 || strings.Trim(rnd, "0123456789abcdef") != "" || !isDigest(ev.SHA256) {
 			s.log.Warn("a relay reported a screenshot with an artifact id or digest that cannot be; recorded without them", "session", claims.Session)
 			ev.Artifact, ev.SHA256 = "", ""
 		}
-		s.sessions.Record(claims.Session, ev.Type, screenshotFields(recordings.Artifact{ID: ev.Artifact, Size: max(ev.Bytes, 0), SHA256: ev.SHA256}))
+		s.recordRelayed(ev, claims.Session, screenshotFields(recordings.Artifact{ID: ev.Artifact, Size: max(ev.Bytes, 0), SHA256: ev.SHA256}))
 	default:
 		// The egress proxy's of a replica that stands by (EgressEvent).
 		if f, ok := egressFields(ev); ok {
-			s.sessions.Record(claims.Session, ev.Type, f)
+			s.recordRelayed(ev, claims.Session, f)
 		}
 	}
 }
@@ -896,6 +903,32 @@ func truncate(s string, n int) string {
 
 // sweepRelayed drops, now and then, the registrations of connections no
 // report has named for relayForget: their replica died.
+// recordRelayed records a relayed event ev in session id's trail with
+// fields, and with the time the replica kept it (happened_at): a report
+// comes a second or so after, and while no leader answers, a while
+// after. (The trail's own time is the leader's as it records.) A time
+// ahead of the leader's clock is taken as now; one over a day old is
+// left out.
+func (s *Server) recordRelayed(ev relayEvent, id string, fields map[string]any) bool {
+	if at, ok := relayedAt(ev.At, time.Now()); ok {
+		f := make(map[string]any, len(fields)+1)
+		maps.Copy(f, fields)
+		f["happened_at"] = at.Format(time.RFC3339Nano)
+		fields = f
+	}
+	return s.sessions.Record(id, ev.Type, fields)
+}
+
+func relayedAt(at, now time.Time) (time.Time, bool) {
+	switch {
+	case at.IsZero() || at.Before(now.Add(-24*time.Hour)):
+		return time.Time{}, false
+	case at.After(now):
+		return now.UTC(), true
+	}
+	return at.UTC(), true
+}
+
 func (s *Server) sweepRelayed() {
 	t := time.NewTicker(relayForget / 2)
 	defer t.Stop()

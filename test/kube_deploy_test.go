@@ -64,6 +64,7 @@ const (
 // proxy by their Services' cluster IPs (a cluster with DNS names MinIO
 // sandgate-minio.sandgate.svc, as the README's config does).
 func TestKubeDeployment(t *testing.T) {
+	started := time.Now()
 	e := needE2E(t)
 	kubeconfig := needKube(t)
 	admin := kubeNamespace(t, kubeconfig)
@@ -415,14 +416,25 @@ func TestKubeDeployment(t *testing.T) {
 	// Each refusal of other.sandgate.test is in it: through the Service,
 	// and through each replica's proxy (the one standing by reported
 	// its own to the leader).
-	denied := 0
+	// The standby's carry the time it saw them (happened_at); the
+	// leader's own, recorded as they happen, none.
+	denied, relayed := 0, 0
 	for _, ev := range evs {
 		if ev.Type == "egress_denied" && ev.Fields["host"] == "other.sandgate.test" {
 			denied++
+			if at, ok := ev.Fields["happened_at"].(string); ok {
+				relayed++
+				if when, err := time.Parse(time.RFC3339Nano, at); err != nil || when.Before(started) || when.After(time.Now()) {
+					t.Errorf("a relayed refusal happened at %q (%v), not during the test (from %v)", at, err, started)
+				}
+			}
 		}
 	}
 	if denied != 3 {
 		t.Errorf("the session's trail has %d refusals of other.sandgate.test, want 3 (through the Service, the leader's proxy and the other's): %v", denied, evs)
+	}
+	if relayed < 1 || relayed > 2 {
+		t.Errorf("%d of the refusals carry the time a standby saw them, want the standby's proxy's and perhaps the Service's: %v", relayed, evs)
 	}
 	for _, when := range []string{"before", "after", "moved"} {
 		found := false
