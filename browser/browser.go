@@ -355,7 +355,7 @@ func Screenshot(ctx context.Context, cdp netip.AddrPort, width, height int) ([]b
 	if pageID == "" {
 		return nil, errors.New("screenshot: the browser has no page open")
 	}
-	actx, cancel, err := allocator(ctx, cdp)
+	actx, cancel, err := allocator(ctx, cdp, maxOwnMessage)
 	if err != nil {
 		return nil, err
 	}
@@ -392,7 +392,7 @@ func Fill(ctx context.Context, cdp netip.AddrPort, selector, text string) error 
 	if err != nil {
 		return err
 	}
-	actx, cancel, err := allocator(ctx, cdp)
+	actx, cancel, err := allocator(ctx, cdp, maxOwnMessage)
 	if err != nil {
 		return err
 	}

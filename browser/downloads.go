@@ -111,14 +111,39 @@ func cut(s string, n int) string {
 // Chromium resets it to the default when such a client disconnects.
 func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits DownloadLimits, reassert <-chan struct{}, done func(Download)) {
 	w := &watcher{dir: dir, limits: limits.withDefaults(), done: done}
+	pause := time.Second
 	for ctx.Err() == nil {
-		w.watchOnce(ctx, cdp, reassert)
+		began := time.Now()
+		made, _ := w.watchOnce(ctx, cdp, reassert)
+		// A browser that is not up (restarting) is asked again every
+		// second; one that took the connection and broke it soon after
+		// (a session's own program in its place, sending junk), less
+		// and less often: each try costs the gateway a message's worth.
+		switch {
+		case !made || time.Since(began) > watchSteady:
+			pause = time.Second
+		default:
+			pause = min(2*pause, watchBackoff)
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Second):
+		case <-time.After(pause):
 		}
 	}
 }
+
+// A watcher's connection that ends within watchSteady of being made
+// doubles the pause before the next, up to watchBackoff.
+const (
+	watchSteady  = 10 * time.Second
+	watchBackoff = 30 * time.Second
+)
+
+// maxWatchMessage bounds one message on the watcher's connection: its
+// events (a download's begin, with its URL; its progress) and answers
+// are small, and a browser that sends more (a session's own program in
+// Chromium's place) costs the gateway no more than this per try.
+const maxWatchMessage = 8 << 20
 
 // watcher is the state of one session's download watcher. kept counts
 // across reconnections.
@@ -231,10 +256,12 @@ func (w *watcher) handed(n int) {
 	w.mu.Unlock()
 }
 
-func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-chan struct{}) error {
-	actx, cancel, err := allocator(ctx, cdp)
+// watchOnce holds one connection until it is lost or ctx ends; made
+// says the browser answered (its address was read).
+func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-chan struct{}) (made bool, err error) {
+	actx, cancel, err := allocator(ctx, cdp, maxWatchMessage)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer cancel()
 	cctx, cancel2 := chromedp.NewContext(actx)
@@ -251,7 +278,7 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 		default:
 		}
 	}); err != nil {
-		return err
+		return true, err
 	}
 	yes := true
 	set := func() error {
@@ -264,7 +291,7 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 		return nil
 	}
 	if err := set(); err != nil {
-		return err
+		return true, err
 	}
 	tick := time.NewTicker(w.limits.Reassert)
 	defer tick.Stop()
@@ -278,26 +305,26 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 		case <-wake:
 		case <-tick.C:
 			if err := set(); err != nil {
-				return err
+				return true, err
 			}
 		case <-reassert:
 			// Chromium resets the behaviour when it has handled the
 			// client's leaving, which may be after this: again a little
 			// later.
 			if err := set(); err != nil {
-				return err
+				return true, err
 			}
 			again.Reset(reassertAgain)
 		case <-again.C:
 			if err := set(); err != nil {
-				return err
+				return true, err
 			}
 		case <-lost:
 			w.deliver(w.take(time.Now())) // what finished before the loss
-			return nil
+			return true, nil
 		case <-ctx.Done():
 			w.deliver(w.take(time.Now()))
-			return nil
+			return true, nil
 		}
 		finished, refused, cancels := w.take(time.Now())
 		for _, guid := range cancels {

@@ -401,3 +401,66 @@ func clientLeaves(t *testing.T, cdp netip.AddrPort, f *files, mode string) {
 	}
 	c2.c.Close()
 }
+
+// TestWatcherHostileBrowser: a browser that answers the watcher's first
+// command with an endless message (a session's own program in
+// Chromium's place) costs the gateway at most maxWatchMessage per
+// connection, and is tried again less and less often: two or three
+// connections in the first 8 s (pauses of 2 s and 4 s), where a pause of
+// a second each time would make seven.
+func TestWatcherHostileBrowser(t *testing.T) {
+	var conns, sent atomic.Int64
+	var most atomic.Int64
+	up := websocket.Upgrader{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/json/version", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"webSocketDebuggerUrl": "ws://%s/devtools/browser/B"}`, r.Host)
+	})
+	mux.HandleFunc("/devtools/browser/B", func(w http.ResponseWriter, r *http.Request) {
+		c, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		conns.Add(1)
+		if _, _, err := c.ReadMessage(); err != nil {
+			return
+		}
+		mw, err := c.NextWriter(websocket.TextMessage)
+		if err != nil {
+			return
+		}
+		chunk := []byte(strings.Repeat(" ", 1<<20))
+		var n int64
+		for n < 4*maxOwnMessage {
+			m, err := mw.Write(chunk)
+			n += int64(m)
+			sent.Add(int64(m))
+			if err != nil {
+				break
+			}
+		}
+		for {
+			if cur := most.Load(); n <= cur || most.CompareAndSwap(cur, n) {
+				break
+			}
+		}
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	hostile := netip.MustParseAddrPort(strings.TrimPrefix(srv.URL, "http://"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	WatchDownloads(ctx, hostile, "/tmp/unused", DownloadLimits{}, nil, func(Download) {})
+	n := conns.Load()
+	t.Logf("%d connections in 8 s, at most %d MiB sent on one", n, most.Load()>>20)
+	if n < 2 || n > 3 {
+		t.Errorf("%d connections in 8 s, want 2 or 3 (the control: more than one; pauses that grow: not more)", n)
+	}
+	// What the server wrote before the watcher gave up: the bound, and
+	// what sockets buffer on the way.
+	if m := most.Load(); m > maxWatchMessage+16<<20 {
+		t.Errorf("the watcher read %d MiB of one message, past its bound of %d MiB", m>>20, maxWatchMessage>>20)
+	}
+}

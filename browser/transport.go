@@ -20,13 +20,14 @@ const maxOwnMessage = 64 << 20
 
 // allocator is a chromedp allocator on the session's browser for the
 // gateway's own connections: to the browser address built from a checked
-// id, over a WebSocket whose messages are bounded by maxOwnMessage.
-func allocator(ctx context.Context, cdp netip.AddrPort) (context.Context, context.CancelFunc, error) {
+// id, over a WebSocket whose messages are bounded by limit
+// (maxOwnMessage, or less).
+func allocator(ctx context.Context, cdp netip.AddrPort, limit int64) (context.Context, context.CancelFunc, error) {
 	ws, err := browserWSURL(ctx, cdp)
 	if err != nil {
 		return nil, nil, err
 	}
-	actx, cancel := chromedp.NewAllocatorContext(ctx, &ownAllocator{wsURL: ws})
+	actx, cancel := chromedp.NewAllocatorContext(ctx, &ownAllocator{wsURL: ws, limit: limit})
 	return actx, cancel, nil
 }
 
@@ -34,6 +35,7 @@ func allocator(ctx context.Context, cdp netip.AddrPort) (context.Context, contex
 // allocator does, with a bounded transport.
 type ownAllocator struct {
 	wsURL string
+	limit int64 // of one message
 	wg    sync.WaitGroup
 }
 
@@ -55,7 +57,7 @@ func (a *ownAllocator) Allocate(ctx context.Context, opts ...chromedp.BrowserOpt
 	if err != nil {
 		return nil, err
 	}
-	ws.SetReadLimit(maxOwnMessage)
+	ws.SetReadLimit(a.limit)
 	wctx, cancel := context.WithCancel(context.Background())
 	a.wg.Go(func() {
 		<-ctx.Done()
