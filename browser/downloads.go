@@ -111,19 +111,24 @@ func cut(s string, n int) string {
 // Chromium resets it to the default when such a client disconnects.
 func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits DownloadLimits, reassert <-chan struct{}, done func(Download)) {
 	w := &watcher{dir: dir, limits: limits.withDefaults(), done: done}
-	pause := time.Second
+	backoff := time.Second
 	for ctx.Err() == nil {
 		began := time.Now()
-		made, _ := w.watchOnce(ctx, cdp, reassert)
-		// A browser that is not up (restarting) is asked again every
-		// second; one that took the connection and broke it soon after
-		// (a session's own program in its place, sending junk), less
-		// and less often: each try costs the gateway a message's worth.
+		abused, _ := w.watchOnce(ctx, cdp, reassert)
+		// A browser that is not up, restarting, or closed by a client,
+		// is asked again a second later: it sends downloads elsewhere
+		// until the watcher sets its behaviour again. One that broke
+		// the protocol (a session's own program in Chromium's place,
+		// sending junk) is asked less and less often: each try costs
+		// the gateway a message's worth. The pause comes down only
+		// after a connection that lasted with no such break.
+		pause := time.Second
 		switch {
-		case !made || time.Since(began) > watchSteady:
-			pause = time.Second
-		default:
-			pause = min(2*pause, watchBackoff)
+		case abused:
+			backoff = min(2*backoff, watchBackoff)
+			pause = backoff
+		case time.Since(began) > watchSteady:
+			backoff = time.Second
 		}
 		select {
 		case <-ctx.Done():
@@ -132,8 +137,9 @@ func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits 
 	}
 }
 
-// A watcher's connection that ends within watchSteady of being made
-// doubles the pause before the next, up to watchBackoff.
+// A watcher's connection on which the browser broke the protocol
+// doubles the pause before the next, up to watchBackoff; one that
+// lasted watchSteady with no break brings it back to a second.
 const (
 	watchSteady  = 10 * time.Second
 	watchBackoff = 30 * time.Second
@@ -256,13 +262,14 @@ func (w *watcher) handed(n int) {
 	w.mu.Unlock()
 }
 
-// watchOnce holds one connection until it is lost or ctx ends; made
-// says the browser answered (its address was read).
-func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-chan struct{}) (made bool, err error) {
-	actx, cancel, err := allocator(ctx, cdp, maxWatchMessage)
+// watchOnce holds one connection until it is lost or ctx ends; abused
+// says the browser broke the protocol on it.
+func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-chan struct{}) (abused bool, err error) {
+	actx, cancel, own, err := allocatorOf(ctx, cdp, maxWatchMessage)
 	if err != nil {
 		return false, err
 	}
+	defer func() { abused = own.Abused() }()
 	defer cancel()
 	cctx, cancel2 := chromedp.NewContext(actx)
 	defer cancel2()
@@ -278,7 +285,7 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 		default:
 		}
 	}); err != nil {
-		return true, err
+		return false, err
 	}
 	yes := true
 	set := func() error {
@@ -291,7 +298,7 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 		return nil
 	}
 	if err := set(); err != nil {
-		return true, err
+		return false, err
 	}
 	tick := time.NewTicker(w.limits.Reassert)
 	defer tick.Stop()
@@ -305,26 +312,26 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 		case <-wake:
 		case <-tick.C:
 			if err := set(); err != nil {
-				return true, err
+				return false, err
 			}
 		case <-reassert:
 			// Chromium resets the behaviour when it has handled the
 			// client's leaving, which may be after this: again a little
 			// later.
 			if err := set(); err != nil {
-				return true, err
+				return false, err
 			}
 			again.Reset(reassertAgain)
 		case <-again.C:
 			if err := set(); err != nil {
-				return true, err
+				return false, err
 			}
 		case <-lost:
 			w.deliver(w.take(time.Now())) // what finished before the loss
-			return true, nil
+			return false, nil
 		case <-ctx.Done():
 			w.deliver(w.take(time.Now()))
-			return true, nil
+			return false, nil
 		}
 		finished, refused, cancels := w.take(time.Now())
 		for _, guid := range cancels {

@@ -407,7 +407,10 @@ func clientLeaves(t *testing.T, cdp netip.AddrPort, f *files, mode string) {
 // Chromium's place) costs the gateway at most maxWatchMessage per
 // connection, and is tried again less and less often: two or three
 // connections in the first 8 s (pauses of 2 s and 4 s), where a pause of
-// a second each time would make seven.
+// a second each time would make seven. The control: a browser that
+// closes the connection as Chromium does when a client closes it, or
+// as it restarts, is tried again every second (it sends downloads
+// elsewhere until the watcher sets its behaviour again).
 func TestWatcherHostileBrowser(t *testing.T) {
 	var conns, sent atomic.Int64
 	var most atomic.Int64
@@ -416,6 +419,7 @@ func TestWatcherHostileBrowser(t *testing.T) {
 	mux.HandleFunc("/json/version", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"webSocketDebuggerUrl": "ws://%s/devtools/browser/B"}`, r.Host)
 	})
+	var closing atomic.Bool // the control: close after the first command
 	mux.HandleFunc("/devtools/browser/B", func(w http.ResponseWriter, r *http.Request) {
 		c, err := up.Upgrade(w, r, nil)
 		if err != nil {
@@ -424,6 +428,10 @@ func TestWatcherHostileBrowser(t *testing.T) {
 		defer c.Close()
 		conns.Add(1)
 		if _, _, err := c.ReadMessage(); err != nil {
+			return
+		}
+		if closing.Load() {
+			c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 			return
 		}
 		mw, err := c.NextWriter(websocket.TextMessage)
@@ -462,5 +470,14 @@ func TestWatcherHostileBrowser(t *testing.T) {
 	// what sockets buffer on the way.
 	if m := most.Load(); m > maxWatchMessage+16<<20 {
 		t.Errorf("the watcher read %d MiB of one message, past its bound of %d MiB", m>>20, maxWatchMessage>>20)
+	}
+
+	closing.Store(true)
+	conns.Store(0)
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	WatchDownloads(ctx, hostile, "/tmp/unused", DownloadLimits{}, nil, func(Download) {})
+	if n := conns.Load(); n < 4 {
+		t.Errorf("a browser that closes the connection: %d connections in 5 s, want one about every second", n)
 	}
 }

@@ -2,8 +2,10 @@ package browser
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/chromedp/cdproto"
@@ -23,12 +25,20 @@ const maxOwnMessage = 64 << 20
 // id, over a WebSocket whose messages are bounded by limit
 // (maxOwnMessage, or less).
 func allocator(ctx context.Context, cdp netip.AddrPort, limit int64) (context.Context, context.CancelFunc, error) {
+	actx, cancel, _, err := allocatorOf(ctx, cdp, limit)
+	return actx, cancel, err
+}
+
+// allocatorOf is allocator, with the allocator itself: it tells whether
+// the browser broke the protocol (Abused).
+func allocatorOf(ctx context.Context, cdp netip.AddrPort, limit int64) (context.Context, context.CancelFunc, *ownAllocator, error) {
 	ws, err := browserWSURL(ctx, cdp)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	actx, cancel := chromedp.NewAllocatorContext(ctx, &ownAllocator{wsURL: ws, limit: limit})
-	return actx, cancel, nil
+	a := &ownAllocator{wsURL: ws, limit: limit}
+	actx, cancel := chromedp.NewAllocatorContext(ctx, a)
+	return actx, cancel, a, nil
 }
 
 // ownAllocator attaches to a running browser, as chromedp's remote
@@ -37,7 +47,14 @@ type ownAllocator struct {
 	wsURL string
 	limit int64 // of one message
 	wg    sync.WaitGroup
+	// abused: the browser sent a message over the limit, or one that is
+	// not CDP's JSON (a session's own program in Chromium's place).
+	abused atomic.Bool
 }
+
+// Abused says whether the browser broke the protocol on a connection
+// of this allocator.
+func (a *ownAllocator) Abused() bool { return a.abused.Load() }
 
 var (
 	_ chromedp.Allocator = (*ownAllocator)(nil)
@@ -64,7 +81,7 @@ func (a *ownAllocator) Allocate(ctx context.Context, opts ...chromedp.BrowserOpt
 		chromedp.Cancel(ctx)
 		cancel()
 	})
-	return chromedp.NewBrowserTransport(wctx, &transport{ws: ws}, opts...)
+	return chromedp.NewBrowserTransport(wctx, &transport{ws: ws, abused: &a.abused}, opts...)
 }
 
 // Wait waits until the connections are closed.
@@ -76,16 +93,24 @@ func (a *ownAllocator) Attaches() bool { return true }
 
 // transport is a chromedp.Transport over a WebSocket with a read limit.
 type transport struct {
-	ws *websocket.Conn
-	mu sync.Mutex // one writer at a time
+	ws     *websocket.Conn
+	mu     sync.Mutex   // one writer at a time
+	abused *atomic.Bool // set when the browser breaks the protocol
 }
 
 func (t *transport) Read(_ context.Context, msg *cdproto.Message) error {
 	_, data, err := t.ws.ReadMessage()
+	if errors.Is(err, websocket.ErrReadLimit) {
+		t.abused.Store(true)
+	}
 	if err != nil {
 		return err
 	}
-	return jsonv2.Unmarshal(data, msg, chromedp.DefaultUnmarshalOptions)
+	if err := jsonv2.Unmarshal(data, msg, chromedp.DefaultUnmarshalOptions); err != nil {
+		t.abused.Store(true)
+		return err
+	}
+	return nil
 }
 
 func (t *transport) Write(_ context.Context, msg *cdproto.Message) error {
