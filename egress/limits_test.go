@@ -241,6 +241,10 @@ func TestProxyGlobalCap(t *testing.T) {
 	if st, body, err := get(a[0], bufio.NewReader(a[0]), target); err != nil || st != 200 {
 		t.Fatalf("a request at three connections: %d %q %v", st, body, err)
 	}
+	// Each connection is admitted beside the accepting: a's last two
+	// may still be on their way (a busy machine), and b's must come
+	// after them.
+	waitFor(t, func() bool { p.lim.mu.Lock(); defer p.lim.mu.Unlock(); return p.lim.total == 4 })
 	c := dialFrom(t, srcB, addr)
 	if st, body, err := get(c, bufio.NewReader(c), target); err != nil || st != http.StatusTooManyRequests {
 		t.Fatalf("session b past the cap: %d %q %v, want 429", st, body, err)
