@@ -467,42 +467,10 @@ func TestProxySlowPolicy(t *testing.T) {
 // (the control), and ends once the proxy closes: none goes on under
 // settings the proxy no longer runs with.
 func TestProxyCloseEndsTunnels(t *testing.T) {
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { echo.Close() })
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
-	host, port, _ := net.SplitHostPort(echo.Addr().String())
-	allow, err := ParsePattern("up.example.test:" + port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := New(Config{
-		Resolver: NewResolver("", map[string][]netip.Addr{"up.example.test": {netip.MustParseAddr(host)}}),
-		Exempt:   []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-	}, addrPolicies{srcA: {Session: "a", Tenant: "t", Allow: []Pattern{allow}}}, secretsMap{})
-	addr := startProxy(t, p)
-	open := func() (net.Conn, *bufio.Reader) {
-		c := dialFrom(t, srcA, addr)
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(c, "CONNECT up.example.test:%s HTTP/1.1\r\nHost: up.example.test:%s\r\n\r\n", port, port)
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("CONNECT: %v %v", resp, err)
-		}
-		return c, br
-	}
-	c, br := open()
+	echo := echoServer(t)
+	addr, p, _ := limitedProxy(t, Limits{}, echo)
+	c, br := tunnel(t, srcA, addr, portOf(echo))
+	c.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(c, "ping\n")
 	if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
 		t.Fatalf("through the tunnel: %q %v", line, err)
