@@ -151,6 +151,45 @@ func (s *Store) PutFile(ctx context.Context, tenant string, a Artifact, path str
 
 // PutFrom stores what f holds from its start, as PutFile does.
 func (s *Store) PutFrom(ctx context.Context, tenant string, a Artifact, f io.ReadSeeker) (Artifact, error) {
+	return s.putFrom(ctx, tenant, a, f, nil)
+}
+
+// PutNew is PutFrom for an artifact with a stable id (a.ID) that is
+// stored once: ErrExists when the session has it already, which is kept
+// as it is.
+func (s *Store) PutNew(ctx context.Context, tenant string, a Artifact, f io.ReadSeeker) (Artifact, error) {
+	absent := ""
+	a, err := s.putFrom(ctx, tenant, a, f, &absent)
+	if errors.Is(err, ErrChanged) {
+		return Artifact{}, ErrExists
+	}
+	return a, err
+}
+
+// ErrExists: the artifact PutNew was to store is there already.
+var ErrExists = errors.New("the artifact is stored already")
+
+// Has says whether the session has the artifact of that kind and id.
+func (s *Store) Has(ctx context.Context, tenant, session, kind, id string) (bool, error) {
+	if !tenantChars.MatchString(tenant) || !ids.IsSession(session) || !idPattern.MatchString(id) {
+		return false, fmt.Errorf("recordings: bad tenant, session or id")
+	}
+	_, err := s.client.StatObject(ctx, s.cfg.Bucket, key(tenant, session, kind, id), minio.StatObjectOptions{})
+	if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("stat artifact: %w", err)
+	}
+	return true, nil
+}
+
+// DownloadID is the stable id of a session's download, from the
+// browser's id for it: a download stored twice (found again by a
+// gateway that restarted) is one artifact.
+func DownloadID(session, guid string) string { return SegmentID(session, "download/"+guid) }
+
+func (s *Store) putFrom(ctx context.Context, tenant string, a Artifact, f io.ReadSeeker, match *string) (Artifact, error) {
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {
@@ -163,7 +202,7 @@ func (s *Store) PutFrom(ctx context.Context, tenant string, a Artifact, f io.Rea
 		a.ID = newArtifactID(a.Session)
 	}
 	a.Size, a.SHA256 = n, hex.EncodeToString(h.Sum(nil))
-	return s.put(ctx, tenant, a, f, nil)
+	return s.put(ctx, tenant, a, f, match)
 }
 
 // SegmentID is the stable artifact id of a named piece of a session's

@@ -307,6 +307,116 @@ func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, 
 	return f, nil
 }
 
+// MaxDownloadNames bounds how many names ListDownloads returns; a
+// directory with more (the session's doing) is read only that far.
+const MaxDownloadNames = 4096
+
+// ListDownloads names what is in a session's download directory: at most
+// MaxDownloadNames names, none longer than maxListedName, in no order;
+// none when there is no directory. The directory is the session's: it is
+// opened beneath the workspace with no symlink followed, or, under a
+// backend with its own network, listed inside the session as its user,
+// with the output bounded.
+func (m *Manager) ListDownloads(tenant, id string) ([]string, error) {
+	s, err := m.lookup(tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	if m.net == nil {
+		return m.listInside(s, DownloadDir)
+	}
+	root, err := os.Open(filepath.Join(m.workspaceDir(id), "workspace"))
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	fd, err := unix.Openat2(int(root.Fd()), downloadsDir, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open the download directory: %w", err)
+	}
+	dir := os.NewFile(uintptr(fd), downloadsDir)
+	defer dir.Close()
+	names, err := dir.Readdirnames(MaxDownloadNames)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read the download directory: %w", err)
+	}
+	return shortNames(names), nil
+}
+
+// maxListedName bounds a listed name: a download's GUID and the suffix
+// of one being written are far shorter.
+const maxListedName = 128
+
+func shortNames(names []string) []string {
+	out := names[:0]
+	for _, n := range names {
+		if len(n) <= maxListedName && n != "." && n != ".." {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// listInside lists a directory inside the session as its user, reading
+// at most MaxDownloadNames lines of at most maxListedName bytes each;
+// a longer listing is cut there.
+func (m *Manager) listInside(s *sess, path string) ([]string, error) {
+	m.mu.Lock()
+	sb, state := s.box, s.info.State
+	m.mu.Unlock()
+	if sb == nil || (state != StateRunning && state != StateStopping) {
+		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
+	}
+	ctx, cancel := context.WithTimeout(m.base, listTimeout)
+	defer cancel()
+	var out bytes.Buffer
+	w := &cappedWriter{w: &out, left: MaxDownloadNames * (maxListedName + 1), cancel: cancel}
+	stderr := &limitedBuffer{max: 1024}
+	// Unsorted (-f): the session's directory may be large, and only
+	// what is read up to the cap is used.
+	p, err := m.startIn(ctx, sb, s.info.ID, ExecSpec{Args: []string{"sh", "-c", `[ -d "$1" ] && [ ! -L "$1" ] || exit 0; exec ls -1fq -- "$1"`, "sandgate", path},
+		Stdout: w, Stderr: stderr})
+	if err != nil {
+		return nil, err
+	}
+	code, err := p.Wait(ctx)
+	p.Close()
+	w.stop()
+	switch {
+	case w.full:
+		// Cut at the cap: the last line may be cut too.
+		if i := bytes.LastIndexByte(out.Bytes(), '\n'); i >= 0 {
+			out.Truncate(i + 1)
+		} else {
+			out.Reset()
+		}
+	case err != nil:
+		return nil, fmt.Errorf("listing %s in the session: %w", path, err)
+	case code != 0:
+		return nil, fmt.Errorf("listing %s in the session: exit %d: %s", path, code, bytes.TrimSpace(stderr.Bytes()))
+	}
+	if w.err != nil {
+		return nil, w.err
+	}
+	names := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(names) == 1 && names[0] == "" {
+		return nil, nil
+	}
+	if len(names) > MaxDownloadNames {
+		names = names[:MaxDownloadNames]
+	}
+	return shortNames(names), nil
+}
+
+// listTimeout bounds a listing inside a session.
+const listTimeout = 30 * time.Second
+
 // spoolInside copies a regular file out of a session through exec, as
 // the session's user (what it reads is the session's own, which it could
 // write anyway), into an unlinked file in the state directory, and
