@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -23,6 +24,12 @@ type Download struct {
 	URL     string // the source, cut to maxURLBytes
 	Name    string // the name the site suggested, cut to maxNameBytes
 	Refused string // why downloads were not kept, with how many
+	// Found: the watcher did not see this one finish (its connection was
+	// lost, or it was not running) and found its file in the directory
+	// instead; URL and Name are then unknown.
+	Found bool
+	// Retry: handed over before, and not stored then.
+	Retry bool
 }
 
 // DownloadLimits bound what the watcher takes from a session; a zero
@@ -109,12 +116,43 @@ func cut(s string, n int) string {
 // proxy keep dir (RewriteCommand), and the watcher sets its behaviour
 // again whenever reassert receives and every limits.Reassert, because
 // Chromium resets it to the default when such a client disconnects.
-func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits DownloadLimits, reassert <-chan struct{}, done func(Download)) {
-	w := &watcher{dir: dir, limits: limits.withDefaults(), done: done}
+//
+// Chromium reports a download's end only on the connection it began on,
+// so a download that finished while the watcher had no connection (it
+// was lost, the gateway restarted) is never reported. list names what is
+// in dir: the watcher looks there when it connects after such a gap, and
+// when it stops after one, and hands over each file named as a download
+// it did not hand over (Found). One still being written (GUID.crdownload)
+// is looked for again every limits.Reassert until it is done, for at
+// most limits.Stale. The files are the session's: what list returns is
+// bounded by the caller, and the watcher's limits hold for what it finds.
+//
+// done returns an error for a finished download it could not store for
+// now (the store did not answer): that one is handed over again, with
+// Retry set, every limits.Reassert and once more as the watcher stops.
+func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits DownloadLimits, reassert <-chan struct{}, list func(context.Context) ([]string, error), done func(Download) error) {
+	w := &watcher{dir: dir, limits: limits.withDefaults(), done: done, list: list,
+		handedOver: map[string]bool{}, orphans: map[string]time.Time{}, gap: true}
+	defer func() {
+		// What finished in a gap before the stop: the session is still
+		// there (its teardown waits for the watcher).
+		if w.needSweep(true) {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sweepTimeout)
+			w.sweep(sctx)
+			cancel()
+			w.deliver(w.take(time.Now()))
+		}
+		w.retryFailed()
+	}()
 	backoff := time.Second
 	for ctx.Err() == nil {
 		began := time.Now()
 		abused, _ := w.watchOnce(ctx, cdp, reassert)
+		if ctx.Err() == nil {
+			w.mu.Lock()
+			w.gap = true // what ends until the next connection is not reported
+			w.mu.Unlock()
+		}
 		// A browser that is not up, restarting, or closed by a client,
 		// is asked again a second later: it sends downloads elsewhere
 		// until the watcher sets its behaviour again. One that broke
@@ -151,12 +189,16 @@ const (
 // Chromium's place) costs the gateway no more than this per try.
 const maxWatchMessage = 8 << 20
 
+// sweepTimeout bounds one look into the download directory.
+const sweepTimeout = 30 * time.Second
+
 // watcher is the state of one session's download watcher. kept counts
 // across reconnections.
 type watcher struct {
 	dir    string
 	limits DownloadLimits
-	done   func(Download)
+	done   func(Download) error
+	list   func(context.Context) ([]string, error)
 
 	mu       sync.Mutex
 	kept     int
@@ -166,6 +208,19 @@ type watcher struct {
 	refused  map[string]int // reason: how many
 	refURL   string         // a source of a refused download
 	cancels  []string
+	// handedOver holds the GUIDs of the downloads handed over as
+	// finished (at most limits.PerSession), so that none is found again.
+	handedOver map[string]bool
+	// orphans are downloads being written that the watcher has no
+	// report of (begun in a gap), by when they were first seen.
+	orphans map[string]time.Time
+	// gap: the watcher may have missed a download's end since it last
+	// looked in the directory (a new watcher, or a lost connection).
+	gap   bool
+	swept time.Time // when the watcher last looked
+	// failed are finished downloads done could not store yet (at most
+	// limits.PerSession: each is counted as kept).
+	failed []Download
 }
 
 type begun struct {
@@ -199,7 +254,8 @@ func (w *watcher) event(ev any) {
 		switch {
 		case !downloadGUID.MatchString(e.GUID):
 			w.refuse("the browser gave a download id the gateway refuses", "", url)
-		case w.begun[e.GUID].d.GUID != "":
+		case w.begun[e.GUID].d.GUID != "", w.handedOver[e.GUID]:
+			// Known already (found in the directory before this report).
 		case w.kept+len(w.begun)+w.queued >= w.limits.PerSession:
 			w.refuse(fmt.Sprintf("over the limit of %d downloads in a session", w.limits.PerSession), e.GUID, url)
 		case len(w.begun)+w.queued >= w.limits.Pending:
@@ -225,6 +281,7 @@ func (w *watcher) event(ev any) {
 			delete(w.begun, e.GUID)
 			w.finished = append(w.finished, b.d)
 			w.queued++
+			w.handedOver[e.GUID] = true
 		case e.State == cdpbrowser.DownloadProgressStateCanceled:
 			delete(w.begun, e.GUID)
 		}
@@ -300,6 +357,15 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 	if err := set(); err != nil {
 		return false, err
 	}
+	// Downloads that ended while there was no connection: the behaviour
+	// is set, so what begins from now on is reported.
+	if w.needSweep(false) {
+		w.sweep(ctx)
+		select { // hand over what it found
+		case wake <- struct{}{}:
+		default: // woken already
+		}
+	}
 	tick := time.NewTicker(w.limits.Reassert)
 	defer tick.Stop()
 	again := time.NewTimer(time.Hour)
@@ -314,6 +380,10 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 			if err := set(); err != nil {
 				return false, err
 			}
+			if w.needSweep(false) { // downloads begun in a gap, still being written
+				w.sweep(ctx)
+			}
+			w.retryFailed()
 		case <-reassert:
 			// Chromium resets the behaviour when it has handled the
 			// client's leaving, which may be after this: again a little
@@ -341,13 +411,109 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 	}
 }
 
-// deliver hands finished and refused downloads to done.
+// needSweep says whether the watcher must look in the directory: it may
+// have missed a download's end, or one begun in a gap is being written.
+// Not more often than sweepEvery, unless the watcher is stopping: a
+// session that breaks the connection again and again costs the gateway a
+// listing (an exec, under Kubernetes) at most that often.
+func (w *watcher) needSweep(stopping bool) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.list != nil && (w.gap || len(w.orphans) > 0) && (stopping || time.Since(w.swept) >= sweepEvery)
+}
+
+// sweepEvery is the least time between two looks in the directory while
+// the watcher runs.
+const sweepEvery = 10 * time.Second
+
+// partSuffix is what Chromium adds to a download's name while it writes
+// it; the file is renamed to its GUID when it is complete.
+const partSuffix = ".crdownload"
+
+// sweep looks in the directory for downloads the watcher did not see
+// end, and queues each it finds (Found). It clears the gap only when
+// the look succeeded.
+func (w *watcher) sweep(ctx context.Context) {
+	w.mu.Lock()
+	w.swept = time.Now()
+	w.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
+	defer cancel()
+	names, err := w.list(ctx)
+	if err != nil {
+		return // looked for again at the next chance
+	}
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.gap = false
+	writing := map[string]bool{}
+	for _, name := range names {
+		if guid, part := strings.CutSuffix(name, partSuffix); part {
+			writing[guid] = true
+		}
+	}
+	for _, name := range names {
+		guid, _ := strings.CutSuffix(name, partSuffix)
+		if !downloadGUID.MatchString(guid) || w.handedOver[guid] || w.begun[guid].d.GUID != "" {
+			continue
+		}
+		if writing[guid] {
+			// Still written; or its part renamed as the directory was
+			// read, which lists both names: looked for again.
+			if _, ok := w.orphans[guid]; !ok {
+				w.orphans[guid] = now
+			}
+			continue
+		}
+		if w.kept+len(w.begun)+w.queued >= w.limits.PerSession {
+			w.refuse(fmt.Sprintf("over the limit of %d downloads in a session", w.limits.PerSession), "", "")
+			continue
+		}
+		w.finished = append(w.finished, Download{GUID: guid, Found: true})
+		w.queued++
+		w.handedOver[guid] = true
+	}
+	for guid, since := range w.orphans {
+		// Finished (found above), cancelled, or written for too long.
+		if !writing[guid] || now.Sub(since) > w.limits.Stale {
+			delete(w.orphans, guid)
+		}
+	}
+}
+
+// deliver hands finished and refused downloads to done, keeping those
+// it could not store for another try.
 func (w *watcher) deliver(finished, refused []Download, _ []string) {
 	for _, d := range refused {
 		w.done(d)
 	}
+	var failed []Download
 	for _, d := range finished {
-		w.done(d)
+		if w.done(d) != nil {
+			d.Retry = true
+			failed = append(failed, d)
+		}
 	}
+	w.mu.Lock()
+	w.failed = append(w.failed, failed...)
+	w.mu.Unlock()
 	w.handed(len(finished))
+}
+
+// retryFailed hands over again the downloads done could not store.
+func (w *watcher) retryFailed() {
+	w.mu.Lock()
+	again := w.failed
+	w.failed = nil
+	w.mu.Unlock()
+	var still []Download
+	for _, d := range again {
+		if w.done(d) != nil {
+			still = append(still, d)
+		}
+	}
+	w.mu.Lock()
+	w.failed = append(w.failed, still...)
+	w.mu.Unlock()
 }

@@ -1,9 +1,13 @@
 package browser
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -12,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -127,6 +132,10 @@ type downloads struct {
 	t   *testing.T
 	dir string
 	got chan Download
+	// down: the test's store fails each finished download handed over;
+	// tries counts them.
+	down  atomic.Bool
+	tries atomic.Int64
 }
 
 func watch(t *testing.T, cdp netip.AddrPort, limits DownloadLimits) *downloads {
@@ -147,15 +156,31 @@ func watchKicked(t *testing.T, cdp netip.AddrPort, limits DownloadLimits, reasse
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		WatchDownloads(ctx, cdp, d.dir, limits, reassert, func(dl Download) {
+		WatchDownloads(ctx, cdp, d.dir, limits, reassert, d.list, func(dl Download) error {
+			if dl.Refused == "" && d.down.Load() {
+				d.tries.Add(1)
+				return errors.New("the store does not answer")
+			}
 			select {
 			case d.got <- dl:
 			case <-ctx.Done(): // a test that failed reads no more
 			}
+			return nil
 		})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return d
+}
+
+// list names what is in the watcher's directory, as the gateway's
+// ListDownloads does in a session's.
+func (d *downloads) list(context.Context) ([]string, error) {
+	f, err := os.Open(d.dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
 }
 
 // of waits for what the watcher hands over about the file name (kept, or
@@ -419,7 +444,8 @@ func TestWatcherHostileBrowser(t *testing.T) {
 	mux.HandleFunc("/json/version", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"webSocketDebuggerUrl": "ws://%s/devtools/browser/B"}`, r.Host)
 	})
-	var closing atomic.Bool // the control: close after the first command
+	var closing atomic.Bool   // the control: close after the first command
+	var answering atomic.Bool // answer it first
 	mux.HandleFunc("/devtools/browser/B", func(w http.ResponseWriter, r *http.Request) {
 		c, err := up.Upgrade(w, r, nil)
 		if err != nil {
@@ -427,8 +453,14 @@ func TestWatcherHostileBrowser(t *testing.T) {
 		}
 		defer c.Close()
 		conns.Add(1)
-		if _, _, err := c.ReadMessage(); err != nil {
+		_, msg, err := c.ReadMessage()
+		if err != nil {
 			return
+		}
+		if answering.Load() {
+			var cmd struct{ ID int64 }
+			json.Unmarshal(msg, &cmd)
+			c.WriteMessage(websocket.TextMessage, []byte(fmt.Sprintf(`{"id":%d,"result":{}}`, cmd.ID)))
 		}
 		if closing.Load() {
 			c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
@@ -460,7 +492,7 @@ func TestWatcherHostileBrowser(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	defer cancel()
-	WatchDownloads(ctx, hostile, "/tmp/unused", DownloadLimits{}, nil, func(Download) {})
+	WatchDownloads(ctx, hostile, "/tmp/unused", DownloadLimits{}, nil, nil, func(Download) error { return nil })
 	n := conns.Load()
 	t.Logf("%d connections in 8 s, at most %d MiB sent on one", n, most.Load()>>20)
 	if n < 2 || n > 3 {
@@ -477,8 +509,252 @@ func TestWatcherHostileBrowser(t *testing.T) {
 	// (Pauses that grew would make at most 3 in 6 s: at 0, 2 and 6 s.)
 	ctx, cancel = context.WithTimeout(context.Background(), 6*time.Second)
 	defer cancel()
-	WatchDownloads(ctx, hostile, "/tmp/unused", DownloadLimits{}, nil, func(Download) {})
+	WatchDownloads(ctx, hostile, "/tmp/unused", DownloadLimits{}, nil, nil, func(Download) error { return nil })
 	if n := conns.Load(); n < 4 {
 		t.Errorf("a browser that closes the connection: %d connections in 6 s, want one about every second", n)
+	}
+
+	// One that takes the download behaviour and then closes: the
+	// watcher looks in the directory after the first connection (the
+	// control) and as it stops, not after each of the others.
+	answering.Store(true)
+	conns.Store(0)
+	var lists atomic.Int64
+	list := func(context.Context) ([]string, error) { lists.Add(1); return nil, nil }
+	ctx, cancel = context.WithTimeout(context.Background(), 6*time.Second)
+	defer cancel()
+	WatchDownloads(ctx, hostile, "/tmp/unused", DownloadLimits{}, nil, list, func(Download) error { return nil })
+	t.Logf("a browser that takes the behaviour and closes: %d connections, %d listings in 6 s", conns.Load(), lists.Load())
+	if n, l := conns.Load(), lists.Load(); n < 4 || l < 1 || l > 2 {
+		t.Errorf("a browser that takes the behaviour and closes: %d connections and %d listings in 6 s, want 4 or more and 1 or 2", n, l)
+	}
+}
+
+// relay forwards TCP connections to a browser, as the path from the
+// gateway to a session does; the test can cut them and hold new ones off.
+type relay struct {
+	addr  netip.AddrPort
+	mu    sync.Mutex
+	held  bool
+	conns []net.Conn
+}
+
+func newRelay(t *testing.T, to netip.AddrPort) *relay {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &relay{addr: netip.MustParseAddrPort(ln.Addr().String())}
+	t.Cleanup(func() { ln.Close(); r.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			held := r.held
+			r.mu.Unlock()
+			if held {
+				c.Close()
+				continue
+			}
+			u, err := net.Dial("tcp", to.String())
+			if err != nil {
+				c.Close()
+				continue
+			}
+			r.mu.Lock()
+			r.conns = append(r.conns, c, u)
+			r.mu.Unlock()
+			go func() { io.Copy(u, c); u.Close() }()
+			go func() { io.Copy(c, u); c.Close() }()
+		}
+	}()
+	return r
+}
+
+// cut ends every connection through the relay.
+func (r *relay) cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.conns {
+		c.Close()
+	}
+	r.conns = nil
+}
+
+func (r *relay) hold(on bool) {
+	r.mu.Lock()
+	r.held = on
+	r.mu.Unlock()
+}
+
+// TestWatcherFindsMissedDownloads, against a real Chromium: Chromium
+// reports a download's end only on the connection it began on. A
+// download that ends while the watcher's connection is lost is found in
+// the directory once the watcher is connected again, and one still being
+// written then is found once it is done; each is handed over once, and
+// none that the watcher saw end (the control, through the browser's
+// report) is handed over again.
+func TestWatcherFindsMissedDownloads(t *testing.T) {
+	cdp := chromium(t)
+	f := serveFiles(t)
+	release := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := strings.Trim(r.URL.Path, "/")
+		w.Header().Set("Content-Disposition", `attachment; filename="`+name+`.bin"`)
+		w.Header().Set("Content-Length", "20480")
+		w.Write(bytes.Repeat([]byte(name), 10240))
+		w.(http.Flusher).Flush()
+		select {
+		case <-release[name]:
+		case <-r.Context().Done():
+			return
+		}
+		w.Write(bytes.Repeat([]byte(name), 10240))
+	}))
+	defer slow.Close()
+	rl := newRelay(t, cdp)
+	d := watchKicked(t, rl.addr, DownloadLimits{Reassert: 200 * time.Millisecond}, nil)
+	c := dialBrowser(t, cdp)
+	defer c.c.Close()
+	d.ready(c, f) // the control: reported, handed over, its file there
+	seen := map[string]int{}
+	files := func() (done, writing []string) {
+		entries, _ := os.ReadDir(d.dir)
+		for _, e := range entries {
+			if g, ok := strings.CutSuffix(e.Name(), ".crdownload"); ok {
+				writing = append(writing, g)
+			} else {
+				done = append(done, e.Name())
+			}
+		}
+		return done, writing
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("waited 30s for %s", what)
+			}
+		}
+	}
+	// found waits for the watcher to hand over the download saved as
+	// guid, noting all it hands over.
+	found := func(guid string) {
+		t.Helper()
+		timeout := time.After(20 * time.Second)
+		for {
+			select {
+			case dl := <-d.got:
+				seen[dl.GUID]++
+				if dl.GUID != guid {
+					continue
+				}
+				if !dl.Found || dl.URL != "" || dl.Refused != "" {
+					t.Fatalf("the missed download handed over as %+v", dl)
+				}
+				raw, err := os.ReadFile(filepath.Join(d.dir, guid))
+				if err != nil || len(raw) != 20480 {
+					t.Fatalf("its file: %d bytes, %v", len(raw), err)
+				}
+				return
+			case <-timeout:
+				done, writing := files()
+				t.Fatalf("the download saved as %s was not handed over (files %v, writing %v; handed over %v)", guid, done, writing, seen)
+			}
+		}
+	}
+	writingOne := func() string {
+		var guid string
+		waitFor("a download being written", func() bool {
+			_, w := files()
+			if len(w) == 1 {
+				guid = w[0]
+			}
+			return guid != ""
+		})
+		return guid
+	}
+
+	// a ends while the watcher has no connection.
+	if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + slow.URL + `/a"}}`); !strings.Contains(r, "targetId") {
+		t.Fatal(r)
+	}
+	a := writingOne()
+	rl.hold(true)
+	rl.cut()
+	close(release["a"])
+	waitFor("a written", func() bool { _, w := files(); return len(w) == 0 })
+	select {
+	case dl := <-d.got:
+		t.Fatalf("handed over with no connection: %+v", dl)
+	case <-time.After(time.Second):
+	}
+	rl.hold(false)
+	found(a)
+
+	// b is still being written when the watcher is connected again.
+	if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + slow.URL + `/b"}}`); !strings.Contains(r, "targetId") {
+		t.Fatal(r)
+	}
+	b := writingOne()
+	rl.cut() // the watcher connects again a second later
+	time.Sleep(2 * time.Second)
+	close(release["b"])
+	found(b)
+
+	// Nothing is handed over twice, though the watcher looks again.
+	timeout := time.After(2 * time.Second)
+	for done := false; !done; {
+		select {
+		case dl := <-d.got:
+			seen[dl.GUID]++
+		case <-timeout:
+			done = true
+		}
+	}
+	for guid, n := range seen {
+		if n > 1 {
+			t.Errorf("%s handed over %d times", guid, n)
+		}
+	}
+}
+
+// TestWatcherRetriesFailedStores, against a real Chromium: a finished
+// download that could not be stored is handed over again until it is,
+// once; one stored at once (the control) is handed over once, with no
+// Retry.
+func TestWatcherRetriesFailedStores(t *testing.T) {
+	cdp := chromium(t)
+	f := serveFiles(t)
+	d := watch(t, cdp, DownloadLimits{Reassert: 100 * time.Millisecond})
+	c := dialBrowser(t, cdp)
+	defer c.c.Close()
+	d.ready(c, f)
+	name := f.start(c, 0)
+	if dl := d.of(name); dl.Retry {
+		t.Fatalf("stored at once, handed over as %+v", dl)
+	}
+	d.down.Store(true)
+	name = f.start(c, 0)
+	deadline := time.Now().Add(20 * time.Second)
+	for d.tries.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("handed over %d times in 20 s with the store down, want 3 or more", d.tries.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.down.Store(false)
+	dl := d.of(name)
+	d.kept(dl, name)
+	if !dl.Retry {
+		t.Fatalf("handed over again as %+v, want Retry", dl)
+	}
+	select {
+	case dl := <-d.got:
+		t.Fatalf("handed over again once stored: %+v", dl)
+	case <-time.After(time.Second):
 	}
 }

@@ -204,21 +204,51 @@ func (s *Server) watchDownloads(id string, ep session.Endpoint) {
 // each download as it finishes (and, at the end, those that finished
 // before it).
 func (s *Server) runWatcher(ctx context.Context, id string, ep session.Endpoint, reassert chan struct{}) {
-	browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, reassert, func(d browser.Download) {
+	list := func(context.Context) ([]string, error) {
+		s.watch.mu.Lock()
+		info, owned := s.watch.owner[id]
+		s.watch.mu.Unlock()
+		if !owned {
+			return nil, nil // pooled and never driven: nothing to store
+		}
+		return s.sessions.ListDownloads(info.Tenant, id)
+	}
+	browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, reassert, list, func(d browser.Download) error {
 		s.watch.mu.Lock()
 		info, owned := s.watch.owner[id]
 		s.watch.mu.Unlock()
 		log := s.log.With("session", id, "tenant", info.Tenant)
 		if !owned {
 			log.Warn("a download in a session with no tenant yet is not stored", "url", d.URL)
-			return
+			return nil
 		}
-		if err := s.storeDownload(context.WithoutCancel(ctx), info, d); err != nil {
+		err := s.storeDownload(context.WithoutCancel(ctx), info, d)
+		var down storeDown
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &down):
+			// The watcher hands it over again a little later, and once
+			// more as it stops; the trail says so the first time.
+			if !d.Retry {
+				log.Warn("download not stored yet: the store does not answer; tried again", "err", err)
+				s.sessions.Record(id, "download_failed", map[string]any{"url": d.URL, "artifact": recordings.DownloadID(id, d.GUID), "retrying": true})
+			}
+			return err
+		default:
 			log.Warn("download not stored", "err", err)
 			s.sessions.Record(id, "download_failed", map[string]any{"url": d.URL})
+			return nil
 		}
 	})
 }
+
+// storeDown is a download's store that failed on the store's side, which
+// may answer later, not on the session's (a file too large or missing).
+type storeDown struct{ err error }
+
+func (e storeDown) Error() string { return e.err.Error() }
+func (e storeDown) Unwrap() error { return e.err }
 
 // unwatch stops a session's download watcher and returns what closes
 // once it has stored what it had (nil: there was none); s.watch.mu is
@@ -260,6 +290,25 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 	if limit <= 0 {
 		limit = browser.DefaultDownloadBytes
 	}
+	// One artifact a download, however often it is found: the first
+	// store is kept (the session may have changed the file since).
+	id := recordings.DownloadID(info.ID, d.GUID)
+	if d.Found || d.Retry {
+		// Found by a watcher that did not see it end: stored already
+		// if a gateway before this one did. Tried again: stored if the
+		// store took it but its answer was lost. Not read out of the
+		// session again then, nor while the store does not answer.
+		has, err := s.store.Has(ctx, info.Tenant, info.ID, recordings.KindDownload, id)
+		if err != nil {
+			return storeDown{err}
+		}
+		if has {
+			if d.Retry { // the trail says it failed, not yet that it is stored
+				s.sessions.Record(info.ID, "download", map[string]any{"artifact": id, "url": d.URL})
+			}
+			return nil
+		}
+	}
 	f, err := s.sessions.OpenDownload(info.Tenant, info.ID, d.GUID, limit)
 	if err != nil {
 		return err
@@ -276,13 +325,24 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	a, err := s.store.PutFrom(ctx, info.Tenant, recordings.Artifact{
-		Session: info.ID, Kind: recordings.KindDownload, Name: name, ContentType: ct, SourceURL: d.URL,
+	a, err := s.store.PutNew(ctx, info.Tenant, recordings.Artifact{
+		ID: id, Session: info.ID, Kind: recordings.KindDownload, Name: name, ContentType: ct, SourceURL: d.URL,
 	}, body)
-	if err != nil {
+	switch {
+	case errors.Is(err, recordings.ErrExists):
+		return nil // and in the trail since
+	case errors.Is(err, errDownloadTooLarge):
 		return err
+	case err != nil:
+		return storeDown{err}
 	}
-	s.sessions.Record(info.ID, "download", map[string]any{"artifact": a.ID, "name": a.Name, "url": d.URL, "size": a.Size, "sha256": a.SHA256})
+	fields := map[string]any{"artifact": a.ID, "name": a.Name, "url": d.URL, "size": a.Size, "sha256": a.SHA256}
+	if d.Found {
+		// The browser's report of its end was missed (the gateway had
+		// no connection to it then): its source and name are unknown.
+		fields["found"] = true
+	}
+	s.sessions.Record(info.ID, "download", fields)
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -284,6 +285,14 @@ func TestKubeGateway(t *testing.T) {
 	waitFor(t, 30*time.Second, "the download in the stored trail", func() bool {
 		return bytes.Contains(storedTrail(t, k.profileBucket(t), "tenant-a", s.ID), []byte(`"download"`))
 	})
+	// A download this gateway missed (it finished as the gateway was
+	// killed): a file in the download directory under a GUID, which the
+	// restarted gateway finds by listing the directory inside the Pod.
+	const missed = "5d1c0e2a-8b7f-4f3e-a1c9-6e2b9d0f4a73"
+	if out := k.execIn(t, k.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c",
+		`printf 'missed in the pod' > "$1/$2"`, "sh", "/home/sandgate/workspace/.downloads", missed}}); out.ExitCode != 0 {
+		t.Fatalf("the missed download's file: exit %d %s", out.ExitCode, out.Stderr)
+	}
 	k.stopGateway(syscall.SIGKILL)
 	for _, f := range []string{"audit", "revocations.jsonl"} {
 		if err := os.RemoveAll(filepath.Join(k.dir, "state", f)); err != nil {
@@ -296,6 +305,25 @@ func TestKubeGateway(t *testing.T) {
 	status, body := k.api(t, k.keyA, "GET", "/v1/sessions/"+s.ID, nil)
 	if status != 200 || jsonField(body, "state") != "running" {
 		t.Fatalf("after the restart: %d %s", status, body)
+	}
+	// Found and stored; the download stored before the restart is not
+	// stored again.
+	waitFor(t, 2*time.Minute, "the missed download found and stored", func() bool {
+		for _, a := range k.artifacts(t, k.keyA, s.ID) {
+			if a.Kind == "download" && a.SHA256 == sha([]byte("missed in the pod")) {
+				return true
+			}
+		}
+		return false
+	})
+	var kept []string
+	for _, a := range k.artifacts(t, k.keyA, s.ID) {
+		if a.Kind == "download" {
+			kept = append(kept, a.Name)
+		}
+	}
+	if sort.Strings(kept); strings.Join(kept, " ") != "download k.txt" {
+		t.Errorf("downloads stored after the restart: %v, want the found one and k.txt once", kept)
 	}
 	cdp() // the same preview: verified by the shared signing key
 	if previewAnswers(t, revoked.URL) {

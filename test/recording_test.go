@@ -613,3 +613,131 @@ func TestArtifactRetention(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 }
+
+// TestDownloadsRetriedAndFound: a download that finishes while the
+// store is down is stored, under its own name, once the store is back;
+// a download whose end the gateway missed (it finished while no gateway
+// watched the browser, or before a gateway that was killed stored it:
+// here a file the session puts in its download directory under a GUID)
+// is found there by the restarted gateway and stored, said to be found.
+// Nothing is stored twice: the download stored at once (the control)
+// and the one retried stay one artifact each after the restart.
+func TestDownloadsRetriedAndFound(t *testing.T) {
+	e := needE2E(t)
+	s := e.createSession(t, e.keyA, nil)
+	ctx, done := e.cdpPage(t, s.ID)
+	defer done()
+	download := func(name, body string) {
+		t.Helper()
+		page := `data:text/html,<a id="a" download="` + name + `">x</a><script>` +
+			`document.getElementById("a").href=URL.createObjectURL(new Blob(["` + body + `"]))</script>`
+		if err := chromedp.Do(ctx, chromedp.Navigate(page), chromedp.Click(chromedp.CSS("#a"))); err != nil {
+			t.Fatalf("download %s: %v", name, err)
+		}
+	}
+	downloads := func() map[string][]artifact {
+		out := map[string][]artifact{}
+		for _, a := range e.artifacts(t, e.keyA, s.ID) {
+			if a.Kind == "download" {
+				out[a.Name] = append(out[a.Name], a)
+			}
+		}
+		return out
+	}
+	stored := func(name, body string) {
+		t.Helper()
+		waitFor(t, 2*time.Minute, name+" stored", func() bool {
+			as := downloads()[name]
+			return len(as) > 0 && as[0].SHA256 == sha([]byte(body))
+		})
+	}
+
+	download("first.txt", "stored at once")
+	stored("first.txt", "stored at once")
+
+	back := e.minioAway(t)
+	download("second.txt", "stored once the store is back")
+	waitFor(t, time.Minute, "the failed store in the trail", func() bool {
+		for _, ev := range e.events(t, e.keyA, s.ID) {
+			if ev.Type == "download_failed" && ev.Fields["retrying"] == true {
+				return true
+			}
+		}
+		return false
+	})
+	back()
+	stored("second.txt", "stored once the store is back")
+
+	// Missed by this gateway: its connection to the browser is up, so it
+	// does not look in the directory. Beside it, named as a download too,
+	// a symlink to a file the host has (the session's path; followed on
+	// the host's side it would be the host's): it is not stored, and the
+	// real one still is.
+	const guid = "0b7e3c52-5f2e-4c55-9a8c-2f0d1e6a7b91"
+	if out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c",
+		`mkdir -p "$1" && printf 'missed by the gateway' > "$1/$2" && ln -s /etc/passwd "$1/1c0ffee0-0000-4000-8000-000000000001"`,
+		"sh", "/home/sandgate/workspace/.downloads", guid}}); out.ExitCode != 0 {
+		t.Fatalf("the missed download's file and the symlink: exit %d %s", out.ExitCode, out.Stderr)
+	}
+	hostPasswd, err := os.ReadFile("/etc/passwd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done()
+	e.stopGateway(syscall.SIGKILL)
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+	stored("download", "missed by the gateway")
+	got := downloads()
+	if len(got) != 3 || len(got["first.txt"]) != 1 || len(got["second.txt"]) != 1 || len(got["download"]) != 1 {
+		t.Fatalf("downloads stored after the restart: %v; want first.txt, second.txt and download once each", got)
+	}
+	for _, a := range e.artifacts(t, e.keyA, s.ID) {
+		if a.SHA256 == sha(hostPasswd) {
+			t.Fatalf("the host's /etc/passwd stored as %+v", a)
+		}
+	}
+	if got["download"][0].ID != recordings.DownloadID(s.ID, guid) {
+		t.Errorf("the found download is %s, want the id of its GUID", got["download"][0].ID)
+	}
+	found := 0
+	for _, ev := range e.events(t, e.keyA, s.ID) {
+		if ev.Type == "download" && ev.Fields["found"] == true {
+			found++
+			if ev.Fields["artifact"] != got["download"][0].ID {
+				t.Errorf("found download event %v, want artifact %s", ev.Fields, got["download"][0].ID)
+			}
+		}
+	}
+	if found != 1 {
+		t.Errorf("%d download events said found, want 1", found)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		var failed []map[string]any
+		evs := e.events(t, e.keyA, s.ID)
+		for _, ev := range evs {
+			if ev.Type == "download_failed" && ev.Fields["retrying"] == nil {
+				failed = append(failed, ev.Fields)
+			}
+		}
+		if len(failed) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			raw, _ := os.ReadFile(e.gwLog)
+			for _, l := range strings.Split(string(raw), "\n") {
+				if strings.Contains(l, "download") {
+					t.Log(l)
+				}
+			}
+			t.Fatalf("the symlink: %d refusals in the trail, want 1: %v", len(failed), evs)
+		}
+	}
+	if st, body := e.api(t, e.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 200 {
+		t.Fatalf("delete: %d %s", st, body)
+	}
+	if got := downloads(); len(got) != 3 {
+		t.Fatalf("downloads after the end: %v", got)
+	}
+}
