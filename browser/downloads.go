@@ -28,8 +28,10 @@ type Download struct {
 	// lost, or it was not running) and found its file in the directory
 	// instead; URL and Name are then unknown.
 	Found bool
-	// Retry: handed over before, and not stored then.
-	Retry bool
+	// Retry: handed over before, and not stored then. Final: the last
+	// try (the watcher is stopping, or has tried for limits.Stale).
+	Retry, Final bool
+	failedAt     time.Time
 }
 
 // DownloadLimits bound what the watcher takes from a session; a zero
@@ -51,8 +53,14 @@ type DownloadLimits struct {
 	// leaves; the timer is for clients inside the session.
 	Reassert time.Duration
 	// Stale is how long a begun download may go without finishing before
-	// the watcher cancels it and frees its place (1 h).
+	// the watcher cancels it and frees its place (1 h), and how long one
+	// that could not be stored is tried again.
 	Stale time.Duration
+	// SweepEvery is the least time between two looks in the download
+	// directory while the watcher runs (10 s): a session that breaks the
+	// watcher's connection again and again costs the gateway a listing
+	// (an exec, under Kubernetes) at most that often.
+	SweepEvery time.Duration
 }
 
 // DefaultDownloadBytes bounds one download when DownloadLimits sets none.
@@ -81,6 +89,9 @@ func (l DownloadLimits) withDefaults() DownloadLimits {
 	}
 	if l.Stale <= 0 {
 		l.Stale = time.Hour
+	}
+	if l.SweepEvery <= 0 {
+		l.SweepEvery = 10 * time.Second
 	}
 	return l
 }
@@ -129,20 +140,39 @@ func cut(s string, n int) string {
 //
 // done returns an error for a finished download it could not store for
 // now (the store did not answer): that one is handed over again, with
-// Retry set, every limits.Reassert and once more as the watcher stops.
+// Retry set, every limits.Reassert for limits.Stale, and once more as
+// the watcher stops, with Final set then. Tries again run beside the
+// connection's work: done may be called from two goroutines at once.
 func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits DownloadLimits, reassert <-chan struct{}, list func(context.Context) ([]string, error), done func(Download) error) {
-	w := &watcher{dir: dir, limits: limits.withDefaults(), done: done, list: list,
-		handedOver: map[string]bool{}, orphans: map[string]time.Time{}, gap: true}
+	w := &watcher{dir: dir, limits: limits.withDefaults(), done: done, list: list, begun: map[string]begun{},
+		handedOver: map[string]bool{}, skip: map[string]bool{}, orphans: map[string]time.Time{}, gap: true}
+	// Failed stores are tried again apart from the connection, which a
+	// session can break as often as it likes.
+	retried := make(chan struct{})
+	go func() {
+		defer close(retried)
+		tick := time.NewTicker(w.limits.Reassert)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				w.retryFailed(false)
+			}
+		}
+	}()
 	defer func() {
+		<-retried
 		// What finished in a gap before the stop: the session is still
 		// there (its teardown waits for the watcher).
 		if w.needSweep(true) {
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sweepTimeout)
 			w.sweep(sctx)
 			cancel()
-			w.deliver(w.take(time.Now()))
 		}
-		w.retryFailed()
+		w.deliver(w.take(time.Now()))
+		w.retryFailed(true)
 	}()
 	backoff := time.Second
 	for ctx.Err() == nil {
@@ -151,6 +181,9 @@ func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits 
 		if ctx.Err() == nil {
 			w.mu.Lock()
 			w.gap = true // what ends until the next connection is not reported
+			// Downloads begun on the lost connection report nothing
+			// more: found in the directory.
+			w.begun = map[string]begun{}
 			w.mu.Unlock()
 		}
 		// A browser that is not up, restarting, or closed by a client,
@@ -211,6 +244,9 @@ type watcher struct {
 	// handedOver holds the GUIDs of the downloads handed over as
 	// finished (at most limits.PerSession), so that none is found again.
 	handedOver map[string]bool
+	// skip holds GUIDs refused or given up (at most maxSkip): their
+	// files, if any, are not found as downloads, nor refused again.
+	skip map[string]bool
 	// orphans are downloads being written that the watcher has no
 	// report of (begun in a gap), by when they were first seen.
 	orphans map[string]time.Time
@@ -228,9 +264,13 @@ type begun struct {
 	since time.Time
 }
 
+// maxSkip bounds the GUIDs a watcher remembers it refused.
+const maxSkip = 8192
+
 // refuse notes a refused download and, when guid is one, that Chromium
 // must cancel it. w.mu is held.
 func (w *watcher) refuse(reason, guid, url string) {
+	w.skipGUID(guid)
 	if w.refused == nil {
 		w.refused = map[string]int{}
 	}
@@ -240,6 +280,13 @@ func (w *watcher) refuse(reason, guid, url string) {
 	}
 	if guid != "" {
 		w.cancels = append(w.cancels, guid)
+	}
+}
+
+// skipGUID remembers a refused download's GUID; w.mu is held.
+func (w *watcher) skipGUID(guid string) {
+	if guid != "" && len(w.skip) < maxSkip {
+		w.skip[guid] = true
 	}
 }
 
@@ -330,10 +377,6 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 	defer cancel()
 	cctx, cancel2 := chromedp.NewContext(actx)
 	defer cancel2()
-	w.mu.Lock()
-	// Downloads begun on a lost connection report nothing more here.
-	w.begun = map[string]begun{}
-	w.mu.Unlock()
 	wake := make(chan struct{}, 1)
 	if err := chromedp.ListenBrowser(cctx, func(ev any) {
 		w.event(ev)
@@ -383,7 +426,6 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 			if w.needSweep(false) { // downloads begun in a gap, still being written
 				w.sweep(ctx)
 			}
-			w.retryFailed()
 		case <-reassert:
 			// Chromium resets the behaviour when it has handled the
 			// client's leaving, which may be after this: again a little
@@ -413,18 +455,12 @@ func (w *watcher) watchOnce(ctx context.Context, cdp netip.AddrPort, reassert <-
 
 // needSweep says whether the watcher must look in the directory: it may
 // have missed a download's end, or one begun in a gap is being written.
-// Not more often than sweepEvery, unless the watcher is stopping: a
-// session that breaks the connection again and again costs the gateway a
-// listing (an exec, under Kubernetes) at most that often.
+// Not more often than limits.SweepEvery, unless the watcher is stopping.
 func (w *watcher) needSweep(stopping bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.list != nil && (w.gap || len(w.orphans) > 0) && (stopping || time.Since(w.swept) >= sweepEvery)
+	return w.list != nil && (w.gap || len(w.orphans) > 0) && (stopping || time.Since(w.swept) >= w.limits.SweepEvery)
 }
-
-// sweepEvery is the least time between two looks in the directory while
-// the watcher runs.
-const sweepEvery = 10 * time.Second
 
 // partSuffix is what Chromium adds to a download's name while it writes
 // it; the file is renamed to its GUID when it is complete.
@@ -455,7 +491,7 @@ func (w *watcher) sweep(ctx context.Context) {
 	}
 	for _, name := range names {
 		guid, _ := strings.CutSuffix(name, partSuffix)
-		if !downloadGUID.MatchString(guid) || w.handedOver[guid] || w.begun[guid].d.GUID != "" {
+		if !downloadGUID.MatchString(guid) || w.handedOver[guid] || w.skip[guid] || w.begun[guid].d.GUID != "" {
 			continue
 		}
 		if writing[guid] {
@@ -468,6 +504,7 @@ func (w *watcher) sweep(ctx context.Context) {
 		}
 		if w.kept+len(w.begun)+w.queued >= w.limits.PerSession {
 			w.refuse(fmt.Sprintf("over the limit of %d downloads in a session", w.limits.PerSession), "", "")
+			w.skipGUID(guid)
 			continue
 		}
 		w.finished = append(w.finished, Download{GUID: guid, Found: true})
@@ -475,9 +512,12 @@ func (w *watcher) sweep(ctx context.Context) {
 		w.handedOver[guid] = true
 	}
 	for guid, since := range w.orphans {
-		// Finished (found above), cancelled, or written for too long.
-		if !writing[guid] || now.Sub(since) > w.limits.Stale {
+		switch {
+		case !writing[guid]: // finished (found above), or cancelled
 			delete(w.orphans, guid)
+		case now.Sub(since) > w.limits.Stale:
+			delete(w.orphans, guid)
+			w.refuse(fmt.Sprintf("unfinished after %s", w.limits.Stale), guid, "")
 		}
 	}
 }
@@ -491,7 +531,7 @@ func (w *watcher) deliver(finished, refused []Download, _ []string) {
 	var failed []Download
 	for _, d := range finished {
 		if w.done(d) != nil {
-			d.Retry = true
+			d.Retry, d.failedAt = true, time.Now()
 			failed = append(failed, d)
 		}
 	}
@@ -501,15 +541,18 @@ func (w *watcher) deliver(finished, refused []Download, _ []string) {
 	w.handed(len(finished))
 }
 
-// retryFailed hands over again the downloads done could not store.
-func (w *watcher) retryFailed() {
+// retryFailed hands over again the downloads done could not store; as
+// the last try when the watcher stops (final), or for one tried for
+// limits.Stale.
+func (w *watcher) retryFailed(final bool) {
 	w.mu.Lock()
 	again := w.failed
 	w.failed = nil
 	w.mu.Unlock()
 	var still []Download
 	for _, d := range again {
-		if w.done(d) != nil {
+		d.Final = final || time.Since(d.failedAt) > w.limits.Stale
+		if w.done(d) != nil && !d.Final {
 			still = append(still, d)
 		}
 	}

@@ -134,8 +134,14 @@ type downloads struct {
 	got chan Download
 	// down: the test's store fails each finished download handed over;
 	// tries counts them.
-	down  atomic.Bool
-	tries atomic.Int64
+	down   atomic.Bool
+	tries  atomic.Int64
+	finals atomic.Int64 // tries marked Final
+	stop   func()       // stops the watcher, once it has handed over what it had
+
+	mu       sync.Mutex
+	listings int
+	listed   map[string]bool // every name the watcher's listings had
 }
 
 func watch(t *testing.T, cdp netip.AddrPort, limits DownloadLimits) *downloads {
@@ -151,7 +157,7 @@ func watchKicked(t *testing.T, cdp netip.AddrPort, limits DownloadLimits, reasse
 	}
 	// Chromium may still write a late download into it.
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	d := &downloads{t: t, dir: dir, got: make(chan Download, 100)}
+	d := &downloads{t: t, dir: dir, got: make(chan Download, 100), listed: map[string]bool{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -159,7 +165,15 @@ func watchKicked(t *testing.T, cdp netip.AddrPort, limits DownloadLimits, reasse
 		WatchDownloads(ctx, cdp, d.dir, limits, reassert, d.list, func(dl Download) error {
 			if dl.Refused == "" && d.down.Load() {
 				d.tries.Add(1)
+				if dl.Final {
+					d.finals.Add(1)
+				}
 				return errors.New("the store does not answer")
+			}
+			select {
+			case d.got <- dl: // what it hands over as it stops too
+				return nil
+			default:
 			}
 			select {
 			case d.got <- dl:
@@ -168,7 +182,9 @@ func watchKicked(t *testing.T, cdp netip.AddrPort, limits DownloadLimits, reasse
 			return nil
 		})
 	}()
-	t.Cleanup(func() { cancel(); <-done })
+	var once sync.Once
+	d.stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(d.stop)
 	return d
 }
 
@@ -180,7 +196,22 @@ func (d *downloads) list(context.Context) ([]string, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return f.Readdirnames(-1)
+	names, err := f.Readdirnames(-1)
+	d.mu.Lock()
+	d.listings++
+	for _, n := range names {
+		d.listed[n] = true
+	}
+	d.mu.Unlock()
+	return names, err
+}
+
+// looked says how many listings the watcher made, and whether one of
+// them had name.
+func (d *downloads) looked(name string) (int, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.listings, d.listed[name]
 }
 
 // of waits for what the watcher hands over about the file name (kept, or
@@ -594,13 +625,14 @@ func (r *relay) hold(on bool) {
 // reports a download's end only on the connection it began on. A
 // download that ends while the watcher's connection is lost is found in
 // the directory once the watcher is connected again, and one still being
-// written then is found once it is done; each is handed over once, and
-// none that the watcher saw end (the control, through the browser's
-// report) is handed over again.
+// written then is found once it is done, and one that ends while the
+// connection is lost is found as the watcher stops; each is handed over
+// once, and none that the watcher saw end (the control, through the
+// browser's report) is handed over again.
 func TestWatcherFindsMissedDownloads(t *testing.T) {
 	cdp := chromium(t)
 	f := serveFiles(t)
-	release := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	release := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{}), "c": make(chan struct{})}
 	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := strings.Trim(r.URL.Path, "/")
 		w.Header().Set("Content-Disposition", `attachment; filename="`+name+`.bin"`)
@@ -616,7 +648,7 @@ func TestWatcherFindsMissedDownloads(t *testing.T) {
 	}))
 	defer slow.Close()
 	rl := newRelay(t, cdp)
-	d := watchKicked(t, rl.addr, DownloadLimits{Reassert: 200 * time.Millisecond}, nil)
+	d := watchKicked(t, rl.addr, DownloadLimits{Reassert: 200 * time.Millisecond, SweepEvery: 100 * time.Millisecond}, nil)
 	c := dialBrowser(t, cdp)
 	defer c.c.Close()
 	d.ready(c, f) // the control: reported, handed over, its file there
@@ -695,18 +727,26 @@ func TestWatcherFindsMissedDownloads(t *testing.T) {
 	rl.hold(false)
 	found(a)
 
-	// b is still being written when the watcher is connected again.
+	// b is still being written when the watcher is connected again:
+	// seen being written by a look after the connection came back.
 	if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + slow.URL + `/b"}}`); !strings.Contains(r, "targetId") {
 		t.Fatal(r)
 	}
 	b := writingOne()
+	before, _ := d.looked("")
 	rl.cut() // the watcher connects again a second later
-	time.Sleep(2 * time.Second)
+	waitFor("b seen being written", func() bool {
+		n, saw := d.looked(b + ".crdownload")
+		return n > before && saw
+	})
 	close(release["b"])
 	found(b)
 
 	// Nothing is handed over twice, though the watcher looks again.
-	timeout := time.After(2 * time.Second)
+	before, _ = d.looked("")
+	rl.cut()
+	waitFor("another look", func() bool { n, _ := d.looked(""); return n > before })
+	timeout := time.After(time.Second)
 	for done := false; !done; {
 		select {
 		case dl := <-d.got:
@@ -715,6 +755,19 @@ func TestWatcherFindsMissedDownloads(t *testing.T) {
 			done = true
 		}
 	}
+
+	// c ends while the connection is lost, and the watcher stops before
+	// it is back: found as it stops.
+	if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + slow.URL + `/c"}}`); !strings.Contains(r, "targetId") {
+		t.Fatal(r)
+	}
+	cg := writingOne()
+	rl.hold(true)
+	rl.cut()
+	close(release["c"])
+	waitFor("c written", func() bool { _, w := files(); return len(w) == 0 })
+	d.stop()
+	found(cg)
 	for guid, n := range seen {
 		if n > 1 {
 			t.Errorf("%s handed over %d times", guid, n)
@@ -725,7 +778,7 @@ func TestWatcherFindsMissedDownloads(t *testing.T) {
 // TestWatcherRetriesFailedStores, against a real Chromium: a finished
 // download that could not be stored is handed over again until it is,
 // once; one stored at once (the control) is handed over once, with no
-// Retry.
+// Retry. One still not stored as the watcher stops is tried a last time.
 func TestWatcherRetriesFailedStores(t *testing.T) {
 	cdp := chromium(t)
 	f := serveFiles(t)
@@ -756,5 +809,23 @@ func TestWatcherRetriesFailedStores(t *testing.T) {
 	case dl := <-d.got:
 		t.Fatalf("handed over again once stored: %+v", dl)
 	case <-time.After(time.Second):
+	}
+
+	// The store down as the watcher stops: one last try, said to be the
+	// last, and none before it was.
+	d.down.Store(true)
+	d.tries.Store(0)
+	f.start(c, 0)
+	for deadline := time.Now().Add(20 * time.Second); d.tries.Load() < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not handed over twice in 20 s with the store down")
+		}
+	}
+	if n := d.finals.Load(); n != 0 {
+		t.Fatalf("%d tries said to be the last before the stop", n)
+	}
+	d.stop()
+	if n := d.finals.Load(); n != 1 {
+		t.Fatalf("%d tries said to be the last as the watcher stopped, want 1", n)
 	}
 }

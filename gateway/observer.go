@@ -9,10 +9,8 @@ import (
 	"io"
 	"mime"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/recordings"
@@ -31,6 +29,9 @@ type watchers struct {
 	gen      map[string]uint64        // the session's latest watcher
 	owner    map[string]session.Info  // a watched session's info, once it has a tenant
 	recorded map[string]bool          // sessions whose recording step is done
+	// storeDown: until then, downloads are not stored (the store did
+	// not answer one).
+	storeDown time.Time
 }
 
 // Observer returns the gateway's session observer: it starts the recorder
@@ -204,14 +205,14 @@ func (s *Server) watchDownloads(id string, ep session.Endpoint) {
 // each download as it finishes (and, at the end, those that finished
 // before it).
 func (s *Server) runWatcher(ctx context.Context, id string, ep session.Endpoint, reassert chan struct{}) {
-	list := func(context.Context) ([]string, error) {
+	list := func(ctx context.Context) ([]string, error) {
 		s.watch.mu.Lock()
 		info, owned := s.watch.owner[id]
 		s.watch.mu.Unlock()
 		if !owned {
 			return nil, nil // pooled and never driven: nothing to store
 		}
-		return s.sessions.ListDownloads(info.Tenant, id)
+		return s.sessions.ListDownloads(ctx, info.Tenant, id)
 	}
 	browser.WatchDownloads(ctx, ep.CDP, session.DownloadDir, s.cfg.Downloads, reassert, list, func(d browser.Download) error {
 		s.watch.mu.Lock()
@@ -227,6 +228,10 @@ func (s *Server) runWatcher(ctx context.Context, id string, ep session.Endpoint,
 		switch {
 		case err == nil:
 			return nil
+		case errors.As(err, &down) && d.Final:
+			log.Error("download not stored: the store did not answer; not tried again", "err", err)
+			s.sessions.Record(id, "download_failed", map[string]any{"url": d.URL, "artifact": recordings.DownloadID(id, d.GUID), "reason": "the store did not answer"})
+			return err
 		case errors.As(err, &down):
 			// The watcher hands it over again a little later, and once
 			// more as it stops; the trail says so the first time.
@@ -246,6 +251,33 @@ func (s *Server) runWatcher(ctx context.Context, id string, ep session.Endpoint,
 // storeDown is a download's store that failed on the store's side, which
 // may answer later, not on the session's (a file too large or missing).
 type storeDown struct{ err error }
+
+// storeCheckWait bounds the look for a download in the store before it
+// is read out of the session.
+const storeCheckWait = 10 * time.Second
+
+// storeDownFor is how long a store that did not answer a download's
+// store is taken to be down: stores meanwhile fail at once.
+const storeDownFor = 10 * time.Second
+
+// storeWentDown notes that the store did not answer, and returns err as
+// a storeDown.
+func (s *Server) storeWentDown(err error) error {
+	s.watch.mu.Lock()
+	s.watch.storeDown = time.Now().Add(storeDownFor)
+	s.watch.mu.Unlock()
+	return storeDown{err}
+}
+
+// storeSeenDown is a storeDown while the store is taken to be down.
+func (s *Server) storeSeenDown() error {
+	s.watch.mu.Lock()
+	defer s.watch.mu.Unlock()
+	if time.Now().Before(s.watch.storeDown) {
+		return storeDown{errors.New("the store did not answer a moment ago")}
+	}
+	return nil
+}
 
 func (e storeDown) Error() string { return e.err.Error() }
 func (e storeDown) Unwrap() error { return e.err }
@@ -293,14 +325,24 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 	// One artifact a download, however often it is found: the first
 	// store is kept (the session may have changed the file since).
 	id := recordings.DownloadID(info.ID, d.GUID)
+	// While the store is seen down, nothing is read out of the session
+	// for it, and a watcher's tries again go by quickly.
+	if err := s.storeSeenDown(); err != nil {
+		return err
+	}
 	if d.Found || d.Retry {
 		// Found by a watcher that did not see it end: stored already
 		// if a gateway before this one did. Tried again: stored if the
 		// store took it but its answer was lost. Not read out of the
-		// session again then, nor while the store does not answer.
-		has, err := s.store.Has(ctx, info.Tenant, info.ID, recordings.KindDownload, id)
+		// session again then.
+		hctx, cancel := context.WithTimeout(ctx, storeCheckWait)
+		has, err := s.store.Has(hctx, info.Tenant, info.ID, recordings.KindDownload, id)
+		cancel()
+		if recordings.Unavailable(err) {
+			return s.storeWentDown(err)
+		}
 		if err != nil {
-			return storeDown{err}
+			return err
 		}
 		if has {
 			if d.Retry { // the trail says it failed, not yet that it is stored
@@ -314,9 +356,9 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 		return err
 	}
 	defer f.Close()
-	body := &limitedReader{r: f, limit: limit, left: limit}
+	body := &limitedReader{r: f, limit: limit, left: limit, first: -1}
 	name := d.Name
-	if !utf8.ValidString(name) || name == "" || len(name) > 255 || strings.ContainsAny(name, "/\\\x00") {
+	if !recordings.ValidName(name) {
 		name = "download"
 	}
 	ct := mime.TypeByExtension(filepath.Ext(name))
@@ -330,11 +372,16 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 	}, body)
 	switch {
 	case errors.Is(err, recordings.ErrExists):
-		return nil // and in the trail since
-	case errors.Is(err, errDownloadTooLarge):
-		return err
+		if d.Retry { // stored by a try whose answer was lost
+			s.sessions.Record(info.ID, "download", map[string]any{"artifact": id, "url": d.URL})
+		}
+		return nil // else in the trail since
+	case body.err != nil:
+		return body.err // the session's file: too large, changed, unreadable
+	case recordings.Unavailable(err):
+		return s.storeWentDown(err)
 	case err != nil:
-		return storeDown{err}
+		return err
 	}
 	fields := map[string]any{"artifact": a.ID, "name": a.Name, "url": d.URL, "size": a.Size, "sha256": a.SHA256}
 	if d.Found {
@@ -532,10 +579,20 @@ var errDownloadTooLarge = errors.New("the download is larger than the configured
 // limitedReader reads at most limit bytes and fails, rather than ending
 // quietly, when there is more: a cut file is never stored as whole. It
 // seeks (the store reads twice: to hash, then to upload).
+//
+// The file is the session's, which may change it between the reads: one
+// that ends sooner than it did fails too (errDownloadChanged). err is the
+// first failure it gave that is not the end, so that its caller tells a
+// fault of the file's from one of where it was copied to.
 type limitedReader struct {
 	r           io.ReadSeeker
 	limit, left int64
+	first       int64 // where the first read through ended; -1 before
+	err         error
 }
+
+// errDownloadChanged: the file ended sooner on a second read.
+var errDownloadChanged = errors.New("the download changed while it was being stored")
 
 func (l *limitedReader) Seek(off int64, whence int) (int64, error) {
 	pos, err := l.r.Seek(off, whence)
@@ -546,17 +603,40 @@ func (l *limitedReader) Seek(off int64, whence int) (int64, error) {
 }
 
 func (l *limitedReader) Read(p []byte) (int, error) {
+	n, err := l.read(p)
+	if err != nil && err != io.EOF && l.err == nil {
+		l.err = err
+	}
+	return n, err
+}
+
+func (l *limitedReader) read(p []byte) (int, error) {
 	if l.left <= 0 {
 		var one [1]byte
 		if n, _ := l.r.Read(one[:]); n > 0 {
 			return 0, errDownloadTooLarge
 		}
-		return 0, io.EOF
+		return 0, l.end()
 	}
 	if int64(len(p)) > l.left {
 		p = p[:l.left]
 	}
 	n, err := l.r.Read(p)
 	l.left -= int64(n)
+	if err == io.EOF {
+		return n, l.end()
+	}
 	return n, err
+}
+
+// end is the file's end: io.EOF where it was the first time.
+func (l *limitedReader) end() error {
+	at := l.limit - l.left
+	switch {
+	case l.first < 0:
+		l.first = at
+	case at != l.first:
+		return errDownloadChanged
+	}
+	return io.EOF
 }

@@ -15,6 +15,7 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"mime"
+	"net"
 	"net/url"
 	"os"
 	"regexp"
@@ -160,11 +161,47 @@ func (s *Store) PutFrom(ctx context.Context, tenant string, a Artifact, f io.Rea
 func (s *Store) PutNew(ctx context.Context, tenant string, a Artifact, f io.ReadSeeker) (Artifact, error) {
 	absent := ""
 	a, err := s.putFrom(ctx, tenant, a, f, &absent)
-	if errors.Is(err, ErrChanged) {
+	var changed changedError
+	switch {
+	case errors.As(err, &changed) && changed.code == "PreconditionFailed":
 		return Artifact{}, ErrExists
+	case errors.As(err, &changed):
+		// Another write of it under way (409), which may yet fail.
+		return Artifact{}, fmt.Errorf("store artifact: %w: %s", errBusy, changed.code)
 	}
 	return a, err
 }
+
+// changedError is a conditional write that did not hold, with the
+// store's code for why.
+type changedError struct{ code string }
+
+func (e changedError) Error() string {
+	return "store artifact: " + ErrChanged.Error() + " (" + e.code + ")"
+}
+func (e changedError) Is(target error) bool { return target == ErrChanged }
+
+// errBusy: the store could not take the write now.
+var errBusy = errors.New("the store is busy with the same artifact")
+
+// Unavailable says whether err is the store's not answering, or
+// answering that it cannot now (a 5xx, a write of the same artifact
+// under way): a later try may succeed. Errors in what was to be stored
+// are not: a caller that reads its own data tells those apart first.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ne net.Error
+	if errors.Is(err, errBusy) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) {
+		return true
+	}
+	r := minio.ToErrorResponse(err)
+	return r.StatusCode >= 500 || r.Code == "SlowDown" || r.Code == "ServiceUnavailable" || r.Code == "XMinioServerNotInitialized"
+}
+
+// ValidName says whether the store takes n as an artifact's name.
+func ValidName(n string) bool { return validName(n) }
 
 // ErrExists: the artifact PutNew was to store is there already.
 var ErrExists = errors.New("the artifact is stored already")
@@ -247,7 +284,7 @@ func (s *Store) put(ctx context.Context, tenant string, a Artifact, r io.Reader,
 	_, err := s.client.PutObject(ctx, s.cfg.Bucket, key(tenant, a.Session, a.Kind, a.ID), r, a.Size, opts)
 	if code := minio.ToErrorResponse(err).Code; match != nil && (code == "PreconditionFailed" || code == "NoSuchKey" || code == "ConditionalRequestConflict") {
 		// Written, or removed, since it was read.
-		return Artifact{}, fmt.Errorf("store artifact: %w", ErrChanged)
+		return Artifact{}, changedError{code}
 	}
 	if err != nil {
 		return Artifact{}, fmt.Errorf("store artifact: %w", err)

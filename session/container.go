@@ -317,13 +317,13 @@ const MaxDownloadNames = 4096
 // opened beneath the workspace with no symlink followed, or, under a
 // backend with its own network, listed inside the session as its user,
 // with the output bounded.
-func (m *Manager) ListDownloads(tenant, id string) ([]string, error) {
+func (m *Manager) ListDownloads(ctx context.Context, tenant, id string) ([]string, error) {
 	s, err := m.lookup(tenant, id)
 	if err != nil {
 		return nil, err
 	}
 	if m.net == nil {
-		return m.listInside(s, DownloadDir)
+		return m.listInside(ctx, s, DownloadDir)
 	}
 	root, err := os.Open(filepath.Join(m.workspaceDir(id), "workspace"))
 	if err != nil {
@@ -366,15 +366,17 @@ func shortNames(names []string) []string {
 // listInside lists a directory inside the session as its user, reading
 // at most MaxDownloadNames lines of at most maxListedName bytes each;
 // a longer listing is cut there.
-func (m *Manager) listInside(s *sess, path string) ([]string, error) {
+func (m *Manager) listInside(ctx context.Context, s *sess, path string) ([]string, error) {
 	m.mu.Lock()
 	sb, state := s.box, s.info.State
 	m.mu.Unlock()
 	if sb == nil || (state != StateRunning && state != StateStopping) {
 		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
 	}
-	ctx, cancel := context.WithTimeout(m.base, listTimeout)
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
+	stop := context.AfterFunc(m.base, cancel) // the manager's end too
+	defer stop()
 	var out bytes.Buffer
 	w := &cappedWriter{w: &out, left: MaxDownloadNames * (maxListedName + 1), cancel: cancel}
 	stderr := &limitedBuffer{max: 1024}
