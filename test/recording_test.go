@@ -666,7 +666,9 @@ func TestDownloadsRetriedAndFound(t *testing.T) {
 		return false
 	})
 	back()
+	t0 := time.Now()
 	stored("second.txt", "stored once the store is back")
+	t.Logf("stored %.1f s after MinIO was back (tries again every 30 s)", time.Since(t0).Seconds())
 
 	// Missed by this gateway: its connection to the browser is up, so it
 	// does not look in the directory. Beside it, named as a download too,
@@ -685,10 +687,12 @@ func TestDownloadsRetriedAndFound(t *testing.T) {
 	}
 	done()
 	e.stopGateway(syscall.SIGKILL)
+	t0 = time.Now()
 	if err := e.startGateway(); err != nil {
 		t.Fatal(err)
 	}
 	stored("download", "missed by the gateway")
+	t.Logf("the missed download stored %.1f s after the gateway was started again", time.Since(t0).Seconds())
 	got := downloads()
 	if len(got) != 3 || len(got["first.txt"]) != 1 || len(got["second.txt"]) != 1 || len(got["download"]) != 1 {
 		t.Fatalf("downloads stored after the restart: %v; want first.txt, second.txt and download once each", got)
