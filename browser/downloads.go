@@ -164,6 +164,13 @@ func WatchDownloads(ctx context.Context, cdp netip.AddrPort, dir string, limits 
 	}()
 	defer func() {
 		<-retried
+		w.mu.Lock()
+		if len(w.begun) > 0 {
+			// One may have finished with its report not read: looked
+			// for in the directory.
+			w.gap, w.begun = true, map[string]begun{}
+		}
+		w.mu.Unlock()
 		// What finished in a gap before the stop: the session is still
 		// there (its teardown waits for the watcher).
 		if w.needSweep(true) {

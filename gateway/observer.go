@@ -326,9 +326,12 @@ func (s *Server) storeDownload(ctx context.Context, info session.Info, d browser
 	// store is kept (the session may have changed the file since).
 	id := recordings.DownloadID(info.ID, d.GUID)
 	// While the store is seen down, nothing is read out of the session
-	// for it, and a watcher's tries again go by quickly.
-	if err := s.storeSeenDown(); err != nil {
-		return err
+	// for it, and a watcher's tries again go by quickly. Not a last try:
+	// that one tries.
+	if !d.Final {
+		if err := s.storeSeenDown(); err != nil {
+			return err
+		}
 	}
 	if d.Found || d.Retry {
 		// Found by a watcher that did not see it end: stored already
@@ -580,8 +583,9 @@ var errDownloadTooLarge = errors.New("the download is larger than the configured
 // quietly, when there is more: a cut file is never stored as whole. It
 // seeks (the store reads twice: to hash, then to upload).
 //
-// The file is the session's, which may change it between the reads: one
-// that ends sooner than it did fails too (errDownloadChanged). err is the
+// The file may change between the reads (OpenDownload hands over a copy
+// of the gateway's, so only if that changes): one that ends sooner or
+// later than it did fails too (errDownloadChanged). err is the
 // first failure it gave that is not the end, so that its caller tells a
 // fault of the file's from one of where it was copied to.
 type limitedReader struct {
@@ -611,15 +615,22 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 }
 
 func (l *limitedReader) read(p []byte) (int, error) {
-	if l.left <= 0 {
+	room := l.left
+	if l.first >= 0 { // a later read ends where the first did
+		room = min(room, l.first-(l.limit-l.left))
+	}
+	if room <= 0 {
 		var one [1]byte
-		if n, _ := l.r.Read(one[:]); n > 0 {
+		switch n, _ := l.r.Read(one[:]); {
+		case n > 0 && l.left <= 0:
 			return 0, errDownloadTooLarge
+		case n > 0:
+			return 0, errDownloadChanged // longer than it was
 		}
 		return 0, l.end()
 	}
-	if int64(len(p)) > l.left {
-		p = p[:l.left]
+	if int64(len(p)) > room {
+		p = p[:room]
 	}
 	n, err := l.r.Read(p)
 	l.left -= int64(n)

@@ -187,13 +187,26 @@ var errBusy = errors.New("the store is busy with the same artifact")
 // Unavailable says whether err is the store's not answering, or
 // answering that it cannot now (a 5xx, a write of the same artifact
 // under way): a later try may succeed. Errors in what was to be stored
-// are not: a caller that reads its own data tells those apart first.
+// are not, nor any other the HTTP client gives (it wraps the body's own
+// errors, and those of a body longer than declared): a caller that
+// reads its own data tells those apart first.
 func Unavailable(err error) bool {
 	if err == nil {
 		return false
 	}
+	if errors.Is(err, errBusy) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // the connection's own error, if it was one
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return true // the store went away mid-answer
+		}
+	}
+	var oe *net.OpError
 	var ne net.Error
-	if errors.Is(err, errBusy) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) {
+	if errors.As(err, &oe) || (errors.As(err, &ne) && ne.Timeout()) {
 		return true
 	}
 	r := minio.ToErrorResponse(err)

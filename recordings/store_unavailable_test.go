@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/url"
 	"testing"
 
 	"github.com/minio/minio-go/v7"
@@ -14,7 +16,15 @@ import (
 // cannot now, is worth another try; an answer about what was stored, or
 // an error of the caller's, is not (the controls).
 func TestUnavailable(t *testing.T) {
-	_, dial := net.Dial("tcp", "127.0.0.1:1") // nothing listens there
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close() // nothing listens there now
+	_, dial := net.Dial("tcp", ln.Addr().String())
+	if dial == nil {
+		t.Fatal("a closed port answered")
+	}
 	for _, c := range []struct {
 		err  error
 		want bool
@@ -24,7 +34,12 @@ func TestUnavailable(t *testing.T) {
 		{minio.ErrorResponse{StatusCode: 503, Code: "ServiceUnavailable"}, true},
 		{minio.ErrorResponse{StatusCode: 500, Code: "InternalError"}, true},
 		{fmt.Errorf("store artifact: %w: %s", errBusy, "ConditionalRequestConflict"), true},
+		{&url.Error{Op: "Put", URL: "http://store/x", Err: dial}, true},
+		{&url.Error{Op: "Put", URL: "http://store/x", Err: io.ErrUnexpectedEOF}, true},
 		{nil, false},
+		// What the HTTP client says of a body longer than declared (a
+		// file that grew while it was stored).
+		{&url.Error{Op: "Put", URL: "http://store/x", Err: errors.New("http: ContentLength=10 with Body length 20")}, false},
 		{ErrExists, false},
 		{minio.ErrorResponse{StatusCode: 400, Code: "InvalidArgument"}, false},
 		{minio.ErrorResponse{StatusCode: 403, Code: "AccessDenied"}, false},

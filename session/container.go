@@ -269,13 +269,14 @@ const (
 	DownloadDir  = "/home/sandgate/workspace/" + downloadsDir
 )
 
-// OpenDownload opens a finished download of a session from the host side.
-// The workspace belongs to the session, so the file is opened beneath it
-// with no symlink followed: a session cannot point the gateway at a host
+// OpenDownload opens a copy of a finished download of a session, made
+// now: at most limit+1 bytes of the file, in an unlinked file of the
+// gateway's, which the session cannot change. The workspace belongs to
+// the session, so the file is opened from the host side beneath it with
+// no symlink followed: a session cannot point the gateway at a host
 // file. Under a backend with its own network there is no workspace on
-// this host: at most limit+1 bytes of the file are read inside the
-// session into an unlinked file here (see spoolInside). The caller
-// bounds what it reads either way.
+// this host: the file is read inside the session (see spoolInside). The
+// caller bounds what it reads either way.
 func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, error) {
 	s, err := m.lookup(tenant, id)
 	if err != nil {
@@ -300,11 +301,28 @@ func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, 
 		return nil, fmt.Errorf("open download: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), guid)
+	defer f.Close()
 	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		f.Close()
 		return nil, errors.New("download is not a regular file")
 	}
-	return f, nil
+	// Copied at once into a file of the gateway's own, as spoolInside
+	// does: the session may change its file while it is stored (between
+	// the store's hash and its upload), and what is stored must be what
+	// was hashed.
+	tmp, err := os.CreateTemp(m.cfg.StateDir, "spool-")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(tmp.Name())
+	if _, err := io.CopyN(tmp, f, limit+1); err != nil && !errors.Is(err, io.EOF) {
+		tmp.Close()
+		return nil, fmt.Errorf("copy download: %w", err)
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		tmp.Close()
+		return nil, err
+	}
+	return tmp, nil
 }
 
 // MaxDownloadNames bounds how many names ListDownloads returns; a
