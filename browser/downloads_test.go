@@ -706,7 +706,13 @@ func TestWatcherFindsMissedDownloads(t *testing.T) {
 			}
 		}
 	}
-	writingOne := func() string {
+	// begin starts the slow download of name and returns its GUID once
+	// it is being written.
+	begin := func(name string) string {
+		t.Helper()
+		if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + slow.URL + "/" + name + `"}}`); !strings.Contains(r, "targetId") {
+			t.Fatal(r)
+		}
 		var guid string
 		waitFor("a download being written", func() bool {
 			_, w := files()
@@ -719,10 +725,7 @@ func TestWatcherFindsMissedDownloads(t *testing.T) {
 	}
 
 	// a ends while the watcher has no connection.
-	if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + slow.URL + `/a"}}`); !strings.Contains(r, "targetId") {
-		t.Fatal(r)
-	}
-	a := writingOne()
+	a := begin("a")
 	rl.hold(true)
 	rl.cut()
 	close(release["a"])
@@ -737,10 +740,7 @@ func TestWatcherFindsMissedDownloads(t *testing.T) {
 
 	// b is still being written when the watcher is connected again:
 	// seen being written by a look after the connection came back.
-	if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + slow.URL + `/b"}}`); !strings.Contains(r, "targetId") {
-		t.Fatal(r)
-	}
-	b := writingOne()
+	b := begin("b")
 	before, _ := d.looked("")
 	rl.cut() // the watcher connects again a second later
 	waitFor("b seen being written", func() bool {
@@ -766,10 +766,7 @@ func TestWatcherFindsMissedDownloads(t *testing.T) {
 
 	// c ends while the connection is lost, and the watcher stops before
 	// it is back: found as it stops.
-	if r := c.send(`{"method":"Target.createTarget","params":{"url":"` + slow.URL + `/c"}}`); !strings.Contains(r, "targetId") {
-		t.Fatal(r)
-	}
-	cg := writingOne()
+	cg := begin("c")
 	rl.hold(true)
 	rl.cut()
 	close(release["c"])

@@ -288,19 +288,10 @@ func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, 
 	if m.net == nil {
 		return m.spoolInside(s, DownloadDir+"/"+guid, limit)
 	}
-	root, err := os.Open(filepath.Join(m.workspaceDir(id), "workspace"))
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	fd, err := unix.Openat2(int(root.Fd()), downloadsDir+"/"+guid, &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
-	})
+	f, err := m.openBeneath(id, downloadsDir+"/"+guid, unix.O_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("open download: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), guid)
 	defer f.Close()
 	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
 		return nil, errors.New("download is not a regular file")
@@ -309,11 +300,10 @@ func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, 
 	// does: the session may change its file while it is stored (between
 	// the store's hash and its upload), and what is stored must be what
 	// was hashed.
-	tmp, err := os.CreateTemp(m.cfg.StateDir, "spool-")
+	tmp, err := m.newSpool()
 	if err != nil {
 		return nil, err
 	}
-	os.Remove(tmp.Name())
 	if _, err := io.CopyN(tmp, f, limit+1); err != nil && !errors.Is(err, io.EOF) {
 		tmp.Close()
 		return nil, fmt.Errorf("copy download: %w", err)
@@ -323,6 +313,49 @@ func (m *Manager) OpenDownload(tenant, id, guid string, limit int64) (*os.File, 
 		return nil, err
 	}
 	return tmp, nil
+}
+
+// openBeneath opens rel (read only, with flags) beneath the session's
+// workspace from the host side: the workspace is the session's, so no
+// symlink is followed and nothing outside it is reached.
+func (m *Manager) openBeneath(id, rel string, flags int) (*os.File, error) {
+	root, err := os.Open(filepath.Join(m.workspaceDir(id), "workspace"))
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	fd, err := unix.Openat2(int(root.Fd()), rel, &unix.OpenHow{
+		Flags:   uint64(unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW | flags),
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), rel), nil
+}
+
+// newSpool is an unlinked file in the state directory, for a copy out
+// of a session that the session cannot change.
+func (m *Manager) newSpool() (*os.File, error) {
+	f, err := os.CreateTemp(m.cfg.StateDir, "spool-")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(f.Name())
+	return f, nil
+}
+
+// boxToRead is the sandbox of a session that can be read from inside:
+// running, or being torn down (what finished before the stop is read
+// then).
+func (m *Manager) boxToRead(s *sess) (Sandbox, error) {
+	m.mu.Lock()
+	sb, state := s.box, s.info.State
+	m.mu.Unlock()
+	if sb == nil || (state != StateRunning && state != StateStopping) {
+		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
+	}
+	return sb, nil
 }
 
 // MaxDownloadNames bounds how many names ListDownloads returns; a
@@ -343,22 +376,13 @@ func (m *Manager) ListDownloads(ctx context.Context, tenant, id string) ([]strin
 	if m.net == nil {
 		return m.listInside(ctx, s, DownloadDir)
 	}
-	root, err := os.Open(filepath.Join(m.workspaceDir(id), "workspace"))
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	fd, err := unix.Openat2(int(root.Fd()), downloadsDir, &unix.OpenHow{
-		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
-	})
+	dir, err := m.openBeneath(id, downloadsDir, unix.O_DIRECTORY)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open the download directory: %w", err)
 	}
-	dir := os.NewFile(uintptr(fd), downloadsDir)
 	defer dir.Close()
 	names, err := dir.Readdirnames(MaxDownloadNames)
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -385,11 +409,9 @@ func shortNames(names []string) []string {
 // at most MaxDownloadNames lines of at most maxListedName bytes each;
 // a longer listing is cut there.
 func (m *Manager) listInside(ctx context.Context, s *sess, path string) ([]string, error) {
-	m.mu.Lock()
-	sb, state := s.box, s.info.State
-	m.mu.Unlock()
-	if sb == nil || (state != StateRunning && state != StateStopping) {
-		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
+	sb, err := m.boxToRead(s)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
@@ -445,17 +467,14 @@ const listTimeout = 30 * time.Second
 // up after spoolTimeout. It works while the session is being torn down
 // too: the downloads that finished before the stop are read then.
 func (m *Manager) spoolInside(s *sess, path string, limit int64) (*os.File, error) {
-	m.mu.Lock()
-	sb, state := s.box, s.info.State
-	m.mu.Unlock()
-	if sb == nil || (state != StateRunning && state != StateStopping) {
-		return nil, publicf(ErrConflict, "the session is "+string(state), nil)
-	}
-	f, err := os.CreateTemp(m.cfg.StateDir, "spool-")
+	sb, err := m.boxToRead(s)
 	if err != nil {
 		return nil, err
 	}
-	os.Remove(f.Name())
+	f, err := m.newSpool()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(m.base, spoolTimeout)
 	defer cancel()
 	w := &cappedWriter{w: f, left: limit + 1, cancel: cancel}
