@@ -43,6 +43,27 @@ type Backend interface {
 	Sweep(live func(id string) bool)
 }
 
+// RecordWatcher is a Backend whose records others write too (a Pod's,
+// which a gateway replica standing by changes while no leader answers
+// it: RecordStopAsked, RecordExpires). WatchRecords calls changed with
+// a session's record as its watch sees it change, the manager's own
+// writes too, in the order written: a version a quick later write
+// replaced may be skipped, and what was written before the watch's
+// first list is not told (the manager reads an adopted session's
+// record again once it holds it).
+type RecordWatcher interface {
+	WatchRecords(changed func(rec map[string]string))
+}
+
+// RecordUpdater is a Sandbox whose record can be changed by a write
+// conditional on what was read (a Pod's, by its version): UpdateRecord
+// asks change for the keys to set from the record as it is (its error
+// ends it, as is; no keys, nothing is written), and asks again if
+// another write came between.
+type RecordUpdater interface {
+	UpdateRecord(ctx context.Context, change func(rec map[string]string) (map[string]string, error)) (map[string]string, error)
+}
+
 // Host is what the manager made for a sandbox before it is created;
 // the first three are empty for a backend that brings its own network.
 type Host struct {

@@ -47,6 +47,16 @@ const (
 	RecordExpires = labelExpires
 )
 
+// RecordState is the key of the session's state in its record
+// (markState), and RecordStopAsked that of the time (RFC 3339) a
+// replica that stood by while no leader answered stopped the session
+// by its record: running to stopping, the next leader finishing the
+// stop as it adopts it (adopt).
+const (
+	RecordState     = labelState
+	RecordStopAsked = "sandgate.stop_asked"
+)
+
 // Session processes run as this user, created in the image.
 const sessionUID, sessionGID = 1000, 1000
 
@@ -179,7 +189,30 @@ func (m *Manager) markState(ctx context.Context, s *sess, sb Sandbox, st State) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := sb.SetRecord(ctx, map[string]string{labelState: string(st)}); err != nil && !errors.Is(err, ErrSandboxGone) {
+	// A stop's mark clears the stop asked by another replica: it is
+	// recorded (recordChanged, adopt), and this stop carries it out.
+	change := map[string]string{labelState: string(st), RecordStopAsked: ""}
+	var err error
+	if u, ok := sb.(RecordUpdater); ok && st == StateRunning {
+		// Never over a stop another replica stored (a delete while no
+		// leader answered this one): that stop is carried out instead.
+		var asked map[string]string
+		_, err = u.UpdateRecord(ctx, func(rec map[string]string) (map[string]string, error) {
+			if State(rec[labelState]) == StateStopping {
+				asked = rec
+				return nil, nil
+			}
+			return map[string]string{labelState: string(st)}, nil
+		})
+		if err == nil && asked != nil {
+			s.marked = StateStopping
+			m.recordChanged(asked)
+			return nil
+		}
+	} else {
+		_, err = sb.SetRecord(ctx, change)
+	}
+	if err != nil && !errors.Is(err, ErrSandboxGone) {
 		return err
 	}
 	s.marked = st

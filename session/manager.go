@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -377,6 +378,12 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 	if m.cfg.DefaultRuntime == "" {
 		log.Warn("no isolating runtime (kata, gvisor) is usable and none is configured as default; create requests must name a runtime")
 	}
+	// Watched before the sessions are adopted; each adopted one's record
+	// is read again once it is held (recover): a change another replica
+	// writes meanwhile is not missed.
+	if w, ok := m.backend.(RecordWatcher); ok {
+		w.WatchRecords(m.recordChanged)
+	}
 	// Recovery first: an earlier gateway's pooled sessions are removed
 	// even when this one's pool config is refused.
 	if err := m.recover(m.base); err != nil {
@@ -586,18 +593,15 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 		return Info{}, err
 	}
 	lim, _ := m.Limits(tenant)
-	if ttl < time.Second {
-		return Info{}, publicf(ErrInvalid, "ttl_seconds must be at least 1", nil)
-	}
 	m.mu.Lock()
 	if s.info.State != StateRunning {
 		m.mu.Unlock()
 		return Info{}, publicf(ErrConflict, "only a running session can be extended", nil)
 	}
-	exp := time.Now().UTC().Add(ttl)
-	if max := s.info.CreatedAt.Add(lim.MaxTTL); exp.After(max) {
+	exp, err := ExtendedExpiry(s.info.CreatedAt, lim.MaxTTL, ttl, time.Now())
+	if err != nil {
 		m.mu.Unlock()
-		return Info{}, publicf(ErrInvalid, fmt.Sprintf("the session may live until %s at most (the tenant's maximum TTL)", max.Format(time.RFC3339)), nil)
+		return Info{}, err
 	}
 	sb, stored := s.box, s.claimStored
 	m.mu.Unlock()
@@ -608,7 +612,24 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 			return Info{}, fmt.Errorf("store expiry: %w", ctx.Err())
 		}
 	}
-	if _, err := sb.SetRecord(ctx, map[string]string{labelExpires: exp.Format(time.RFC3339Nano)}); err != nil {
+	set := map[string]string{labelExpires: exp.Format(time.RFC3339Nano)}
+	if u, ok := sb.(RecordUpdater); ok {
+		// Not over a stop another replica stored (a delete while no
+		// leader answered it): that stop is carried out (recordChanged).
+		_, err = u.UpdateRecord(ctx, func(rec map[string]string) (map[string]string, error) {
+			if State(rec[labelState]) == StateStopping {
+				return nil, publicf(ErrConflict, "only a running session can be extended", nil)
+			}
+			return set, nil
+		})
+	} else {
+		_, err = sb.SetRecord(ctx, set)
+	}
+	var pe *PublicError
+	if errors.As(err, &pe) {
+		return Info{}, err
+	}
+	if err != nil {
 		return Info{}, fmt.Errorf("store expiry: %w", err)
 	}
 	m.mu.Lock()
@@ -616,6 +637,58 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 	info := copyInfo(s.info)
 	m.mu.Unlock()
 	return info, nil
+}
+
+// recordChanged takes in what another replica wrote to the record of
+// a session this manager holds (RecordWatcher): while no leader
+// answered it, or this one (alive, its lease held) did not answer it.
+// A stop asked (a delete) stops the session, as the leader's delete
+// would, recorded as asked; an expiry moved (an extension) is the
+// session's. Records of sessions it does not hold, pooled ones', and
+// any change to a session not running, are left alone.
+func (m *Manager) recordChanged(rec map[string]string) {
+	m.mu.Lock()
+	s := m.sessions[rec[labelSession]]
+	if s == nil || s.pool != nil || s.resumeStop || s.info.State != StateRunning || rec[labelPool] != "" {
+		m.mu.Unlock()
+		return
+	}
+	if State(rec[labelState]) == StateStopping {
+		at, err := time.Parse(time.RFC3339Nano, rec[RecordStopAsked])
+		if err != nil {
+			m.mu.Unlock()
+			return // (this manager's own stop, under way)
+		}
+		// Recorded with the stop's beginning, at once: no other stop
+		// (the reaper's, a delete's) comes between them.
+		s.record("stop_requested", map[string]any{"happened_at": at.UTC().Format(time.RFC3339Nano),
+			"reason": "deleted through another gateway replica"})
+		s.info.State = StateStopping
+		closeConns(s, "")
+		m.mu.Unlock()
+		m.log.Info("another gateway replica stopped the session by its record: it is stopped", "session", s.info.ID)
+		m.teardownAsync(s, StateStopped, "")
+		return
+	}
+	if exp, err := time.Parse(time.RFC3339Nano, rec[labelExpires]); err == nil && !exp.Equal(s.info.ExpiresAt) {
+		s.info.ExpiresAt = exp
+	}
+	m.mu.Unlock()
+}
+
+// ExtendedExpiry is the expiry an extension by ttl at now gives a
+// session created at created, bounded by the tenant's maximum TTL
+// (maxTTL) counted from its creation: what the leader (Extend) and a
+// replica that extends a session while no leader answers both check.
+func ExtendedExpiry(created time.Time, maxTTL, ttl time.Duration, now time.Time) (time.Time, error) {
+	if ttl < time.Second {
+		return time.Time{}, publicf(ErrInvalid, "ttl_seconds must be at least 1", nil)
+	}
+	exp := now.UTC().Add(ttl)
+	if max := created.Add(maxTTL); exp.After(max) {
+		return time.Time{}, publicf(ErrInvalid, fmt.Sprintf("the session may live until %s at most (the tenant's maximum TTL)", max.Format(time.RFC3339)), nil)
+	}
+	return exp, nil
 }
 
 // Endpoint returns where a running session answers.

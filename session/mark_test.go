@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +34,25 @@ func (b *recordBox) SetRecord(_ context.Context, change map[string]string) (map[
 	}
 	b.writes++
 	return b.record, nil
+}
+
+func (b *recordBox) Record(context.Context) (map[string]string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.record), nil
+}
+
+// UpdateRecord is SetRecord of what change makes of the record, as a
+// write conditional on it (one writer at a time here).
+func (b *recordBox) UpdateRecord(_ context.Context, change func(map[string]string) (map[string]string, error)) (map[string]string, error) {
+	b.mu.Lock()
+	rec := maps.Clone(b.record)
+	b.mu.Unlock()
+	set, err := change(rec)
+	if err != nil || len(set) == 0 {
+		return rec, err
+	}
+	return b.SetRecord(context.Background(), set)
 }
 
 func (b *recordBox) state(t *testing.T) State {
@@ -105,4 +125,99 @@ func TestMarkState(t *testing.T) {
 	if err := cm.markState(context.Background(), newSess(info), box4, StateStopping); err != nil || box4.writes != 0 {
 		t.Fatalf("under containerd: %d writes, %v", box4.writes, err)
 	}
+}
+
+// TestRecordWrittenElsewhere: under a backend whose records another
+// gateway replica writes (a delete or an extension while no leader
+// answered it), the manager holds to them. Its extension is written
+// (the control), but refused (409) over a stop another replica stored,
+// the record kept; a running mark is not written over such a stop; an
+// expiry another replica wrote is the session's, and so is one the
+// reaper finds in the record as the session comes due; a record that
+// still has the old expiry does not keep it.
+func TestRecordWrittenElsewhere(t *testing.T) {
+	now := time.Now().UTC()
+	info := Info{ID: "s-1", Tenant: "t", Kind: KindBrowser, State: StateRunning, CreatedAt: now, ExpiresAt: now.Add(10 * time.Minute)}
+	rec, err := containerLabels(info, "10.0.0.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec[labelState] = string(StateRunning)
+	box := &recordBox{record: rec}
+	s := newSess(info)
+	s.box = box
+	m := &Manager{base: context.Background(), log: slog.New(slog.DiscardHandler), sessions: map[string]*sess{"s-1": s},
+		cfg: Config{Tenants: map[string]TenantLimits{"t": {MaxTTL: time.Hour}}}}
+	ctx := context.Background()
+
+	got, err := m.Extend(ctx, "t", "s-1", 30*time.Minute)
+	if err != nil || box.record[labelExpires] != got.ExpiresAt.Format(time.RFC3339Nano) {
+		t.Fatalf("an extension: %v, record %q, answered %v", err, box.record[labelExpires], got.ExpiresAt)
+	}
+	extended := box.record[labelExpires]
+	box.mu.Lock()
+	box.record[labelState], box.record[RecordStopAsked] = string(StateStopping), now.Format(time.RFC3339Nano)
+	box.mu.Unlock()
+	var pe *PublicError
+	if _, err := m.Extend(ctx, "t", "s-1", 40*time.Minute); !errors.As(err, &pe) || pe.Class != ErrConflict || box.record[labelExpires] != extended {
+		t.Fatalf("an extension over a stop another replica stored: %v, record %q, want 409 and %q", err, box.record[labelExpires], extended)
+	}
+
+	// A running mark over such a stop: not written.
+	s2 := newSess(Info{ID: "s-2", Tenant: "t"})
+	box2 := &recordBox{record: map[string]string{labelState: string(StateStopping), RecordStopAsked: now.Format(time.RFC3339Nano)}}
+	if err := m.markState(ctx, s2, box2, StateRunning); err != nil || box2.writes != 0 || box2.state2() != StateStopping {
+		t.Fatalf("a running mark over a stop another replica stored: %v, %d writes, state %s", err, box2.writes, box2.state2())
+	}
+	// The control: over a starting record it is.
+	box3 := &recordBox{record: map[string]string{labelState: string(StateStarting)}}
+	if err := m.markState(ctx, newSess(Info{ID: "s-3", Tenant: "t"}), box3, StateRunning); err != nil || box3.state2() != StateRunning {
+		t.Fatalf("a running mark over a starting record: %v, state %s", err, box3.state2())
+	}
+
+	// An expiry another replica wrote, told by the watch.
+	later := now.Add(50 * time.Minute).Truncate(time.Millisecond)
+	told := maps.Clone(rec)
+	told[labelState], told[labelExpires] = string(StateRunning), later.Format(time.RFC3339Nano)
+	m.recordChanged(told)
+	if !s.info.ExpiresAt.Equal(later) {
+		t.Fatalf("an expiry another replica wrote: the session expires %v, want %v", s.info.ExpiresAt, later)
+	}
+	other := maps.Clone(told)
+	other[labelSession], other[labelExpires] = "s-9", now.Format(time.RFC3339Nano)
+	m.recordChanged(other) // not held: nothing
+	if !s.info.ExpiresAt.Equal(later) {
+		t.Fatalf("another session's record moved this one's expiry to %v", s.info.ExpiresAt)
+	}
+
+	// The reaper's look: a session come due whose record holds a later
+	// expiry runs on; one whose record holds the old one does not.
+	m.backend = watchingBackend{}
+	s.info.ExpiresAt = now.Add(-time.Second)
+	box.mu.Lock()
+	box.record[labelExpires] = now.Add(time.Minute).Format(time.RFC3339Nano)
+	box.mu.Unlock()
+	if kept := m.extendedElsewhere(s); !kept || !s.info.ExpiresAt.After(now) {
+		t.Fatalf("a session due whose record was extended: kept %v, expires %v", kept, s.info.ExpiresAt)
+	}
+	s.info.ExpiresAt = now.Add(-time.Second)
+	box.mu.Lock()
+	box.record[labelExpires] = now.Add(-time.Second).Format(time.RFC3339Nano)
+	box.mu.Unlock()
+	if m.extendedElsewhere(s) {
+		t.Fatal("a session due whose record has its old expiry is kept")
+	}
+}
+
+// watchingBackend is a backend whose records others write.
+type watchingBackend struct{ Backend }
+
+func (watchingBackend) WatchRecords(func(map[string]string)) {}
+
+// state2 is the record's state, as read by a replica (no session
+// needed).
+func (b *recordBox) state2() State {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return State(b.record[labelState])
 }

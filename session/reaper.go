@@ -1,6 +1,7 @@
 package session
 
 import (
+	"context"
 	"os"
 	"sort"
 	"time"
@@ -52,6 +53,9 @@ func (m *Manager) reap() {
 			}
 			m.mu.Unlock()
 			for i, s := range due {
+				if why[i] == "ttl" && m.extendedElsewhere(s) {
+					continue
+				}
 				m.log.Info("reaping session", "session", s.info.ID, "tenant", s.info.Tenant, "reason", why[i])
 				m.stopAsync(s, StateStopped, "")
 			}
@@ -91,4 +95,39 @@ func (m *Manager) forget(now time.Time) {
 	for _, f := range files {
 		os.Remove(f)
 	}
+}
+
+// extendedElsewhere reads again the record of a session due for its
+// TTL, under a backend whose records others write (RecordWatcher): an
+// extension another replica stored, that the watch has not told yet or
+// that a late write of this manager's hid, is the session's, and it is
+// not stopped. Read within 2 s; a record that cannot be read, as
+// before, does not keep it.
+func (m *Manager) extendedElsewhere(s *sess) bool {
+	if _, ok := m.backend.(RecordWatcher); !ok {
+		return false
+	}
+	m.mu.Lock()
+	sb := s.box
+	m.mu.Unlock()
+	if sb == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(m.base, 2*time.Second)
+	defer cancel()
+	rec, err := sb.Record(ctx)
+	if err != nil {
+		return false
+	}
+	exp, err := time.Parse(time.RFC3339Nano, rec[labelExpires])
+	if err != nil || !exp.After(time.Now()) {
+		return false
+	}
+	m.mu.Lock()
+	if s.info.State == StateRunning && exp.After(s.info.ExpiresAt) {
+		s.info.ExpiresAt = exp
+	}
+	m.mu.Unlock()
+	m.log.Info("a session due for its TTL was extended through another gateway replica: it runs on", "session", s.info.ID, "expires_at", exp)
+	return true
 }

@@ -53,6 +53,16 @@ func (m *Manager) recover(ctx context.Context) error {
 			}
 		}
 		m.mu.Unlock()
+		if _, ok := m.backend.(RecordWatcher); ok {
+			// What another replica wrote while the session was adopted
+			// (a delete, an extension while no leader answered) was
+			// not told: the session was not held yet.
+			if rec, err := sb.Record(ctx); err == nil {
+				m.recordChanged(rec)
+			} else {
+				log.Warn("the record of an adopted session could not be read again: a change another replica made while it was adopted may be missed", "err", err)
+			}
+		}
 		log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
 		m.wg.Add(1)
 		go m.watch(s, exited)
@@ -192,9 +202,19 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 	case StateRunning:
 		s.marked = StateRunning // stored already
 	case StateStopping:
-		// The gateway before died while it stopped the session: the
-		// stop is finished (recover), not undone.
+		// The gateway before died while it stopped the session, or a
+		// replica stopped it by its record while no leader answered
+		// (its delete): the stop is finished (recover), not undone.
 		s.marked, s.stopMarked, s.resumeStop = StateStopping, true, true
+		if at, err := time.Parse(time.RFC3339Nano, labels[RecordStopAsked]); err == nil {
+			s.record("stop_requested", map[string]any{"happened_at": at.UTC().Format(time.RFC3339Nano),
+				"reason": "deleted through a gateway replica while none led"})
+			// Recorded: a later adoption (should this gateway die
+			// before the stop is done) does not record it again.
+			if _, err := sb.SetRecord(ctx, map[string]string{RecordStopAsked: ""}); err != nil {
+				m.log.Warn("the stop asked of an adopted session could not be cleared from its record: a later adoption records it again", "session", info.ID, "err", err)
+			}
+		}
 	default:
 		m.markRunning(s, sb)
 	}

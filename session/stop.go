@@ -54,6 +54,12 @@ func (m *Manager) stopAsync(s *sess, final State, failure string) {
 	if !m.beginStop(s) {
 		return
 	}
+	m.teardownAsync(s, final, failure)
+}
+
+// teardownAsync tears a session whose stop began (beginStop) down in a
+// goroutine of its own.
+func (m *Manager) teardownAsync(s *sess, final State, failure string) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"path"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -42,9 +44,16 @@ type Sessions struct {
 	base     context.Context
 	endsOnce sync.Once
 	podEnds  *podEnds
+	// recordHook: whom the watch tells of a record's change
+	// (WatchRecords).
+	recordHook atomic.Pointer[func(rec map[string]string)]
 }
 
-var _ session.Backend = (*Sessions)(nil)
+var (
+	_ session.Backend       = (*Sessions)(nil)
+	_ session.RecordWatcher = (*Sessions)(nil)
+	_ session.RecordUpdater = (*pod)(nil)
+)
 
 // NewSessions drives b for the session manager; base bounds its waits.
 func NewSessions(base context.Context, b *Backend) *Sessions {
@@ -203,7 +212,30 @@ func record(o *corev1.Pod) (map[string]string, error) {
 // SetRecord changes the keys given (an empty value removes one), as a
 // write conditional on the Pod's version, retried on conflict.
 func (p *pod) SetRecord(ctx context.Context, change map[string]string) (map[string]string, error) {
+	return p.UpdateRecord(ctx, func(map[string]string) (map[string]string, error) { return change, nil })
+}
+
+// UpdateRecord is Sessions.UpdateRecord of the Pod's session
+// (session.RecordUpdater).
+func (p *pod) UpdateRecord(ctx context.Context, change func(rec map[string]string) (map[string]string, error)) (map[string]string, error) {
+	rec, _, err := p.s.UpdateRecord(ctx, p.id, func(rec map[string]string, _ bool) (map[string]string, error) { return change(rec) })
+	return rec, err
+}
+
+// UpdateRecord changes session id's record by what change makes of it
+// (the record as the Pod has it, with its address, and whether the Pod
+// runs and is not being deleted): the keys to set, an empty value
+// removing one; none, nothing is written. The write is conditional on
+// the Pod's version change read: on a conflict (another writer came
+// first) the Pod is read again and change asked again, so that what it
+// checked holds as it is written. change's error ends it, as is. The
+// record and running are the Pod's as written (or as read, when
+// nothing was). A Pod whose record cannot be read holds no session, as
+// one gone: session.ErrSandboxGone.
+func (s *Sessions) UpdateRecord(ctx context.Context, id string, change func(rec map[string]string, running bool) (map[string]string, error)) (map[string]string, bool, error) {
+	p := &pod{s: s, id: id}
 	var out map[string]string
+	var running bool
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		o, err := p.get(ctx)
 		if err != nil {
@@ -211,9 +243,15 @@ func (p *pod) SetRecord(ctx context.Context, change map[string]string) (map[stri
 		}
 		r, err := record(o)
 		if err != nil {
+			return fmt.Errorf("%w: %v", session.ErrSandboxGone, err)
+		}
+		running = o.Status.Phase == corev1.PodRunning && o.DeletionTimestamp == nil
+		set, err := change(maps.Clone(r), running)
+		if err != nil || len(set) == 0 {
+			out = r
 			return err
 		}
-		for k, v := range change {
+		for k, v := range set {
 			if v == "" {
 				delete(r, k)
 			} else {
@@ -227,13 +265,19 @@ func (p *pod) SetRecord(ctx context.Context, change map[string]string) (map[stri
 		}
 		o.Annotations[AnnInfo] = string(raw)
 		mirrorLabels(o, r)
-		if _, err := p.s.b.client.CoreV1().Pods(p.s.b.cfg.Namespace).Update(ctx, o, metav1.UpdateOptions{}); err != nil {
+		// o carries the resourceVersion it was read at: the API server
+		// refuses the write (409) if the Pod changed since.
+		_, err = s.b.client.CoreV1().Pods(s.b.cfg.Namespace).Update(ctx, o, metav1.UpdateOptions{})
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("%w: %v", session.ErrSandboxGone, err)
+		}
+		if err != nil {
 			return err
 		}
 		out, err = record(o)
 		return err
 	})
-	return out, err
+	return out, running, err
 }
 
 // mirrorLabels keeps the Pod's tenant and expiry labels what its record
@@ -415,8 +459,11 @@ func (s *Sessions) ends() *podEnds {
 		inf := factory.Core().V1().Pods().Informer()
 		e.synced = inf.HasSynced
 		inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    seen,
-			UpdateFunc: func(_, o any) { seen(o) },
+			AddFunc: seen,
+			UpdateFunc: func(was, o any) {
+				seen(o)
+				s.recordChanged(was, o)
+			},
 			DeleteFunc: func(obj any) {
 				if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 					obj = t.Obj
@@ -429,6 +476,29 @@ func (s *Sessions) ends() *podEnds {
 		factory.Start(s.base.Done())
 	})
 	return s.podEnds
+}
+
+// WatchRecords calls changed with a session Pod's record each time the
+// watch sees it (its info annotation) change, this replica's writes
+// too, from the watch's first list on, in the order written
+// (session.RecordWatcher).
+func (s *Sessions) WatchRecords(changed func(rec map[string]string)) {
+	s.recordHook.Store(&changed)
+	s.ends() // the informer, started
+}
+
+// recordChanged hands the record of a Pod whose info annotation changed
+// from was to o to the hook WatchRecords set, if any.
+func (s *Sessions) recordChanged(was, o any) {
+	hook := s.recordHook.Load()
+	before, ok1 := was.(*corev1.Pod)
+	after, ok2 := o.(*corev1.Pod)
+	if hook == nil || !ok1 || !ok2 || before.Annotations[AnnInfo] == after.Annotations[AnnInfo] {
+		return
+	}
+	if r, err := record(after); err == nil {
+		(*hook)(r)
+	}
 }
 
 func (e *podEnds) listen(name string) chan session.Exit {
