@@ -170,10 +170,10 @@ func relayable(method, path string) Relays {
 		Actions: method == "POST" && (tail == "actions" || tail == "screenshot")}
 }
 
-// answersAlone: a request reads a session, lists them, issues or
-// revokes a session's preview, reads its trail, its artifacts or an
-// artifact's link, or is a review link's, which a relay answers itself
-// when no leader takes it.
+// answersAlone: a request reads a session, lists them, extends or
+// deletes one, issues or revokes a session's preview, reads its trail,
+// its artifacts or an artifact's link, or is a review link's, which a
+// relay answers itself when no leader takes it.
 func answersAlone(method, path string) bool {
 	if method == "GET" {
 		if path == "/v1/sessions" {
@@ -198,9 +198,9 @@ func answersAlone(method, path string) bool {
 	case "GET":
 		return tail == "" && !strings.Contains(rest, "/") || tail == "events" || tail == "artifacts"
 	case "POST":
-		return tail == "previews"
+		return tail == "previews" || tail == "extend"
 	case "DELETE":
-		return revokes && ids.IsPreview(preview)
+		return tail == "" && !strings.Contains(rest, "/") || revokes && ids.IsPreview(preview)
 	}
 	return false
 }

@@ -360,7 +360,7 @@ func TestFrontRelay(t *testing.T) {
 }
 
 // TestFrontAnswersAlone: a session read (one session, or the list), a
-// preview's issue or revocation, a trail's or an artifact's read, or a
+// session's extension or delete, a preview's issue or revocation, a trail's or an artifact's read, or a
 // review link's request goes to the leader while one takes the connection;
 // once none does (its address refuses, or none leads), the Front hands
 // it to the relay, which answers it from the sessions' Pods, while
@@ -387,13 +387,15 @@ func TestFrontAnswersAlone(t *testing.T) {
 	aid := recordings.SegmentID(sid, "audit.jsonl")
 	alone := [][2]string{{"GET", "/v1/sessions"}, {"GET", "/v1/sessions?x=1"}, {"GET", "/v1/sessions/" + sid}, {"POST", "/v1/sessions/" + sid + "/previews"},
 		{"DELETE", "/v1/sessions/" + sid + "/previews/" + pid}, {"GET", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/artifacts"},
-		{"GET", "/v1/artifacts/" + aid}, {"GET", "/review/tok"}, {"GET", "/review/tok/artifacts/" + aid}}
-	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/" + sid}, {"GET", "/v1/sessions/junk"},
+		{"GET", "/v1/artifacts/" + aid}, {"GET", "/review/tok"}, {"GET", "/review/tok/artifacts/" + aid},
+		{"POST", "/v1/sessions/" + sid + "/extend"}, {"DELETE", "/v1/sessions/" + sid}}
+	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/junk"}, {"DELETE", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/junk"},
+		{"POST", "/v1/sessions/" + sid + "/extend/x"}, {"POST", "/v1/sessions/junk/extend"}, {"PUT", "/v1/sessions/" + sid + "/extend"},
 		{"POST", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/events/x"}, {"GET", "/v1/sessions/junk/artifacts"},
 		{"DELETE", "/v1/sessions/" + sid + "/artifacts"}, {"GET", "/v1/artifacts/junk"}, {"GET", "/v1/artifacts/" + aid + "/x"}, {"GET", "/v1/artifacts/"},
 		{"GET", "/review/"}, {"GET", "/review//artifacts/" + aid}, {"GET", "/review/tok/"}, {"GET", "/review/tok/artifacts/junk"},
 		{"GET", "/review/tok/artifacts/" + aid + "/x"}, {"GET", "/review/tok/x"}, {"POST", "/review/tok"}, {"GET", "/reviewx/tok"},
-		{"GET", "/v1/sessions/" + sid + "/snapshots"}, {"POST", "/v1/sessions/" + sid + "/extend"}, {"GET", "/v1/tenants"}, {"GET", "/v1/sessionsx"},
+		{"GET", "/v1/sessions/" + sid + "/snapshots"}, {"POST", "/v1/sessions/" + sid + "/snapshots"}, {"GET", "/v1/tenants"}, {"GET", "/v1/sessionsx"},
 		{"GET", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/" + sid + "/previews"}, {"DELETE", "/v1/sessions/" + sid + "/previews/p-junk"}, {"DELETE", "/v1/sessions/" + sid + "/previews/" + pid + "/x"},
 		{"GET", "/v1/sessions/" + sid + "/previews/" + pid},
 		{"POST", "/v1/sessions/" + sid + "/previews/x"}, {"POST", "/v1/sessions/junk/previews"}}

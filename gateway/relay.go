@@ -74,12 +74,14 @@ const (
 	relayActionsRoute    = "/v1/sessions/:id/actions"
 	relayScreenshotRoute = "/v1/sessions/:id/screenshot"
 	// relayListRoute, relayReadRoute, relayPreviewsRoute,
-	// relayRevokeRoute: the session reads and previews' issues and
-	// revocations a relay answers while no leader answers (orAlone).
+	// relayRevokeRoute, relayExtendRoute: the session reads, extensions
+	// and deletes, and previews' issues and revocations a relay answers
+	// while no leader answers (orAlone).
 	relayListRoute     = "/v1/sessions"
 	relayReadRoute     = "/v1/sessions/:id"
 	relayPreviewsRoute = "/v1/sessions/:id/previews"
 	relayRevokeRoute   = "/v1/sessions/:id/previews/:preview"
+	relayExtendRoute   = "/v1/sessions/:id/extend"
 	// relayEventsRoute, relayArtifactsRoute, relayArtifactRoute,
 	// relayReviewRoute, relayReviewArtifactRoute: the trails,
 	// artifacts and review links a relay answers from the store while
@@ -1122,6 +1124,9 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relayReadRoute, l.orAlone(l.getAlone))
 		s.app.Post(relayPreviewsRoute, l.orAlone(s.issueAlone))
 		s.app.Delete(relayRevokeRoute, l.orAlone(s.revokeAlone))
+		// And a session's extension and delete, by its Pod's record.
+		s.app.Post(relayExtendRoute, l.orAlone(s.extendAlone))
+		s.app.Delete(relayReadRoute, l.orAlone(s.deleteAlone))
 		// So do trails, artifacts and review links (a reviewer's).
 		s.app.Get(relayEventsRoute, l.orAlone(s.eventsAlone))
 		s.app.Get(relayArtifactsRoute, l.orAlone(s.artifactsAlone))

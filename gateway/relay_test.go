@@ -1201,15 +1201,7 @@ func TestRelayAloneAnswers(t *testing.T) {
 
 	issue := func(id, key, body string) (int, string, string) {
 		t.Helper()
-		req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+id+"/previews", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := srv.App().Test(req, 10000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), resp.Header.Get("Retry-After")
+		return relayCall(t, srv, "POST", "/v1/sessions/"+id+"/previews", key, body)
 	}
 	st, body, _ = issue(name["running"], "good", `{"scope":"cdp","ttl_seconds":60}`)
 	var p previewResponse
@@ -1276,14 +1268,7 @@ func TestRelayAloneAnswers(t *testing.T) {
 	// and its event kept for the next leader's trail.
 	revoke := func(id, preview, key string) (int, string, string) {
 		t.Helper()
-		req := httptest.NewRequest("DELETE", "http://gw.test:8080/v1/sessions/"+id+"/previews/"+preview, nil)
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := srv.App().Test(req, 10000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), resp.Header.Get("Retry-After")
+		return relayCall(t, srv, "DELETE", "/v1/sessions/"+id+"/previews/"+preview, key, "")
 	}
 	if _, _, _, err := l.admit(tok); err != nil {
 		t.Fatalf("the preview issued alone, admitted alone before its revocation: %v", err)
@@ -1668,7 +1653,21 @@ func TestRelayAloneReviewGates(t *testing.T) {
 // its status, body and Retry-After.
 func relayGet(t *testing.T, srv *Server, path, key string) (int, string, string) {
 	t.Helper()
-	req := httptest.NewRequest("GET", "http://gw.test:8080"+path, nil)
+	return relayCall(t, srv, "GET", path, key, "")
+}
+
+// relayCall is srv's answer to a request (a JSON body, when one is
+// given): its status, body and Retry-After.
+func relayCall(t *testing.T, srv *Server, method, path, key, body string) (int, string, string) {
+	t.Helper()
+	var in io.Reader
+	if body != "" {
+		in = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, "http://gw.test:8080"+path, in)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
@@ -1676,8 +1675,8 @@ func relayGet(t *testing.T, srv *Server, path, key string) (int, string, string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body), resp.Header.Get("Retry-After")
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out), resp.Header.Get("Retry-After")
 }
 
 // TestRelayPassOnHidesToken: a review link's request a relay passes on

@@ -61,6 +61,12 @@ type RelayAlone struct {
 	// Revoke stores a preview's revocation, until then, where every
 	// replica reads it (nil: revocations wait for a leader).
 	Revoke func(ctx context.Context, session, preview string, until time.Time) error
+	// Update changes a session's record by what change makes of it
+	// (the keys to set), in a write conditional on the version change
+	// read, change asked again on a conflict; it returns the record
+	// and whether the sandbox runs, as written (session.ErrSandboxGone:
+	// there is none). nil: extensions and deletes wait for a leader.
+	Update func(ctx context.Context, id string, change func(rec map[string]string, running bool) (map[string]string, error)) (map[string]string, bool, error)
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not
@@ -171,19 +177,10 @@ func (l *relayLive) sessionOf(rec map[string]string, running bool, err error, te
 	if err != nil {
 		return session.Info{}, session.Endpoint{}, relayUnavailableFor(err)
 	}
-	info, err := session.InfoFromRecord(rec)
+	info, err := l.recordOf(rec, tenantName, id)
 	switch {
 	case err != nil:
-		var pe *session.PublicError
-		if !errors.As(err, &pe) {
-			l.log.Warn("a session Pod's record cannot be read", "session", id, "err", err)
-		}
-		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
-	case info.Tenant != tenantName:
-		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
-	case info.ID != id:
-		l.log.Warn("a session Pod's record names another session", "session", id, "record", info.ID)
-		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
+		return session.Info{}, session.Endpoint{}, err
 	case info.State == session.StateStarting:
 		// Not ready yet (its recording not begun), or ready a moment
 		// ago and not marked so yet: not yet, as far as this replica
@@ -202,6 +199,122 @@ func (l *relayLive) sessionOf(rec map[string]string, running bool, err error, te
 		return session.Info{}, session.Endpoint{}, errNotFound("no such session")
 	}
 	return info, ep, nil
+}
+
+// recordOf is the session a Pod's record holds when it is session id
+// of tenantName's; else 404.
+func (l *relayLive) recordOf(rec map[string]string, tenantName, id string) (session.Info, error) {
+	info, err := session.InfoFromRecord(rec)
+	switch {
+	case err != nil:
+		var pe *session.PublicError
+		if !errors.As(err, &pe) {
+			l.log.Warn("a session Pod's record cannot be read", "session", id, "err", err)
+		}
+		return session.Info{}, errNotFound("no such session")
+	case info.Tenant != tenantName:
+		return session.Info{}, errNotFound("no such session")
+	case info.ID != id:
+		l.log.Warn("a session Pod's record names another session", "session", id, "record", info.ID)
+		return session.Info{}, errNotFound("no such session")
+	}
+	return info, nil
+}
+
+// extendAlone answers POST /v1/sessions/:id/extend as the leader would
+// (extendSession), by the session's Pod: the expiry in its record is
+// moved by a write conditional on the Pod's version (RelayAlone.Update),
+// so that a stop stored first (a delete through another replica) is
+// never undone, and what is checked (the session the tenant's and
+// running, the new expiry within the tenant's maximum TTL) holds as it
+// is written. The next leader takes the expiry from the record as it
+// adopts the session.
+func (s *Server) extendAlone(c *fiber.Ctx, tenantName string) error {
+	l := s.live.(*relayLive)
+	id, ttl, err := s.extendAsked(c)
+	if err != nil {
+		return err
+	}
+	lim, _ := c.Locals(localAloneLimits).(session.TenantLimits)
+	rec, running, err := l.updateAlone(c, id, func(rec map[string]string, running bool) (map[string]string, error) {
+		info, _, err := l.sessionOf(rec, running, nil, tenantName, id)
+		if err != nil {
+			return nil, err
+		}
+		exp, err := session.ExtendedExpiry(info.CreatedAt, lim.MaxTTL, ttl, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		return map[string]string{session.RecordExpires: exp.Format(time.RFC3339Nano)}, nil
+	})
+	if err != nil {
+		return err
+	}
+	info, _ := l.viewAlone(rec, running, tenantName)
+	return c.JSON(info)
+}
+
+// deleteAlone answers DELETE /v1/sessions/:id as the leader would
+// (deleteSession), by the session's Pod: its record is marked stopping,
+// with the time asked (session.RecordStopAsked), by a write conditional
+// on the Pod's version (RelayAlone.Update). From then on no replica
+// admits the session, this one's connections to it end, and the next
+// leader, as it adopts the session, records the request and finishes
+// the stop (its artifacts and profile kept as at any stop). The answer
+// is the session stopping, as the leader's is when the stop outlasts
+// the request. A session stopping already is answered so again; one
+// starting waits for a leader (503).
+func (s *Server) deleteAlone(c *fiber.Ctx, tenantName string) error {
+	l := s.live.(*relayLive)
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
+	}
+	rec, running, err := l.updateAlone(c, id, func(rec map[string]string, _ bool) (map[string]string, error) {
+		info, err := l.recordOf(rec, tenantName, id)
+		switch {
+		case err != nil:
+			return nil, err
+		case info.State == session.StateStarting:
+			return nil, &apiError{status: 503, code: "unavailable", msg: "the session is starting; retry"}
+		case info.State == session.StateStopping:
+			return nil, nil
+		}
+		return map[string]string{session.RecordState: string(session.StateStopping),
+			session.RecordStopAsked: time.Now().UTC().Format(time.RFC3339Nano)}, nil
+	})
+	if err != nil {
+		return err
+	}
+	l.endConns(func(rc *relayConn) bool { return rc.session == id })
+	info, _ := l.viewAlone(rec, running, tenantName)
+	return c.JSON(info)
+}
+
+// updateAlone is RelayAlone.Update of session id's record, within 10 s,
+// its errors the answer's: change's own as they are, no Pod 404, and
+// the API server's 503.
+func (l *relayLive) updateAlone(c *fiber.Ctx, id string, change func(rec map[string]string, running bool) (map[string]string, error)) (map[string]string, bool, error) {
+	if l.alone.Update == nil {
+		return nil, false, relayUnavailableFor(errors.New("this replica changes no session's record"))
+	}
+	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	defer cancel()
+	var refused error
+	rec, running, err := l.alone.Update(ctx, id, func(rec map[string]string, running bool) (map[string]string, error) {
+		set, err := change(rec, running)
+		refused = err
+		return set, err
+	})
+	switch {
+	case err == nil:
+		return rec, running, nil
+	case refused != nil && errors.Is(err, refused):
+		return nil, false, err
+	case errors.Is(err, session.ErrSandboxGone):
+		return nil, false, errNotFound("no such session")
+	}
+	return nil, false, relayUnavailableFor(err)
 }
 
 // previewAlone admits a preview's connection (its token) as the leader
@@ -286,7 +399,7 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 			return errUnauthenticated("the API key is not valid")
 		}
 		return l.passOrAlone(c, l.aloneAnswers, l.alone != nil && l.alone.List != nil, func() error {
-			name, _, err := l.alone.Tenant(key)
+			name, lim, err := l.alone.Tenant(key)
 			switch {
 			case errors.Is(err, tenant.ErrDisabled):
 				return errDenied("the tenant is disabled")
@@ -295,10 +408,16 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 			case err != nil:
 				return relayUnavailableFor(err)
 			}
+			c.Locals(localAloneLimits, lim)
 			return answer(c, name)
 		})
 	}
 }
+
+// localAloneLimits holds the tenant's limits (session.TenantLimits) of
+// a request answered alone (orAlone), as the copy of the tenants has
+// them.
+const localAloneLimits = "relay-alone-limits"
 
 // passOrAlone passes a request the Front could not pass to a leader on
 // to the leader itself, if one answers now; else, as an admission made

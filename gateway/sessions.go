@@ -173,20 +173,7 @@ func (s *Server) getSession(c *fiber.Ctx) error {
 }
 
 func (s *Server) extendSession(c *fiber.Ctx) error {
-	id, err := s.sessionID(c)
-	if err != nil {
-		return err
-	}
-	var req struct {
-		TTL *int64 `json:"ttl_seconds"`
-	}
-	if err := decode(c, &req); err != nil {
-		return err
-	}
-	if req.TTL == nil {
-		return errInvalid("ttl_seconds is required")
-	}
-	ttl, err := seconds("ttl_seconds", req.TTL)
+	id, ttl, err := s.extendAsked(c)
 	if err != nil {
 		return err
 	}
@@ -197,6 +184,25 @@ func (s *Server) extendSession(c *fiber.Ctx) error {
 		return err
 	}
 	return c.JSON(info)
+}
+
+// extendAsked is the session and the TTL an extension asks for.
+func (s *Server) extendAsked(c *fiber.Ctx) (string, time.Duration, error) {
+	id, err := s.sessionID(c)
+	if err != nil {
+		return "", 0, err
+	}
+	var req struct {
+		TTL *int64 `json:"ttl_seconds"`
+	}
+	if err := decode(c, &req); err != nil {
+		return "", 0, err
+	}
+	if req.TTL == nil {
+		return "", 0, errInvalid("ttl_seconds is required")
+	}
+	ttl, err := seconds("ttl_seconds", req.TTL)
+	return id, ttl, err
 }
 
 func (s *Server) deleteSession(c *fiber.Ctx) error {

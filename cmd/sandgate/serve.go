@@ -266,6 +266,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					},
 					Isolation: kube.RuntimeIsolation,
 					Revoke:    relayStore.PutRevocation,
+					Update:    pods.UpdateRecord,
 					Enabled:   followed.Enabled,
 					Revoked:   revoked.Revoked,
 					Refresh: func(ctx context.Context) {

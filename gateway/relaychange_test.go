@@ -1,0 +1,230 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/session"
+)
+
+// closeCount counts its closes: a connection a relay carries.
+type closeCount struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *closeCount) Close() error { c.mu.Lock(); c.n++; c.mu.Unlock(); return nil }
+func (c *closeCount) closed() int  { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
+
+// TestRelayAloneExtendsAndDeletes: while no leader answers, a relay
+// extends a session by its Pod's record (the new expiry written, within
+// the tenant's maximum TTL) and deletes one by marking the record
+// stopping with the time asked, ending the connections it carries to
+// that session and no other's. A stopping session is deleted again
+// (nothing written) and not extended (409); a starting one waits for a
+// leader (503); another tenant's, a pooled Pod's or none is not found
+// (404), and nothing is written for them; an API server that does not
+// answer is a 503; bad input is a 400 and an unknown key a 401, before
+// anything is read. The control: with a leader, the leader answers
+// and no record is touched.
+func TestRelayAloneExtendsAndDeletes(t *testing.T) {
+	now := time.Now().UTC().Truncate(time.Second)
+	rec := func(id, tenantName string, age time.Duration, state string) map[string]string {
+		return map[string]string{"sandgate.session": id, session.RecordTenant: tenantName, "sandgate.created": now.Add(-age).Format(time.RFC3339Nano),
+			session.RecordExpires: now.Add(10 * time.Minute).Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3", session.RecordState: state,
+			"sandgate.info": `{"kind":"browser","runtime":"gvisor","screen":{"width":800,"height":600}}`}
+	}
+	name := map[string]string{}
+	for _, n := range []string{"running", "doomed", "starting", "stopping", "other", "pooled", "old"} {
+		name[n] = ids.NewSession()
+	}
+	var mu sync.Mutex
+	pods := map[string]map[string]string{
+		name["running"]: rec(name["running"], "t", time.Minute, "running"), name["doomed"]: rec(name["doomed"], "t", time.Minute, "running"),
+		name["starting"]: rec(name["starting"], "t", 0, "starting"), name["stopping"]: rec(name["stopping"], "t", time.Minute, "stopping"),
+		name["other"]: rec(name["other"], "u", time.Minute, "running"), name["pooled"]: rec(name["pooled"], "t", time.Minute, "running"),
+		name["old"]: rec(name["old"], "t", 50*time.Minute, "running"),
+	}
+	pods[name["pooled"]]["sandgate.pool"] = "browser-gvisor"
+	unreadable := ids.NewSession()
+	writes := map[string]int{}
+	snapshot := func() map[string]map[string]string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := map[string]map[string]string{}
+		for id, r := range pods {
+			out[id] = maps.Clone(r)
+		}
+		return out
+	}
+
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
+	}))
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	srv.AdmitAlone(RelayAlone{
+		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
+		Session: func(_ context.Context, id string) (map[string]string, bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if r, ok := pods[id]; ok {
+				return maps.Clone(r), true, nil
+			}
+			return nil, false, session.ErrSandboxGone
+		},
+		List:    func(context.Context, string) ([]AloneRecord, error) { return nil, nil },
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+		Fresh:   func() time.Time { return time.Now() },
+		Update: func(_ context.Context, id string, change func(map[string]string, bool) (map[string]string, error)) (map[string]string, bool, error) {
+			if id == unreadable {
+				return nil, false, errors.New("the API server does not answer")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			r, ok := pods[id]
+			if !ok {
+				return nil, false, fmt.Errorf("%w: no Pod", session.ErrSandboxGone)
+			}
+			set, err := change(maps.Clone(r), true)
+			if err != nil {
+				return nil, false, err
+			}
+			if len(set) > 0 {
+				writes[id]++
+				for k, v := range set {
+					r[k] = v
+				}
+			}
+			return maps.Clone(r), true, nil
+		},
+	})
+	call := func(method, path, key, body string) (int, string, string) {
+		t.Helper()
+		return relayCall(t, srv, method, path, key, body)
+	}
+	extend := func(id, key, body string) (int, string, string) {
+		t.Helper()
+		return call("POST", "/v1/sessions/"+id+"/extend", key, body)
+	}
+	del := func(id, key string) (int, string, string) {
+		t.Helper()
+		return call("DELETE", "/v1/sessions/"+id, key, "")
+	}
+
+	// The control: a leader answers, and nothing is written here.
+	before := snapshot()
+	if st, body, _ := extend(name["running"], "good", `{"ttl_seconds":600}`); st != 200 || body != `{"leader":"POST /v1/sessions/`+name["running"]+`/extend"}` {
+		t.Fatalf("an extension with a leader: %d %s, want the leader's answer", st, body)
+	}
+	if st, body, _ := del(name["doomed"], "good"); st != 200 || body != `{"leader":"DELETE /v1/sessions/`+name["doomed"]+`"}` {
+		t.Fatalf("a delete with a leader: %d %s, want the leader's answer", st, body)
+	}
+	if got := snapshot(); !maps.EqualFunc(got, before, maps.Equal) {
+		t.Fatal("a record was written while a leader answered")
+	}
+	leader.Close()
+	// (A POST over a connection the dead leader kept is a 503 that does
+	// not say to retry: it may have been carried out. Not under test.)
+	l := srv.live.(*relayLive)
+	l.client.CloseIdleConnections()
+
+	// The relay's connections: two to the doomed session, one to another.
+	doomedA, doomedB, kept := &closeCount{}, &closeCount{}, &closeCount{}
+	l.mu.Lock()
+	l.reached = time.Now() // as the first tracked connection sets it
+	l.conns["a"] = &relayConn{session: name["doomed"], closer: doomedA}
+	l.conns["b"] = &relayConn{session: name["doomed"], closer: doomedB}
+	l.conns["c"] = &relayConn{session: name["running"], closer: kept}
+	l.mu.Unlock()
+
+	st, body, _ := extend(name["running"], "good", `{"ttl_seconds":1800}`)
+	var info session.Info
+	if err := json.Unmarshal([]byte(body), &info); st != 200 || err != nil || info.ID != name["running"] || info.State != session.StateRunning {
+		t.Fatalf("an extension alone: %d %s", st, body)
+	}
+	exp, err := time.Parse(time.RFC3339Nano, snapshot()[name["running"]][session.RecordExpires])
+	if err != nil || exp.Before(time.Now().Add(29*time.Minute)) || exp.After(time.Now().Add(31*time.Minute)) || !info.ExpiresAt.Equal(exp) {
+		t.Errorf("the extended record's expiry: %v %v (answered %v), want 30 minutes from now", exp, err, info.ExpiresAt)
+	}
+
+	st, body, _ = del(name["doomed"], "good")
+	if err := json.Unmarshal([]byte(body), &info); st != 200 || err != nil || info.ID != name["doomed"] || info.State != session.StateStopping {
+		t.Fatalf("a delete alone: %d %s", st, body)
+	}
+	r := snapshot()[name["doomed"]]
+	asked, err := time.Parse(time.RFC3339Nano, r[session.RecordStopAsked])
+	if r[session.RecordState] != "stopping" || err != nil || time.Since(asked) > time.Minute || asked.After(time.Now()) {
+		t.Errorf("the deleted record: state %q, asked %q", r[session.RecordState], r[session.RecordStopAsked])
+	}
+	// (Closed apart from the answer: waited for, within 5 s.)
+	for deadline := time.Now().Add(5 * time.Second); (doomedA.closed() != 1 || doomedB.closed() != 1) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if doomedA.closed() != 1 || doomedB.closed() != 1 || kept.closed() != 0 {
+		t.Errorf("connections closed: the deleted session's %d and %d, another's %d; want 1, 1, 0", doomedA.closed(), doomedB.closed(), kept.closed())
+	}
+	// Deleted again: answered stopping, nothing written; extended: 409.
+	mu.Lock()
+	w := writes[name["doomed"]]
+	mu.Unlock()
+	if st, body, _ := del(name["doomed"], "good"); st != 200 || !strings.Contains(body, `"state":"stopping"`) {
+		t.Errorf("a second delete: %d %s", st, body)
+	}
+	mu.Lock()
+	if writes[name["doomed"]] != w {
+		t.Errorf("a second delete wrote the record again")
+	}
+	mu.Unlock()
+
+	before = snapshot()
+	for _, tc := range []struct {
+		method, id, key, body string
+		want                  int
+	}{
+		{"POST", name["doomed"], "good", `{"ttl_seconds":60}`, 409},
+		{"POST", name["stopping"], "good", `{"ttl_seconds":60}`, 409},
+		{"POST", name["starting"], "good", `{"ttl_seconds":60}`, 503},
+		{"DELETE", name["starting"], "good", "", 503},
+		{"POST", name["other"], "good", `{"ttl_seconds":60}`, 404}, {"DELETE", name["other"], "good", "", 404},
+		{"POST", name["pooled"], "good", `{"ttl_seconds":60}`, 404}, {"DELETE", name["pooled"], "good", "", 404},
+		{"POST", ids.NewSession(), "good", `{"ttl_seconds":60}`, 404}, {"DELETE", ids.NewSession(), "good", "", 404},
+		{"POST", "junk", "good", `{"ttl_seconds":60}`, 404}, {"DELETE", "junk", "good", "", 404},
+		{"POST", unreadable, "good", `{"ttl_seconds":60}`, 503}, {"DELETE", unreadable, "good", "", 503},
+		// Past the tenant's maximum TTL (an hour from creation): the
+		// leader's 400.
+		{"POST", name["old"], "good", `{"ttl_seconds":900}`, 400},
+		{"POST", name["running"], "good", `{}`, 400}, {"POST", name["running"], "good", `{"ttl_seconds":0}`, 400},
+		{"POST", name["running"], "good", `{"ttl_seconds":"x"}`, 400}, {"POST", name["running"], "good", `{"ttl_seconds":60,"x":1}`, 400},
+		{"POST", name["running"], "junk", `{"ttl_seconds":60}`, 401}, {"DELETE", name["running"], "junk", "", 401},
+		{"POST", name["running"], "off", `{"ttl_seconds":60}`, 403}, {"DELETE", name["running"], "off", "", 403},
+		{"POST", name["running"], "stale", `{"ttl_seconds":60}`, 503}, {"DELETE", name["running"], "stale", "", 503},
+	} {
+		path := "/v1/sessions/" + tc.id
+		if tc.method == "POST" {
+			path += "/extend"
+		}
+		st, body, ra := call(tc.method, path, tc.key, tc.body)
+		if st != tc.want || (st == 503) != (ra != "") || !strings.Contains(body, `"error"`) {
+			t.Errorf("%s %s with key %q, %s: %d %s (Retry-After %q), want %d", tc.method, path, tc.key, tc.body, st, body, ra, tc.want)
+		}
+	}
+	if got := snapshot(); !maps.EqualFunc(got, before, maps.Equal) {
+		t.Error("a refused extension or delete wrote a record")
+	}
+	// Within the maximum: the old session extended by a minute less
+	// than its remaining ten.
+	if st, body, _ := extend(name["old"], "good", `{"ttl_seconds":540}`); st != 200 {
+		t.Errorf("an extension within the maximum TTL: %d %s", st, body)
+	}
+}
