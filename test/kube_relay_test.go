@@ -24,7 +24,9 @@ import (
 
 	"github.com/sandgate/sandgate/ids"
 	sandgate "github.com/sandgate/sandgate/sdk/go"
+	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/session/kube"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -57,7 +59,11 @@ import (
 // leader's internal routes. A session whose Pod is deleted while nobody
 // leads is finalised by B once it leads, from its trail's pieces in
 // MinIO (its log stored with its end, its pieces removed; the running
-// session's pieces stay, the control).
+// session's pieces stay, the control). While nobody leads, B extends a
+// session and deletes another (an SDK delete with no retries) by their
+// Pods' records; once B leads, the one keeps its expiry and the other
+// is stopped, its trail saying when the delete was asked. B, leading,
+// takes in the same writes of another replica that could not reach it.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -430,10 +436,19 @@ func TestKubeRelay(t *testing.T) {
 	// A session whose Pod goes while nobody leads (deleted below, as a
 	// drain would): only its trail's pieces in MinIO remember it, until
 	// B, leading, finalises it from them.
-	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.5}})
 	var unseen sessionInfo
 	if err := json.Unmarshal(body, &unseen); st != 201 || err != nil {
 		t.Fatalf("create a third session: %d %s", st, body)
+	}
+	// A session deleted through B while nobody leads (below), of the
+	// other tenant (tenant-a has its two). It and the third take half a
+	// core each, to fit on the trial cluster's node (2 cores) beside
+	// the first.
+	st, body = ra.api(t, ra.keyB, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.5}})
+	var doomed sessionInfo
+	if err := json.Unmarshal(body, &doomed); st != 201 || err != nil {
+		t.Fatalf("create a fourth session: %d %s", st, body)
 	}
 	mc := rb.profileBucket(t)
 	waitFor(t, 30*time.Second, "the third session's trail in MinIO", func() bool {
@@ -546,6 +561,38 @@ func TestKubeRelay(t *testing.T) {
 		if st, body := callVia(t, fresh, rb.gwURL, key, "GET", "/v1/sessions/"+s.ID, nil); st != want {
 			t.Errorf("the session through B while nobody leads, key %.12s…: %d %s, want %d", key, st, body, want)
 		}
+	}
+	// An extension and a delete through B: answered alone, by a write
+	// of the session Pod's record conditional on its version. The new
+	// expiry is on the Pod's label at once. The deleted session reads
+	// stopping, and B admits nothing of it from then on (the control:
+	// the other session's commands go on). The SDK's delete, with no
+	// retries, gets B's answer. Another tenant's key gets neither.
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+s.ID+"/extend", map[string]any{"ttl_seconds": 1500})
+	var extended sessionInfo
+	if err := json.Unmarshal(body, &extended); st != 200 || err != nil || extended.State != "running" ||
+		extended.ExpiresAt.Before(time.Now().Add(1490*time.Second)) || extended.ExpiresAt.After(time.Now().Add(1510*time.Second)) {
+		t.Fatalf("an extension through B while nobody leads: %d %s, want 200 and 25 minutes from now", st, body)
+	}
+	if o, err := kb.Client().CoreV1().Pods(kb.Namespace()).Get(ctx, "sandgate-"+s.ID, metav1.GetOptions{}); err != nil ||
+		o.Labels[kube.LabelExpires] != fmt.Sprint(extended.ExpiresAt.Unix()) {
+		t.Errorf("the extended session's Pod: %v, expiry label %q, want %d", err, o.Labels[kube.LabelExpires], extended.ExpiresAt.Unix())
+	}
+	for _, c := range []struct{ key, method, path string }{{rb.keyB, "POST", "/v1/sessions/" + s.ID + "/extend"}, {rb.keyA, "DELETE", "/v1/sessions/" + doomed.ID}} {
+		if st, body := callVia(t, fresh, rb.gwURL, c.key, c.method, c.path, map[string]any{"ttl_seconds": 60}); st != 404 {
+			t.Errorf("%s %s through B with another tenant's key while nobody leads: %d %s, want 404", c.method, c.path, st, body)
+		}
+	}
+	deletedAt := time.Now()
+	gone, err := sandgate.New(rb.gwURL, rb.keyB, sandgate.WithRetry(0)).DeleteSession(ctx, doomed.ID)
+	if err != nil || gone.ID != doomed.ID || gone.State != "stopping" {
+		t.Fatalf("an SDK delete through B, without retries, while nobody leads: %+v %v, want it stopping", gone, err)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "POST", "/v1/sessions/"+doomed.ID+"/exec", map[string]any{"cmd": []string{"true"}}); st != 409 {
+		t.Errorf("a command through B in the session deleted while nobody leads: %d %s, want 409", st, body)
+	}
+	if r := execWith(t, fresh, rb.gwURL, rb.keyA, s.ID, map[string]any{"cmd": []string{"true"}}); r.ExitCode != 0 {
+		t.Errorf("a command through B in the extended session while nobody leads: exit %d", r.ExitCode)
 	}
 	// A person's view link and a reviewer's reads through B, answered
 	// alone from the store: the view page; the trail as stored (the
@@ -735,6 +782,16 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the session through B, leading: %d %s", st, body)
 	}
 	t.Logf("B leads %.1f s after A's death", time.Since(killed).Seconds())
+	// What B did alone, B leading holds to: the extended session keeps
+	// its new expiry; the deleted one is stopped (its Pod gone), its
+	// trail has the request, when it was made, and then its end.
+	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "expires_at") != extended.ExpiresAt.Format(time.RFC3339Nano) {
+		t.Errorf("the session extended while nobody led, through B leading: %d %s, want it expiring at %v", st, body, extended.ExpiresAt)
+	}
+	waitFor(t, 2*time.Minute, "the session deleted while nobody led stopped, its Pod gone", func() bool {
+		_, pod := kubePods(t, kb)[doomed.ID]
+		return !pod && stopAsked(t, rb, rb.keyB, doomed.ID, deletedAt, "deleted through a gateway replica while none led")
+	})
 	// The session whose Pod went while nobody led: B, leading, stores
 	// its log from its trail's pieces, with its end, and drops them.
 	led := time.Now()
@@ -854,9 +911,73 @@ func TestKubeRelay(t *testing.T) {
 	waitFor(t, 30*time.Second, "preview_closed of the connections B carried", func() bool {
 		return connected(rb, "preview_closed", p1.ID) && connected(rb, "preview_closed", vnc.ID)
 	})
-	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+s.ID, nil); st != 200 && st != 204 {
-		t.Errorf("delete the session: %d %s", st, body)
+	// A record another replica changed while it could not reach the
+	// leader, B (alive, and leading): written here as a replica writes
+	// it (a write of the Pod's record conditional on its version). B
+	// takes an extension in, and stops a session whose record a delete
+	// marked stopping, as a delete through B would.
+	later := extended.ExpiresAt.Add(time.Minute).UTC()
+	writeRecord(t, kb, s.ID, map[string]string{session.RecordExpires: later.Format(time.RFC3339Nano)})
+	waitFor(t, 30*time.Second, "B, leading, to take in an expiry another replica wrote", func() bool {
+		st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil)
+		return st == 200 && jsonField(body, "expires_at") == later.Format(time.RFC3339Nano)
+	})
+	askedAt := time.Now()
+	writeRecord(t, kb, s.ID, map[string]string{session.RecordState: "stopping", session.RecordStopAsked: askedAt.UTC().Format(time.RFC3339Nano)})
+	waitFor(t, 2*time.Minute, "B, leading, to stop a session another replica's delete marked stopping, its Pod gone", func() bool {
+		_, pod := kubePods(t, kb)[s.ID]
+		return !pod && stopAsked(t, rb, rb.keyA, s.ID, askedAt, "deleted through another gateway replica")
+	})
+}
+
+// stopAsked says whether session id's trail through r (with key) has
+// a stop_requested for reason, made at asked (within a second), and
+// after it the session's end (stopped).
+func stopAsked(t testing.TB, r *testEnv, key, id string, asked time.Time, reason string) bool {
+	t.Helper()
+	requested := false
+	for _, ev := range r.events(t, key, id) {
+		switch ev.Type {
+		case "stop_requested":
+			at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(ev.Fields["happened_at"]))
+			if ev.Fields["reason"] != reason || err != nil || at.Sub(asked).Abs() > time.Second {
+				t.Fatalf("session %s's stop_requested: %v, want reason %q, made at %v", id, ev.Fields, reason, asked)
+			}
+			requested = true
+		case "stopped":
+			return requested
+		}
 	}
+	return false
+}
+
+// writeRecord changes session id's record in its Pod as a gateway
+// replica does (kube.Sessions.UpdateRecord): a write conditional on the
+// Pod's version.
+func writeRecord(t testing.TB, kb *kube.Backend, id string, change map[string]string) {
+	t.Helper()
+	pods := kb.Client().CoreV1().Pods(kb.Namespace())
+	for range 10 {
+		o, err := pods.Get(context.Background(), "sandgate-"+id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("read session %s's Pod: %v", id, err)
+		}
+		rec := map[string]string{}
+		if err := json.Unmarshal([]byte(o.Annotations[kube.AnnInfo]), &rec); err != nil {
+			t.Fatalf("session %s's record: %v", id, err)
+		}
+		for k, v := range change {
+			rec[k] = v
+		}
+		raw, _ := json.Marshal(rec)
+		o.Annotations[kube.AnnInfo] = string(raw)
+		if _, err = pods.Update(context.Background(), o, metav1.UpdateOptions{}); err == nil {
+			return
+		} else if !apierrors.IsConflict(err) {
+			t.Fatalf("write session %s's record: %v", id, err)
+		}
+	}
+	t.Fatalf("write session %s's record: a conflict each time", id)
 }
 
 // leaderRead reads session id's snapshots through r: a read only a
