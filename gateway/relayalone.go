@@ -291,14 +291,15 @@ func (s *Server) deleteAlone(c *fiber.Ctx, tenantName string) error {
 	return c.JSON(info)
 }
 
-// updateAlone is RelayAlone.Update of session id's record, within 10 s,
+// updateAlone is RelayAlone.Update of session id's record, within 5 s
+// (as a read alone: each holds one of the turns every tenant's share),
 // its errors the answer's: change's own as they are, no Pod 404, and
 // the API server's 503.
 func (l *relayLive) updateAlone(c *fiber.Ctx, id string, change func(rec map[string]string, running bool) (map[string]string, error)) (map[string]string, bool, error) {
 	if l.alone.Update == nil {
 		return nil, false, relayUnavailableFor(errors.New("this replica changes no session's record"))
 	}
-	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
 	defer cancel()
 	var refused error
 	rec, running, err := l.alone.Update(ctx, id, func(rec map[string]string, running bool) (map[string]string, error) {

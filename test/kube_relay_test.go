@@ -588,6 +588,7 @@ func TestKubeRelay(t *testing.T) {
 	if err != nil || gone.ID != doomed.ID || gone.State != "stopping" {
 		t.Fatalf("an SDK delete through B, without retries, while nobody leads: %+v %v, want it stopping", gone, err)
 	}
+	t.Logf("an SDK delete through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(deletedAt).Seconds(), time.Since(killed).Seconds())
 	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "POST", "/v1/sessions/"+doomed.ID+"/exec", map[string]any{"cmd": []string{"true"}}); st != 409 {
 		t.Errorf("a command through B in the session deleted while nobody leads: %d %s, want 409", st, body)
 	}
@@ -788,10 +789,12 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "expires_at") != extended.ExpiresAt.Format(time.RFC3339Nano) {
 		t.Errorf("the session extended while nobody led, through B leading: %d %s, want it expiring at %v", st, body, extended.ExpiresAt)
 	}
+	leadAt := time.Now()
 	waitFor(t, 2*time.Minute, "the session deleted while nobody led stopped, its Pod gone", func() bool {
 		_, pod := kubePods(t, kb)[doomed.ID]
 		return !pod && stopAsked(t, rb, rb.keyB, doomed.ID, deletedAt, "deleted through a gateway replica while none led")
 	})
+	t.Logf("the session deleted while nobody led was stopped, its Pod gone, %.1f s after B was seen leading", time.Since(leadAt).Seconds())
 	// The session whose Pod went while nobody led: B, leading, stores
 	// its log from its trail's pieces, with its end, and drops them.
 	led := time.Now()
@@ -928,6 +931,7 @@ func TestKubeRelay(t *testing.T) {
 		_, pod := kubePods(t, kb)[s.ID]
 		return !pod && stopAsked(t, rb, rb.keyA, s.ID, askedAt, "deleted through another gateway replica")
 	})
+	t.Logf("B, leading, stopped a session another replica's delete marked stopping, its Pod gone, %.1f s after the write", time.Since(askedAt).Seconds())
 }
 
 // stopAsked says whether session id's trail through r (with key) has
