@@ -198,6 +198,7 @@ func (m *Manager) markState(ctx context.Context, s *sess, sb Sandbox, st State) 
 		// leader answered this one): that stop is carried out instead.
 		var asked map[string]string
 		_, err = u.UpdateRecord(ctx, func(rec map[string]string) (map[string]string, error) {
+			asked = nil
 			if State(rec[labelState]) == StateStopping {
 				asked = rec
 				return nil, nil
@@ -205,7 +206,7 @@ func (m *Manager) markState(ctx context.Context, s *sess, sb Sandbox, st State) 
 			return map[string]string{labelState: string(st)}, nil
 		})
 		if err == nil && asked != nil {
-			s.marked = StateStopping
+			// (Not marked: the stop's own mark clears the stop asked.)
 			m.recordChanged(asked)
 			return nil
 		}

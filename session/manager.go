@@ -240,7 +240,10 @@ type sess struct {
 	// names the tenant of a claim in progress.
 	pool     *pool
 	claimFor string
-	frozen   bool // its processes are frozen (a pooled session waiting)
+	// rechecking: the reaper reads the record of this session, due for
+	// its TTL, again (reapUnlessExtended).
+	rechecking bool
+	frozen     bool // its processes are frozen (a pooled session waiting)
 	// settled: a pooled session whose start has quietened (see quiesce);
 	// a claim prefers one.
 	settled  bool
@@ -498,7 +501,11 @@ func (m *Manager) StopTenant(tenant, reason string) int {
 		}
 		switch {
 		case s.info.State == StateRunning:
+			// Recorded with the stop's beginning (beginStop's), at once:
+			// no other stop comes between them.
 			s.record("stop_requested", map[string]any{"reason": reason})
+			s.info.State = StateStopping
+			closeConns(s, "")
 			running = append(running, s)
 		case s.info.State == StateStarting && s.cancel != nil:
 			starting = append(starting, s.cancel) // the start rolls back by itself
@@ -509,7 +516,7 @@ func (m *Manager) StopTenant(tenant, reason string) int {
 		cancel()
 	}
 	for _, s := range running {
-		m.stopAsync(s, StateStopped, "")
+		m.teardownAsync(s, StateStopped, "")
 	}
 	return len(running) + len(starting)
 }
@@ -647,6 +654,9 @@ func (m *Manager) Extend(ctx context.Context, tenant, id string, ttl time.Durati
 // session's. Records of sessions it does not hold, pooled ones', and
 // any change to a session not running, are left alone.
 func (m *Manager) recordChanged(rec map[string]string) {
+	if m.base.Err() != nil {
+		return // closed (or closing): the next gateway adopts it
+	}
 	m.mu.Lock()
 	s := m.sessions[rec[labelSession]]
 	if s == nil || s.pool != nil || s.resumeStop || s.info.State != StateRunning || rec[labelPool] != "" {

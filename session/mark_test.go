@@ -18,7 +18,9 @@ type recordBox struct {
 	record map[string]string
 	writes int
 	fail   int
-	delay  time.Duration
+	// removed counts the removals.
+	removed int
+	delay   time.Duration
 }
 
 func (b *recordBox) SetRecord(_ context.Context, change map[string]string) (map[string]string, error) {
@@ -34,6 +36,13 @@ func (b *recordBox) SetRecord(_ context.Context, change map[string]string) (map[
 	}
 	b.writes++
 	return b.record, nil
+}
+
+func (b *recordBox) Remove(context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.removed++
+	return nil
 }
 
 func (b *recordBox) Record(context.Context) (map[string]string, error) {
@@ -131,10 +140,11 @@ func TestMarkState(t *testing.T) {
 // gateway replica writes (a delete or an extension while no leader
 // answered it), the manager holds to them. Its extension is written
 // (the control), but refused (409) over a stop another replica stored,
-// the record kept; a running mark is not written over such a stop; an
-// expiry another replica wrote is the session's, and so is one the
-// reaper finds in the record as the session comes due; a record that
-// still has the old expiry does not keep it.
+// the record and the session kept; a running mark is not written over
+// such a stop; an expiry another replica wrote is the session's, and
+// so is one the reaper finds in the record as the session comes due;
+// a stop another replica asked stops the session, recorded once, the
+// stop asked cleared from the record.
 func TestRecordWrittenElsewhere(t *testing.T) {
 	now := time.Now().UTC()
 	info := Info{ID: "s-1", Tenant: "t", Kind: KindBrowser, State: StateRunning, CreatedAt: now, ExpiresAt: now.Add(10 * time.Minute)}
@@ -159,8 +169,9 @@ func TestRecordWrittenElsewhere(t *testing.T) {
 	box.record[labelState], box.record[RecordStopAsked] = string(StateStopping), now.Format(time.RFC3339Nano)
 	box.mu.Unlock()
 	var pe *PublicError
-	if _, err := m.Extend(ctx, "t", "s-1", 40*time.Minute); !errors.As(err, &pe) || pe.Class != ErrConflict || box.record[labelExpires] != extended {
-		t.Fatalf("an extension over a stop another replica stored: %v, record %q, want 409 and %q", err, box.record[labelExpires], extended)
+	if _, err := m.Extend(ctx, "t", "s-1", 40*time.Minute); !errors.As(err, &pe) || pe.Class != ErrConflict || box.record[labelExpires] != extended ||
+		s.info.ExpiresAt.Format(time.RFC3339Nano) != extended {
+		t.Fatalf("an extension over a stop another replica stored: %v, record %q, session %v, want 409 and %q", err, box.record[labelExpires], s.info.ExpiresAt, extended)
 	}
 
 	// A running mark over such a stop: not written.
@@ -191,21 +202,45 @@ func TestRecordWrittenElsewhere(t *testing.T) {
 	}
 
 	// The reaper's look: a session come due whose record holds a later
-	// expiry runs on; one whose record holds the old one does not.
+	// expiry runs on.
 	m.backend = watchingBackend{}
 	s.info.ExpiresAt = now.Add(-time.Second)
 	box.mu.Lock()
+	box.record[labelState], box.record[RecordStopAsked] = string(StateRunning), ""
 	box.record[labelExpires] = now.Add(time.Minute).Format(time.RFC3339Nano)
 	box.mu.Unlock()
-	if kept := m.extendedElsewhere(s); !kept || !s.info.ExpiresAt.After(now) {
-		t.Fatalf("a session due whose record was extended: kept %v, expires %v", kept, s.info.ExpiresAt)
+	m.wg.Add(1)
+	m.reapUnlessExtended(s)
+	if s.info.State != StateRunning || !s.info.ExpiresAt.After(now) {
+		t.Fatalf("a session due whose record was extended: %s, expires %v", s.info.State, s.info.ExpiresAt)
 	}
-	s.info.ExpiresAt = now.Add(-time.Second)
+	// A stop another replica stored, told by the watch: the session
+	// stops, its trail saying when the stop was asked, once; its record
+	// is stopping, the stop asked cleared (recorded).
+	asked := now.Add(-time.Second).Truncate(time.Millisecond)
+	stop := maps.Clone(box.record)
+	stop[labelState], stop[RecordStopAsked] = string(StateStopping), asked.Format(time.RFC3339Nano)
 	box.mu.Lock()
-	box.record[labelExpires] = now.Add(-time.Second).Format(time.RFC3339Nano)
+	maps.Copy(box.record, stop)
 	box.mu.Unlock()
-	if m.extendedElsewhere(s) {
-		t.Fatal("a session due whose record has its old expiry is kept")
+	m.recordChanged(stop)
+	m.recordChanged(stop) // told twice (a late event): one stop
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the session whose record another replica marked stopping did not stop")
+	}
+	var requested []map[string]any
+	for _, ev := range s.trail.events() {
+		if ev.Type == "stop_requested" {
+			requested = append(requested, ev.Fields)
+		}
+	}
+	if len(requested) != 1 || requested[0]["happened_at"] != asked.Format(time.RFC3339Nano) || s.info.State != StateStopped {
+		t.Errorf("the stop another replica asked: %s, stop_requested %v, want stopped, one at %v", s.info.State, requested, asked)
+	}
+	if box.state2() != StateStopping || box.record[RecordStopAsked] != "" || box.removed != 1 {
+		t.Errorf("the stopped session's record: %s, stop asked %q, removed %d times", box.state2(), box.record[RecordStopAsked], box.removed)
 	}
 }
 

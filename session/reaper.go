@@ -41,11 +41,19 @@ func (m *Manager) reap() {
 			var why []string
 			m.mu.Lock()
 			for _, s := range m.sessions {
-				if s.info.State != StateRunning || s.claimFor != "" {
-					continue // a claim in progress settles it
+				if s.info.State != StateRunning || s.claimFor != "" || s.rechecking {
+					continue // a claim in progress settles it; a recheck, too
 				}
 				switch {
 				case now.After(s.info.ExpiresAt):
+					if _, ok := m.backend.(RecordWatcher); ok {
+						// Its record first, apart from the loop: another
+						// replica may have extended it.
+						s.rechecking = true
+						m.wg.Add(1)
+						go m.reapUnlessExtended(s)
+						continue
+					}
 					due, why = append(due, s), append(why, "ttl")
 				case s.info.IdleTimeout > 0 && now.Sub(s.lastActive) > time.Duration(s.info.IdleTimeout)*time.Second:
 					due, why = append(due, s), append(why, "idle timeout")
@@ -53,9 +61,6 @@ func (m *Manager) reap() {
 			}
 			m.mu.Unlock()
 			for i, s := range due {
-				if why[i] == "ttl" && m.extendedElsewhere(s) {
-					continue
-				}
 				m.log.Info("reaping session", "session", s.info.ID, "tenant", s.info.Tenant, "reason", why[i])
 				m.stopAsync(s, StateStopped, "")
 			}
@@ -97,37 +102,38 @@ func (m *Manager) forget(now time.Time) {
 	}
 }
 
-// extendedElsewhere reads again the record of a session due for its
-// TTL, under a backend whose records others write (RecordWatcher): an
-// extension another replica stored, that the watch has not told yet or
-// that a late write of this manager's hid, is the session's, and it is
-// not stopped. Read within 2 s; a record that cannot be read, as
+// reapUnlessExtended stops a session due for its TTL, under a backend
+// whose records others write (RecordWatcher), unless its record, read
+// again, says otherwise: an extension another replica stored, that the
+// watch has not told yet or that a late write of this manager's hid, is
+// the session's, and a stop asked is carried out as asked
+// (recordChanged). Read within 2 s; a record that cannot be read, as
 // before, does not keep it.
-func (m *Manager) extendedElsewhere(s *sess) bool {
-	if _, ok := m.backend.(RecordWatcher); !ok {
-		return false
-	}
+func (m *Manager) reapUnlessExtended(s *sess) {
+	defer m.wg.Done()
+	defer func() {
+		m.mu.Lock()
+		s.rechecking = false
+		m.mu.Unlock()
+	}()
 	m.mu.Lock()
 	sb := s.box
 	m.mu.Unlock()
-	if sb == nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(m.base, 2*time.Second)
-	defer cancel()
-	rec, err := sb.Record(ctx)
-	if err != nil {
-		return false
-	}
-	exp, err := time.Parse(time.RFC3339Nano, rec[labelExpires])
-	if err != nil || !exp.After(time.Now()) {
-		return false
+	if sb != nil {
+		ctx, cancel := context.WithTimeout(m.base, 2*time.Second)
+		rec, err := sb.Record(ctx)
+		cancel()
+		if err == nil {
+			m.recordChanged(rec)
+		}
 	}
 	m.mu.Lock()
-	if s.info.State == StateRunning && exp.After(s.info.ExpiresAt) {
-		s.info.ExpiresAt = exp
-	}
+	due := s.info.State == StateRunning && time.Now().After(s.info.ExpiresAt)
 	m.mu.Unlock()
-	m.log.Info("a session due for its TTL was extended through another gateway replica: it runs on", "session", s.info.ID, "expires_at", exp)
-	return true
+	if !due {
+		m.log.Info("a session due for its TTL was extended or stopped through another gateway replica", "session", s.info.ID, "expires_at", s.info.ExpiresAt)
+		return
+	}
+	m.log.Info("reaping session", "session", s.info.ID, "tenant", s.info.Tenant, "reason", "ttl")
+	m.stopAsync(s, StateStopped, "")
 }

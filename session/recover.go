@@ -132,7 +132,10 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 	if _, ok := m.Limits(info.Tenant); !ok {
 		return nil, nil, "tenant no longer configured"
 	}
-	if time.Now().After(info.ExpiresAt) {
+	// A session whose stop had begun (or was asked by a replica while
+	// no leader answered) is adopted to be stopped, expired or not: its
+	// profile is saved and its trail records the stop.
+	if time.Now().After(info.ExpiresAt) && State(labels[labelState]) != StateStopping {
 		return nil, nil, "expired"
 	}
 	rt, ok := m.runtimes[info.Runtime]

@@ -936,10 +936,10 @@ func TestKubeRelay(t *testing.T) {
 
 // stopAsked says whether session id's trail through r (with key) has
 // a stop_requested for reason, made at asked (within a second), and
-// after it the session's end (stopped).
+// after it the session's end (stopped); more than one is an error.
 func stopAsked(t testing.TB, r *testEnv, key, id string, asked time.Time, reason string) bool {
 	t.Helper()
-	requested := false
+	requested, stopped := 0, false
 	for _, ev := range r.events(t, key, id) {
 		switch ev.Type {
 		case "stop_requested":
@@ -947,12 +947,15 @@ func stopAsked(t testing.TB, r *testEnv, key, id string, asked time.Time, reason
 			if ev.Fields["reason"] != reason || err != nil || at.Sub(asked).Abs() > time.Second {
 				t.Fatalf("session %s's stop_requested: %v, want reason %q, made at %v", id, ev.Fields, reason, asked)
 			}
-			requested = true
+			requested++
 		case "stopped":
-			return requested
+			stopped = requested > 0
 		}
 	}
-	return false
+	if requested > 1 {
+		t.Fatalf("session %s's trail has %d stop_requested, want one", id, requested)
+	}
+	return stopped
 }
 
 // writeRecord changes session id's record in its Pod as a gateway

@@ -111,6 +111,20 @@ func TestUpdateRecordIsCompareAndSwap(t *testing.T) {
 	if before.ResourceVersion != after.ResourceVersion {
 		t.Errorf("a stop of a stopping session wrote the Pod (version %s to %s)", before.ResourceVersion, after.ResourceVersion)
 	}
+	// A Pod whose record cannot be read, and none, hold no session:
+	// nothing asked, nothing written.
+	garbled := ids.NewSession()
+	if _, err := client.CoreV1().Pods("ns").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(garbled), Namespace: "ns",
+		Labels: map[string]string{LabelManaged: managedBy}, Annotations: map[string]string{AnnInfo: "{"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range []string{garbled, ids.NewSession()} {
+		asked := false
+		_, _, err := s.UpdateRecord(ctx, other, func(map[string]string, bool) (map[string]string, error) { asked = true; return nil, nil })
+		if !errors.Is(err, session.ErrSandboxGone) || asked {
+			t.Errorf("a record of session %s's: %v (asked %v), want no session", other, err, asked)
+		}
+	}
 }
 
 // TestWatchRecords: each change to a session Pod's record (any
