@@ -500,12 +500,7 @@ func (m *Manager) StopTenant(tenant, reason string) int {
 			continue
 		}
 		switch {
-		case s.info.State == StateRunning:
-			// Recorded with the stop's beginning (beginStop's), at once:
-			// no other stop comes between them.
-			s.record("stop_requested", map[string]any{"reason": reason})
-			s.info.State = StateStopping
-			closeConns(s, "")
+		case m.beginStopLocked(s, map[string]any{"reason": reason}):
 			running = append(running, s)
 		case s.info.State == StateStarting && s.cancel != nil:
 			starting = append(starting, s.cancel) // the start rolls back by itself
@@ -669,12 +664,8 @@ func (m *Manager) recordChanged(rec map[string]string) {
 			m.mu.Unlock()
 			return // (this manager's own stop, under way)
 		}
-		// Recorded with the stop's beginning, at once: no other stop
-		// (the reaper's, a delete's) comes between them.
-		s.record("stop_requested", map[string]any{"happened_at": at.UTC().Format(time.RFC3339Nano),
-			"reason": "deleted through another gateway replica"})
-		s.info.State = StateStopping
-		closeConns(s, "")
+		m.beginStopLocked(s, map[string]any{"happened_at": at.UTC().Format(time.RFC3339Nano),
+			"reason": "deleted through another gateway replica"}) // (running: checked above)
 		m.mu.Unlock()
 		m.log.Info("another gateway replica stopped the session by its record: it is stopped", "session", s.info.ID)
 		m.teardownAsync(s, StateStopped, "")

@@ -72,8 +72,18 @@ func (m *Manager) teardownAsync(s *sess, final State, failure string) {
 func (m *Manager) beginStop(s *sess) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.beginStopLocked(s, nil)
+}
+
+// beginStopLocked is beginStop with m.mu held; asked, when not nil, is
+// the stop_requested recorded with it, so that no other stop comes
+// between the request and the stop it asks for.
+func (m *Manager) beginStopLocked(s *sess, asked map[string]any) bool {
 	if s.info.State != StateRunning {
 		return false
+	}
+	if asked != nil {
+		s.record("stop_requested", asked)
 	}
 	s.info.State = StateStopping
 	closeConns(s, "")
