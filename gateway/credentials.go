@@ -19,9 +19,13 @@ func WithVault(v *vault.Vault) Option { return func(s *Server) { s.vault = v } }
 
 func (s *Server) needVault() error {
 	if s.vault == nil {
-		return &apiError{status: 503, code: "unavailable", msg: "this gateway has no credential vault (vault.key is not configured)"}
+		return errNoVault()
 	}
 	return nil
+}
+
+func errNoVault() error {
+	return &apiError{status: 503, code: "unavailable", msg: "this gateway has no credential vault (vault.key is not configured)"}
 }
 
 func vaultError(err error) error {
@@ -35,10 +39,19 @@ func vaultError(err error) error {
 	}
 }
 
-func (s *Server) createCredential(c *fiber.Ctx) error {
-	if err := s.needVault(); err != nil {
-		return err
+// withVault answers a credential request of the leader's: its tenant's,
+// with the gateway's vault.
+func (s *Server) withVault(answer func(c *fiber.Ctx, v *vault.Vault, tenant string) error) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		if err := s.needVault(); err != nil {
+			return err
+		}
+		return answer(c, s.vault, tenantOf(c))
 	}
+}
+
+// createCredential: POST /v1/credentials.
+func (s *Server) createCredential(c *fiber.Ctx, v *vault.Vault, tenant string) error {
 	var n vault.New
 	if err := decode(c, &n); err != nil {
 		return err
@@ -55,50 +68,44 @@ func (s *Server) createCredential(c *fiber.Ctx) error {
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	m, err := s.vault.Create(ctx, tenantOf(c), n)
+	m, err := v.Create(ctx, tenant, n)
 	if err != nil {
 		return vaultError(err)
 	}
-	s.log.Info("credential created", "tenant", tenantOf(c), "credential", m.ID, "kind", m.Kind)
+	s.log.Info("credential created", "tenant", tenant, "credential", m.ID, "kind", m.Kind)
 	return c.Status(fiber.StatusCreated).JSON(m)
 }
 
-func (s *Server) listCredentials(c *fiber.Ctx) error {
-	if err := s.needVault(); err != nil {
-		return err
-	}
+// listCredentials: GET /v1/credentials.
+func listCredentials(c *fiber.Ctx, v *vault.Vault, tenant string) error {
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	ms, err := s.vault.List(ctx, tenantOf(c))
+	ms, err := v.List(ctx, tenant)
 	if err != nil {
 		return vaultError(err)
 	}
 	return c.JSON(fiber.Map{"credentials": ms})
 }
 
-func (s *Server) getCredential(c *fiber.Ctx) error {
-	if err := s.needVault(); err != nil {
-		return err
-	}
+// getCredential: GET /v1/credentials/:cid.
+func getCredential(c *fiber.Ctx, v *vault.Vault, tenant string) error {
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	m, err := s.vault.Get(ctx, tenantOf(c), c.Params("cid"))
+	m, err := v.Get(ctx, tenant, c.Params("cid"))
 	if err != nil {
 		return vaultError(err)
 	}
 	return c.JSON(m)
 }
 
-func (s *Server) deleteCredential(c *fiber.Ctx) error {
-	if err := s.needVault(); err != nil {
-		return err
-	}
+// deleteCredential: DELETE /v1/credentials/:cid.
+func (s *Server) deleteCredential(c *fiber.Ctx, v *vault.Vault, tenant string) error {
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	if err := s.vault.Delete(ctx, tenantOf(c), c.Params("cid")); err != nil {
+	if err := v.Delete(ctx, tenant, c.Params("cid")); err != nil {
 		return vaultError(err)
 	}
-	s.log.Info("credential deleted", "tenant", tenantOf(c), "credential", c.Params("cid"))
+	s.log.Info("credential deleted", "tenant", tenant, "credential", c.Params("cid"))
 	return c.SendStatus(fiber.StatusNoContent)
 }
 

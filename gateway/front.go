@@ -172,9 +172,17 @@ func relayable(method, path string) Relays {
 
 // answersAlone: a request reads a session, lists them, extends or
 // deletes one, issues or revokes a session's preview, reads its trail,
-// its artifacts or an artifact's link, or is a review link's, which a
-// relay answers itself when no leader takes it.
+// its artifacts or an artifact's link, is a review link's, or stores,
+// lists, reads or deletes a credential, which a relay answers itself
+// when no leader takes it.
 func answersAlone(method, path string) bool {
+	if path == "/v1/credentials" {
+		return method == "GET" || method == "POST"
+	}
+	if cid, ok := strings.CutPrefix(path, "/v1/credentials/"); ok {
+		// (Any id: one that is none is the vault's 404, as on a leader.)
+		return (method == "GET" || method == "DELETE") && cid != "" && !strings.Contains(cid, "/")
+	}
 	if method == "GET" {
 		if path == "/v1/sessions" {
 			return true

@@ -384,11 +384,14 @@ func TestFrontAnswersAlone(t *testing.T) {
 	defer relay.Close()
 	sid := ids.NewSession()
 	pid := ids.NewPreview()
+	cid := ids.NewCredential()
 	aid := recordings.SegmentID(sid, "audit.jsonl")
 	alone := [][2]string{{"GET", "/v1/sessions"}, {"GET", "/v1/sessions?x=1"}, {"GET", "/v1/sessions/" + sid}, {"POST", "/v1/sessions/" + sid + "/previews"},
 		{"DELETE", "/v1/sessions/" + sid + "/previews/" + pid}, {"GET", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/artifacts"},
 		{"GET", "/v1/artifacts/" + aid}, {"GET", "/review/tok"}, {"GET", "/review/tok/artifacts/" + aid},
-		{"POST", "/v1/sessions/" + sid + "/extend"}, {"DELETE", "/v1/sessions/" + sid}}
+		{"POST", "/v1/sessions/" + sid + "/extend"}, {"DELETE", "/v1/sessions/" + sid},
+		{"POST", "/v1/credentials"}, {"GET", "/v1/credentials"}, {"GET", "/v1/credentials/" + cid}, {"DELETE", "/v1/credentials/" + cid},
+		{"GET", "/v1/credentials/junk"}}
 	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/junk"}, {"DELETE", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/junk"},
 		{"POST", "/v1/sessions/" + sid + "/extend/x"}, {"POST", "/v1/sessions/junk/extend"}, {"PUT", "/v1/sessions/" + sid + "/extend"},
 		{"POST", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/events/x"}, {"GET", "/v1/sessions/junk/artifacts"},
@@ -398,7 +401,9 @@ func TestFrontAnswersAlone(t *testing.T) {
 		{"GET", "/v1/sessions/" + sid + "/snapshots"}, {"POST", "/v1/sessions/" + sid + "/snapshots"}, {"GET", "/v1/tenants"}, {"GET", "/v1/sessionsx"},
 		{"GET", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/" + sid + "/previews"}, {"DELETE", "/v1/sessions/" + sid + "/previews/p-junk"}, {"DELETE", "/v1/sessions/" + sid + "/previews/" + pid + "/x"},
 		{"GET", "/v1/sessions/" + sid + "/previews/" + pid},
-		{"POST", "/v1/sessions/" + sid + "/previews/x"}, {"POST", "/v1/sessions/junk/previews"}}
+		{"POST", "/v1/sessions/" + sid + "/previews/x"}, {"POST", "/v1/sessions/junk/previews"},
+		{"DELETE", "/v1/credentials"}, {"PUT", "/v1/credentials/" + cid}, {"POST", "/v1/credentials/" + cid},
+		{"GET", "/v1/credentials/" + cid + "/x"}, {"GET", "/v1/credentials/"}, {"GET", "/v1/credentialsx"}}
 	check := func(where string) {
 		t.Helper()
 		for _, r := range alone {

@@ -82,6 +82,11 @@ const (
 	relayPreviewsRoute = "/v1/sessions/:id/previews"
 	relayRevokeRoute   = "/v1/sessions/:id/previews/:preview"
 	relayExtendRoute   = "/v1/sessions/:id/extend"
+	// relayCredentialsRoute, relayCredentialRoute: the credentials a
+	// relay answers with its own vault while no leader answers
+	// (vaultAlone).
+	relayCredentialsRoute = "/v1/credentials"
+	relayCredentialRoute  = "/v1/credentials/:cid"
 	// relayEventsRoute, relayArtifactsRoute, relayArtifactRoute,
 	// relayReviewRoute, relayReviewArtifactRoute: the trails,
 	// artifacts and review links a relay answers from the store while
@@ -130,7 +135,10 @@ const (
 	// everyone's (and a revocation, an object in the store).
 	maxAloneAnswers  = 8
 	maxReviewAnswers = 4
-	maxIssuedAlone   = 64
+	// maxVaultAnswers bounds the credential requests, apart from those:
+	// the vault's MinIO may hang where the Pods' API server does not.
+	maxVaultAnswers = 4
+	maxIssuedAlone  = 64
 	// A running session's review uses kept while no leader answers: of
 	// one link, and of all tenants together (keepReview).
 	maxReviewUsesAlone    = 8
@@ -987,6 +995,7 @@ type relayLive struct {
 	// this replica's report has reached it).
 	aloneAnswers  chan struct{}
 	reviewAnswers chan struct{} // the review links' (maxReviewAnswers)
+	vaultAnswers  chan struct{} // the credentials' (maxVaultAnswers)
 	issuedAlone   map[string]int
 	revokedAlone  map[string]time.Time
 	reached       time.Time // when a leader last answered a report
@@ -1062,6 +1071,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		admits:       make(chan struct{}, maxRelayAdmits),
 		shellAdmits:  make(chan struct{}, maxShellAdmits),
 		aloneAnswers: make(chan struct{}, maxAloneAnswers), reviewAnswers: make(chan struct{}, maxReviewAnswers),
+		vaultAnswers:  make(chan struct{}, maxVaultAnswers),
 		issuedAlone:   map[string]int{},
 		revokedAlone:  map[string]time.Time{},
 		sandbox:       sandbox,
@@ -1127,6 +1137,11 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		// And a session's extension and delete, by its Pod's record.
 		s.app.Post(relayExtendRoute, l.orAlone(s.extendAlone))
 		s.app.Delete(relayReadRoute, l.orAlone(s.deleteAlone))
+		// And credentials, with the replica's own vault.
+		s.app.Post(relayCredentialsRoute, l.vaultAlone(s.createCredential))
+		s.app.Get(relayCredentialsRoute, l.vaultAlone(listCredentials))
+		s.app.Get(relayCredentialRoute, l.vaultAlone(getCredential))
+		s.app.Delete(relayCredentialRoute, l.vaultAlone(s.deleteCredential))
 		// So do trails, artifacts and review links (a reviewer's).
 		s.app.Get(relayEventsRoute, l.orAlone(s.eventsAlone))
 		s.app.Get(relayArtifactsRoute, l.orAlone(s.artifactsAlone))
@@ -1446,7 +1461,8 @@ func (l *relayLive) openShell(c *fiber.Ctx, id string) (*previewClaims, error) {
 // Front's do.
 func retrySoon(c *fiber.Ctx, err error) error {
 	var ae *apiError
-	if errors.As(err, &ae) && ae.status == 503 {
+	var word leaderWord
+	if errors.As(err, &ae) && ae.status == 503 && !errors.As(err, &word) {
 		c.Set(fiber.HeaderRetryAfter, "2")
 	}
 	return err

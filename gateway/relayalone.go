@@ -13,6 +13,7 @@ import (
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/tenant"
+	"github.com/sandgate/sandgate/vault"
 )
 
 // RelayAlone is what a replica that stands by admits the connections
@@ -67,6 +68,10 @@ type RelayAlone struct {
 	// and whether the sandbox runs, as written (session.ErrSandboxGone:
 	// there is none). nil: extensions and deletes wait for a leader.
 	Update func(ctx context.Context, id string, change func(rec map[string]string, running bool) (map[string]string, error)) (map[string]string, bool, error)
+	// Vault is the replica's own vault, opened when first needed (nil
+	// and no error: no vault.key is configured, as the leader's has
+	// none either); nil: credentials wait for a leader.
+	Vault func(ctx context.Context) (*vault.Vault, error)
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not
@@ -391,6 +396,11 @@ func (l *relayLive) tokenAlone(ctx context.Context, token string) (*previewClaim
 // by the copy of the tenants, and answered by answer, from the
 // sessions' Pods and the store.
 func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
+	return l.orAloneIn(l.aloneAnswers, answer)
+}
+
+// orAloneIn is orAlone, taking one of slots.
+func (l *relayLive) orAloneIn(slots chan struct{}, answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		key, err := bearerKey(c)
 		if err != nil {
@@ -399,7 +409,7 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 		if len(key) > 4096 {
 			return errUnauthenticated("the API key is not valid")
 		}
-		return l.passOrAlone(c, l.aloneAnswers, l.alone != nil && l.alone.List != nil, func() error {
+		return l.passOrAlone(c, slots, l.alone != nil && l.alone.List != nil, func() error {
 			name, lim, err := l.alone.Tenant(key)
 			switch {
 			case errors.Is(err, tenant.ErrDisabled):
@@ -413,6 +423,51 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 			return answer(c, name)
 		})
 	}
+}
+
+// vaultAlone answers a credential request no leader takes, as the
+// leader would (withVault), with the replica's own vault: a
+// credential is one sealed object in the vault's bucket, which any
+// replica reads and writes alike. The credentials take turns of their
+// own (vaultAnswers), and 5 s at most each, the vault's opening
+// included. A 503 says to retry where the leader's would (a vault
+// that could not be opened, a read); a store or delete that failed
+// may have been done, and no vault.key is no passing state: as on the
+// leader, those do not.
+func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant string) error) fiber.Handler {
+	return l.orAloneIn(l.vaultAnswers, func(c *fiber.Ctx, tenantName string) error {
+		if l.alone.Vault == nil {
+			return relayUnavailableFor(errors.New("this replica opens no vault"))
+		}
+		ctx, cancel := context.WithTimeout(c.UserContext(), 5*time.Second)
+		defer cancel()
+		v, err := l.alone.Vault(ctx)
+		switch {
+		case err != nil:
+			return vaultError(err)
+		case v == nil:
+			return asLeader(errNoVault())
+		}
+		c.SetUserContext(ctx)
+		err = answer(c, v, tenantName)
+		if c.Method() != fiber.MethodGet {
+			return asLeader(err)
+		}
+		return err
+	})
+}
+
+// leaderWord is an answer given alone as the leader gives it: a 503
+// of its own does not say to retry (retrySoon leaves it).
+type leaderWord struct{ error }
+
+func (w leaderWord) Unwrap() error { return w.error }
+
+func asLeader(err error) error {
+	if err == nil {
+		return nil
+	}
+	return leaderWord{err}
 }
 
 // localAloneLimits holds the tenant's limits (session.TenantLimits) of
@@ -447,6 +502,8 @@ func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, canAlone bool
 			return retrySoon(c, err)
 		}
 		l.silent()
+		// (Its 503's Retry-After is not this answer's.)
+		c.Response().Header.Del(fiber.HeaderRetryAfter)
 	}
 	if err := l.admitsAlone(c.Context()); err != nil {
 		return retrySoon(c, err)

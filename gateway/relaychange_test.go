@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
 )
 
 // closeCount counts its closes: a connection a relay carries.
@@ -227,4 +228,81 @@ func TestRelayAloneExtendsAndDeletes(t *testing.T) {
 	if st, body, _ := extend(name["old"], "good", `{"ttl_seconds":540}`); st != 200 {
 		t.Errorf("an extension within the maximum TTL: %d %s", st, body)
 	}
+}
+
+// TestRelayAloneCredentials: while no leader answers, a relay answers
+// the credential routes with its own vault (RelayAlone.Vault), by the
+// key's tenant as its copy has it. The control: with a leader, the
+// leader answers. Alone: an unknown key is a 401 and a disabled
+// tenant's a 403 before the vault is asked; no vault.key is the
+// leader's 503, a vault that cannot open a 503, and a replica that
+// opens none a 503 to retry; bad input a 400 once the vault is asked.
+// (The vault's own answers, against MinIO: TestKubeRelay.)
+func TestRelayAloneCredentials(t *testing.T) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
+	}))
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	var mu sync.Mutex
+	var opened int
+	var open func(context.Context) (*vault.Vault, error)
+	alone := RelayAlone{
+		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
+		Session: func(context.Context, string) (map[string]string, bool, error) {
+			return nil, false, session.ErrSandboxGone
+		},
+		List:    func(context.Context, string) ([]AloneRecord, error) { return nil, nil },
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+		Fresh:   func() time.Time { return time.Now() },
+		Vault: func(ctx context.Context) (*vault.Vault, error) {
+			if _, ok := ctx.Deadline(); !ok {
+				t.Error("the vault is opened without a deadline")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			opened++
+			return open(ctx)
+		},
+	}
+	srv.AdmitAlone(alone)
+	cid := ids.NewCredential()
+	routes := [][3]string{{"POST", "/v1/credentials", `{"name":"qa","kind":"password","username":"u","secret":"s"}`},
+		{"GET", "/v1/credentials", ""}, {"GET", "/v1/credentials/" + cid, ""}, {"DELETE", "/v1/credentials/" + cid, ""}}
+	for _, r := range routes {
+		if st, body, _ := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 200 || body != `{"leader":"`+r[0]+" "+r[1]+`"}` {
+			t.Fatalf("%s %s with a leader: %d %s, want the leader's answer", r[0], r[1], st, body)
+		}
+	}
+	leader.Close()
+	srv.live.(*relayLive).client.CloseIdleConnections()
+
+	check := func(what, key string, want int, wantMsg, wantRetry string, wantOpened bool) {
+		t.Helper()
+		for _, r := range routes {
+			mu.Lock()
+			opened = 0
+			mu.Unlock()
+			st, body, retry := relayCall(t, srv, r[0], r[1], key, r[2])
+			mu.Lock()
+			n := opened
+			mu.Unlock()
+			if st != want || !strings.Contains(body, wantMsg) || retry != wantRetry || (n > 0) != wantOpened {
+				t.Errorf("%s: %s %s: %d %s (Retry-After %q, vault asked %d times), want %d with %q (Retry-After %q, asked %v)",
+					what, r[0], r[1], st, body, retry, n, want, wantMsg, wantRetry, wantOpened)
+			}
+		}
+	}
+	// (Every request: the first after the leader's death, whose 503 is
+	// dropped, and those that follow, made alone at once.)
+	open = func(context.Context) (*vault.Vault, error) { return nil, errors.New("MinIO does not answer") }
+	check("an unknown key", "nobody", 401, "the API key is not valid", "", false)
+	check("a disabled tenant's key", "off", 403, "the tenant is disabled", "", false)
+	check("a vault that cannot open", "good", 503, "the credential vault is not answering", "2", true)
+	// No vault.key: the leader's 503, which does not say to retry.
+	open = func(context.Context) (*vault.Vault, error) { return nil, nil }
+	check("no vault.key", "good", 503, "vault.key is not configured", "", true)
+	alone.Vault = nil
+	srv.AdmitAlone(alone)
+	check("a replica that opens no vault", "good", 503, "the gateway cannot check the request now", "2", false)
 }

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -36,12 +35,8 @@ type replicaEgress struct {
 	relay   *gateway.Server
 	log     *slog.Logger
 
-	// Its own vault while it stands by: opened when first needed, tried
-	// again at most every 5 s while MinIO does not answer.
-	vault  atomic.Pointer[vault.Vault]
-	openV  func(context.Context) (*vault.Vault, error) // nil: no vault.key
-	openMu sync.Mutex
-	openAt time.Time // when the last try ended
+	// Its own vault while it stands by (nil: no vault.key).
+	vault  *standbyVault
 	warnAt atomic.Int64
 	// settings: the egress settings the proxy runs with (egressSettings).
 	settings string
@@ -106,28 +101,72 @@ func (r *replicaEgress) vaultNow() *vault.Vault {
 	if ld := r.lead.Load(); ld != nil {
 		return ld.v
 	}
-	if v := r.vault.Load(); v != nil || r.openV == nil {
-		return v
-	}
-	// One try at a time, and none for 5 s after one failed: a request
-	// meanwhile goes without (credential_unavailable), rather than wait.
-	if !r.openMu.TryLock() {
+	if r.vault == nil {
 		return nil
 	}
-	defer r.openMu.Unlock()
-	if v := r.vault.Load(); v != nil || time.Since(r.openAt) < 5*time.Second {
-		return v
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	v, err := r.openV(ctx)
-	r.openAt = time.Now()
+	// A connection meanwhile goes without (credential_unavailable),
+	// rather than wait for the vault to open.
+	v, err := r.vault.get(context.Background(), false)
 	if err != nil {
 		r.warn("egress proxy: the vault cannot be opened; credentials are not added meanwhile", "err", err)
-		return nil
 	}
-	r.vault.Store(v)
 	return v
+}
+
+// standbyVault is a replica's own vault while it stands by: opened
+// when first needed, tried again at most every 5 s while MinIO does
+// not answer.
+type standbyVault struct {
+	open func(context.Context) (*vault.Vault, error)
+	v    atomic.Pointer[vault.Vault]
+	turn chan struct{} // one try at a time
+	at   time.Time     // when the last try ended (under turn)
+	err  error         // its error
+}
+
+func newStandbyVault(open func(context.Context) (*vault.Vault, error)) *standbyVault {
+	return &standbyVault{open: open, turn: make(chan struct{}, 1)}
+}
+
+// get is the vault, opened now if need be: one try at a time, within
+// ctx and 10 s, and none within 5 s of one that failed (its error is
+// the answer then). With wait, it waits for another try under way
+// while ctx lasts; without, it answers nil at once.
+func (s *standbyVault) get(ctx context.Context, wait bool) (*vault.Vault, error) {
+	if v := s.v.Load(); v != nil {
+		return v, nil
+	}
+	select {
+	case s.turn <- struct{}{}:
+	default:
+		if !wait {
+			return nil, nil
+		}
+		select {
+		case s.turn <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the vault is being opened: %w", ctx.Err())
+		}
+	}
+	defer func() { <-s.turn }()
+	if v := s.v.Load(); v != nil {
+		return v, nil
+	}
+	if s.err != nil && time.Since(s.at) < 5*time.Second {
+		return nil, s.err
+	}
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := s.open(octx)
+	if err != nil {
+		if ctx.Err() == nil {
+			// (A try its asker gave up on says nothing of MinIO.)
+			s.at, s.err = time.Now(), err
+		}
+		return nil, err
+	}
+	s.v.Store(v)
+	return v, nil
 }
 
 // warn logs, at most every 10 s.

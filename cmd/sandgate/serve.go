@@ -246,6 +246,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// revocations stored in MinIO, read again every 2 s and not
 			// used once 30 s old (standCtx ends them as it leads), and
 			// by the session's Pod.
+			// Its own vault, opened when first needed: credentials
+			// answered alone, and the egress proxy's while it stands by.
+			var standVault *standbyVault
+			if vkey, _ := cfg.vaultKey(); vkey != nil {
+				standVault = newStandbyVault(func(ctx context.Context) (*vault.Vault, error) {
+					return vault.Open(ctx, vaultConfig(cfg, vkey))
+				})
+			}
 			if relayStore != nil {
 				rlog := log.With("component", "relay")
 				followed := tenant.Follow(standCtx, recordings.TenantsMirror{Store: relayStore, Name: cfg.Kubernetes.Namespace}, tenantSeeds(cfg), 2*time.Second, 30*time.Second, rlog)
@@ -267,8 +275,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					Isolation: kube.RuntimeIsolation,
 					Revoke:    relayStore.PutRevocation,
 					Update:    pods.UpdateRecord,
-					Enabled:   followed.Enabled,
-					Revoked:   revoked.Revoked,
+					Vault: func(ctx context.Context) (*vault.Vault, error) {
+						if standVault == nil {
+							return nil, nil
+						}
+						return standVault.get(ctx, true)
+					},
+					Enabled: followed.Enabled,
+					Revoked: revoked.Revoked,
 					Refresh: func(ctx context.Context) {
 						var wg sync.WaitGroup
 						wg.Add(2)
@@ -298,12 +312,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				if err != nil {
 					return err
 				}
-				standEgress = &replicaEgress{sources: sources, relay: relay, log: log.With("component", "egress")}
-				if vkey != nil {
-					standEgress.openV = func(ctx context.Context) (*vault.Vault, error) {
-						return vault.Open(ctx, vaultConfig(cfg, vkey))
-					}
-				}
+				standEgress = &replicaEgress{sources: sources, relay: relay, vault: standVault, log: log.With("component", "egress")}
 				if err := startReplicaEgress(egressStand, cfg, standEgress, ca, log); err != nil {
 					return err
 				}
