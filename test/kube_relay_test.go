@@ -64,6 +64,9 @@ import (
 // Pods' records; once B leads, the one keeps its expiry and the other
 // is stopped, its trail saying when the delete was asked. B, leading,
 // takes in the same writes of another replica that could not reach it.
+// While nobody leads, B also stores, reads, lists and deletes
+// credentials with its own vault (the SDK, no retries), another
+// tenant's key finding none of them; B leading holds what B did.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -450,6 +453,17 @@ func TestKubeRelay(t *testing.T) {
 	if err := json.Unmarshal(body, &doomed); st != 201 || err != nil {
 		t.Fatalf("create a fourth session: %d %s", st, body)
 	}
+	// A credential stored through A, read and deleted through B while
+	// nobody leads (below).
+	credential := func(name string) sandgate.CredentialRequest {
+		return sandgate.CredentialRequest{Name: name, Kind: "basic", Username: "qa", Secret: "secret-" + randHex(12),
+			Destinations: []sandgate.Destination{{Scheme: "https", Host: "login.example.test"}}}
+	}
+	preReq := credential("stored through A")
+	preCred, err := sandgate.New(ra.gwURL, ra.keyA).CreateCredential(ctx, preReq)
+	if err != nil {
+		t.Fatalf("a credential through A: %v", err)
+	}
 	mc := rb.profileBucket(t)
 	waitFor(t, 30*time.Second, "the third session's trail in MinIO", func() bool {
 		return bytes.Contains(storedTrail(t, mc, "tenant-a", unseen.ID), []byte(`"created"`))
@@ -594,6 +608,45 @@ func TestKubeRelay(t *testing.T) {
 	}
 	if r := execWith(t, fresh, rb.gwURL, rb.keyA, s.ID, map[string]any{"cmd": []string{"true"}}); r.ExitCode != 0 {
 		t.Errorf("a command through B in the extended session while nobody leads: exit %d", r.ExitCode)
+	}
+	// Credentials through B, with its own vault (the SDK, without
+	// retries): the one stored through A is read, listed and deleted;
+	// a new one is stored, listed and read; another tenant's key finds
+	// neither. No answer carries a secret. B leading holds them as B
+	// left them (below).
+	aloneA, aloneB := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)), sandgate.New(rb.gwURL, rb.keyB, sandgate.WithRetry(0))
+	gapReq := credential("stored through B alone")
+	credAt := time.Now()
+	gapCred, err := aloneA.CreateCredential(ctx, gapReq)
+	if err != nil || gapCred.Name != gapReq.Name || len(gapCred.Destinations) != 1 || gapCred.Destinations[0].Port != 443 {
+		t.Fatalf("a credential stored through B while nobody leads: %+v %v", gapCred, err)
+	}
+	t.Logf("a credential stored through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(credAt).Seconds(), time.Since(killed).Seconds())
+	if got, err := aloneA.GetCredential(ctx, preCred.ID); err != nil || got.Name != preReq.Name || got.Username != "qa" {
+		t.Errorf("the credential stored through A, read through B while nobody leads: %+v %v", got, err)
+	}
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/credentials", nil)
+	if st != 200 || !strings.Contains(string(body), preCred.ID) || !strings.Contains(string(body), gapCred.ID) ||
+		strings.Contains(string(body), preReq.Secret) || strings.Contains(string(body), gapReq.Secret) {
+		t.Errorf("the credentials listed through B while nobody leads: %d %s, want both, without their secrets", st, body)
+	}
+	if _, err := aloneB.GetCredential(ctx, gapCred.ID); !sandgate.IsNotFound(err) {
+		t.Errorf("another tenant's credential read through B while nobody leads: %v, want not found", err)
+	}
+	if err := aloneB.DeleteCredential(ctx, preCred.ID); !sandgate.IsNotFound(err) {
+		t.Errorf("another tenant's credential deleted through B while nobody leads: %v, want not found", err)
+	}
+	if list, err := aloneB.Credentials(ctx); err != nil || hasCredential(list, preCred.ID) || hasCredential(list, gapCred.ID) {
+		t.Errorf("another tenant's credentials listed through B while nobody leads: %+v %v, want neither of tenant-a's", list, err)
+	}
+	if err := aloneA.DeleteCredential(ctx, preCred.ID); err != nil {
+		t.Errorf("the credential stored through A, deleted through B while nobody leads: %v", err)
+	}
+	if _, err := aloneA.GetCredential(ctx, preCred.ID); !sandgate.IsNotFound(err) {
+		t.Errorf("the credential deleted through B, read again while nobody leads: %v, want not found", err)
+	}
+	if _, err := aloneA.GetCredential(ctx, "junk"); !sandgate.IsNotFound(err) {
+		t.Errorf("a credential id that is none, through B while nobody leads: %v, want not found, as a leader answers", err)
 	}
 	// A person's view link and a reviewer's reads through B, answered
 	// alone from the store: the view page; the trail as stored (the
@@ -788,6 +841,9 @@ func TestKubeRelay(t *testing.T) {
 	// trail has the request, when it was made, and then its end.
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "expires_at") != extended.ExpiresAt.Format(time.RFC3339Nano) {
 		t.Errorf("the session extended while nobody led, through B leading: %d %s, want it expiring at %v", st, body, extended.ExpiresAt)
+	}
+	if list, err := sandgate.New(rb.gwURL, rb.keyA).Credentials(ctx); err != nil || !hasCredential(list, gapCred.ID) || hasCredential(list, preCred.ID) {
+		t.Errorf("the credentials through B leading: %+v %v, want the one stored while nobody led, not the one deleted", list, err)
 	}
 	leadAt := time.Now()
 	waitFor(t, 2*time.Minute, "the session deleted while nobody led stopped, its Pod gone", func() bool {
@@ -1437,4 +1493,9 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 		return st == 200
 	})
 	rb.api(b, rb.keyA, "DELETE", "/v1/sessions/"+id, nil)
+}
+
+// hasCredential: id is among list.
+func hasCredential(list []sandgate.Credential, id string) bool {
+	return slices.ContainsFunc(list, func(c sandgate.Credential) bool { return c.ID == id })
 }
