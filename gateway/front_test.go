@@ -402,7 +402,7 @@ func TestFrontAnswersAlone(t *testing.T) {
 		{"GET", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/" + sid + "/previews"}, {"DELETE", "/v1/sessions/" + sid + "/previews/p-junk"}, {"DELETE", "/v1/sessions/" + sid + "/previews/" + pid + "/x"},
 		{"GET", "/v1/sessions/" + sid + "/previews/" + pid},
 		{"POST", "/v1/sessions/" + sid + "/previews/x"}, {"POST", "/v1/sessions/junk/previews"},
-		{"DELETE", "/v1/credentials"}, {"PUT", "/v1/credentials/" + cid}, {"POST", "/v1/credentials/" + cid},
+		{"DELETE", "/v1/credentials"}, {"PUT", "/v1/credentials/" + cid}, {"POST", "/v1/credentials/" + cid}, {"PUT", "/v1/credentials"},
 		{"GET", "/v1/credentials/" + cid + "/x"}, {"GET", "/v1/credentials/"}, {"GET", "/v1/credentialsx"}}
 	check := func(where string) {
 		t.Helper()

@@ -1684,20 +1684,7 @@ func relayCall(t *testing.T, srv *Server, method, path, key, body string) (int, 
 // the relay's log says why without the link's token (the URL's words
 // would have it); the control is the cause, in the log.
 func TestRelayPassOnHidesToken(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	ln := droppingLeader(t)
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	u, _ := url.Parse("http://gw.test:8080")
@@ -1877,4 +1864,26 @@ func testLeader(t *testing.T, log *slog.Logger) (*Server, *session.Manager) {
 		t.Fatal(err)
 	}
 	return srv, mgr
+}
+
+// droppingLeader listens as a leader that takes each connection, reads
+// the first byte of its request, and closes it without an answer.
+func droppingLeader(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.ReadAll(io.LimitReader(c, 1))
+			c.Close()
+		}
+	}()
+	return ln
 }

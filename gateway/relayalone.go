@@ -429,8 +429,8 @@ func (l *relayLive) orAloneIn(slots chan struct{}, answer func(c *fiber.Ctx, ten
 // leader would (withVault), with the replica's own vault: a
 // credential is one sealed object in the vault's bucket, which any
 // replica reads and writes alike. The credentials take turns of their
-// own (vaultAnswers), and 5 s at most each, the vault's opening
-// included. A 503 says to retry where the leader's would (a vault
+// own (vaultAnswers); the vault's part, its opening included, takes 5
+// s at most. A 503 says to retry where the leader's would (a vault
 // that could not be opened, a read); a store or delete that failed
 // may have been done, and no vault.key is no passing state: as on the
 // leader, those do not.
@@ -438,6 +438,9 @@ func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant 
 	return l.orAloneIn(l.vaultAnswers, func(c *fiber.Ctx, tenantName string) error {
 		if l.alone.Vault == nil {
 			return relayUnavailableFor(errors.New("this replica opens no vault"))
+		}
+		if cid := c.Params("cid"); cid != "" && !ids.IsCredential(cid) {
+			return errNotFound("no such credential") // (as the vault says, unasked)
 		}
 		ctx, cancel := context.WithTimeout(c.UserContext(), 5*time.Second)
 		defer cancel()
@@ -495,8 +498,9 @@ func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, canAlone bool
 		case p == unanswered || !canAlone:
 			// A leader that took it and did not answer lives: its
 			// word, not this replica's (a preview it may have
-			// issued: that 503 does not say to retry).
-			if c.Method() == fiber.MethodPost {
+			// issued, a delete it may have done: that 503 does not
+			// say to retry).
+			if c.Method() != fiber.MethodGet {
 				return err
 			}
 			return retrySoon(c, err)

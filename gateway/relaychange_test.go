@@ -5,13 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/session"
@@ -234,10 +238,13 @@ func TestRelayAloneExtendsAndDeletes(t *testing.T) {
 // the credential routes with its own vault (RelayAlone.Vault), by the
 // key's tenant as its copy has it. The control: with a leader, the
 // leader answers. Alone: an unknown key is a 401 and a disabled
-// tenant's a 403 before the vault is asked; no vault.key is the
-// leader's 503, a vault that cannot open a 503, and a replica that
-// opens none a 503 to retry; bad input a 400 once the vault is asked.
-// (The vault's own answers, against MinIO: TestKubeRelay.)
+// tenant's a 403 before the vault is asked, as is an id that is none
+// (404); the vault is asked within 5 s; no vault.key is the leader's
+// 503 (no Retry-After), a vault that cannot be opened a 503 to retry,
+// and a replica that opens none a 503 to retry. Once the vault opened,
+// the answer has 5 s, and a read that fails says to retry where a
+// store or a delete (which may have been done) does not, as the
+// leader's. (The vault's own answers, against MinIO: TestKubeRelay.)
 func TestRelayAloneCredentials(t *testing.T) {
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
@@ -245,7 +252,7 @@ func TestRelayAloneCredentials(t *testing.T) {
 	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
 	var mu sync.Mutex
 	var opened int
-	var open func(context.Context) (*vault.Vault, error)
+	open := func(context.Context) (*vault.Vault, error) { return nil, errors.New("MinIO does not answer") }
 	alone := RelayAlone{
 		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
 		Session: func(context.Context, string) (map[string]string, bool, error) {
@@ -255,17 +262,18 @@ func TestRelayAloneCredentials(t *testing.T) {
 		Enabled: func(string) error { return nil },
 		Revoked: func(string, string) (bool, error) { return false, nil },
 		Fresh:   func() time.Time { return time.Now() },
-		Vault: func(ctx context.Context) (*vault.Vault, error) {
-			if _, ok := ctx.Deadline(); !ok {
-				t.Error("the vault is opened without a deadline")
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			opened++
-			return open(ctx)
-		},
 	}
-	srv.AdmitAlone(alone)
+	withVault := alone
+	withVault.Vault = func(ctx context.Context) (*vault.Vault, error) {
+		if d, ok := ctx.Deadline(); !ok || time.Until(d) > 5*time.Second {
+			t.Errorf("the vault is asked for with %v left (a deadline: %v), want 5 s at most", time.Until(d), ok)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		opened++
+		return open(ctx)
+	}
+	srv.AdmitAlone(withVault)
 	cid := ids.NewCredential()
 	routes := [][3]string{{"POST", "/v1/credentials", `{"name":"qa","kind":"password","username":"u","secret":"s"}`},
 		{"GET", "/v1/credentials", ""}, {"GET", "/v1/credentials/" + cid, ""}, {"DELETE", "/v1/credentials/" + cid, ""}}
@@ -276,8 +284,11 @@ func TestRelayAloneCredentials(t *testing.T) {
 	}
 	leader.Close()
 	srv.live.(*relayLive).client.CloseIdleConnections()
+	// A replica that opens no vault: a relay of its own.
+	bare := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	bare.AdmitAlone(alone)
 
-	check := func(what, key string, want int, wantMsg, wantRetry string, wantOpened bool) {
+	check := func(srv *Server, what, key string, want int, wantMsg, wantRetry string, wantOpened bool) {
 		t.Helper()
 		for _, r := range routes {
 			mu.Lock()
@@ -295,14 +306,82 @@ func TestRelayAloneCredentials(t *testing.T) {
 	}
 	// (Every request: the first after the leader's death, whose 503 is
 	// dropped, and those that follow, made alone at once.)
-	open = func(context.Context) (*vault.Vault, error) { return nil, errors.New("MinIO does not answer") }
-	check("an unknown key", "nobody", 401, "the API key is not valid", "", false)
-	check("a disabled tenant's key", "off", 403, "the tenant is disabled", "", false)
-	check("a vault that cannot open", "good", 503, "the credential vault is not answering", "2", true)
+	check(srv, "an unknown key", "nobody", 401, "the API key is not valid", "", false)
+	check(srv, "a disabled tenant's key", "off", 403, "the tenant is disabled", "", false)
+	check(srv, "a vault that cannot open", "good", 503, "the credential vault is not answering", "2", true)
 	// No vault.key: the leader's 503, which does not say to retry.
 	open = func(context.Context) (*vault.Vault, error) { return nil, nil }
-	check("no vault.key", "good", 503, "vault.key is not configured", "", true)
-	alone.Vault = nil
-	srv.AdmitAlone(alone)
-	check("a replica that opens no vault", "good", 503, "the gateway cannot check the request now", "2", false)
+	check(srv, "no vault.key", "good", 503, "vault.key is not configured", "", true)
+	check(bare, "a replica that opens no vault", "good", 503, "the gateway cannot check the request now", "2", false)
+	mu.Lock()
+	opened = 0
+	mu.Unlock()
+	for _, m := range []string{"GET", "DELETE"} {
+		st, body, _ := relayCall(t, srv, m, "/v1/credentials/junk", "good", "")
+		mu.Lock()
+		n := opened
+		mu.Unlock()
+		if st != 404 || n != 0 {
+			t.Errorf("%s of a credential id that is none: %d %s, the vault asked %d times; want 404 unasked", m, st, body, n)
+		}
+	}
+
+	// Once the vault opened: what the answer makes of a vault that
+	// fails, through vaultAlone, as the relay serves it.
+	open = func(context.Context) (*vault.Vault, error) { return &vault.Vault{}, nil }
+	l := srv.live.(*relayLive)
+	app := fiber.New(fiber.Config{ErrorHandler: errorHandler(slog.New(slog.DiscardHandler))})
+	failing := l.vaultAlone(func(c *fiber.Ctx, v *vault.Vault, tenantName string) error {
+		if d, ok := c.UserContext().Deadline(); !ok || time.Until(d) > 5*time.Second || v == nil || tenantName != "t" {
+			t.Errorf("%s answered with %v left (a deadline: %v), vault %v, tenant %q; want 5 s at most, the vault and t", c.Method(), time.Until(d), ok, v, tenantName)
+		}
+		return vaultError(errors.New("MinIO stopped answering"))
+	})
+	app.Post("/v1/credentials", failing)
+	app.Get("/v1/credentials", failing)
+	app.Delete("/v1/credentials/:cid", failing)
+	for _, r := range [][3]string{{"POST", "/v1/credentials", ""}, {"GET", "/v1/credentials", "2"}, {"DELETE", "/v1/credentials/" + cid, ""}} {
+		req := httptest.NewRequest(r[0], "http://gw.test:8080"+r[1], nil)
+		req.Header.Set("Authorization", "Bearer good")
+		resp, err := app.Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != r[2] {
+			t.Errorf("%s %s, the vault failing: %d, Retry-After %q; want 503 and %q", r[0], r[1], resp.StatusCode, resp.Header.Get("Retry-After"), r[2])
+		}
+	}
+}
+
+// TestRelayUnansweredWrites: a request a relay passes on to a leader
+// that takes it and drops the connection may have been carried out: a
+// write (a credential's store or delete, a session's delete) gets a
+// 503 that does not say to retry, and is not answered alone either;
+// the control, a read, gets a 503 to retry.
+func TestRelayUnansweredWrites(t *testing.T) {
+	ln := droppingLeader(t)
+	srv := testRelay(t, "http://"+ln.Addr().String(), func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	var asked atomic.Int32
+	srv.AdmitAlone(RelayAlone{
+		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
+		Session: func(context.Context, string) (map[string]string, bool, error) {
+			asked.Add(1)
+			return nil, false, session.ErrSandboxGone
+		},
+		List:    func(context.Context, string) ([]AloneRecord, error) { asked.Add(1); return nil, nil },
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+		Fresh:   func() time.Time { return time.Now() },
+		Vault:   func(context.Context) (*vault.Vault, error) { asked.Add(1); return nil, errors.New("not to be asked") },
+	})
+	for _, r := range [][3]string{{"POST", "/v1/credentials", ""}, {"DELETE", "/v1/credentials/" + ids.NewCredential(), ""},
+		{"DELETE", "/v1/sessions/" + ids.NewSession(), ""}, {"GET", "/v1/credentials", "2"}} {
+		st, body, retry := relayCall(t, srv, r[0], r[1], "good", "")
+		if st != 503 || retry != r[2] || r[2] == "" && !strings.Contains(body, "may have been carried out") {
+			t.Errorf("%s %s, the leader dropping it: %d %s (Retry-After %q), want 503 (Retry-After %q)", r[0], r[1], st, body, retry, r[2])
+		}
+	}
+	if asked.Load() != 0 {
+		t.Errorf("requests a leader took were answered alone too (%d asks)", asked.Load())
+	}
 }

@@ -625,6 +625,10 @@ func TestKubeRelay(t *testing.T) {
 	if got, err := aloneA.GetCredential(ctx, preCred.ID); err != nil || got.Name != preReq.Name || got.Username != "qa" {
 		t.Errorf("the credential stored through A, read through B while nobody leads: %+v %v", got, err)
 	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/credentials/"+gapCred.ID, nil); st != 200 ||
+		!strings.Contains(string(body), gapCred.ID) || strings.Contains(string(body), gapReq.Secret) {
+		t.Errorf("the credential stored through B, read through B while nobody leads: %d %s, want it without its secret", st, body)
+	}
 	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/credentials", nil)
 	if st != 200 || !strings.Contains(string(body), preCred.ID) || !strings.Contains(string(body), gapCred.ID) ||
 		strings.Contains(string(body), preReq.Secret) || strings.Contains(string(body), gapReq.Secret) {

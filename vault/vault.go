@@ -34,6 +34,8 @@ import (
 var (
 	ErrNotFound = errors.New("credential not found")
 	ErrInvalid  = errors.New("invalid credential")
+	// errGarbled: an object in the vault's bucket that is no credential.
+	errGarbled = errors.New("credential object is not one")
 )
 
 // Kinds of credential, matching how the egress proxy applies them.
@@ -283,7 +285,7 @@ func (v *Vault) load(ctx context.Context, tenant, id string) (sealed, error) {
 	}
 	var s sealed
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return sealed{}, fmt.Errorf("credential object: %w", err)
+		return sealed{}, fmt.Errorf("%w: %w", errGarbled, err)
 	}
 	if s.Destinations == nil {
 		s.Destinations = []Destination{} // stored before they existed
@@ -319,8 +321,13 @@ func (v *Vault) List(ctx context.Context, tenant string) ([]Meta, error) {
 		}
 		id := strings.TrimSuffix(strings.TrimPrefix(obj.Key, tenant+"/"), ".json")
 		m, err := v.Get(ctx, tenant, id)
-		if err != nil {
-			continue
+		switch {
+		case errors.Is(err, ErrNotFound), errors.Is(err, errGarbled):
+			continue // (deleted since listed; not a credential)
+		case err != nil:
+			// MinIO, or the caller, gave up: a list without some is
+			// no answer.
+			return nil, err
 		}
 		out = append(out, m)
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -104,9 +105,12 @@ func (r *replicaEgress) vaultNow() *vault.Vault {
 	if r.vault == nil {
 		return nil
 	}
-	// A connection meanwhile goes without (credential_unavailable),
-	// rather than wait for the vault to open.
-	v, err := r.vault.get(context.Background(), false)
+	// A connection waits for the vault to open as long as a try
+	// lasts; past that, or within 5 s of a failed try, it goes without
+	// (credential_unavailable).
+	ctx, cancel := context.WithTimeout(context.Background(), standbyOpen)
+	defer cancel()
+	v, err := r.vault.get(ctx)
 	if err != nil {
 		r.warn("egress proxy: the vault cannot be opened; credentials are not added meanwhile", "err", err)
 	}
@@ -119,54 +123,68 @@ func (r *replicaEgress) vaultNow() *vault.Vault {
 type standbyVault struct {
 	open func(context.Context) (*vault.Vault, error)
 	v    atomic.Pointer[vault.Vault]
-	turn chan struct{} // one try at a time
-	at   time.Time     // when the last try ended (under turn)
+	mu   sync.Mutex
+	try  chan struct{} // closed as the try under way ends; nil: none
+	at   time.Time     // when the last try ended
 	err  error         // its error
 }
 
 func newStandbyVault(open func(context.Context) (*vault.Vault, error)) *standbyVault {
-	return &standbyVault{open: open, turn: make(chan struct{}, 1)}
+	return &standbyVault{open: open}
 }
 
-// get is the vault, opened now if need be: one try at a time, within
-// ctx and 10 s, and none within 5 s of one that failed (its error is
-// the answer then). With wait, it waits for another try under way
-// while ctx lasts; without, it answers nil at once.
-func (s *standbyVault) get(ctx context.Context, wait bool) (*vault.Vault, error) {
+// standbyOpen bounds a try to open the vault.
+const standbyOpen = 10 * time.Second
+
+// get is the vault, opened now if need be: one try at a time, apart
+// from its askers (within standbyOpen, its end recorded whoever
+// waits), and none within 5 s of one that failed (its error is the
+// answer then). An asker waits for the try while ctx lasts.
+func (s *standbyVault) get(ctx context.Context) (*vault.Vault, error) {
 	if v := s.v.Load(); v != nil {
 		return v, nil
 	}
+	s.mu.Lock()
+	if v := s.v.Load(); v != nil {
+		s.mu.Unlock()
+		return v, nil
+	}
+	if s.try == nil {
+		if err := s.err; err != nil && time.Since(s.at) < 5*time.Second {
+			s.mu.Unlock()
+			return nil, err
+		}
+		done := make(chan struct{})
+		s.try = done
+		go func() {
+			defer close(done)
+			octx, cancel := context.WithTimeout(context.Background(), standbyOpen)
+			defer cancel()
+			v, err := s.open(octx)
+			if err == nil && v == nil {
+				err = errors.New("the vault opened as none")
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if err == nil {
+				s.v.Store(v)
+			}
+			s.at, s.err, s.try = time.Now(), err, nil
+		}()
+	}
+	done := s.try
+	s.mu.Unlock()
 	select {
-	case s.turn <- struct{}{}:
-	default:
-		if !wait {
-			return nil, nil
-		}
-		select {
-		case s.turn <- struct{}{}:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("the vault is being opened: %w", ctx.Err())
-		}
+	case <-done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("the vault is being opened: %w", ctx.Err())
 	}
-	defer func() { <-s.turn }()
 	if v := s.v.Load(); v != nil {
 		return v, nil
 	}
-	if s.err != nil && time.Since(s.at) < 5*time.Second {
-		return nil, s.err
-	}
-	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	v, err := s.open(octx)
-	if err != nil {
-		if ctx.Err() == nil {
-			// (A try its asker gave up on says nothing of MinIO.)
-			s.at, s.err = time.Now(), err
-		}
-		return nil, err
-	}
-	s.v.Store(v)
-	return v, nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return nil, s.err
 }
 
 // warn logs, at most every 10 s.

@@ -279,7 +279,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 						if standVault == nil {
 							return nil, nil
 						}
-						return standVault.get(ctx, true)
+						return standVault.get(ctx)
 					},
 					Enabled: followed.Enabled,
 					Revoked: revoked.Revoked,

@@ -12,24 +12,28 @@ import (
 
 // TestStandbyVault: a replica's own vault is opened when first asked
 // for, once; a failed try is the answer for 5 s (MinIO not asked
-// again meanwhile), unless its asker gave up on it; while a try is
-// under way, an asker that does not wait gets nothing at once, one
-// that waits gets the vault the try opens, or its own deadline.
+// again meanwhile), whether its askers waited for its end or gave up
+// before it; while a try is under way, every asker waits for it,
+// within its own deadline, and no second try begins.
 func TestStandbyVault(t *testing.T) {
 	want := &vault.Vault{}
 	var tries atomic.Int32
 	var result atomic.Pointer[func(context.Context) (*vault.Vault, error)]
 	set := func(f func(context.Context) (*vault.Vault, error)) { result.Store(&f) }
-	s := newStandbyVault(func(ctx context.Context) (*vault.Vault, error) {
-		tries.Add(1)
-		return (*result.Load())(ctx)
-	})
+	fresh := func() *standbyVault {
+		tries.Store(0)
+		return newStandbyVault(func(ctx context.Context) (*vault.Vault, error) {
+			tries.Add(1)
+			return (*result.Load())(ctx)
+		})
+	}
 	ctx := context.Background()
 
+	s := fresh()
 	down := errors.New("MinIO does not answer")
 	set(func(context.Context) (*vault.Vault, error) { return nil, down })
 	for i := range 2 {
-		if v, err := s.get(ctx, true); v != nil || !errors.Is(err, down) {
+		if v, err := s.get(ctx); v != nil || !errors.Is(err, down) {
 			t.Fatalf("ask %d while MinIO is down: %v %v", i, v, err)
 		}
 	}
@@ -37,77 +41,87 @@ func TestStandbyVault(t *testing.T) {
 		t.Fatalf("MinIO asked %d times within 5 s of a failed try, want once", n)
 	}
 	// 5 s on (the try made older), it is tried again: opened.
+	s.mu.Lock()
 	s.at = s.at.Add(-6 * time.Second)
+	s.mu.Unlock()
 	set(func(context.Context) (*vault.Vault, error) { return want, nil })
-	if v, err := s.get(ctx, true); v != want || err != nil {
+	if v, err := s.get(ctx); v != want || err != nil {
 		t.Fatalf("asked 5 s after a failed try, MinIO up: %v %v", v, err)
 	}
-	if v, err := s.get(ctx, false); v != want || err != nil || tries.Load() != 2 {
+	if v, err := s.get(ctx); v != want || err != nil || tries.Load() != 2 {
 		t.Fatalf("asked once open: %v %v, %d tries, want no new one", v, err, tries.Load())
 	}
 
-	// A try under way.
-	s = newStandbyVault(func(ctx context.Context) (*vault.Vault, error) {
-		tries.Add(1)
-		return (*result.Load())(ctx)
-	})
-	tries.Store(0)
+	// A try under way: an asker within 50 ms gives up; two that wait get
+	// what the one try opens.
+	s = fresh()
 	release := make(chan struct{})
 	entered := make(chan struct{})
 	set(func(ctx context.Context) (*vault.Vault, error) {
-		close(entered)
-		select {
-		case <-release:
-			return want, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if _, ok := ctx.Deadline(); !ok {
+			t.Error("a try without a deadline")
 		}
+		close(entered)
+		<-release
+		return want, nil
 	})
-	first := make(chan *vault.Vault, 1)
-	go func() {
-		v, _ := s.get(ctx, true)
-		first <- v
-	}()
-	<-entered
-	if v, err := s.get(ctx, false); v != nil || err != nil {
-		t.Errorf("asked without waiting while a try is under way: %v %v, want nothing at once", v, err)
+	got := make(chan *vault.Vault, 2)
+	for range 2 {
+		go func() {
+			v, _ := s.get(ctx)
+			got <- v
+		}()
 	}
+	<-entered
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	if v, err := s.get(short, true); v != nil || !errors.Is(err, context.DeadlineExceeded) {
+	if v, err := s.get(short); v != nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("asked within 50 ms while a try is under way: %v %v, want the deadline", v, err)
 	}
 	cancel()
-	waited := make(chan *vault.Vault, 1)
-	go func() {
-		v, _ := s.get(ctx, true)
-		waited <- v
-	}()
-	close(release)
-	if v := <-first; v != want {
-		t.Errorf("the try's asker got %v", v)
+	select {
+	case v := <-got:
+		t.Fatalf("an asker got %v before the try ended", v)
+	default:
 	}
-	if v := <-waited; v != want {
-		t.Errorf("an asker waiting for the try got %v", v)
+	close(release)
+	for range 2 {
+		if v := <-got; v != want {
+			t.Errorf("an asker waiting for the try got %v", v)
+		}
 	}
 	if n := tries.Load(); n != 1 {
 		t.Errorf("%d tries, want one", n)
 	}
 
-	// A try whose asker gave up says nothing of MinIO: the next asker
-	// tries again at once.
-	s = newStandbyVault(func(ctx context.Context) (*vault.Vault, error) {
-		tries.Add(1)
-		return (*result.Load())(ctx)
-	})
-	tries.Store(0)
-	set(func(ctx context.Context) (*vault.Vault, error) { <-ctx.Done(); return nil, ctx.Err() })
+	// A try whose asker gave up still ends, and is recorded: its
+	// failure is the answer for 5 s, its success the vault.
+	s = fresh()
+	release = make(chan struct{})
+	set(func(context.Context) (*vault.Vault, error) { <-release; return nil, down })
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
-	if v, err := s.get(gone, true); v != nil || err == nil {
+	if v, err := s.get(gone); v != nil || !errors.Is(err, context.Canceled) {
 		t.Fatalf("a try its asker gave up on: %v %v", v, err)
 	}
+	close(release)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.mu.Lock()
+		ended := s.try == nil
+		s.mu.Unlock()
+		if ended || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 	set(func(context.Context) (*vault.Vault, error) { return want, nil })
-	if v, err := s.get(ctx, true); v != want || err != nil || tries.Load() != 2 {
-		t.Errorf("asked right after a try its asker gave up on: %v %v, %d tries, want 2", v, err, tries.Load())
+	if v, err := s.get(ctx); v != nil || !errors.Is(err, down) || tries.Load() != 1 {
+		t.Errorf("asked right after a failed try its asker gave up on: %v %v, %d tries, want its failure and 1", v, err, tries.Load())
+	}
+	// (nil and no error from the opener is no vault.)
+	s = fresh()
+	set(func(context.Context) (*vault.Vault, error) { return nil, nil })
+	if v, err := s.get(ctx); v != nil || err == nil {
+		t.Errorf("an opener that opened none: %v %v, want an error", v, err)
 	}
 }
