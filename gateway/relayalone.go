@@ -497,10 +497,10 @@ func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, canAlone bool
 			return err
 		case p == unanswered || !canAlone:
 			// A leader that took it and did not answer lives: its
-			// word, not this replica's (a preview it may have
-			// issued, a delete it may have done: that 503 does not
-			// say to retry).
-			if c.Method() != fiber.MethodGet {
+			// word, not this replica's (a preview or credential it
+			// may have made: that 503 does not say to retry; a
+			// delete may be made again).
+			if c.Method() == fiber.MethodPost {
 				return err
 			}
 			return retrySoon(c, err)

@@ -354,10 +354,11 @@ func TestRelayAloneCredentials(t *testing.T) {
 }
 
 // TestRelayUnansweredWrites: a request a relay passes on to a leader
-// that takes it and drops the connection may have been carried out: a
-// write (a credential's store or delete, a session's delete) gets a
-// 503 that does not say to retry, and is not answered alone either;
-// the control, a read, gets a 503 to retry.
+// that takes it and drops the connection may have been carried out,
+// and is not answered alone: a store (a credential's) gets a 503 that
+// does not say to retry; a delete (a credential's, a session's), which
+// may be made again, and a read say to retry. The control: once the
+// leader's address refuses, the same requests are answered alone.
 func TestRelayUnansweredWrites(t *testing.T) {
 	ln := droppingLeader(t)
 	srv := testRelay(t, "http://"+ln.Addr().String(), func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
@@ -373,15 +374,27 @@ func TestRelayUnansweredWrites(t *testing.T) {
 		Revoked: func(string, string) (bool, error) { return false, nil },
 		Fresh:   func() time.Time { return time.Now() },
 		Vault:   func(context.Context) (*vault.Vault, error) { asked.Add(1); return nil, errors.New("not to be asked") },
+		Update: func(context.Context, string, func(map[string]string, bool) (map[string]string, error)) (map[string]string, bool, error) {
+			asked.Add(1)
+			return nil, false, session.ErrSandboxGone
+		},
 	})
-	for _, r := range [][3]string{{"POST", "/v1/credentials", ""}, {"DELETE", "/v1/credentials/" + ids.NewCredential(), ""},
-		{"DELETE", "/v1/sessions/" + ids.NewSession(), ""}, {"GET", "/v1/credentials", "2"}} {
+	requests := [][3]string{{"POST", "/v1/credentials", ""}, {"DELETE", "/v1/credentials/" + ids.NewCredential(), "2"},
+		{"DELETE", "/v1/sessions/" + ids.NewSession(), "2"}, {"GET", "/v1/credentials", "2"}}
+	for _, r := range requests {
 		st, body, retry := relayCall(t, srv, r[0], r[1], "good", "")
-		if st != 503 || retry != r[2] || r[2] == "" && !strings.Contains(body, "may have been carried out") {
+		if st != 503 || retry != r[2] || !strings.Contains(body, "may have been carried out") {
 			t.Errorf("%s %s, the leader dropping it: %d %s (Retry-After %q), want 503 (Retry-After %q)", r[0], r[1], st, body, retry, r[2])
 		}
 	}
 	if asked.Load() != 0 {
 		t.Errorf("requests a leader took were answered alone too (%d asks)", asked.Load())
+	}
+	ln.Close()
+	for _, r := range requests {
+		before := asked.Load()
+		if st, body, _ := relayCall(t, srv, r[0], r[1], "good", ""); strings.Contains(body, "may have been carried out") || asked.Load() == before {
+			t.Errorf("%s %s, the leader's address refusing: %d %s, want it answered alone", r[0], r[1], st, body)
+		}
 	}
 }

@@ -91,14 +91,14 @@ func (r *replicaEgress) audit(id, typ string, f map[string]any) {
 // Credential opens a credential with the leader's vault once this
 // replica leads, with its own before.
 func (r *replicaEgress) Credential(ctx context.Context, tenant, id string) (egress.Credential, error) {
-	return secrets{r.vaultNow()}.Credential(ctx, tenant, id)
+	return secrets{r.vaultNow(ctx)}.Credential(ctx, tenant, id)
 }
 
 func (r *replicaEgress) Placeholder(session, credential string) string {
-	return secrets{r.vaultNow()}.Placeholder(session, credential)
+	return secrets{r.vaultNow(context.Background())}.Placeholder(session, credential)
 }
 
-func (r *replicaEgress) vaultNow() *vault.Vault {
+func (r *replicaEgress) vaultNow(ctx context.Context) *vault.Vault {
 	if ld := r.lead.Load(); ld != nil {
 		return ld.v
 	}
@@ -108,7 +108,7 @@ func (r *replicaEgress) vaultNow() *vault.Vault {
 	// A connection waits for the vault to open as long as a try
 	// lasts; past that, or within 5 s of a failed try, it goes without
 	// (credential_unavailable).
-	ctx, cancel := context.WithTimeout(context.Background(), standbyOpen)
+	ctx, cancel := context.WithTimeout(ctx, standbyOpen)
 	defer cancel()
 	v, err := r.vault.get(ctx)
 	if err != nil {
@@ -160,7 +160,14 @@ func (s *standbyVault) get(ctx context.Context) (*vault.Vault, error) {
 			defer close(done)
 			octx, cancel := context.WithTimeout(context.Background(), standbyOpen)
 			defer cancel()
-			v, err := s.open(octx)
+			v, err := func() (v *vault.Vault, err error) {
+				defer func() {
+					if p := recover(); p != nil {
+						v, err = nil, fmt.Errorf("opening the vault panicked: %v", p)
+					}
+				}()
+				return s.open(octx)
+			}()
 			if err == nil && v == nil {
 				err = errors.New("the vault opened as none")
 			}
@@ -179,11 +186,11 @@ func (s *standbyVault) get(ctx context.Context) (*vault.Vault, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("the vault is being opened: %w", ctx.Err())
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if v := s.v.Load(); v != nil {
 		return v, nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	return nil, s.err
 }
 

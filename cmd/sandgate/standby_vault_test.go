@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,6 +118,28 @@ func TestStandbyVault(t *testing.T) {
 	set(func(context.Context) (*vault.Vault, error) { return want, nil })
 	if v, err := s.get(ctx); v != nil || !errors.Is(err, down) || tries.Load() != 1 {
 		t.Errorf("asked right after a failed try its asker gave up on: %v %v, %d tries, want its failure and 1", v, err, tries.Load())
+	}
+	// A try whose asker gave up that succeeds: the vault, no new try.
+	s = fresh()
+	release = make(chan struct{})
+	set(func(context.Context) (*vault.Vault, error) { <-release; return want, nil })
+	gone, cancel = context.WithCancel(ctx)
+	cancel()
+	if v, err := s.get(gone); v != nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("a try its asker gave up on: %v %v", v, err)
+	}
+	close(release)
+	for deadline := time.Now().Add(10 * time.Second); s.v.Load() == nil && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if v, err := s.get(ctx); v != want || err != nil || tries.Load() != 1 {
+		t.Errorf("asked after a try its asker gave up on opened the vault: %v %v, %d tries, want it and 1", v, err, tries.Load())
+	}
+	// An opener that panics is an error, not the replica's end.
+	s = fresh()
+	set(func(context.Context) (*vault.Vault, error) { panic("a bug") })
+	if v, err := s.get(ctx); v != nil || err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Errorf("an opener that panics: %v %v, want an error", v, err)
 	}
 	// (nil and no error from the opener is no vault.)
 	s = fresh()
