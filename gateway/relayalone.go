@@ -30,8 +30,10 @@ import (
 // expiry), read from the API server. A shell's ticket it signs itself,
 // with the gateway's keys, and the events it keeps until a leader
 // answers its report, which records them as it does the
-// leader-admitted ones'. It also answers session reads and lists, and
-// issues and revokes previews, that no leader takes (orAlone).
+// leader-admitted ones'. It also answers session reads and lists,
+// extends and deletes sessions, and issues and revokes previews, that
+// no leader takes (orAlone), and credentials with its own vault
+// (vaultAlone).
 type RelayAlone struct {
 	// Tenant is the API key's tenant and its limits (the gateway's
 	// defaults applied): tenant.ErrNotFound, tenant.ErrDisabled, or

@@ -240,12 +240,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			if err != nil {
 				return err
 			}
-			// While no leader answers (one died; its lease has yet to
-			// run out), it admits the connections and requests it
-			// carries itself: by copies of the tenant registry and the
-			// revocations stored in MinIO, read again every 2 s and not
-			// used once 30 s old (standCtx ends them as it leads), and
-			// by the session's Pod.
 			// Its own vault, opened when first needed: credentials
 			// answered alone, and the egress proxy's while it stands by.
 			var standVault *standbyVault
@@ -254,6 +248,12 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					return vault.Open(ctx, vaultConfig(cfg, vkey))
 				})
 			}
+			// While no leader answers (one died; its lease has yet to
+			// run out), it admits the connections and requests it
+			// carries itself: by copies of the tenant registry and the
+			// revocations stored in MinIO, read again every 2 s and not
+			// used once 30 s old (standCtx ends them as it leads), and
+			// by the session's Pod.
 			if relayStore != nil {
 				rlog := log.With("component", "relay")
 				followed := tenant.Follow(standCtx, recordings.TenantsMirror{Store: relayStore, Name: cfg.Kubernetes.Namespace}, tenantSeeds(cfg), 2*time.Second, 30*time.Second, rlog)

@@ -29,6 +29,17 @@ func TestStandbyVault(t *testing.T) {
 		})
 	}
 	ctx := context.Background()
+	// tryEnds waits, within 10 s, until s has no try under way.
+	tryEnds := func(s *standbyVault) {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			s.mu.Lock()
+			ended := s.try == nil
+			s.mu.Unlock()
+			if ended {
+				return
+			}
+		}
+	}
 
 	s := fresh()
 	down := errors.New("MinIO does not answer")
@@ -105,16 +116,7 @@ func TestStandbyVault(t *testing.T) {
 		t.Fatalf("a try its asker gave up on: %v %v", v, err)
 	}
 	close(release)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s.mu.Lock()
-		ended := s.try == nil
-		s.mu.Unlock()
-		if ended || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	tryEnds(s)
 	set(func(context.Context) (*vault.Vault, error) { return want, nil })
 	if v, err := s.get(ctx); v != nil || !errors.Is(err, down) || tries.Load() != 1 {
 		t.Errorf("asked right after a failed try its asker gave up on: %v %v, %d tries, want its failure and 1", v, err, tries.Load())
@@ -129,9 +131,7 @@ func TestStandbyVault(t *testing.T) {
 		t.Fatalf("a try its asker gave up on: %v %v", v, err)
 	}
 	close(release)
-	for deadline := time.Now().Add(10 * time.Second); s.v.Load() == nil && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
+	tryEnds(s)
 	if v, err := s.get(ctx); v != want || err != nil || tries.Load() != 1 {
 		t.Errorf("asked after a try its asker gave up on opened the vault: %v %v, %d tries, want it and 1", v, err, tries.Load())
 	}
