@@ -42,9 +42,9 @@ func (l ProfileLimits) withDefaults() ProfileLimits {
 }
 
 // WithProfiles enables browser profiles (POST /v1/profiles, a session's
-// "profile") with their store.
-func WithProfiles(p *profile.Store, lim ProfileLimits) Option {
-	return func(s *Server) { s.profiles, s.keepLimits = p, lim.withDefaults() }
+// "profile") with their store (bounded by Config.Keep).
+func WithProfiles(p *profile.Store) Option {
+	return func(s *Server) { s.profiles = p }
 }
 
 func (s *Server) needProfiles() error {

@@ -68,6 +68,9 @@ type Config struct {
 	// Downloads bounds what the download watcher takes from a session;
 	// Downloads.Bytes also bounds the copy out of the session.
 	Downloads browser.DownloadLimits
+	// Keep bounds the profiles and workspace snapshots the gateway
+	// keeps (their defaults where zero).
+	Keep ProfileLimits
 }
 
 // Defaults of Config.
@@ -192,7 +195,7 @@ func newServer(cfg Config, sessions *session.Manager, store *recordings.Store, l
 	s.exits.reported = map[string]string{}
 	s.artifacts.m = map[string]artifactCount{}
 	s.exits.checking = map[string]bool{}
-	s.keepLimits = s.keepLimits.withDefaults()
+	s.keepLimits = cfg.Keep.withDefaults()
 	s.watch.recorded = map[string]bool{}
 	for _, o := range opts {
 		o(s)

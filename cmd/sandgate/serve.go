@@ -614,16 +614,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 
 	opts := []gateway.Option{gateway.WithVault(v), gateway.WithTenants(reg)}
 	if vkey != nil {
-		profiles, err := profile.Open(ctx, profile.Config{
-			Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
-			Secure: cfg.MinIO.Secure, Bucket: cfg.Profiles.Bucket, VaultKey: vkey, Keep: cfg.Profiles.KeepVersions,
-		})
+		profiles, err := profile.Open(ctx, profileConfig(cfg, vkey))
 		if err != nil {
 			return fmt.Errorf("profiles: %w", err)
 		}
-		opts = append(opts, gateway.WithProfiles(profiles, gateway.ProfileLimits{
-			MaxProfileBytes: cfg.Profiles.MaxBytes, MaxSnapshotBytes: cfg.Profiles.MaxSnapshotBytes, MaxEntries: cfg.Profiles.MaxEntries,
-		}))
+		opts = append(opts, gateway.WithProfiles(profiles))
 	} else {
 		log.Warn("no vault.key configured: browser profiles are unavailable")
 	}
@@ -795,6 +790,12 @@ func sharedRecorder(ctx context.Context, cfg *Config, log *slog.Logger) (*record
 }
 
 // gatewayConfig is the gateway's part of the config.
+// profileConfig is the profiles' store's config.
+func profileConfig(cfg *Config, vkey []byte) profile.Config {
+	return profile.Config{Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
+		Secure: cfg.MinIO.Secure, Bucket: cfg.Profiles.Bucket, VaultKey: vkey, Keep: cfg.Profiles.KeepVersions}
+}
+
 func gatewayConfig(cfg *Config, pub *url.URL, admins map[string]bool) gateway.Config {
 	return gateway.Config{
 		PublicURL: pub, Hosts: cfg.Hosts, AdminKeys: admins,
@@ -803,6 +804,8 @@ func gatewayConfig(cfg *Config, pub *url.URL, admins map[string]bool) gateway.Co
 		DrainTimeout: cfg.DrainTimeout.Duration,
 		CDP:          gateway.CDPLimits{ClientMessage: cfg.Limits.CDPClientMessageBytes, BrowserMessage: cfg.Limits.CDPBrowserMessageBytes},
 		Downloads:    browser.DownloadLimits{Bytes: cfg.Limits.DownloadBytes, PerSession: cfg.Limits.DownloadsPerSession},
+		Keep: gateway.ProfileLimits{MaxProfileBytes: cfg.Profiles.MaxBytes, MaxSnapshotBytes: cfg.Profiles.MaxSnapshotBytes,
+			MaxEntries: cfg.Profiles.MaxEntries},
 	}
 }
 
