@@ -92,10 +92,11 @@ const ForwardedHeader = "Sandgate-Forwarded"
 // Relays is what a leader admits of the connections replicas that
 // stand by carry themselves.
 type Relays struct {
-	Previews bool // CDP and VNC
-	Exec     bool // shells and commands (the Pod exec API)
-	Files    bool // file uploads and downloads (the Pod exec API too)
-	Actions  bool // actions and screenshots
+	Previews  bool // CDP and VNC
+	Exec      bool // shells and commands (the Pod exec API)
+	Files     bool // file uploads and downloads (the Pod exec API too)
+	Actions   bool // actions and screenshots
+	Snapshots bool // workspace snapshots (the Pod exec API, and the store)
 }
 
 // NewFront serves ln; leader reads where the leading replica serves,
@@ -153,8 +154,8 @@ func (f *Front) RelayListener(usable func(kind Relays) bool) net.Listener {
 
 // relayable is which of what a relay carries a request is: a preview
 // connection's (CDP, VNC; a view preview's page and its assets too), a
-// session's shell or command (exec), a
-// session's file, action or screenshot, or neither (the zero Relays).
+// session's shell or command (exec), a session's file, action,
+// screenshot or snapshot taken, or neither (the zero Relays).
 func relayable(method, path string) Relays {
 	if path == "/cdp" || strings.HasPrefix(path, "/cdp/") || strings.HasPrefix(path, "/vnc/") ||
 		method == "GET" && (strings.HasPrefix(path, "/view/") || strings.HasPrefix(path, "/viewer-assets/")) {
@@ -166,15 +167,16 @@ func relayable(method, path string) Relays {
 		return Relays{}
 	}
 	return Relays{Exec: method == "GET" && tail == "shell" || method == "POST" && tail == "exec",
-		Files:   (method == "GET" || method == "PUT") && tail == "files",
-		Actions: method == "POST" && (tail == "actions" || tail == "screenshot")}
+		Files:     (method == "GET" || method == "PUT") && tail == "files",
+		Actions:   method == "POST" && (tail == "actions" || tail == "screenshot"),
+		Snapshots: method == "POST" && tail == "snapshots"}
 }
 
 // answersAlone: a request reads a session, lists them, extends or
 // deletes one, issues or revokes a session's preview, reads its trail,
-// its artifacts or an artifact's link, is a review link's, or stores,
-// lists, reads or deletes a credential, which a relay answers itself
-// when no leader takes it.
+// its artifacts, its snapshots or an artifact's link, is a review
+// link's, or stores, lists, reads or deletes a credential, which a
+// relay answers itself when no leader takes it.
 func answersAlone(method, path string) bool {
 	if path == "/v1/credentials" {
 		return method == "GET" || method == "POST"
@@ -204,7 +206,7 @@ func answersAlone(method, path string) bool {
 	preview, revokes := strings.CutPrefix(tail, "previews/")
 	switch method {
 	case "GET":
-		return tail == "" && !strings.Contains(rest, "/") || tail == "events" || tail == "artifacts"
+		return tail == "" && !strings.Contains(rest, "/") || tail == "events" || tail == "artifacts" || tail == "snapshots"
 	case "POST":
 		return tail == "previews" || tail == "extend"
 	case "DELETE":
@@ -511,7 +513,8 @@ func (f *Front) leaderAddr() (string, error) {
 // (relayable's) that a replica carries.
 func (f *Front) leaderRelays(kind Relays) bool {
 	a, relays, err := f.leaderRead()
-	return err == nil && a != "" && (kind.Previews && relays.Previews || kind.Exec && relays.Exec || kind.Files && relays.Files || kind.Actions && relays.Actions)
+	return err == nil && a != "" && (kind.Previews && relays.Previews || kind.Exec && relays.Exec || kind.Files && relays.Files || kind.Actions && relays.Actions ||
+		kind.Snapshots && relays.Snapshots)
 }
 
 func (f *Front) leaderRead() (string, Relays, error) {

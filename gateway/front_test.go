@@ -289,8 +289,8 @@ func BenchmarkFront(b *testing.B) {
 }
 
 // TestFrontRelay: while it stands by, a replica with a relay hands the
-// preview connections (CDP, VNC), shells, commands, files, actions and
-// screenshots to it, each kind while the leader admits it, and forwards
+// preview connections (CDP, VNC), shells, commands, files, actions,
+// screenshots and snapshots taken to it, each kind while the leader admits it, and forwards
 // everything else to the leader; it forwards those too to a leader that
 // does not answer relaying replicas (an earlier version's, in a rolling
 // update).
@@ -324,11 +324,13 @@ func TestFrontRelay(t *testing.T) {
 		"GET /v1/sessions/junk/shell": "", "GET " + shell + "/x": "", "POST " + files: "", "DELETE " + files: "",
 		"GET " + files + "?path=/x": "files", "PUT " + files + "?path=/x": "files", "GET /v1/sessions/junk/files": "", "GET " + files + "/x": "",
 		"POST /v1/sessions/" + sid + "/actions": "actions", "POST /v1/sessions/" + sid + "/screenshot": "actions", "GET /v1/sessions/" + sid + "/actions": "",
-		"POST /v1/sessions/junk/actions": "", "POST /v1/sessions/" + sid + "/snapshots": "",
+		"POST /v1/sessions/junk/actions": "", "POST /v1/sessions/" + sid + "/snapshots": "snapshots", "GET /v1/sessions/" + sid + "/snapshots": "",
+		"POST /v1/sessions/junk/snapshots": "", "POST /v1/sessions/" + sid + "/snapshots/x": "",
 		"GET /v1/sessions": "", "GET /cdpx": "", "GET /vnc": "", "GET /view/tok": "preview", "GET /viewer-assets/novnc.js": "preview",
 		"POST /view/tok": "", "GET /view": "", "GET /viewer": "", "GET /review/tok": ""}
 	for _, on := range []Relays{{}, {Previews: true}, {Previews: true, Exec: true}, {Previews: true, Exec: true, Files: true},
-		{Previews: true, Exec: true, Files: true, Actions: true}, {Files: true}, {Actions: true}, {}} {
+		{Previews: true, Exec: true, Files: true, Actions: true}, {Previews: true, Exec: true, Files: true, Actions: true, Snapshots: true},
+		{Files: true}, {Actions: true}, {Snapshots: true}, {}} {
 		mu.Lock()
 		relays = on
 		mu.Unlock()
@@ -337,9 +339,9 @@ func TestFrontRelay(t *testing.T) {
 		// must agree.
 		where := map[bool]string{false: "leader ", true: "relay "}
 		deadline := time.Now().Add(10 * time.Second)
-		actions := "/v1/sessions/" + sid + "/actions"
+		actions, snapshots := "/v1/sessions/"+sid+"/actions", "/v1/sessions/"+sid+"/snapshots"
 		for get("/vnc/tok") != where[on.Previews]+"/vnc/tok" || get(shell) != where[on.Exec]+shell || get(files) != where[on.Files]+files ||
-			do("POST", actions) != where[on.Actions]+actions {
+			do("POST", actions) != where[on.Actions]+actions || do("POST", snapshots) != where[on.Snapshots]+snapshots {
 			if time.Now().After(deadline) {
 				t.Fatalf("leader relays %+v: still not shown", on)
 			}
@@ -349,7 +351,8 @@ func TestFrontRelay(t *testing.T) {
 			method, p, _ := strings.Cut(r, " ")
 			bare, _, _ := strings.Cut(p, "?") // what the server's answer names
 			want := "leader " + bare
-			if kind == "preview" && on.Previews || kind == "exec" && on.Exec || kind == "files" && on.Files || kind == "actions" && on.Actions {
+			if kind == "preview" && on.Previews || kind == "exec" && on.Exec || kind == "files" && on.Files || kind == "actions" && on.Actions ||
+				kind == "snapshots" && on.Snapshots {
 				want = "relay " + bare
 			}
 			if got := do(method, p); got != want {
@@ -360,7 +363,8 @@ func TestFrontRelay(t *testing.T) {
 }
 
 // TestFrontAnswersAlone: a session read (one session, or the list), a
-// session's extension or delete, a preview's issue or revocation, a trail's or an artifact's read, or a
+// session's extension or delete, a preview's issue or revocation, a trail's, an artifact's or a
+// session's snapshots' read, or a
 // review link's request goes to the leader while one takes the connection;
 // once none does (its address refuses, or none leads), the Front hands
 // it to the relay, which answers it from the sessions' Pods, while
@@ -391,14 +395,14 @@ func TestFrontAnswersAlone(t *testing.T) {
 		{"GET", "/v1/artifacts/" + aid}, {"GET", "/review/tok"}, {"GET", "/review/tok/artifacts/" + aid},
 		{"POST", "/v1/sessions/" + sid + "/extend"}, {"DELETE", "/v1/sessions/" + sid},
 		{"POST", "/v1/credentials"}, {"GET", "/v1/credentials"}, {"GET", "/v1/credentials/" + cid}, {"DELETE", "/v1/credentials/" + cid},
-		{"GET", "/v1/credentials/junk"}}
+		{"GET", "/v1/credentials/junk"}, {"GET", "/v1/sessions/" + sid + "/snapshots"}}
 	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/junk"}, {"DELETE", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/junk"},
 		{"POST", "/v1/sessions/" + sid + "/extend/x"}, {"POST", "/v1/sessions/junk/extend"}, {"PUT", "/v1/sessions/" + sid + "/extend"},
 		{"POST", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/events/x"}, {"GET", "/v1/sessions/junk/artifacts"},
 		{"DELETE", "/v1/sessions/" + sid + "/artifacts"}, {"GET", "/v1/artifacts/junk"}, {"GET", "/v1/artifacts/" + aid + "/x"}, {"GET", "/v1/artifacts/"},
 		{"GET", "/review/"}, {"GET", "/review//artifacts/" + aid}, {"GET", "/review/tok/"}, {"GET", "/review/tok/artifacts/junk"},
 		{"GET", "/review/tok/artifacts/" + aid + "/x"}, {"GET", "/review/tok/x"}, {"POST", "/review/tok"}, {"GET", "/reviewx/tok"},
-		{"GET", "/v1/sessions/" + sid + "/snapshots"}, {"POST", "/v1/sessions/" + sid + "/snapshots"}, {"GET", "/v1/tenants"}, {"GET", "/v1/sessionsx"},
+		{"GET", "/v1/sessions/junk/snapshots"}, {"GET", "/v1/sessions/" + sid + "/snapshots/x"}, {"POST", "/v1/sessions/" + sid + "/snapshots"}, {"GET", "/v1/tenants"}, {"GET", "/v1/sessionsx"},
 		{"GET", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/" + sid + "/previews"}, {"DELETE", "/v1/sessions/" + sid + "/previews/p-junk"}, {"DELETE", "/v1/sessions/" + sid + "/previews/" + pid + "/x"},
 		{"GET", "/v1/sessions/" + sid + "/previews/" + pid},
 		{"POST", "/v1/sessions/" + sid + "/previews/x"}, {"POST", "/v1/sessions/junk/previews"},

@@ -141,6 +141,7 @@ func (l managerLive) claims(tenant, id string) *previewClaims {
 	lim, _ := l.s.sessions.Limits(tenant)
 	claims.allowRoot = lim.AllowRoot
 	claims.maxFileBytes = lim.MaxFileBytes
+	claims.maxArtifactBytes, claims.quotaSaid = max(lim.MaxArtifactBytes, 0), true
 	return claims
 }
 

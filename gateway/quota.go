@@ -43,10 +43,14 @@ func (s *Server) artifactBytes(ctx context.Context, tenant string) (int64, error
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	n, err := s.store.TenantBytes(ctx, tenant)
-	if err == nil && s.profiles != nil {
+	count := s.profileBytes
+	if s.profiles != nil {
+		count = s.profiles.TenantBytes
+	}
+	if err == nil && count != nil {
 		// Profiles count with artifacts.
 		var p int64
-		p, err = s.profiles.TenantBytes(ctx, tenant)
+		p, err = count(ctx, tenant)
 		n += p
 	}
 	s.artifacts.mu.Lock()
@@ -55,12 +59,25 @@ func (s *Server) artifactBytes(ctx context.Context, tenant string) (int64, error
 	return n, err
 }
 
+// WithProfileBytes counts the tenant's profiles with its artifacts
+// where the gateway has no profiles of its own (WithProfiles): a
+// replica that stands by, which takes snapshots within the quota.
+func WithProfileBytes(count func(ctx context.Context, tenant string) (int64, error)) Option {
+	return func(s *Server) { s.profileBytes = count }
+}
+
 // checkArtifactQuota refuses a create while the tenant's artifacts take
 // its whole quota (every session adds to them). A store that does not
 // answer refuses nothing: a session's artifacts wait on the host for it.
 func (s *Server) checkArtifactQuota(c *fiber.Ctx, tenant string) error {
 	lim, _ := s.sessions.Limits(tenant)
-	if lim.MaxArtifactBytes <= 0 || s.store == nil {
+	return s.checkArtifactRoom(c, tenant, lim.MaxArtifactBytes)
+}
+
+// checkArtifactRoom is checkArtifactQuota with the tenant's quota
+// (bytes; 0 or less: none).
+func (s *Server) checkArtifactRoom(c *fiber.Ctx, tenant string, quota int64) error {
+	if quota <= 0 || s.store == nil {
 		return nil
 	}
 	ctx, cancel := reqCtx(c, 10*time.Second)
@@ -70,8 +87,8 @@ func (s *Server) checkArtifactQuota(c *fiber.Ctx, tenant string) error {
 		s.log.Warn("artifact quota not checked: the store did not answer", "tenant", tenant, "err", err)
 		return nil
 	}
-	if n >= lim.MaxArtifactBytes {
-		return overArtifactQuota(c, fmt.Sprintf("the tenant's artifacts take %d bytes of its %d", n, lim.MaxArtifactBytes))
+	if n >= quota {
+		return overArtifactQuota(c, fmt.Sprintf("the tenant's artifacts take %d bytes of its %d", n, quota))
 	}
 	return nil
 }

@@ -73,6 +73,9 @@ const (
 	relayFilesRoute      = "/v1/sessions/:id/files"
 	relayActionsRoute    = "/v1/sessions/:id/actions"
 	relayScreenshotRoute = "/v1/sessions/:id/screenshot"
+	// relaySnapshotsRoute: a session's snapshots, taken (a relay with a
+	// sandbox carries these) and listed (answered alone, orAlone).
+	relaySnapshotsRoute = "/v1/sessions/:id/snapshots"
 	// relayListRoute, relayReadRoute, relayPreviewsRoute,
 	// relayRevokeRoute, relayExtendRoute: the session reads, extensions
 	// and deletes, and previews' issues and revocations a relay answers
@@ -285,6 +288,12 @@ type relayAdmitAnswer struct {
 	// MaxFileBytes, for a shell: the largest file the tenant may
 	// upload (0: the default).
 	MaxFileBytes int64 `json:"max_file_bytes,omitempty"`
+	// MaxArtifactBytes, for a shell: the tenant's artifact quota (0:
+	// none), which a snapshot the replica takes keeps within.
+	MaxArtifactBytes int64 `json:"max_artifact_bytes,omitempty"`
+	// Quota, for a shell: MaxArtifactBytes is said (a leader of the
+	// version before says nothing of the quota).
+	Quota bool `json:"quota,omitempty"`
 	// Kind, for a shell: the session's (browser or desktop), for
 	// actions and screenshots, with CDP, VNC and Screen.
 	Kind session.Kind `json:"kind,omitempty"`
@@ -363,7 +372,7 @@ func (s *Server) relayShell(c *fiber.Ctx, req relayShellRequest) error {
 	}
 	return c.JSON(relayAdmitAnswer{Session: claims.Session, Tenant: claims.Tenant, Scope: claims.Scope, Preview: claims.ID,
 		Expires: until.Unix(), Ticket: ticket, AllowRoot: lim.AllowRoot, MaxFileBytes: max(lim.MaxFileBytes, 0),
-		CDP: ep.CDP.String(), VNC: ep.VNC.String(), Screen: info.Screen, Kind: info.Kind})
+		MaxArtifactBytes: max(lim.MaxArtifactBytes, 0), Quota: true, CDP: ep.CDP.String(), VNC: ep.VNC.String(), Screen: info.Screen, Kind: info.Kind})
 }
 
 type relaySyncRequest struct {
@@ -416,6 +425,11 @@ type relayEvent struct {
 	// Bytes, its digest in SHA256).
 	Action   string `json:"action,omitempty"`
 	Artifact string `json:"artifact,omitempty"`
+	// snapshot_saved's: the snapshot (its id in Artifact, its size in
+	// Bytes, its digest in SHA256, how long it took in DurationMS), its
+	// files, and whether some changed while read.
+	Files   int64 `json:"files,omitempty"`
+	Changed bool  `json:"changed_while_read,omitempty"`
 	// preview_revoked's: the preview (the event's token is a ticket of
 	// its session's), and whether the replica added it to the session's
 	// stored log already (an ended session's: the leader holds it, and
@@ -878,18 +892,45 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 		}
 		s.recordRelayed(ev, claims.Session, map[string]any{"action": ev.Action})
 	case "screenshot":
-		rnd, ok := strings.CutPrefix(ev.Artifact, claims.Session+".")
-		if !ok || len(rnd) != 16 || strings.Trim(rnd, "0123456789abcdef") != "" || !isDigest(ev.SHA256) {
+		if !relayedArtifact(ev, claims.Session) {
 			s.log.Warn("a relay reported a screenshot with an artifact id or digest that cannot be; recorded without them", "session", claims.Session)
 			ev.Artifact, ev.SHA256 = "", ""
 		}
 		s.recordRelayed(ev, claims.Session, screenshotFields(recordings.Artifact{ID: ev.Artifact, Size: max(ev.Bytes, 0), SHA256: ev.SHA256}))
+	case "snapshot_saved":
+		// A snapshot a replica took and stored: it counts against the
+		// tenant's quota here from now on.
+		fields, ok := relayedSnapshot(ev, claims.Session)
+		if !ok {
+			s.log.Warn("a relay reported a snapshot with an artifact id or digest that cannot be; recorded without them", "session", claims.Session)
+		}
+		s.invalidateArtifactBytes(claims.Tenant)
+		s.recordRelayed(ev, claims.Session, fields)
 	default:
 		// The egress proxy's of a replica that stands by (EgressEvent).
 		if f, ok := egressFields(ev); ok {
 			s.recordRelayed(ev, claims.Session, f)
 		}
 	}
+}
+
+// relayedSnapshot is a relayed snapshot_saved's fields in session's
+// trail, and whether its snapshot's id and digest can be (if not, it
+// has neither); no count is below 0.
+func relayedSnapshot(ev relayEvent, session string) (map[string]any, bool) {
+	ok := relayedArtifact(ev, session)
+	if !ok {
+		ev.Artifact, ev.SHA256 = "", ""
+	}
+	return snapshotFields(recordings.Artifact{ID: ev.Artifact, Size: max(ev.Bytes, 0), SHA256: ev.SHA256},
+		max(ev.Files, 0), ev.Changed, max(ev.DurationMS, 0)), ok
+}
+
+// relayedArtifact: a relayed event's artifact id is one the store
+// gives session's artifacts, and its digest a SHA-256.
+func relayedArtifact(ev relayEvent, session string) bool {
+	rnd, ok := strings.CutPrefix(ev.Artifact, session+".")
+	return ok && len(rnd) == 16 && strings.Trim(rnd, "0123456789abcdef") == "" && isDigest(ev.SHA256)
 }
 
 // isDigest: a SHA-256 in hex.
@@ -1054,9 +1095,10 @@ type relayConn struct {
 // With sandbox (nil: not), it carries the sessions' shells, commands,
 // files and actions too, the leader admitting each by its API key:
 // sandbox names a session's Pod, which they run in. Screenshots (the
-// screenshot route's, and the actions') are stored in store.
-func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), sandbox func(id string) session.Sandbox, store *recordings.Store, log *slog.Logger) (*Server, error) {
-	s, err := newServer(cfg, nil, store, log)
+// screenshot route's, and the actions') and snapshots are stored in
+// store.
+func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (string, error), sandbox func(id string) session.Sandbox, store *recordings.Store, log *slog.Logger, opts ...Option) (*Server, error) {
+	s, err := newServer(cfg, nil, store, log, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -1128,6 +1170,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		}
 		s.app.Post(relayActionsRoute, vault, key, s.action)
 		s.app.Post(relayScreenshotRoute, key, s.screenshot)
+		s.app.Post(relaySnapshotsRoute, key, s.createSnapshot)
 		// Session reads and previews' issues come here only when the
 		// Front could not pass them to a leader (answersAlone).
 		s.app.Get(relayListRoute, l.orAlone(l.listAlone))
@@ -1145,6 +1188,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		// So do trails, artifacts and review links (a reviewer's).
 		s.app.Get(relayEventsRoute, l.orAlone(s.eventsAlone))
 		s.app.Get(relayArtifactsRoute, l.orAlone(s.artifactsAlone))
+		s.app.Get(relaySnapshotsRoute, l.orAlone(s.snapshotsAlone))
 		s.app.Get(relayArtifactRoute, l.orAlone(s.artifactAlone))
 		s.app.Get(relayReviewRoute, l.reviewOrAlone(s.review))
 		s.app.Get(relayReviewArtifactRoute, l.reviewOrAlone(s.reviewArtifact))
@@ -1553,6 +1597,7 @@ func (l *relayLive) askShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmi
 	claims := shellClaims(ans.Tenant, id, ans.Ticket)
 	claims.allowRoot = ans.AllowRoot
 	claims.maxFileBytes = max(ans.MaxFileBytes, 0)
+	claims.maxArtifactBytes, claims.quotaSaid = max(ans.MaxArtifactBytes, 0), ans.Quota
 	return claims, ans, nil
 }
 
@@ -1582,11 +1627,11 @@ func (l *relayLive) fromAnswer(token string, ans relayAdmitAnswer) (*previewClai
 
 // RelayUsable says whether the Front may hand connections of kind to
 // this relay (NewRelay): not within a minute of the leader refusing its
-// signature (they are forwarded then), and actions and screenshots only
-// with a store to keep the screenshots in.
+// signature (they are forwarded then), and actions, screenshots and
+// snapshots only with a store to keep the screenshots and snapshots in.
 func (s *Server) RelayUsable(kind Relays) bool {
 	l, ok := s.live.(*relayLive)
-	return ok && l.usable() && (!kind.Actions || l.storeOK.Load())
+	return ok && l.usable() && (!kind.Actions && !kind.Snapshots || l.storeOK.Load())
 }
 
 // relayStoreEvery is how often a relay asks whether its artifact store
@@ -1594,8 +1639,8 @@ func (s *Server) RelayUsable(kind Relays) bool {
 const relayStoreEvery = 5 * time.Second
 
 // watchStore asks, now and every relayStoreEvery, whether the artifact
-// store answers: while it does not, actions and screenshots are
-// forwarded to the leader (RelayUsable); once it does, this replica
+// store answers: while it does not, actions, screenshots and snapshots
+// are forwarded to the leader (RelayUsable); once it does, this replica
 // takes them again.
 func (l *relayLive) watchStore(store *recordings.Store) {
 	var last error
@@ -1606,9 +1651,9 @@ func (l *relayLive) watchStore(store *recordings.Store) {
 		l.storeOK.Store(err == nil)
 		switch {
 		case err != nil && (first || last == nil):
-			l.log.Warn("the artifact store does not answer: actions and screenshots go to the leader until it does", "err", err)
+			l.log.Warn("the artifact store does not answer: actions, screenshots and snapshots go to the leader until it does", "err", err)
 		case err == nil && !first && last != nil:
-			l.log.Info("the artifact store answers again: this replica carries actions and screenshots")
+			l.log.Info("the artifact store answers again: this replica carries actions, screenshots and snapshots")
 		}
 		last = err
 		time.Sleep(relayStoreEvery)
@@ -1765,6 +1810,13 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 		ev.Artifact, _ = fields["artifact"].(string)
 		ev.Bytes, _ = fields["size"].(int64)
 		ev.SHA256, _ = fields["sha256"].(string)
+	case "snapshot_saved":
+		ev.Artifact, _ = fields["snapshot"].(string)
+		ev.Bytes, _ = fields["size"].(int64)
+		ev.SHA256, _ = fields["sha256"].(string)
+		ev.Files, _ = fields["files"].(int64)
+		ev.Changed, _ = fields["changed_while_read"].(bool)
+		ev.DurationMS, _ = fields["took_ms"].(int64)
 	}
 	switch v := fields["limit"].(type) {
 	case int:

@@ -288,11 +288,14 @@ func TestRelayLive(t *testing.T) {
 	mu.Unlock()
 	l.record(c, "action", map[string]any{"action": "left_click"})
 	l.record(c, "screenshot", screenshotFields(recordings.Artifact{ID: "s-1.0123456789abcdef", Size: 99, SHA256: sum}))
+	l.record(c, "snapshot_saved", snapshotFields(recordings.Artifact{ID: "s-1.fedcba9876543210", Size: 4096, SHA256: sum}, 3, true, 42))
 	l.sync()
 	mu.Lock()
-	if len(got) != 2 || got[0].Type != "action" || got[0].Action != "left_click" ||
-		got[1].Type != "screenshot" || got[1].Artifact != "s-1.0123456789abcdef" || got[1].Bytes != 99 || got[1].SHA256 != sum {
-		t.Errorf("the leader has %+v, want the action's event and the screenshot's", got)
+	if len(got) != 3 || got[0].Type != "action" || got[0].Action != "left_click" ||
+		got[1].Type != "screenshot" || got[1].Artifact != "s-1.0123456789abcdef" || got[1].Bytes != 99 || got[1].SHA256 != sum ||
+		got[2].Type != "snapshot_saved" || got[2].Artifact != "s-1.fedcba9876543210" || got[2].Bytes != 4096 || got[2].SHA256 != sum ||
+		got[2].Files != 3 || !got[2].Changed || got[2].DurationMS != 42 {
+		t.Errorf("the leader has %+v, want the action's event, the screenshot's and the snapshot's", got)
 	}
 	if len(durables) != 1 {
 		t.Errorf("a report of no change asked to store the trail: %v", durables)
@@ -329,6 +332,9 @@ func TestRelayLive(t *testing.T) {
 	}
 	if srv.RelayUsable(Relays{Actions: true}) {
 		t.Error("usable for actions and screenshots without a store to keep the screenshots in")
+	}
+	if srv.RelayUsable(Relays{Snapshots: true}) {
+		t.Error("usable for snapshots without a store to keep them in")
 	}
 	mu.Lock()
 	refuse = true
@@ -387,6 +393,8 @@ func TestRelayShellAdmission(t *testing.T) {
 		ok := relayAdmitAnswer{Session: req.Shell.Session, Tenant: "t", Scope: scopeShell, Preview: shellPreview, Ticket: ticket(req.Shell.Session)}
 		switch req.Shell.Key {
 		case "good":
+		case "quota-said":
+			ok.Quota, ok.MaxArtifactBytes = true, 5
 		case "wrong-session":
 			ok.Session = other
 		case "wrong-ticket":
@@ -422,6 +430,22 @@ func TestRelayShellAdmission(t *testing.T) {
 			t.Errorf("a shell with key %q: %d %s, want %d", key, st, body, want)
 		}
 	}
+	// A snapshot the leader's admission says no quota of (a leader of
+	// the version before) waits for one that does (503, to retry); the
+	// control, with the quota said, goes on to the store (none here).
+	for key, want := range map[string]string{"good": "does not say the tenant's quota", "quota-said": "the artifact store is unavailable"} {
+		req := httptest.NewRequest("POST", "http://gw.test:8080/v1/sessions/"+sid+"/snapshots", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := srv.App().Test(req, 10000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || !strings.Contains(string(body), want) || key == "good" && resp.Header.Get("Retry-After") == "" {
+			t.Errorf("a snapshot with key %q: %d %s (Retry-After %q), want 503 saying %q", key, resp.StatusCode, body, resp.Header.Get("Retry-After"), want)
+		}
+	}
 	// Without an upgrade: the key is asked for and checked (the leader
 	// is asked) first, as the leader checks it.
 	for key, want := range map[string]int{"": 401, "good": 400} {
@@ -445,8 +469,8 @@ func TestRelayShellAdmission(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	if n != 7 {
-		t.Errorf("the leader was asked %d times, want 7 (never without a key)", n)
+	if n != 9 {
+		t.Errorf("the leader was asked %d times, want 9 (never without a key)", n)
 	}
 	// The positive control: a good key is upgraded, and the shell is
 	// started in the session the leader named, with the ticket for
@@ -724,7 +748,7 @@ func TestRelayAlone(t *testing.T) {
 	started := make(chan string, 4)
 	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: started} })
 	srv.AdmitAlone(RelayAlone{
-		Tenant: testTenants(session.TenantLimits{MaxTTL: 2 * time.Hour, AllowRoot: true, MaxFileBytes: 7}),
+		Tenant: testTenants(session.TenantLimits{MaxTTL: 2 * time.Hour, AllowRoot: true, MaxFileBytes: 7, MaxArtifactBytes: 9}),
 		Session: func(_ context.Context, id string) (map[string]string, bool, error) {
 			if s, ok := sessions[id]; ok {
 				return s.r, s.running, s.err
@@ -827,7 +851,7 @@ func TestRelayAlone(t *testing.T) {
 	if want := now.Add(-time.Minute).Add(2 * time.Hour).Add(time.Minute); got.ExpiresAt.Time.Sub(want).Abs() > time.Second {
 		t.Errorf("the ticket expires at %v, want %v", got.ExpiresAt.Time, want)
 	}
-	if !claims.allowRoot || claims.maxFileBytes != 7 || claims.raw != ans.Ticket || ans.Kind != session.KindDesktop ||
+	if !claims.allowRoot || claims.maxFileBytes != 7 || claims.maxArtifactBytes != 9 || !claims.quotaSaid || claims.raw != ans.Ticket || ans.Kind != session.KindDesktop ||
 		ans.CDP != "10.1.2.3:9222" || ans.VNC != "10.1.2.3:5900" || ans.Screen.Width != 800 {
 		t.Errorf("the admission: %+v %+v", claims, ans)
 	}
@@ -1624,6 +1648,10 @@ func TestRelayAloneReviewGates(t *testing.T) {
 		{"/review/" + good[:len(good)-4] + "AAAA", "", 401, "a bad signature"},
 		{"/v1/sessions/" + sid + "/events", "good", 503, "a trail, no store"},
 		{"/v1/sessions/" + sid + "/artifacts", "good", 503, "artifacts, no store"},
+		{"/v1/sessions/" + sid + "/snapshots", "good", 503, "snapshots, no store"},
+		{"/v1/sessions/" + sid + "/snapshots", "off", 403, "a disabled tenant's snapshots"},
+		{"/v1/sessions/" + sid + "/snapshots", "junk", 401, "a junk key's snapshots"},
+		{"/v1/sessions/not-a-session/snapshots", "good", 404, "no session's snapshots"},
 		{"/v1/artifacts/" + aid, "good", 503, "an artifact, no store"},
 		{"/v1/sessions/" + sid + "/events", "junk", 401, "a junk key's trail"},
 		{"/v1/sessions/" + sid + "/artifacts", "off", 403, "a disabled tenant's artifacts"},
@@ -1737,6 +1765,38 @@ func TestRelayReviewFields(t *testing.T) {
 		got, ok := reviewFields(tc.claims, tc.ev)
 		if ok != (tc.want != nil) || !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("%s: %v %v, want %v", tc.why, got, ok, tc.want)
+		}
+	}
+}
+
+// TestRelaySnapshotFields: a snapshot_saved a replica reports is
+// recorded with the leader's own fields; one whose snapshot id is not
+// one of the session's artifacts', or whose digest is none, without
+// them (the control: the good one keeps them); a count below 0 is 0.
+func TestRelaySnapshotFields(t *testing.T) {
+	sid, other := ids.NewSession(), ids.NewSession()
+	good := sid + ".0123456789abcdef"
+	sum := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		why  string
+		ev   relayEvent
+		want map[string]any
+		ok   bool
+	}{
+		{"a good one", relayEvent{Type: "snapshot_saved", Artifact: good, Bytes: 10240, SHA256: sum, Files: 3, Changed: true, DurationMS: 42},
+			map[string]any{"snapshot": good, "size": int64(10240), "sha256": sum, "files": int64(3), "changed_while_read": true, "took_ms": int64(42)}, true},
+		{"another session's", relayEvent{Type: "snapshot_saved", Artifact: other + ".0123456789abcdef", Bytes: 1, SHA256: sum},
+			map[string]any{"snapshot": "", "size": int64(1), "sha256": "", "files": int64(0), "changed_while_read": false, "took_ms": int64(0)}, false},
+		{"a junk id", relayEvent{Type: "snapshot_saved", Artifact: sid + ".zz", SHA256: sum},
+			map[string]any{"snapshot": "", "size": int64(0), "sha256": "", "files": int64(0), "changed_while_read": false, "took_ms": int64(0)}, false},
+		{"no digest", relayEvent{Type: "snapshot_saved", Artifact: good, SHA256: "AB" + sum[2:]},
+			map[string]any{"snapshot": "", "size": int64(0), "sha256": "", "files": int64(0), "changed_while_read": false, "took_ms": int64(0)}, false},
+		{"counts below 0", relayEvent{Type: "snapshot_saved", Artifact: good, SHA256: sum, Bytes: -1, Files: -2, DurationMS: -3},
+			map[string]any{"snapshot": good, "size": int64(0), "sha256": sum, "files": int64(0), "changed_while_read": false, "took_ms": int64(0)}, true},
+	} {
+		got, ok := relayedSnapshot(tc.ev, sid)
+		if ok != tc.ok || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: %v %v, want %v %v", tc.why, got, ok, tc.want, tc.ok)
 		}
 	}
 }

@@ -126,13 +126,14 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 		return nil, none, relayUnavailableFor(err)
 	}
 	ans := relayAdmitAnswer{Session: id, Tenant: name, Scope: scopeShell, Preview: claims.ID, Expires: until.Unix(), Ticket: ticket,
-		AllowRoot: lim.AllowRoot, MaxFileBytes: max(lim.MaxFileBytes, 0),
-		CDP: ep.CDP.String(), VNC: ep.VNC.String(), Screen: info.Screen, Kind: info.Kind}
+		AllowRoot: lim.AllowRoot, MaxFileBytes: max(lim.MaxFileBytes, 0), MaxArtifactBytes: max(lim.MaxArtifactBytes, 0),
+		Quota: true, CDP: ep.CDP.String(), VNC: ep.VNC.String(), Screen: info.Screen, Kind: info.Kind}
 	l.mu.Lock()
 	l.admitted[id] = time.Now()
 	l.mu.Unlock()
 	claims = shellClaims(name, id, ticket)
 	claims.allowRoot, claims.maxFileBytes = ans.AllowRoot, ans.MaxFileBytes
+	claims.maxArtifactBytes, claims.quotaSaid = ans.MaxArtifactBytes, true
 	return claims, ans, nil
 }
 

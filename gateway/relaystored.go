@@ -57,28 +57,53 @@ func (s *Server) eventsAlone(c *fiber.Ctx, tenantName string) error {
 }
 
 // artifactsAlone answers GET /v1/sessions/:id/artifacts as the leader
-// would (listArtifacts): the stored artifacts; none for a session whose
-// Pod is the tenant's, 404 for any other.
+// would (listArtifacts): the stored artifacts (storedAlone).
 func (s *Server) artifactsAlone(c *fiber.Ctx, tenantName string) error {
+	as, err := s.storedAlone(c, tenantName, func(ctx context.Context, id string) ([]recordings.Artifact, error) {
+		return s.store.List(ctx, tenantName, id)
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(fiber.Map{"artifacts": as})
+}
+
+// snapshotsAlone answers GET /v1/sessions/:id/snapshots as the leader
+// would (listSnapshots): the stored snapshots (storedAlone).
+func (s *Server) snapshotsAlone(c *fiber.Ctx, tenantName string) error {
+	as, err := s.storedAlone(c, tenantName, func(ctx context.Context, id string) ([]recordings.Artifact, error) {
+		return s.store.ListKind(ctx, tenantName, id, recordings.KindSnapshot)
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(fiber.Map{"snapshots": viewSnapshots(as)})
+}
+
+// storedAlone is what list finds stored of the request's session (its
+// id param) for tenantName, within 10 s: none for a session whose Pod
+// is the tenant's, 404 for any other; 503 while the store does not
+// answer.
+func (s *Server) storedAlone(c *fiber.Ctx, tenantName string, list func(ctx context.Context, id string) ([]recordings.Artifact, error)) ([]recordings.Artifact, error) {
 	id := c.Params("id")
 	if !ids.IsSession(id) {
-		return errNotFound("no such session")
+		return nil, errNotFound("no such session")
 	}
 	if s.store == nil {
-		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+		return nil, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
 	}
 	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
 	defer cancel()
-	as, err := s.store.List(ctx, tenantName, id)
+	as, err := list(ctx, id)
 	if err != nil {
-		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
+		return nil, &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable", err: err}
 	}
 	if len(as) == 0 {
 		if err := s.live.(*relayLive).ownPod(ctx, tenantName, id); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return c.JSON(fiber.Map{"artifacts": as})
+	return as, nil
 }
 
 // artifactAlone answers GET /v1/artifacts/:id as the leader does

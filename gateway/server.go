@@ -116,6 +116,9 @@ type Server struct {
 	profiles     *profile.Store // nil: no profiles
 	keepLimits   ProfileLimits
 	snapshotting tenantSlots
+	// profileBytes counts a tenant's profiles where profiles is nil
+	// (WithProfileBytes; nil: not counted).
+	profileBytes func(ctx context.Context, tenant string) (int64, error)
 	shots        chan struct{} // screenshots being taken (the route's)
 	verified     verifiedProfiles
 	mcp          http.Handler // nil: no /mcp

@@ -44,33 +44,50 @@ func viewSnapshot(a recordings.Artifact) snapshotView {
 		Paths: []string{"/home/sandgate"}, ProcessesKept: false, Note: snapshotNote}
 }
 
-// createSnapshot: POST /v1/sessions/{id}/snapshots.
+// createSnapshot: POST /v1/sessions/{id}/snapshots. The leader takes
+// it, or a replica that stands by (NewRelay: its tar through the Pod
+// exec API, stored in the artifact store, its snapshot_saved reported
+// to the leader's trail as its other events are), admitted by the
+// leader or, while none answers, alone.
 func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	id, err := s.sessionID(c)
 	if err != nil {
 		return err
 	}
-	tenant := tenantOf(c)
-	if _, err := s.sessions.Get(tenant, id); err != nil {
+	claims, err := s.shells.openShell(c, id)
+	if err != nil {
 		return err
 	}
-	if err := s.checkArtifactQuota(c, tenant); err != nil {
+	switch {
+	case !claims.quotaSaid:
+		// (A leader of the version before, on a replica that stands
+		// by: the next ask may reach one of this version.)
+		c.Set(fiber.HeaderRetryAfter, "2")
+		return &apiError{status: 503, code: "unavailable", msg: "the leading gateway replica does not say the tenant's quota; retry"}
+	case s.store == nil:
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is unavailable"}
+	}
+	tenant := claims.Tenant
+	if err := s.checkArtifactRoom(c, tenant, claims.maxArtifactBytes); err != nil {
 		return err
 	}
-	// One snapshot of a tenant at a time: each spools up to the bound on
-	// the gateway's disk.
+	// One snapshot of a tenant at a time (on each replica): each spools
+	// up to the bound on the gateway's disk.
 	if !s.snapshotting.take(tenant) {
 		return &apiError{status: 409, code: "conflict", msg: "a snapshot of this tenant is under way; take the next once it is done"}
 	}
 	defer s.snapshotting.drop(tenant)
 	limit := s.keepLimits.MaxSnapshotBytes
-	if lim, _ := s.sessions.Limits(tenant); lim.MaxArtifactBytes > 0 {
-		// No more than the tenant has left of its quota.
+	if claims.maxArtifactBytes > 0 {
+		// No more than the tenant has left of its quota, counted now
+		// (another replica may have stored a snapshot since the count
+		// this one keeps).
+		s.invalidateArtifactBytes(tenant)
 		ctx, cancel := reqCtx(c, 10*time.Second)
 		n, err := s.artifactBytes(ctx, tenant)
 		cancel()
 		if err == nil {
-			limit = min(limit, lim.MaxArtifactBytes-n)
+			limit = min(limit, claims.maxArtifactBytes-n)
 		}
 	}
 	if limit <= 0 {
@@ -91,7 +108,7 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	out, cleaned := cleaning(f, profile.Rules{MaxBytes: limit, MaxEntries: s.keepLimits.MaxEntries,
 		Skip: profile.SnapshotSkip, Symlinks: true}, stop)
 	var stderr bytes.Buffer
-	p, err := s.sessions.Start(rctx, tenant, id, session.ExecSpec{
+	p, err := s.shells.startShell(rctx, claims, session.ExecSpec{
 		Args:   []string{"tar", "-c", "-C", "/home/sandgate", "-f", "-", "--exclude=./" + profile.ProfileDir, "."},
 		Stdout: out, Stderr: &limitWriter{w: &stderr, n: 4096},
 	})
@@ -120,9 +137,17 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 		return &apiError{status: 503, code: "unavailable", msg: "the artifact store did not take the snapshot", err: err}
 	}
 	s.invalidateArtifactBytes(tenant)
-	s.sessions.Record(id, "snapshot_saved", map[string]any{"snapshot": a.ID, "size": a.Size, "sha256": a.SHA256,
-		"files": sum.Files, "changed_while_read": code == 1, "took_ms": time.Since(t0).Milliseconds()})
+	s.live.record(claims, "snapshot_saved", snapshotFields(a, int64(sum.Files), code == 1, time.Since(t0).Milliseconds()))
+	s.live.changed(claims)
+	s.log.Info("snapshot stored", "session", id, "artifact", a.ID, "bytes", a.Size)
 	return c.Status(fiber.StatusCreated).JSON(viewSnapshot(a))
+}
+
+// snapshotFields are the fields of a snapshot's event in the trail
+// (snapshot_saved): the same whichever replica took it.
+func snapshotFields(a recordings.Artifact, files int64, changed bool, tookMS int64) map[string]any {
+	return map[string]any{"snapshot": a.ID, "size": a.Size, "sha256": a.SHA256,
+		"files": files, "changed_while_read": changed, "took_ms": tookMS}
 }
 
 // listSnapshots: GET /v1/sessions/{id}/snapshots, those taken of the
@@ -143,11 +168,15 @@ func (s *Server) listSnapshots(c *fiber.Ctx) error {
 			return err
 		}
 	}
+	return c.JSON(fiber.Map{"snapshots": viewSnapshots(as)})
+}
+
+func viewSnapshots(as []recordings.Artifact) []snapshotView {
 	out := make([]snapshotView, 0, len(as))
 	for _, a := range as {
 		out = append(out, viewSnapshot(a))
 	}
-	return c.JSON(fiber.Map{"snapshots": out})
+	return out
 }
 
 // restoreSnapshot unpacks a snapshot into a starting session's home,

@@ -38,6 +38,11 @@ type previewClaims struct {
 	// maxFileBytes, in a shell's claims: the largest file the tenant
 	// may upload (0: the default).
 	maxFileBytes int64
+	// maxArtifactBytes, in a shell's claims: the tenant's artifact
+	// quota (0: none), when quotaSaid (the leader that admitted it
+	// said; one of the version before did not).
+	maxArtifactBytes int64
+	quotaSaid        bool
 }
 
 // signer issues and checks preview tokens with HMAC-SHA256 keys.

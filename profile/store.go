@@ -495,11 +495,38 @@ func (c *checked) Close() error { return c.c.Close() }
 
 // TenantBytes sums what the tenant's profiles take in the store.
 func (s *Store) TenantBytes(ctx context.Context, tenant string) (int64, error) {
+	return tenantBytes(ctx, s.client, s.bucket, tenant)
+}
+
+// Counter counts what tenants' profiles take in the store, and does
+// nothing else (it holds no key): what a gateway replica that takes
+// no profiles' versions counts against a tenant's quota.
+type Counter struct {
+	client *minio.Client
+	bucket string
+}
+
+// NewCounter makes a Counter of cfg's bucket (its VaultKey and Keep
+// are not used); it asks nothing of MinIO until it counts.
+func NewCounter(cfg Config) (*Counter, error) {
+	c, err := minio.New(cfg.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, ""), Secure: cfg.Secure})
+	if err != nil {
+		return nil, fmt.Errorf("minio client: %w", err)
+	}
+	return &Counter{client: c, bucket: cfg.Bucket}, nil
+}
+
+// TenantBytes is Store.TenantBytes.
+func (c *Counter) TenantBytes(ctx context.Context, tenant string) (int64, error) {
+	return tenantBytes(ctx, c.client, c.bucket, tenant)
+}
+
+func tenantBytes(ctx context.Context, client *minio.Client, bucket, tenant string) (int64, error) {
 	if !tenantPattern.MatchString(tenant) {
 		return 0, nil
 	}
 	var n int64
-	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: tenant + "/", Recursive: true}) {
+	for obj := range client.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: tenant + "/", Recursive: true}) {
 		if obj.Err != nil {
 			return n, fmt.Errorf("list profiles: %w", obj.Err)
 		}

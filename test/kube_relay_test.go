@@ -1,6 +1,7 @@
 package test
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -374,6 +375,59 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := ra.api(t, ra.keyA, "POST", "/v1/sessions/"+s.ID+"/screenshot", nil); st != 201 {
 		t.Fatalf("a screenshot through A: %d %s", st, body)
 	}
+	// A snapshot through B is B's too: its tar taken through the Pod
+	// exec API and stored by B (B's log says so, A's does not), its
+	// event in the leader's trail when B answers; read through A, the
+	// leader, it holds the file written through B.
+	if r := execWith(t, fresh, rb.gwURL, rb.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "echo kept-by-B > /home/sandgate/workspace/snap.txt"}}); r.ExitCode != 0 {
+		t.Fatalf("write a file through B: exit %d %s", r.ExitCode, r.Stderr)
+	}
+	snapAt := time.Now()
+	snapB := snapshotVia(t, fresh, rb, s.ID, "while A leads")
+	tookB := time.Since(snapAt)
+	if !snapshotEvent(t, ra, s.ID, snapB) {
+		t.Errorf("the leader's trail when B answered the snapshot lacks its event (%s)", snapB.ID)
+	}
+	if got := snapshotFiles(t, ra, snapB)["workspace/snap.txt"]; got != "kept-by-B\n" {
+		t.Errorf("the snapshot taken through B, read through A: workspace/snap.txt %q, want the file written through B", got)
+	}
+	if nb, na := logLines(rb, "snapshot stored", s.ID), logLines(ra, "snapshot stored", s.ID); nb != 1 || na != 0 {
+		t.Errorf("the snapshot through B in the logs of B and A: %d and %d, want 1 and 0", nb, na)
+	}
+	// (The control: one through A is A's.)
+	snapAt = time.Now()
+	snapA := snapshotVia(t, fresh, ra, s.ID, "while A leads")
+	tookA := time.Since(snapAt)
+	if nb, na := logLines(rb, "snapshot stored", s.ID), logLines(ra, "snapshot stored", s.ID); nb != 1 || na != 1 || !snapshotEvent(t, ra, s.ID, snapA) {
+		t.Errorf("the snapshot through A in the logs of B and A: %d and %d, want 1 and 1, and in A's trail", nb, na)
+	}
+	t.Logf("a snapshot (%d bytes) through B took %.2f s, through A %.2f s (B/A %.2f)", snapB.Size, tookB.Seconds(), tookA.Seconds(), tookB.Seconds()/tookA.Seconds())
+	// Within the tenant's artifact quota as the leader holds it: a
+	// tenant whose quota is 1 byte has a snapshot of its session through
+	// B refused as one through A is (422, more than is left; or 429,
+	// none left, once its recording is stored), stored by neither; the
+	// control is tenant-a's above, with no quota.
+	tight := "relay-quota-" + randHex(4)
+	var tightKey adminKey
+	ra.admin(t, "POST", "/tenants", map[string]any{"name": tight, "max_artifact_bytes": 1}, 201, nil)
+	ra.admin(t, "POST", "/tenants/"+tight+"/keys", map[string]any{"name": "quota"}, 201, &tightKey)
+	st, body = callVia(t, fresh, ra.gwURL, tightKey.APIKey, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	var tightS sessionInfo
+	if err := json.Unmarshal(body, &tightS); st != 201 || err != nil {
+		t.Fatalf("a session of a tenant with a 1-byte quota: %d %s", st, body)
+	}
+	for _, r := range []*testEnv{rb, ra} {
+		st, body := callVia(t, fresh, r.gwURL, tightKey.APIKey, "POST", "/v1/sessions/"+tightS.ID+"/snapshots", nil)
+		if st != 422 && st != 429 || !strings.Contains(string(body), "quota") {
+			t.Errorf("a snapshot through %s past the tenant's quota: %d %s, want 422 or 429", r.gwAddr, st, body)
+		}
+	}
+	if nb, na := logLines(rb, "snapshot stored", tightS.ID), logLines(ra, "snapshot stored", tightS.ID); nb != 0 || na != 0 {
+		t.Errorf("snapshots past the quota in the logs of B and A: %d and %d stored, want none", nb, na)
+	}
+	if st, body := callVia(t, fresh, ra.gwURL, tightKey.APIKey, "DELETE", "/v1/sessions/"+tightS.ID, nil); st != 200 {
+		t.Fatalf("delete the session of the tenant with a 1-byte quota: %d %s", st, body)
+	}
 	fill := map[string]any{"action": "fill_credential", "credential": "cred-0123456789abcdef", "selector": "#password"}
 	stA, bodyA := callVia(t, fresh, ra.gwURL, ra.keyA, "POST", "/v1/sessions/"+s.ID+"/actions", fill)
 	stB, bodyB := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+s.ID+"/actions", fill)
@@ -551,6 +605,28 @@ func TestKubeRelay(t *testing.T) {
 	const gapFile = "/home/sandgate/workspace/gap.txt"
 	if st, body := fileVia(t, fresh, rb.gwURL, rb.keyA, "PUT", s.ID, gapFile, []byte("written while nobody led")); st != 201 {
 		t.Fatalf("a file put through B while nobody leads: %d %s", st, body)
+	}
+	// A snapshot through B, admitted alone and stored by B, holds the
+	// file just written; B lists it with those taken while A led
+	// (another tenant's key gets 404). Its event reaches the trail once
+	// B leads (below).
+	snapAt = time.Now()
+	gapSnap := snapshotVia(t, fresh, rb, s.ID, "while nobody leads")
+	t.Logf("a snapshot through B (%d bytes) answered in %.2f s, %.1f s after A's death, nobody leading", gapSnap.Size, time.Since(snapAt).Seconds(), time.Since(killed).Seconds())
+	if got := snapshotFiles(t, rb, gapSnap)["workspace/gap.txt"]; got != "written while nobody led" {
+		t.Errorf("the snapshot taken through B while nobody leads: workspace/gap.txt %q", got)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/sessions/"+s.ID+"/snapshots", nil); st != 200 ||
+		!bytes.Contains(body, []byte(`"`+snapB.ID+`"`)) || !bytes.Contains(body, []byte(`"`+snapA.ID+`"`)) || !bytes.Contains(body, []byte(`"`+gapSnap.ID+`"`)) {
+		t.Errorf("the snapshots listed through B while nobody leads: %d %.300s, want %s, %s and %s", st, body, snapB.ID, snapA.ID, gapSnap.ID)
+	}
+	for key, want := range map[string]int{rb.keyB: 404, "sk-junk": 401} {
+		if st, body := callVia(t, fresh, rb.gwURL, key, "GET", "/v1/sessions/"+s.ID+"/snapshots", nil); st != want {
+			t.Errorf("the snapshots listed through B while nobody leads, key %.12s…: %d %s, want %d", key, st, body, want)
+		}
+		if st, body := callVia(t, fresh, rb.gwURL, key, "POST", "/v1/sessions/"+s.ID+"/snapshots", nil); st != want {
+			t.Errorf("a snapshot through B while nobody leads, key %.12s…: %d %s, want %d", key, st, body, want)
+		}
 	}
 	for key, want := range map[string]int{revokedKey.APIKey: 401, "sk-junk": 401, rb.keyB: 404} {
 		if st, body := callVia(t, fresh, rb.gwURL, key, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"cmd": []string{"true"}}); st != want {
@@ -821,11 +897,11 @@ func TestKubeRelay(t *testing.T) {
 	// An SDK call through B while no replica that answers leads:
 	// refused at once without retries (the control); with them (the
 	// SDK's default), answered once B leads, as B's 503s say to retry.
-	// (Snapshots are a leader's alone: leaderRead.)
-	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).Snapshots(ctx, s.ID); !sandgate.IsUnavailable(err) {
+	// (The usage is a leader's alone: leaderRead.)
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).Usage(ctx); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
-	if _, err := sandgate.New(rb.gwURL, rb.keyA).Snapshots(ctx, s.ID); err != nil {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA).Usage(ctx); err != nil {
 		t.Fatalf("an SDK call through B, retried, after A's death: %v", err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
@@ -833,7 +909,7 @@ func TestKubeRelay(t *testing.T) {
 		t.Logf("(B answers ready already: it leads %.1f s after the kill)", time.Since(killed).Seconds())
 	}
 	waitFor(t, 3*time.Minute, "B to lead", func() bool {
-		st, _ := leaderRead(t, rb, rb.keyA, s.ID)
+		st, _ := leaderRead(t, rb, rb.keyA)
 		return st == 200
 	})
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "state") != "running" {
@@ -897,8 +973,8 @@ func TestKubeRelay(t *testing.T) {
 	waitFor(t, 30*time.Second, "the exec event of the command that ran across A's death, in the trail of B, leading", func() bool {
 		return execEvent(rb, 0, "survived")
 	})
-	waitFor(t, 30*time.Second, "the exec event and file_upload of what B admitted while nobody led, in the trail of B, leading", func() bool {
-		return execEvent(rb, 0, "gap-") && fileEvent(rb, "file_upload", gapFile) != nil
+	waitFor(t, 30*time.Second, "the exec event, file_upload and snapshot_saved of what B admitted while nobody led, in the trail of B, leading", func() bool {
+		return execEvent(rb, 0, "gap-") && fileEvent(rb, "file_upload", gapFile) != nil && snapshotEvent(t, rb, s.ID, gapSnap)
 	})
 	if _, err := browserWSErr(viaB(gapPreview.URL)); err == nil {
 		t.Error("the preview revoked through B while nobody led answers through B, leading")
@@ -1047,13 +1123,14 @@ func writeRecord(t testing.TB, kb *kube.Backend, id string, change map[string]st
 	t.Fatalf("write session %s's record: a conflict each time", id)
 }
 
-// leaderRead reads session id's snapshots through r: a read only a
-// leader that holds the session answers (200), where a replica that
-// stands by answers 503 while no leader answers (it answers the
-// session's reads, trail and artifacts itself then).
-func leaderRead(t testing.TB, r *testEnv, key, id string) (int, []byte) {
+// leaderRead reads the tenant's usage through r: a read only a leader
+// answers (200; a replica taking over answers 503 until it has adopted
+// the sessions), where a replica that stands by answers 503 while no
+// leader answers (it answers the sessions' reads, trails, artifacts
+// and snapshots itself then).
+func leaderRead(t testing.TB, r *testEnv, key string) (int, []byte) {
 	t.Helper()
-	return r.api(t, key, "GET", "/v1/sessions/"+id+"/snapshots", nil)
+	return r.api(t, key, "GET", "/v1/usage", nil)
 }
 
 // callVia sends a request with a JSON body (none when body is nil)
@@ -1493,10 +1570,61 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 	b.ReportMetric(float64(percentile(reviewAlone, 0.5))/float64(percentile(reviewAsked, 0.5)), "review-alone/forwarded-p50")
 	b.ReportMetric(float64(len(alone)), "alone-n")
 	waitFor(b, 3*time.Minute, "B to lead", func() bool {
-		st, _ := leaderRead(b, rb, rb.keyA, id)
+		st, _ := leaderRead(b, rb, rb.keyA)
 		return st == 200
 	})
 	rb.api(b, rb.keyA, "DELETE", "/v1/sessions/"+id, nil)
+}
+
+// snapshotVia takes a snapshot of session id through r (when says
+// when, for the failures).
+func snapshotVia(t testing.TB, client *http.Client, r *testEnv, id, when string) snapshotInfo {
+	t.Helper()
+	st, body := callVia(t, client, r.gwURL, r.keyA, "POST", "/v1/sessions/"+id+"/snapshots", nil)
+	var snap snapshotInfo
+	if err := json.Unmarshal(body, &snap); st != 201 || err != nil || snap.Session != id || snap.Size == 0 || len(snap.SHA256) != 64 {
+		t.Fatalf("a snapshot through %s %s: %d %s", r.gwAddr, when, st, body)
+	}
+	return snap
+}
+
+// snapshotEvent: the trail of session id through r has snap's
+// snapshot_saved, with its size and digest.
+func snapshotEvent(t testing.TB, r *testEnv, id string, snap snapshotInfo) bool {
+	t.Helper()
+	for _, ev := range r.events(t, r.keyA, id) {
+		if ev.Type == "snapshot_saved" && ev.Fields["snapshot"] == snap.ID && ev.Fields["sha256"] == snap.SHA256 &&
+			ev.Fields["size"] == float64(snap.Size) {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshotFiles is what snap's tar, read through r, holds: each
+// regular file's content by its path under the home; the tar must be
+// what the snapshot says (its size and digest).
+func snapshotFiles(t *testing.T, r *testEnv, snap snapshotInfo) map[string]string {
+	t.Helper()
+	raw := r.fetchArtifact(t, r.keyA, snap.ID)
+	if sum := sha256.Sum256(raw); int64(len(raw)) != snap.Size || hex.EncodeToString(sum[:]) != snap.SHA256 {
+		t.Fatalf("snapshot %s through %s: %d bytes, not the %d its answer said", snap.ID, r.gwAddr, len(raw), snap.Size)
+	}
+	out := map[string]string{}
+	tr := tar.NewReader(bytes.NewReader(raw))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("snapshot %s: %v", snap.ID, err)
+		}
+		if h.Typeflag == tar.TypeReg && h.Size < 1<<20 {
+			b, _ := io.ReadAll(tr)
+			out[strings.TrimPrefix(h.Name, "./")] = string(b)
+		}
+	}
 }
 
 // hasCredential: id is among list.

@@ -237,7 +237,7 @@ func TestKubeReplicas(t *testing.T) {
 	// Meanwhile B answers, with 503 in the API's JSON, until it leads.
 	var waits []int
 	waitFor(t, 3*time.Minute, "B to take the session over", func() bool {
-		st, body := leaderRead(t, rb, rb.keyA, s.ID)
+		st, body := leaderRead(t, rb, rb.keyA)
 		if st == 200 {
 			return true
 		}

@@ -20,8 +20,8 @@ import (
 )
 
 // TestRelayStoreComesBack: a relay (a replica standing by) whose
-// artifact store does not answer when it starts leaves actions and
-// screenshots to the leader (RelayUsable says no for them; yes for
+// artifact store does not answer when it starts leaves actions,
+// screenshots and snapshots to the leader (RelayUsable says no for them; yes for
 // preview connections, the control), and carries them itself once the
 // store answers again, within a few of its checks: a MinIO that was
 // down when a replica started no longer costs it them for its life.
@@ -37,16 +37,18 @@ func TestRelayStoreComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer relay.App().Shutdown()
-	actions := gateway.Relays{Actions: true}
+	actions, snapshots := gateway.Relays{Actions: true}, gateway.Relays{Snapshots: true}
 	waitFor(t, 30*time.Second, "the relay to find the store not answering", func() bool {
 		return strings.Contains(logs.String(), "the artifact store does not answer")
 	})
-	if relay.RelayUsable(actions) || !relay.RelayUsable(gateway.Relays{Previews: true}) {
+	if relay.RelayUsable(actions) || relay.RelayUsable(snapshots) || !relay.RelayUsable(gateway.Relays{Previews: true}) {
 		t.Fatalf("MinIO down: usable for actions %v (want false), for previews %v (want true)", relay.RelayUsable(actions), relay.RelayUsable(gateway.Relays{Previews: true}))
 	}
 	back()
 	t0 := time.Now()
-	waitFor(t, time.Minute, "the relay to take actions and screenshots once the store answers", func() bool { return relay.RelayUsable(actions) })
+	waitFor(t, time.Minute, "the relay to take actions, screenshots and snapshots once the store answers", func() bool {
+		return relay.RelayUsable(actions) && relay.RelayUsable(snapshots)
+	})
 	t.Logf("usable for actions %.1f s after MinIO came back", time.Since(t0).Seconds())
 	if !strings.Contains(logs.String(), "the artifact store answers again") {
 		t.Error("the relay's log does not say the store answers again")

@@ -188,7 +188,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					// Forwarding there would come back here, for good.
 					return "", gateway.Relays{}, fmt.Errorf("the leading replica %s advertises this replica's own address %s: each replica needs its own kubernetes.advertise", leader, addr)
 				}
-				return addr, gateway.Relays{Previews: l.Relays, Exec: l.Exec, Files: l.Files, Actions: l.Actions}, err
+				return addr, gateway.Relays{Previews: l.Relays, Exec: l.Exec, Files: l.Files, Actions: l.Actions, Snapshots: l.Snapshots}, err
 			}, log.With("component", "front"))
 			defer front.Close()
 			wait = 0
@@ -217,26 +217,36 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				}()
 			}
 			// While it stands by, it carries the preview connections (CDP
-			// and VNC), shells, commands, files, actions and screenshots
-			// it is sent itself, straight to the sessions' Pods, asking
-			// the leader about each (gateway.NewRelay); it stores the
-			// screenshots itself.
+			// and VNC), shells, commands, files, actions, screenshots and
+			// snapshots it is sent itself, straight to the sessions' Pods,
+			// asking the leader about each (gateway.NewRelay); it stores
+			// the screenshots and snapshots itself.
 			// While the store does not answer (MinIO, asked every few
-			// seconds), the actions and screenshots are forwarded to
-			// the leader.
+			// seconds), those are forwarded to the leader.
 			relayStore, err := recordings.Open(storeConfig(cfg))
 			if err != nil {
-				log.Warn("no artifact store for this replica: the actions and screenshots it is sent go to the leader", "err", err)
+				log.Warn("no artifact store for this replica: the actions, screenshots and snapshots it is sent go to the leader", "err", err)
 				relayStore = nil
 			}
 			pods := kube.NewSessions(ctx, holds)
+			// The tenants' profiles count against their quota with the
+			// artifacts, as on the leader, which has profiles when a
+			// vault.key is configured.
+			var relayOpts []gateway.Option
+			if vkey, _ := cfg.vaultKey(); vkey != nil {
+				counter, err := profile.NewCounter(profileConfig(cfg, vkey))
+				if err != nil {
+					return fmt.Errorf("profiles: %w", err)
+				}
+				relayOpts = append(relayOpts, gateway.WithProfileBytes(counter.TenantBytes))
+			}
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
 					return "", fmt.Errorf("the leading replica advertises %q, which is not ip:port", addr)
 				}
 				return addr, err
-			}, pods.Sandbox, relayStore, log.With("component", "relay"))
+			}, pods.Sandbox, relayStore, log.With("component", "relay"), relayOpts...)
 			if err != nil {
 				return err
 			}

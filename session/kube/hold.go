@@ -68,6 +68,11 @@ const AnnotationRelayFiles = "sandgate.io/relay-files"
 // identity).
 const AnnotationRelayActions = "sandgate.io/relay-actions"
 
+// AnnotationRelaySnapshots, on the hold lease, says the same of the
+// sessions' workspace snapshots (its value, too, is the holder's
+// identity): the leader records a snapshot_saved a replica reports.
+const AnnotationRelaySnapshots = "sandgate.io/relay-snapshots"
+
 // Hold takes the namespace's hold for identity, which serves at address
 // ("" when no other replica can reach it). With wait > 0, a holder
 // that renews for that long keeps it and Hold fails naming it; with
@@ -82,7 +87,7 @@ const AnnotationRelayActions = "sandgate.io/relay-actions"
 func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: holdDuration,
 		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayExec: identity, AnnotationRelayFiles: identity,
-			AnnotationRelayActions: identity}}
+			AnnotationRelayActions: identity, AnnotationRelaySnapshots: identity}}
 	deadline := time.Now().Add(wait)
 	said := ""
 	var sent time.Time // when the acquisition that succeeded was sent
@@ -187,6 +192,9 @@ type Lead struct {
 	// Actions: it admits the actions and screenshots they carry
 	// (AnnotationRelayActions).
 	Actions bool
+	// Snapshots: it admits the workspace snapshots they take
+	// (AnnotationRelaySnapshots).
+	Snapshots bool
 }
 
 // ReadLead reads the namespace's hold as Leader does, with whether the
@@ -206,10 +214,11 @@ func (b *Backend) ReadLead(ctx context.Context) (Lead, error) {
 	}
 	holder := deref(le.Spec.HolderIdentity)
 	return Lead{Identity: holder, Address: le.Annotations[AnnotationAddress],
-		Relays:  holder != "" && le.Annotations[AnnotationRelays] == holder,
-		Exec:    holder != "" && le.Annotations[AnnotationRelayExec] == holder,
-		Files:   holder != "" && le.Annotations[AnnotationRelayFiles] == holder,
-		Actions: holder != "" && le.Annotations[AnnotationRelayActions] == holder}, nil
+		Relays:    holder != "" && le.Annotations[AnnotationRelays] == holder,
+		Exec:      holder != "" && le.Annotations[AnnotationRelayExec] == holder,
+		Files:     holder != "" && le.Annotations[AnnotationRelayFiles] == holder,
+		Actions:   holder != "" && le.Annotations[AnnotationRelayActions] == holder,
+		Snapshots: holder != "" && le.Annotations[AnnotationRelaySnapshots] == holder}, nil
 }
 
 // Identity names one run of a gateway replica in Pod pod, whose UID
