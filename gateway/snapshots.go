@@ -49,7 +49,7 @@ func viewSnapshot(a recordings.Artifact) snapshotView {
 // exec API, stored in the artifact store, its snapshot_saved reported
 // to the leader's trail as its other events are), admitted by the
 // leader or, while none answers, alone.
-func (s *Server) createSnapshot(c *fiber.Ctx) error {
+func (s *Server) createSnapshot(c *fiber.Ctx) (err error) {
 	id, err := s.sessionID(c)
 	if err != nil {
 		return err
@@ -58,6 +58,12 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if err != nil {
+			st, code, _ := publicOf(err)
+			s.log.Info("snapshot not taken", "session", id, "status", st, "code", code)
+		}
+	}()
 	switch {
 	case !claims.quotaSaid:
 		// (A leader of the version before, on a replica that stands
@@ -86,9 +92,11 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 		ctx, cancel := reqCtx(c, 10*time.Second)
 		n, err := s.artifactBytes(ctx, tenant)
 		cancel()
-		if err == nil {
-			limit = min(limit, claims.maxArtifactBytes-n)
+		if err != nil {
+			c.Set(fiber.HeaderRetryAfter, "2")
+			return &apiError{status: 503, code: "unavailable", msg: "the artifact store did not say what the tenant's artifacts take; retry", err: err}
 		}
+		limit = min(limit, claims.maxArtifactBytes-n)
 	}
 	if limit <= 0 {
 		// Nothing left of the quota; and a bound of 0 bounds nothing.
@@ -137,10 +145,37 @@ func (s *Server) createSnapshot(c *fiber.Ctx) error {
 		return &apiError{status: 503, code: "unavailable", msg: "the artifact store did not take the snapshot", err: err}
 	}
 	s.invalidateArtifactBytes(tenant)
+	if err := s.withinQuota(ctx, c, claims, a); err != nil {
+		return err
+	}
 	s.live.record(claims, "snapshot_saved", snapshotFields(a, int64(sum.Files), code == 1, time.Since(t0).Milliseconds()))
 	s.live.changed(claims)
 	s.log.Info("snapshot stored", "session", id, "artifact", a.ID, "bytes", a.Size)
 	return c.Status(fiber.StatusCreated).JSON(viewSnapshot(a))
+}
+
+// withinQuota checks, once snapshot a is stored, that the tenant's
+// artifacts with it are within its quota: another replica may have
+// stored a snapshot meanwhile (each bounds its own by what was left
+// as it began). If not, a is deleted, and the answer is 429; if the
+// store cannot say, a is kept.
+func (s *Server) withinQuota(ctx context.Context, c *fiber.Ctx, claims *previewClaims, a recordings.Artifact) error {
+	if claims.maxArtifactBytes <= 0 {
+		return nil
+	}
+	n, err := s.artifactBytes(ctx, claims.Tenant)
+	switch {
+	case err != nil:
+		s.log.Warn("a snapshot is kept unchecked against the tenant's quota: the store did not say what its artifacts take", "session", claims.Session, "artifact", a.ID, "err", err)
+		return nil
+	case n <= claims.maxArtifactBytes:
+		return nil
+	}
+	if err := s.store.Delete(ctx, claims.Tenant, a.ID); err != nil {
+		s.log.Error("a snapshot past the tenant's quota could not be deleted", "session", claims.Session, "artifact", a.ID, "err", err)
+	}
+	s.invalidateArtifactBytes(claims.Tenant)
+	return overArtifactQuota(c, fmt.Sprintf("with this snapshot the tenant's artifacts take %d bytes of its %d (others were stored meanwhile), so it is not kept", n, claims.maxArtifactBytes))
 }
 
 // snapshotFields are the fields of a snapshot's event in the trail

@@ -17,6 +17,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -402,31 +403,69 @@ func TestKubeRelay(t *testing.T) {
 		t.Errorf("the snapshot through A in the logs of B and A: %d and %d, want 1 and 1, and in A's trail", nb, na)
 	}
 	t.Logf("a snapshot (%d bytes) through B took %.2f s, through A %.2f s (B/A %.2f)", snapB.Size, tookB.Seconds(), tookA.Seconds(), tookB.Seconds()/tookA.Seconds())
-	// Within the tenant's artifact quota as the leader holds it: a
-	// tenant whose quota is 1 byte has a snapshot of its session through
-	// B refused as one through A is (422, more than is left; or 429,
-	// none left, once its recording is stored), stored by neither; the
-	// control is tenant-a's above, with no quota.
+	// Within the tenant's artifact quota as the leader holds it, for a
+	// tenant of its own. Its quota roomy, a snapshot of its session (4
+	// MiB of random bytes) through B is taken, by B.
 	tight := "relay-quota-" + randHex(4)
 	var tightKey adminKey
-	ra.admin(t, "POST", "/tenants", map[string]any{"name": tight, "max_artifact_bytes": 1}, 201, nil)
+	ra.admin(t, "POST", "/tenants", map[string]any{"name": tight, "max_artifact_bytes": 1 << 30}, 201, nil)
 	ra.admin(t, "POST", "/tenants/"+tight+"/keys", map[string]any{"name": "quota"}, 201, &tightKey)
 	st, body = callVia(t, fresh, ra.gwURL, tightKey.APIKey, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
 	var tightS sessionInfo
 	if err := json.Unmarshal(body, &tightS); st != 201 || err != nil {
-		t.Fatalf("a session of a tenant with a 1-byte quota: %d %s", st, body)
+		t.Fatalf("a session of a tenant with a quota: %d %s", st, body)
 	}
+	if r := execWith(t, fresh, ra.gwURL, tightKey.APIKey, tightS.ID, map[string]any{"cmd": []string{"sh", "-c", "head -c 4194304 /dev/urandom > /home/sandgate/workspace/big.bin"}}); r.ExitCode != 0 {
+		t.Fatalf("write 4 MiB in the session of the tenant with a quota: exit %d %s", r.ExitCode, r.Stderr)
+	}
+	roomy := snapshotWith(t, fresh, rb, tightKey.APIKey, tightS.ID, "with room in the tenant's quota")
+	if n := logLines(rb, "snapshot stored", tightS.ID); n != 1 {
+		t.Errorf("the snapshot within the tenant's quota through B: %d in B's log, want 1", n)
+	}
+	// Two at once, through B and through A, with room left for one and
+	// a half: never both kept (each is bounded by what was left as it
+	// began; one stored past the quota is deleted, 429).
+	var used struct {
+		ArtifactBytes int64 `json:"artifact_bytes"`
+	}
+	if st, body := callVia(t, fresh, ra.gwURL, tightKey.APIKey, "GET", "/v1/usage", nil); st != 200 || json.Unmarshal(body, &used) != nil || used.ArtifactBytes < roomy.Size {
+		t.Fatalf("the usage of the tenant with a quota: %d %s", st, body)
+	}
+	ra.admin(t, "PATCH", "/tenants/"+tight, map[string]any{"max_artifact_bytes": used.ArtifactBytes + roomy.Size*3/2}, 200, nil)
+	var both [2]int
+	var wg sync.WaitGroup
+	for i, r := range []*testEnv{rb, ra} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			both[i], _ = callVia(t, fresh, r.gwURL, tightKey.APIKey, "POST", "/v1/sessions/"+tightS.ID+"/snapshots", nil)
+		}()
+	}
+	wg.Wait()
+	t.Logf("two snapshots at once through B and A with room for one and a half: %v", both)
+	if both == [2]int{201, 201} || !slices.Contains([]int{201, 422, 429}, both[0]) || !slices.Contains([]int{201, 422, 429}, both[1]) {
+		t.Errorf("two snapshots at once through B and A with room for one and a half: %v, want at most one 201, the other 422 or 429", both)
+	}
+	// Its quota 1 byte: refused through B, by B (its log says so), as
+	// through A (422, more than is left, or 429, none left); stored by
+	// neither.
+	ra.admin(t, "PATCH", "/tenants/"+tight, map[string]any{"max_artifact_bytes": 1}, 200, nil)
+	storedB, storedA := logLines(rb, "snapshot stored", tightS.ID), logLines(ra, "snapshot stored", tightS.ID)
 	for _, r := range []*testEnv{rb, ra} {
+		before := logLines(r, "snapshot not taken", tightS.ID)
 		st, body := callVia(t, fresh, r.gwURL, tightKey.APIKey, "POST", "/v1/sessions/"+tightS.ID+"/snapshots", nil)
 		if st != 422 && st != 429 || !strings.Contains(string(body), "quota") {
 			t.Errorf("a snapshot through %s past the tenant's quota: %d %s, want 422 or 429", r.gwAddr, st, body)
 		}
+		if n := logLines(r, "snapshot not taken", tightS.ID); n != before+1 {
+			t.Errorf("a snapshot through %s past the tenant's quota: %d refusals in its log, want %d", r.gwAddr, n, before+1)
+		}
 	}
-	if nb, na := logLines(rb, "snapshot stored", tightS.ID), logLines(ra, "snapshot stored", tightS.ID); nb != 0 || na != 0 {
-		t.Errorf("snapshots past the quota in the logs of B and A: %d and %d stored, want none", nb, na)
+	if nb, na := logLines(rb, "snapshot stored", tightS.ID), logLines(ra, "snapshot stored", tightS.ID); nb != storedB || na != storedA {
+		t.Errorf("snapshots past the quota in the logs of B and A: %d and %d stored, want %d and %d", nb, na, storedB, storedA)
 	}
 	if st, body := callVia(t, fresh, ra.gwURL, tightKey.APIKey, "DELETE", "/v1/sessions/"+tightS.ID, nil); st != 200 {
-		t.Fatalf("delete the session of the tenant with a 1-byte quota: %d %s", st, body)
+		t.Fatalf("delete the session of the tenant with a quota: %d %s", st, body)
 	}
 	fill := map[string]any{"action": "fill_credential", "credential": "cred-0123456789abcdef", "selector": "#password"}
 	stA, bodyA := callVia(t, fresh, ra.gwURL, ra.keyA, "POST", "/v1/sessions/"+s.ID+"/actions", fill)
@@ -1576,11 +1615,17 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 	rb.api(b, rb.keyA, "DELETE", "/v1/sessions/"+id, nil)
 }
 
-// snapshotVia takes a snapshot of session id through r (when says
-// when, for the failures).
+// snapshotVia takes a snapshot of tenant-a's session id through r
+// (when says when, for the failures).
 func snapshotVia(t testing.TB, client *http.Client, r *testEnv, id, when string) snapshotInfo {
 	t.Helper()
-	st, body := callVia(t, client, r.gwURL, r.keyA, "POST", "/v1/sessions/"+id+"/snapshots", nil)
+	return snapshotWith(t, client, r, r.keyA, id, when)
+}
+
+// snapshotWith is snapshotVia with the API key key.
+func snapshotWith(t testing.TB, client *http.Client, r *testEnv, key, id, when string) snapshotInfo {
+	t.Helper()
+	st, body := callVia(t, client, r.gwURL, key, "POST", "/v1/sessions/"+id+"/snapshots", nil)
 	var snap snapshotInfo
 	if err := json.Unmarshal(body, &snap); st != 201 || err != nil || snap.Session != id || snap.Size == 0 || len(snap.SHA256) != 64 {
 		t.Fatalf("a snapshot through %s %s: %d %s", r.gwAddr, when, st, body)

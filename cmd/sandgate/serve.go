@@ -231,14 +231,17 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			pods := kube.NewSessions(ctx, holds)
 			// The tenants' profiles count against their quota with the
 			// artifacts, as on the leader, which has profiles when a
-			// vault.key is configured.
+			// vault.key is configured. (With no store, this replica
+			// takes no snapshots: they go to the leader.)
 			var relayOpts []gateway.Option
-			if vkey, _ := cfg.vaultKey(); vkey != nil {
+			if vkey, _ := cfg.vaultKey(); vkey != nil && relayStore != nil {
 				counter, err := profile.NewCounter(profileConfig(cfg, vkey))
 				if err != nil {
-					return fmt.Errorf("profiles: %w", err)
+					log.Warn("no artifact store for this replica: it cannot count the tenants' profiles against their quota, so the actions, screenshots and snapshots it is sent go to the leader", "err", err)
+					relayStore = nil
+				} else {
+					relayOpts = append(relayOpts, gateway.WithProfileBytes(counter.TenantBytes))
 				}
-				relayOpts = append(relayOpts, gateway.WithProfileBytes(counter.TenantBytes))
 			}
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
@@ -799,13 +802,13 @@ func sharedRecorder(ctx context.Context, cfg *Config, log *slog.Logger) (*record
 	return newRecorder(cfg, store, log)
 }
 
-// gatewayConfig is the gateway's part of the config.
 // profileConfig is the profiles' store's config.
 func profileConfig(cfg *Config, vkey []byte) profile.Config {
 	return profile.Config{Endpoint: cfg.MinIO.Endpoint, AccessKey: cfg.MinIO.AccessKey, SecretKey: cfg.MinIO.SecretKey,
 		Secure: cfg.MinIO.Secure, Bucket: cfg.Profiles.Bucket, VaultKey: vkey, Keep: cfg.Profiles.KeepVersions}
 }
 
+// gatewayConfig is the gateway's part of the config.
 func gatewayConfig(cfg *Config, pub *url.URL, admins map[string]bool) gateway.Config {
 	return gateway.Config{
 		PublicURL: pub, Hosts: cfg.Hosts, AdminKeys: admins,
