@@ -11,6 +11,7 @@ import (
 	"github.com/sandgate/sandgate/browser"
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
 )
 
 type fillRequest struct {
@@ -31,45 +32,83 @@ type fillRequest struct {
 // the real value (fill "value"). The audit trail gets the credential id,
 // the selector, the field and the mode; the value goes nowhere else.
 func (s *Server) fillCredential(c *fiber.Ctx, tenant, id string) error {
-	var req fillRequest
-	if err := decode(c, &req); err != nil {
+	req, err := fillAsked(c)
+	if err != nil {
 		return err
 	}
 	if err := s.needVault(); err != nil {
 		return err
-	}
-	if !egress.ValidCredentialID(req.Credential) {
-		return errInvalid("credential must be a credential id")
-	}
-	if req.Selector == "" || len(req.Selector) > 1024 {
-		return errInvalid("selector must be a CSS selector of 1-1024 bytes")
-	}
-	if req.Field == "" {
-		req.Field = "secret"
-	}
-	if req.Field != "secret" && req.Field != "username" {
-		return errInvalid("field must be secret or username")
 	}
 	info, err := s.sessions.Get(tenant, id)
 	if err != nil {
 		return err
 	}
 	if info.Kind != session.KindBrowser {
-		return &apiError{status: 409, code: "conflict", msg: "fill_credential needs a browser session"}
+		return errNeedsBrowser()
 	}
 	ep, err := s.sessions.Endpoint(tenant, id)
 	if err != nil {
 		return err
 	}
+	err = s.fill(c, req, fillTarget{vault: s.vault, tenant: tenant, info: info, ep: ep,
+		record: func(typ string, fields map[string]any) { s.sessions.Record(id, typ, fields) }})
+	if err == nil {
+		s.sessions.Touch(id)
+	}
+	return err
+}
+
+// fillAsked is a fill_credential's request, checked.
+func fillAsked(c *fiber.Ctx) (fillRequest, error) {
+	var req fillRequest
+	if err := decode(c, &req); err != nil {
+		return req, err
+	}
+	if !egress.ValidCredentialID(req.Credential) {
+		return req, errInvalid("credential must be a credential id")
+	}
+	if req.Selector == "" || len(req.Selector) > maxFillSelector {
+		return req, errInvalid("selector must be a CSS selector of 1-1024 bytes")
+	}
+	if req.Field == "" {
+		req.Field = "secret"
+	}
+	if req.Field != "secret" && req.Field != "username" {
+		return req, errInvalid("field must be secret or username")
+	}
+	return req, nil
+}
+
+// maxFillSelector bounds a fill's CSS selector (bytes).
+const maxFillSelector = 1024
+
+func errNeedsBrowser() error {
+	return &apiError{status: 409, code: "conflict", msg: "fill_credential needs a browser session"}
+}
+
+// fillTarget is what a fill needs of its session, whichever replica
+// fills it: the vault, the session (its bindings) and where its browser
+// serves, and where its events go.
+type fillTarget struct {
+	vault  *vault.Vault
+	tenant string
+	info   session.Info
+	ep     session.Endpoint
+	record func(typ string, fields map[string]any)
+}
+
+// fill carries out fillCredential's request in t's session.
+func (s *Server) fill(c *fiber.Ctx, req fillRequest, t fillTarget) error {
+	id, tenant := t.info.ID, t.tenant
 	fields := map[string]any{"credential": req.Credential, "selector": req.Selector, "field": req.Field}
 	deny := func(reason, msg string) error {
 		fields["reason"] = reason
-		s.sessions.Record(id, "fill_credential_denied", fields)
+		t.record("fill_credential_denied", fields)
 		s.log.Warn("fill_credential denied", "session", id, "tenant", tenant, "credential", req.Credential, "reason", reason)
 		return errDenied(msg)
 	}
 	var bound []egress.Binding
-	for _, b := range info.Egress.Credentials {
+	for _, b := range t.info.Egress.Credentials {
 		if b.Credential == req.Credential {
 			bound = append(bound, b)
 		}
@@ -79,7 +118,7 @@ func (s *Server) fillCredential(c *fiber.Ctx, tenant, id string) error {
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	page, err := firstPage(ctx, ep)
+	page, err := firstPage(ctx, t.ep)
 	if err != nil {
 		return &apiError{status: 409, code: "conflict", msg: "the session's browser has no page open", err: err}
 	}
@@ -88,7 +127,7 @@ func (s *Server) fillCredential(c *fiber.Ctx, tenant, id string) error {
 	if !ok {
 		return deny("origin", "the page open in the session is not on a destination the credential is bound to (scheme, host, port and path prefix)")
 	}
-	cred, err := s.vault.Open(ctx, tenant, req.Credential)
+	cred, err := t.vault.Open(ctx, tenant, req.Credential)
 	if err != nil {
 		return vaultError(err)
 	}
@@ -113,21 +152,21 @@ func (s *Server) fillCredential(c *fiber.Ctx, tenant, id string) error {
 	case mode == egress.FillValue:
 		text = cred.Secret
 	default:
-		text = s.vault.Placeholder(id, req.Credential)
+		text = t.vault.Placeholder(id, req.Credential)
 	}
 	fields["mode"] = mode
 	start := time.Now()
 	fctx, cancel2 := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel2()
-	if err := browser.Fill(fctx, ep.CDP, req.Selector, text); err != nil {
-		s.sessions.Record(id, "fill_credential_failed", fields)
+	if err := browser.Fill(fctx, t.ep.CDP, req.Selector, text); err != nil {
+		t.record("fill_credential_failed", fields)
 		s.log.Warn("fill_credential failed", "session", id, "tenant", tenant, "credential", req.Credential, "err", err)
 		return &apiError{status: 409, code: "conflict", msg: "no visible field matched the selector on the session's page in time", err: err}
 	}
 	// The page may have changed while the gateway typed (browser.Fill
 	// looks the first page up again): say so loudly. A placeholder is
 	// worthless elsewhere; a value is not.
-	after, err := firstPage(ctx, ep)
+	after, err := firstPage(ctx, t.ep)
 	raced := ""
 	switch {
 	case err != nil:
@@ -142,12 +181,11 @@ func (s *Server) fillCredential(c *fiber.Ctx, tenant, id string) error {
 	}
 	if raced != "" {
 		fields["reason"] = raced
-		s.sessions.Record(id, "fill_credential_raced", fields)
+		t.record("fill_credential_raced", fields)
 		s.log.Warn("fill_credential raced a navigation", "session", id, "tenant", tenant, "credential", req.Credential, "mode", mode)
 		return &apiError{status: 409, code: "conflict", msg: "the page changed while it was being filled; the fill is not confirmed"}
 	}
-	s.sessions.Touch(id)
-	s.sessions.Record(id, "fill_credential", fields)
+	t.record("fill_credential", fields)
 	return c.JSON(actionResponse{Action: "fill_credential", TookMS: time.Since(start).Milliseconds()})
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/desktop"
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
@@ -141,7 +142,11 @@ const (
 	// maxVaultAnswers bounds the credential requests, apart from those:
 	// the vault's MinIO may hang where the Pods' API server does not.
 	maxVaultAnswers = 4
-	maxIssuedAlone  = 64
+	// maxFillAnswers bounds the fill_credential actions a replica
+	// carries at once, passed to the leader or filled alone (each
+	// holds a browser's typing, up to 90 s).
+	maxFillAnswers = 16
+	maxIssuedAlone = 64
 	// A running session's review uses kept while no leader answers: of
 	// one link, and of all tenants together (keepReview).
 	maxReviewUsesAlone    = 8
@@ -425,6 +430,15 @@ type relayEvent struct {
 	// Bytes, its digest in SHA256).
 	Action   string `json:"action,omitempty"`
 	Artifact string `json:"artifact,omitempty"`
+	// fill_credential's (and its _denied, _failed and _raced): the
+	// credential (in Credential, below), the selector, the field typed
+	// and how (Mode), the page's address as the audit keeps it, before
+	// and after (Reason says why it was denied or raced).
+	Selector  string `json:"selector,omitempty"`
+	Field     string `json:"field,omitempty"`
+	Mode      string `json:"mode,omitempty"`
+	Page      string `json:"page,omitempty"`
+	PageAfter string `json:"page_after,omitempty"`
 	// snapshot_saved's: the snapshot (its id in Artifact, its size in
 	// Bytes, its digest in SHA256, how long it took in DurationMS), its
 	// files, and whether some changed while read.
@@ -897,6 +911,14 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 			ev.Artifact, ev.SHA256 = "", ""
 		}
 		s.recordRelayed(ev, claims.Session, screenshotFields(recordings.Artifact{ID: ev.Artifact, Size: max(ev.Bytes, 0), SHA256: ev.SHA256}))
+	case "fill_credential", "fill_credential_denied", "fill_credential_failed", "fill_credential_raced":
+		// A fill a replica made while no leader answered (fillAlone).
+		fields, ok := relayedFill(ev)
+		if !ok {
+			s.log.Warn("a relay reported a fill_credential event that cannot be; not recorded", "session", claims.Session, "type", ev.Type)
+			return
+		}
+		s.recordRelayed(ev, claims.Session, fields)
 	case "snapshot_saved":
 		// A snapshot a replica took and stored: it counts against the
 		// tenant's quota here from now on.
@@ -912,6 +934,39 @@ func (s *Server) relayShellEvent(claims *previewClaims, ev relayEvent) {
 			s.recordRelayed(ev, claims.Session, f)
 		}
 	}
+}
+
+// relayedFill is a relayed fill_credential event's fields in the
+// session's trail, as the leader's own fills record them, and whether
+// it can be one: a credential id, a field and mode of those a fill
+// has, a selector and pages within a fill's bounds.
+func relayedFill(ev relayEvent) (map[string]any, bool) {
+	if !egress.ValidCredentialID(ev.Credential) || ev.Field != "secret" && ev.Field != "username" ||
+		ev.Selector == "" || len(ev.Selector) > maxFillSelector || len(ev.Page) > 512 || len(ev.PageAfter) > 512 {
+		return nil, false
+	}
+	f := map[string]any{"credential": ev.Credential, "selector": ev.Selector, "field": ev.Field}
+	switch ev.Mode {
+	case "":
+	case egress.FillPlaceholder, egress.FillValue:
+		f["mode"] = ev.Mode
+	default:
+		return nil, false
+	}
+	if ev.Page != "" {
+		f["page"] = ev.Page
+	}
+	if ev.PageAfter != "" {
+		f["page_after"] = ev.PageAfter
+	}
+	switch ev.Type {
+	case "fill_credential_denied", "fill_credential_raced":
+		if ev.Reason == "" {
+			return nil, false
+		}
+		f["reason"] = truncate(ev.Reason, 512)
+	}
+	return f, true
 }
 
 // relayedSnapshot is a relayed snapshot_saved's fields in session's
@@ -1037,6 +1092,7 @@ type relayLive struct {
 	aloneAnswers  chan struct{}
 	reviewAnswers chan struct{} // the review links' (maxReviewAnswers)
 	vaultAnswers  chan struct{} // the credentials' (maxVaultAnswers)
+	fillAnswers   chan struct{} // the fills' (maxFillAnswers)
 	issuedAlone   map[string]int
 	revokedAlone  map[string]time.Time
 	reached       time.Time // when a leader last answered a report
@@ -1114,6 +1170,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		shellAdmits:  make(chan struct{}, maxShellAdmits),
 		aloneAnswers: make(chan struct{}, maxAloneAnswers), reviewAnswers: make(chan struct{}, maxReviewAnswers),
 		vaultAnswers:  make(chan struct{}, maxVaultAnswers),
+		fillAnswers:   make(chan struct{}, maxFillAnswers),
 		issuedAlone:   map[string]int{},
 		revokedAlone:  map[string]time.Time{},
 		sandbox:       sandbox,
@@ -1161,12 +1218,17 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relayFilesRoute, key, s.getFile)
 		// fill_credential is the leader's (the vault is): passed on
 		// whole, its key checked there, before this replica asks the
-		// leader anything.
+		// leader anything; while no leader takes it, it is filled
+		// here with the replica's own vault (fillAlone).
+		fillOrAlone := l.orAloneWithin(l.fillAnswers, 90*time.Second, s.fillAlone)
 		vault := func(c *fiber.Ctx) error {
-			if fillsCredential(c.Body()) {
+			switch {
+			case !fillsCredential(c.Body()):
+				return c.Next()
+			case l.alone == nil || l.alone.Vault == nil:
 				return l.toLeader(c)
 			}
-			return c.Next()
+			return fillOrAlone(c)
 		}
 		s.app.Post(relayActionsRoute, vault, key, s.action)
 		s.app.Post(relayScreenshotRoute, key, s.screenshot)
@@ -1810,6 +1872,15 @@ func (l *relayLive) record(c *previewClaims, typ string, fields map[string]any) 
 		ev.Artifact, _ = fields["artifact"].(string)
 		ev.Bytes, _ = fields["size"].(int64)
 		ev.SHA256, _ = fields["sha256"].(string)
+	case "fill_credential", "fill_credential_denied", "fill_credential_failed", "fill_credential_raced":
+		ev.Credential, _ = fields["credential"].(string)
+		ev.Selector, _ = fields["selector"].(string)
+		ev.Selector = truncate(ev.Selector, maxFillSelector)
+		ev.Field, _ = fields["field"].(string)
+		ev.Mode, _ = fields["mode"].(string)
+		ev.Page, _ = fields["page"].(string)
+		ev.PageAfter, _ = fields["page_after"].(string)
+		ev.Reason = truncate(ev.Reason, 512)
 	case "snapshot_saved":
 		ev.Artifact, _ = fields["snapshot"].(string)
 		ev.Bytes, _ = fields["size"].(int64)

@@ -404,6 +404,11 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 
 // orAloneIn is orAlone, taking one of slots.
 func (l *relayLive) orAloneIn(slots chan struct{}, answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
+	return l.orAloneWithin(slots, 5*time.Second, answer)
+}
+
+// orAloneWithin is orAloneIn, the leader given timeout to answer.
+func (l *relayLive) orAloneWithin(slots chan struct{}, timeout time.Duration, answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		key, err := bearerKey(c)
 		if err != nil {
@@ -412,7 +417,7 @@ func (l *relayLive) orAloneIn(slots chan struct{}, answer func(c *fiber.Ctx, ten
 		if len(key) > 4096 {
 			return errUnauthenticated("the API key is not valid")
 		}
-		return l.passOrAlone(c, slots, l.alone != nil && l.alone.List != nil, func() error {
+		return l.passOrAlone(c, slots, timeout, l.alone != nil && l.alone.List != nil, func() error {
 			name, lim, err := l.alone.Tenant(key)
 			switch {
 			case errors.Is(err, tenant.ErrDisabled):
@@ -463,6 +468,59 @@ func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant 
 	})
 }
 
+// fillAlone answers a fill_credential no leader takes, as the leader
+// would (fillCredential), with the replica's own vault: the session's
+// bindings are its Pod's record's, its browser the Pod's, and the
+// fill's events are kept for the next leader, as the replica's others
+// (its trail records them as its own fills'). The placeholder typed is
+// the one every replica derives from the vault's key.
+func (s *Server) fillAlone(c *fiber.Ctx, tenantName string) error {
+	l := s.live.(*relayLive)
+	id, err := s.sessionID(c)
+	if err != nil {
+		return err
+	}
+	req, err := fillAsked(c)
+	if err != nil {
+		return err
+	}
+	if l.alone.Vault == nil {
+		return relayUnavailableFor(errors.New("this replica opens no vault"))
+	}
+	info, ep, err := l.sessionAlone(c.Context(), tenantName, id)
+	if err != nil {
+		return err
+	}
+	if info.Kind != session.KindBrowser {
+		return errNeedsBrowser()
+	}
+	vctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
+	v, err := l.alone.Vault(vctx)
+	cancel()
+	switch {
+	case err != nil:
+		return vaultError(err)
+	case v == nil:
+		return asLeader(errNoVault())
+	}
+	// The events' token: a ticket of the session's, for the time a
+	// report may take to reach a leader.
+	claims := shellClaims(tenantName, id, "")
+	claims.ExpiresAt = jwtTime(time.Now().Add(10 * time.Minute))
+	ticket, err := l.signer.issue(*claims)
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	claims.raw = ticket
+	l.mu.Lock()
+	l.admitted[id] = time.Now()
+	l.mu.Unlock()
+	err = s.fill(c, req, fillTarget{vault: v, tenant: tenantName, info: info, ep: ep,
+		record: func(typ string, fields map[string]any) { l.record(claims, typ, fields) }})
+	l.changed(claims)
+	return asLeader(err)
+}
+
 // leaderWord is an answer given alone as the leader gives it: a 503
 // of its own does not say to retry (retrySoon leaves it).
 type leaderWord struct{ error }
@@ -485,14 +543,14 @@ const localAloneLimits = "relay-alone-limits"
 // to the leader itself, if one answers now; else, as an admission made
 // alone (askOrAlone), when canAlone, it is answered by alone. Either
 // takes one of slots meanwhile.
-func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, canAlone bool, alone func() error) error {
+func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, timeout time.Duration, canAlone bool, alone func() error) error {
 	release, err := l.slot(slots)
 	if err != nil {
 		return retrySoon(c, err)
 	}
 	defer release()
 	if ask, done := l.asks(); ask || !canAlone {
-		p, err := l.passOn(c, 5*time.Second)
+		p, err := l.passOn(c, timeout)
 		done()
 		switch {
 		case p == answered:

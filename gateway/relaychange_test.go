@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -395,6 +396,130 @@ func TestRelayUnansweredWrites(t *testing.T) {
 		before := asked.Load()
 		if st, body, _ := relayCall(t, srv, r[0], r[1], "good", ""); strings.Contains(body, "may have been carried out") || asked.Load() == before {
 			t.Errorf("%s %s, the leader's address refusing: %d %s, want it answered alone", r[0], r[1], st, body)
+		}
+	}
+}
+
+// TestRelayFillAlone: a fill_credential no leader takes is filled by
+// the relay as the leader would, with the replica's own vault, its
+// refusals the leader's: an unknown key 401 and a disabled tenant 403
+// (the vault not asked), another tenant's session or none 404, a bad
+// body 400, a desktop 409; a vault that cannot open a 503 to retry, no
+// vault.key the leader's 503 (not to retry). The control: while a
+// leader takes it, the leader answers it whole.
+func TestRelayFillAlone(t *testing.T) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
+	}))
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	now := time.Now().UTC()
+	rec := func(id, tenantName, kind string) map[string]string {
+		return map[string]string{"sandgate.session": id, session.RecordTenant: tenantName, "sandgate.created": now.Add(-time.Minute).Format(time.RFC3339Nano),
+			session.RecordExpires: now.Add(time.Hour).Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3",
+			"sandgate.info": `{"kind":"` + kind + `","runtime":"runc","screen":{"width":800,"height":600}}`, "sandgate.state": "running"}
+	}
+	browserS, desktopS, otherS := ids.NewSession(), ids.NewSession(), ids.NewSession()
+	records := map[string]map[string]string{browserS: rec(browserS, "t", "browser"), desktopS: rec(desktopS, "t", "desktop"), otherS: rec(otherS, "u", "browser")}
+	var opened atomic.Int32
+	var mu sync.Mutex
+	open := func(context.Context) (*vault.Vault, error) { return nil, errors.New("MinIO does not answer") }
+	srv.AdmitAlone(RelayAlone{
+		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
+		Session: func(_ context.Context, id string) (map[string]string, bool, error) {
+			if r, ok := records[id]; ok {
+				return r, true, nil
+			}
+			return nil, false, session.ErrSandboxGone
+		},
+		List:    func(context.Context, string) ([]AloneRecord, error) { return nil, nil },
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+		Fresh:   func() time.Time { return time.Now() },
+		Vault: func(ctx context.Context) (*vault.Vault, error) {
+			opened.Add(1)
+			mu.Lock()
+			defer mu.Unlock()
+			return open(ctx)
+		},
+	})
+	cid := ids.NewCredential()
+	fill := `{"action":"fill_credential","credential":"` + cid + `","selector":"#password"}`
+	path := func(id string) string { return "/v1/sessions/" + id + "/actions" }
+	if st, body, _ := relayCall(t, srv, "POST", path(browserS), "good", fill); st != 200 || body != `{"leader":"POST `+path(browserS)+`"}` {
+		t.Fatalf("a fill with a leader: %d %s, want the leader's answer", st, body)
+	}
+	leader.Close()
+	srv.live.(*relayLive).client.CloseIdleConnections()
+	for _, tc := range []struct {
+		why, key, id, body string
+		want               int
+		msg, retry         string
+		vaultAsked         bool
+	}{
+		{"an unknown key", "nobody", browserS, fill, 401, "the API key is not valid", "", false},
+		{"a disabled tenant's key", "off", browserS, fill, 403, "the tenant is disabled", "", false},
+		{"another tenant's session", "good", otherS, fill, 404, "no such session", "", false},
+		{"no session", "good", ids.NewSession(), fill, 404, "no such session", "", false},
+		{"no selector", "good", browserS, `{"action":"fill_credential","credential":"` + cid + `"}`, 400, "selector", "", false},
+		{"a credential id that is none", "good", browserS, `{"action":"fill_credential","credential":"junk","selector":"#p"}`, 400, "credential id", "", false},
+		{"a desktop", "good", desktopS, fill, 409, "needs a browser session", "", false},
+		{"a vault that cannot open", "good", browserS, fill, 503, "the credential vault is not answering", "2", true},
+	} {
+		opened.Store(0)
+		st, body, retry := relayCall(t, srv, "POST", path(tc.id), tc.key, tc.body)
+		if st != tc.want || !strings.Contains(body, tc.msg) || retry != tc.retry || (opened.Load() > 0) != tc.vaultAsked {
+			t.Errorf("%s: %d %s (Retry-After %q, vault asked %d times), want %d with %q (Retry-After %q, asked %v)",
+				tc.why, st, body, retry, opened.Load(), tc.want, tc.msg, tc.retry, tc.vaultAsked)
+		}
+	}
+	mu.Lock()
+	open = func(context.Context) (*vault.Vault, error) { return nil, nil }
+	mu.Unlock()
+	if st, body, retry := relayCall(t, srv, "POST", path(browserS), "good", fill); st != 503 || !strings.Contains(body, "vault.key is not configured") || retry != "" {
+		t.Errorf("a fill with no vault.key: %d %s (Retry-After %q), want the leader's 503, not to retry", st, body, retry)
+	}
+}
+
+// TestRelayFillFields: a fill's events a replica reports are recorded
+// with the leader's own fields (as its record keeps them: a fill's
+// fields through relayLive.record and back); one whose credential, field,
+// mode, selector or page cannot be a fill's, or a denial with no reason,
+// is not recorded.
+func TestRelayFillFields(t *testing.T) {
+	srv := testRelay(t, "http://127.0.0.1:1", func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	l := srv.live.(*relayLive)
+	cid := ids.NewCredential()
+	claims := shellClaims("t", ids.NewSession(), "tok")
+	good := map[string]any{"credential": cid, "selector": "#password", "field": "secret", "mode": "placeholder", "page": "https://app.test/login"}
+	denied := map[string]any{"credential": cid, "selector": "#password", "field": "secret", "page": "https://elsewhere.test/", "reason": "origin"}
+	l.record(claims, "fill_credential", good)
+	l.record(claims, "fill_credential_denied", denied)
+	l.mu.Lock()
+	evs := append([]relayEvent(nil), l.events...)
+	l.mu.Unlock()
+	if len(evs) != 2 {
+		t.Fatalf("kept %d events, want 2", len(evs))
+	}
+	for i, want := range []map[string]any{good, denied} {
+		got, ok := relayedFill(evs[i])
+		if !ok || !reflect.DeepEqual(got, want) {
+			t.Errorf("%s through a report: %v %v, want %v", evs[i].Type, got, ok, want)
+		}
+	}
+	base := evs[0]
+	for why, change := range map[string]func(*relayEvent){
+		"a credential id that is none": func(ev *relayEvent) { ev.Credential = "junk" },
+		"another field":                func(ev *relayEvent) { ev.Field = "password" },
+		"another mode":                 func(ev *relayEvent) { ev.Mode = "plain" },
+		"no selector":                  func(ev *relayEvent) { ev.Selector = "" },
+		"a selector past the bound":    func(ev *relayEvent) { ev.Selector = strings.Repeat("a", maxFillSelector+1) },
+		"a page past the bound":        func(ev *relayEvent) { ev.Page = strings.Repeat("p", 513) },
+		"a denial with no reason":      func(ev *relayEvent) { ev.Type, ev.Reason = "fill_credential_denied", "" },
+	} {
+		ev := base
+		change(&ev)
+		if f, ok := relayedFill(ev); ok {
+			t.Errorf("%s: recorded as %v", why, f)
 		}
 	}
 }

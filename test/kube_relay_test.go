@@ -767,6 +767,19 @@ func TestKubeRelay(t *testing.T) {
 	if _, err := aloneA.GetCredential(ctx, "junk"); !sandgate.IsNotFound(err) {
 		t.Errorf("a credential id that is none, through B while nobody leads: %v, want not found, as a leader answers", err)
 	}
+	// fill_credential through B: filled alone, with B's vault, as the
+	// leader would. A credential not bound to the session is refused
+	// (403), its denial kept for the next leader's trail (below);
+	// another tenant's key finds no session (404).
+	unboundFill := map[string]any{"action": "fill_credential", "credential": gapCred.ID, "selector": "#password"}
+	fillAt := time.Now()
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+s.ID+"/actions", unboundFill); st != 403 || !strings.Contains(string(body), "not bound") {
+		t.Errorf("a fill of an unbound credential through B while nobody leads: %d %s, want 403", st, body)
+	}
+	t.Logf("a fill refused through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(fillAt).Seconds(), time.Since(killed).Seconds())
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "POST", "/v1/sessions/"+s.ID+"/actions", unboundFill); st != 404 {
+		t.Errorf("a fill through B while nobody leads, another tenant's key: %d %s, want 404", st, body)
+	}
 	// A person's view link and a reviewer's reads through B, answered
 	// alone from the store: the view page; the trail as stored (the
 	// screenshot A took is in it), the artifacts and an artifact's link;
@@ -964,6 +977,14 @@ func TestKubeRelay(t *testing.T) {
 	if list, err := sandgate.New(rb.gwURL, rb.keyA).Credentials(ctx); err != nil || !hasCredential(list, gapCred.ID) || hasCredential(list, preCred.ID) {
 		t.Errorf("the credentials through B leading: %+v %v, want the one stored while nobody led, not the one deleted", list, err)
 	}
+	waitFor(t, 30*time.Second, "fill_credential_denied of the fill B refused while nobody led, in the trail of B, leading", func() bool {
+		for _, ev := range rb.events(t, rb.keyA, s.ID) {
+			if ev.Type == "fill_credential_denied" && ev.Fields["credential"] == gapCred.ID && ev.Fields["reason"] == "not_bound" && ev.Fields["selector"] == "#password" {
+				return true
+			}
+		}
+		return false
+	})
 	leadAt := time.Now()
 	waitFor(t, 2*time.Minute, "the session deleted while nobody led stopped, its Pod gone", func() bool {
 		_, pod := kubePods(t, kb)[doomed.ID]
