@@ -82,6 +82,19 @@ func fillAsked(c *fiber.Ctx) (fillRequest, error) {
 // maxFillSelector bounds a fill's CSS selector (bytes).
 const maxFillSelector = 1024
 
+// fillReasons are the reasons a fill is denied, or raced, for.
+var fillReasons = map[string][]string{
+	"fill_credential_denied": {"not_bound", "origin", "destination"},
+	"fill_credential_raced":  {raceUnchecked, raceOtherPage, raceLeft},
+}
+
+// Why a fill raced a navigation.
+const (
+	raceUnchecked = "the page could not be checked again after filling"
+	raceOtherPage = "another page became the first while the gateway filled"
+	raceLeft      = "the page left the bound destination while the gateway filled it"
+)
+
 func errNeedsBrowser() error {
 	return &apiError{status: 409, code: "conflict", msg: "fill_credential needs a browser session"}
 }
@@ -170,12 +183,12 @@ func (s *Server) fill(c *fiber.Ctx, req fillRequest, t fillTarget) error {
 	raced := ""
 	switch {
 	case err != nil:
-		raced = "the page could not be checked again after filling"
+		raced = raceUnchecked
 	case after.ID != page.ID:
-		raced = "another page became the first while the gateway filled"
+		raced = raceOtherPage
 	default:
 		if _, ok := fillMode(allowed, after.URL); !ok {
-			raced = "the page left the bound destination while the gateway filled it"
+			raced = raceLeft
 			fields["page_after"] = pageForAudit(after.URL)
 		}
 	}

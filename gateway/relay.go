@@ -143,8 +143,8 @@ const (
 	// the vault's MinIO may hang where the Pods' API server does not.
 	maxVaultAnswers = 4
 	// maxFillAnswers bounds the fill_credential actions a replica
-	// carries at once, passed to the leader or filled alone (each
-	// holds a browser's typing, up to 90 s).
+	// fills at once while no leader answers (each holds a browser's
+	// typing, up to 40 s); those passed to a leader take none.
 	maxFillAnswers = 16
 	maxIssuedAlone = 64
 	// A running session's review uses kept while no leader answers: of
@@ -946,9 +946,11 @@ func relayedFill(ev relayEvent) (map[string]any, bool) {
 		return nil, false
 	}
 	f := map[string]any{"credential": ev.Credential, "selector": ev.Selector, "field": ev.Field}
-	switch ev.Mode {
-	case "":
-	case egress.FillPlaceholder, egress.FillValue:
+	// A denial comes before the mode is known; every other event has
+	// one.
+	switch {
+	case ev.Type == "fill_credential_denied" && ev.Mode == "":
+	case ev.Type != "fill_credential_denied" && (ev.Mode == egress.FillPlaceholder || ev.Mode == egress.FillValue):
 		f["mode"] = ev.Mode
 	default:
 		return nil, false
@@ -961,10 +963,10 @@ func relayedFill(ev relayEvent) (map[string]any, bool) {
 	}
 	switch ev.Type {
 	case "fill_credential_denied", "fill_credential_raced":
-		if ev.Reason == "" {
+		if !slices.Contains(fillReasons[ev.Type], ev.Reason) {
 			return nil, false
 		}
-		f["reason"] = truncate(ev.Reason, 512)
+		f["reason"] = ev.Reason
 	}
 	return f, true
 }
@@ -1220,7 +1222,6 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		// whole, its key checked there, before this replica asks the
 		// leader anything; while no leader takes it, it is filled
 		// here with the replica's own vault (fillAlone).
-		fillOrAlone := l.orAloneWithin(l.fillAnswers, 90*time.Second, s.fillAlone)
 		vault := func(c *fiber.Ctx) error {
 			switch {
 			case !fillsCredential(c.Body()):
@@ -1228,7 +1229,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 			case l.alone == nil || l.alone.Vault == nil:
 				return l.toLeader(c)
 			}
-			return fillOrAlone(c)
+			return s.fillOrAlone(c)
 		}
 		s.app.Post(relayActionsRoute, vault, key, s.action)
 		s.app.Post(relayScreenshotRoute, key, s.screenshot)

@@ -404,33 +404,75 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 
 // orAloneIn is orAlone, taking one of slots.
 func (l *relayLive) orAloneIn(slots chan struct{}, answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
-	return l.orAloneWithin(slots, 5*time.Second, answer)
-}
-
-// orAloneWithin is orAloneIn, the leader given timeout to answer.
-func (l *relayLive) orAloneWithin(slots chan struct{}, timeout time.Duration, answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		key, err := bearerKey(c)
+		key, err := aloneKey(c)
 		if err != nil {
 			return err
 		}
-		if len(key) > 4096 {
-			return errUnauthenticated("the API key is not valid")
-		}
-		return l.passOrAlone(c, slots, timeout, l.alone != nil && l.alone.List != nil, func() error {
-			name, lim, err := l.alone.Tenant(key)
-			switch {
-			case errors.Is(err, tenant.ErrDisabled):
-				return errDenied("the tenant is disabled")
-			case errors.Is(err, tenant.ErrNotFound):
-				return errUnauthenticated("the API key is not valid")
-			case err != nil:
-				return relayUnavailableFor(err)
-			}
-			c.Locals(localAloneLimits, lim)
-			return answer(c, name)
+		return l.passOrAlone(c, slots, l.alone != nil && l.alone.List != nil, func() error {
+			return l.answerAlone(c, key, answer)
 		})
 	}
+}
+
+// aloneKey is the request's API key, refused (401) when there is none
+// or it cannot be one.
+func aloneKey(c *fiber.Ctx) (string, error) {
+	key, err := bearerKey(c)
+	if err == nil && len(key) > 4096 {
+		err = errUnauthenticated("the API key is not valid")
+	}
+	return key, err
+}
+
+// answerAlone answers a request alone by answer, for the tenant the
+// copy of the tenants gives key (its limits in localAloneLimits).
+func (l *relayLive) answerAlone(c *fiber.Ctx, key string, answer func(c *fiber.Ctx, tenant string) error) error {
+	name, lim, err := l.alone.Tenant(key)
+	switch {
+	case errors.Is(err, tenant.ErrDisabled):
+		return errDenied("the tenant is disabled")
+	case errors.Is(err, tenant.ErrNotFound):
+		return errUnauthenticated("the API key is not valid")
+	case err != nil:
+		return relayUnavailableFor(err)
+	}
+	c.Locals(localAloneLimits, lim)
+	return answer(c, name)
+}
+
+// fillOrAlone passes a fill_credential on to the leader whole, as a
+// relay always has (the vault was the leader's alone), taking no turn
+// of the relay's; when no leader takes it (passOrAlone's rules), it is
+// filled here (fillAlone) in one of the fills' turns (fillAnswers).
+func (s *Server) fillOrAlone(c *fiber.Ctx) error {
+	l := s.live.(*relayLive)
+	key, err := aloneKey(c)
+	if err != nil {
+		return err
+	}
+	if ask, done := l.asks(); ask {
+		p, err := l.passOn(c, 90*time.Second)
+		done()
+		switch p {
+		case answered:
+			l.answered()
+			return err
+		case unanswered:
+			return err // (it may have typed: not to retry)
+		}
+		l.silent()
+		c.Response().Header.Del(fiber.HeaderRetryAfter)
+	}
+	release, err := l.slot(l.fillAnswers)
+	if err != nil {
+		return retrySoon(c, err)
+	}
+	defer release()
+	if err := l.admitsAlone(c.Context()); err != nil {
+		return retrySoon(c, err)
+	}
+	return retrySoon(c, l.answerAlone(c, key, s.fillAlone))
 }
 
 // vaultAlone answers a credential request no leader takes, as the
@@ -515,9 +557,9 @@ func (s *Server) fillAlone(c *fiber.Ctx, tenantName string) error {
 	l.mu.Lock()
 	l.admitted[id] = time.Now()
 	l.mu.Unlock()
+	// (The events go with the reports: no leader answers them now.)
 	err = s.fill(c, req, fillTarget{vault: v, tenant: tenantName, info: info, ep: ep,
 		record: func(typ string, fields map[string]any) { l.record(claims, typ, fields) }})
-	l.changed(claims)
 	return asLeader(err)
 }
 
@@ -543,14 +585,14 @@ const localAloneLimits = "relay-alone-limits"
 // to the leader itself, if one answers now; else, as an admission made
 // alone (askOrAlone), when canAlone, it is answered by alone. Either
 // takes one of slots meanwhile.
-func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, timeout time.Duration, canAlone bool, alone func() error) error {
+func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, canAlone bool, alone func() error) error {
 	release, err := l.slot(slots)
 	if err != nil {
 		return retrySoon(c, err)
 	}
 	defer release()
 	if ask, done := l.asks(); ask || !canAlone {
-		p, err := l.passOn(c, timeout)
+		p, err := l.passOn(c, 5*time.Second)
 		done()
 		switch {
 		case p == answered:

@@ -357,8 +357,9 @@ func TestRelayAloneCredentials(t *testing.T) {
 // TestRelayUnansweredWrites: a request a relay passes on to a leader
 // that takes it and drops the connection may have been carried out,
 // and is not answered alone: a store (a credential's) gets a 503 that
-// does not say to retry; a delete (a credential's, a session's), which
-// may be made again, and a read say to retry. The control: once the
+// does not say to retry, as does a fill (it may have typed); a delete
+// (a credential's, a session's), which may be made again, and a read
+// say to retry. The control: once the
 // leader's address refuses, the same requests are answered alone.
 func TestRelayUnansweredWrites(t *testing.T) {
 	ln := droppingLeader(t)
@@ -380,10 +381,12 @@ func TestRelayUnansweredWrites(t *testing.T) {
 			return nil, false, session.ErrSandboxGone
 		},
 	})
-	requests := [][3]string{{"POST", "/v1/credentials", ""}, {"DELETE", "/v1/credentials/" + ids.NewCredential(), "2"},
-		{"DELETE", "/v1/sessions/" + ids.NewSession(), "2"}, {"GET", "/v1/credentials", "2"}}
+	fill := `{"action":"fill_credential","credential":"` + ids.NewCredential() + `","selector":"#p"}`
+	requests := [][4]string{{"POST", "/v1/credentials", ""}, {"DELETE", "/v1/credentials/" + ids.NewCredential(), "2"},
+		{"DELETE", "/v1/sessions/" + ids.NewSession(), "2"}, {"GET", "/v1/credentials", "2"},
+		{"POST", "/v1/sessions/" + ids.NewSession() + "/actions", "", fill}}
 	for _, r := range requests {
-		st, body, retry := relayCall(t, srv, r[0], r[1], "good", "")
+		st, body, retry := relayCall(t, srv, r[0], r[1], "good", r[3])
 		if st != 503 || retry != r[2] || !strings.Contains(body, "may have been carried out") {
 			t.Errorf("%s %s, the leader dropping it: %d %s (Retry-After %q), want 503 (Retry-After %q)", r[0], r[1], st, body, retry, r[2])
 		}
@@ -394,7 +397,7 @@ func TestRelayUnansweredWrites(t *testing.T) {
 	ln.Close()
 	for _, r := range requests {
 		before := asked.Load()
-		if st, body, _ := relayCall(t, srv, r[0], r[1], "good", ""); strings.Contains(body, "may have been carried out") || asked.Load() == before {
+		if st, body, _ := relayCall(t, srv, r[0], r[1], "good", r[3]); strings.Contains(body, "may have been carried out") || asked.Load() == before {
 			t.Errorf("%s %s, the leader's address refusing: %d %s, want it answered alone", r[0], r[1], st, body)
 		}
 	}
@@ -514,7 +517,11 @@ func TestRelayFillFields(t *testing.T) {
 		"no selector":                  func(ev *relayEvent) { ev.Selector = "" },
 		"a selector past the bound":    func(ev *relayEvent) { ev.Selector = strings.Repeat("a", maxFillSelector+1) },
 		"a page past the bound":        func(ev *relayEvent) { ev.Page = strings.Repeat("p", 513) },
-		"a denial with no reason":      func(ev *relayEvent) { ev.Type, ev.Reason = "fill_credential_denied", "" },
+		"a denial with no reason":      func(ev *relayEvent) { ev.Type, ev.Mode, ev.Reason = "fill_credential_denied", "", "" },
+		"a denial for no such reason":  func(ev *relayEvent) { ev.Type, ev.Mode, ev.Reason = "fill_credential_denied", "", "made up" },
+		"a denial with a mode":         func(ev *relayEvent) { ev.Type, ev.Reason = "fill_credential_denied", "origin" },
+		"a fill with no mode":          func(ev *relayEvent) { ev.Mode = "" },
+		"a race for no such reason":    func(ev *relayEvent) { ev.Type, ev.Reason = "fill_credential_raced", "made up" },
 	} {
 		ev := base
 		change(&ev)

@@ -127,7 +127,7 @@ func (l *relayLive) reviewOrAlone(answer fiber.Handler) fiber.Handler {
 			return errUnauthenticated("the preview token is missing, invalid or expired")
 		}
 		canAlone := l.alone != nil && l.alone.Revoked != nil && l.alone.Enabled != nil
-		return l.passOrAlone(c, l.reviewAnswers, 5*time.Second, canAlone, func() error {
+		return l.passOrAlone(c, l.reviewAnswers, canAlone, func() error {
 			claims, err := l.tokenAlone(c.Context(), token)
 			if err != nil {
 				return err
