@@ -545,15 +545,10 @@ func (s *Server) fillAlone(c *fiber.Ctx, tenantName string) error {
 	case v == nil:
 		return asLeader(errNoVault())
 	}
-	// The events' token: a ticket of the session's, for the time a
-	// report may take to reach a leader.
-	claims := shellClaims(tenantName, id, "")
-	claims.ExpiresAt = jwtTime(time.Now().Add(10 * time.Minute))
-	ticket, err := l.signer.issue(*claims)
+	claims, err := l.eventTicket(tenantName, id, time.Now())
 	if err != nil {
 		return relayUnavailableFor(err)
 	}
-	claims.raw = ticket
 	l.mu.Lock()
 	l.admitted[id] = time.Now()
 	l.mu.Unlock()
@@ -561,6 +556,19 @@ func (s *Server) fillAlone(c *fiber.Ctx, tenantName string) error {
 	err = s.fill(c, req, fillTarget{vault: v, tenant: tenantName, info: info, ep: ep,
 		record: func(typ string, fields map[string]any) { l.record(claims, typ, fields) }})
 	return asLeader(err)
+}
+
+// eventTicket is the token of events a replica keeps alone for the
+// next leader of session id of tenantName's: a ticket of the
+// session's, as a shell's (the leader reads the session from it), for
+// the time a report may take to reach a leader from now (its claims,
+// the ticket in raw).
+func (l *relayLive) eventTicket(tenantName, id string, now time.Time) (*previewClaims, error) {
+	claims := shellClaims(tenantName, id, "")
+	claims.ExpiresAt = jwtTime(now.Add(10 * time.Minute))
+	ticket, err := l.signer.issue(*claims)
+	claims.raw = ticket
+	return claims, err
 }
 
 // leaderWord is an answer given alone as the leader gives it: a 503
@@ -863,12 +871,7 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	if err := l.madeAlone(tenantName, "revocation", true); err != nil {
 		return err // (others made meanwhile): stored all the same
 	}
-	// The event's token: a ticket of the session's, as a shell's
-	// (the leader reads the session from it), for the time a report
-	// may take to reach a leader.
-	claims := shellClaims(tenantName, id, "")
-	claims.ExpiresAt = jwtTime(now.Add(10 * time.Minute))
-	ticket, terr := l.signer.issue(*claims)
+	claims, terr := l.eventTicket(tenantName, id, now)
 	l.mu.Lock()
 	for k, u := range l.revokedAlone {
 		if !now.Before(u) {
@@ -887,7 +890,7 @@ func (s *Server) revokeAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	// (Logged only once it is: else the next leader records it.)
 	if terr == nil {
-		l.event(relayEvent{Token: ticket, Type: "preview_revoked", Preview: pid, Logged: ended && logErr == nil})
+		l.event(relayEvent{Token: claims.raw, Type: "preview_revoked", Preview: pid, Logged: ended && logErr == nil})
 	} else {
 		l.log.Warn("a revocation made alone is not kept for the next leader", "session", id, "preview", pid, "err", terr)
 	}
