@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/remote"
 	"github.com/gorilla/websocket"
 
 	"github.com/sandgate/sandgate/ids"
@@ -68,13 +70,27 @@ import (
 // takes in the same writes of another replica that could not reach it.
 // While nobody leads, B also stores, reads, lists and deletes
 // credentials with its own vault (the SDK, no retries), another
-// tenant's key finding none of them; B leading holds what B did.
+// tenant's key finding none of them; B leading holds what B did. It
+// also fills, alone, a credential bound to the session into the page
+// opened through it: the placeholder, never the secret, the event in
+// the trail of B once it leads.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	kb, ra, rb := leaderAndStandby(t, ctx)
 
-	st, body := rb.api(t, rb.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	// A credential for the trial cluster's test page, bound to the
+	// session: B types it alone while nobody leads (below).
+	fillSecret := "fill-secret-" + randHex(12)
+	fillCred, err := sandgate.New(ra.gwURL, ra.keyA).CreateCredential(ctx, sandgate.CredentialRequest{Name: "typed through B alone", Kind: "form",
+		Username: "qa", Secret: fillSecret, Destinations: []sandgate.Destination{{Scheme: "http", Host: "pages.sandgate.test", Port: 80}}})
+	if err != nil {
+		t.Fatalf("a credential to fill: %v", err)
+	}
+	t.Cleanup(func() { rb.api(t, rb.keyA, "DELETE", "/v1/credentials/"+fillCred.ID, nil) })
+	st, body := rb.api(t, rb.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc",
+		"egress":      map[string]any{"allow": []string{"pages.sandgate.test:80"}},
+		"credentials": []map[string]any{{"credential": fillCred.ID, "scheme": "http", "host": "pages.sandgate.test", "port": 80}}})
 	var s sessionInfo
 	if err := json.Unmarshal(body, &s); st != 201 || err != nil || s.State != "running" {
 		t.Fatalf("create through B: %d %s", st, body)
@@ -108,6 +124,15 @@ func TestKubeRelay(t *testing.T) {
 		if err := cdpTry(c, 1); err != nil {
 			t.Fatalf("CDP through %s: %v", name, err)
 		}
+	}
+	// The session's page, through B: the bound credential's test page,
+	// where B types it while nobody leads (below).
+	pageAlloc, pageCancel := remote.NewAllocator(ctx, browserWS(t, viaB(p1.URL)), remote.NoModifyURL)
+	defer pageCancel()
+	pageB, pageBCancel := chromedp.NewContext(pageAlloc)
+	defer pageBCancel()
+	if title, err := navigateTitle(pageB, "http://pages.sandgate.test/hello.html"); err != nil || title != "Sandgate test page" {
+		t.Fatalf("the bound credential's page, through B: %q, %v", title, err)
 	}
 	vnc := rb.vncPreview(t, rb.keyA, s.ID, "vnc", true, 300)
 	vnc.URL = viaB(vnc.URL)
@@ -780,6 +805,35 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "POST", "/v1/sessions/"+s.ID+"/actions", unboundFill); st != 404 {
 		t.Errorf("a fill through B while nobody leads, another tenant's key: %d %s, want 404", st, body)
 	}
+	// A bound credential, typed alone: the placeholder every replica
+	// derives from the vault's key, never the secret, into the field of
+	// the page B opened (empty before, the control).
+	pass := func() string {
+		v, err := chromedp.Run(pageB, chromedp.Evaluate[string](`(document.querySelector("#sg-pass") || {value: "no field"}).value`))
+		if err != nil {
+			t.Fatalf("the page's field, through B: %v", err)
+		}
+		return v
+	}
+	if _, err := chromedp.Run(pageB, chromedp.Evaluate[bool](`document.body.insertAdjacentHTML("beforeend", '<input id="sg-pass" type="password">'); true`)); err != nil {
+		t.Fatalf("a password field on the page, through B: %v", err)
+	}
+	if got := pass(); got != "" {
+		t.Fatalf("the field before the fill holds %q", got)
+	}
+	fillAt = time.Now()
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+s.ID+"/actions",
+		map[string]any{"action": "fill_credential", "credential": fillCred.ID, "selector": "#sg-pass"})
+	if st != 200 || strings.Contains(string(body), fillSecret) {
+		t.Errorf("a fill of a bound credential through B while nobody leads: %d %s, want 200", st, body)
+	}
+	t.Logf("a fill typed through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(fillAt).Seconds(), time.Since(killed).Seconds())
+	if got := pass(); got == fillSecret || !strings.HasPrefix(got, "sgph_") || len(got) != len("sgph_")+32 {
+		t.Errorf("the field filled through B while nobody leads holds %q, want the placeholder (sgph_ and 32 hex digits), never the secret", redactSecret(got, fillSecret))
+	}
+	if logLines(rb, fillSecret) > 0 {
+		t.Errorf("B's log holds the secret it filled")
+	}
 	// A person's view link and a reviewer's reads through B, answered
 	// alone from the store: the view page; the trail as stored (the
 	// screenshot A took is in it), the artifacts and an artifact's link;
@@ -980,6 +1034,15 @@ func TestKubeRelay(t *testing.T) {
 	waitFor(t, 30*time.Second, "fill_credential_denied of the fill B refused while nobody led, in the trail of B, leading", func() bool {
 		for _, ev := range rb.events(t, rb.keyA, s.ID) {
 			if ev.Type == "fill_credential_denied" && ev.Fields["credential"] == gapCred.ID && ev.Fields["reason"] == "not_bound" && ev.Fields["selector"] == "#password" {
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, 30*time.Second, "fill_credential of the fill B typed while nobody led, in the trail of B, leading", func() bool {
+		for _, ev := range rb.events(t, rb.keyA, s.ID) {
+			if ev.Type == "fill_credential" && ev.Fields["credential"] == fillCred.ID && ev.Fields["mode"] == "placeholder" &&
+				ev.Fields["selector"] == "#sg-pass" && ev.Fields["page"] == "http://pages.sandgate.test/hello.html" {
 				return true
 			}
 		}
