@@ -175,8 +175,9 @@ func relayable(method, path string) Relays {
 // answersAlone: a request reads a session, lists them, extends or
 // deletes one, issues or revokes a session's preview, reads its trail,
 // its artifacts, its snapshots or an artifact's link, is a review
-// link's, or stores, lists, reads or deletes a credential, which a
-// relay answers itself when no leader takes it.
+// link's, stores, lists, reads or deletes a credential, or creates,
+// lists or reads a profile, which a relay answers itself when no
+// leader takes it.
 func answersAlone(method, path string) bool {
 	if path == "/v1/credentials" {
 		return method == "GET" || method == "POST"
@@ -185,7 +186,14 @@ func answersAlone(method, path string) bool {
 		// (Any id: one that is none is the vault's 404, as on a leader.)
 		return (method == "GET" || method == "DELETE") && cid != "" && !strings.Contains(cid, "/")
 	}
+	if path == "/v1/profiles" {
+		return method == "GET" || method == "POST"
+	}
 	if method == "GET" {
+		if pid, ok := strings.CutPrefix(path, "/v1/profiles/"); ok {
+			// (Any id: one that is none is the store's 404, as on a leader.)
+			return pid != "" && !strings.Contains(pid, "/")
+		}
 		if path == "/v1/sessions" {
 			return true
 		}

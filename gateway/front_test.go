@@ -395,7 +395,8 @@ func TestFrontAnswersAlone(t *testing.T) {
 		{"GET", "/v1/artifacts/" + aid}, {"GET", "/review/tok"}, {"GET", "/review/tok/artifacts/" + aid},
 		{"POST", "/v1/sessions/" + sid + "/extend"}, {"DELETE", "/v1/sessions/" + sid},
 		{"POST", "/v1/credentials"}, {"GET", "/v1/credentials"}, {"GET", "/v1/credentials/" + cid}, {"DELETE", "/v1/credentials/" + cid},
-		{"GET", "/v1/credentials/junk"}, {"GET", "/v1/sessions/" + sid + "/snapshots"}}
+		{"GET", "/v1/credentials/junk"}, {"GET", "/v1/sessions/" + sid + "/snapshots"},
+		{"POST", "/v1/profiles"}, {"GET", "/v1/profiles"}, {"GET", "/v1/profiles/prof_0123456789abcdef"}, {"GET", "/v1/profiles/junk"}}
 	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/junk"}, {"DELETE", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/junk"},
 		{"POST", "/v1/sessions/" + sid + "/extend/x"}, {"POST", "/v1/sessions/junk/extend"}, {"PUT", "/v1/sessions/" + sid + "/extend"},
 		{"POST", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/events/x"}, {"GET", "/v1/sessions/junk/artifacts"},
@@ -407,7 +408,9 @@ func TestFrontAnswersAlone(t *testing.T) {
 		{"GET", "/v1/sessions/" + sid + "/previews/" + pid},
 		{"POST", "/v1/sessions/" + sid + "/previews/x"}, {"POST", "/v1/sessions/junk/previews"},
 		{"DELETE", "/v1/credentials"}, {"PUT", "/v1/credentials/" + cid}, {"POST", "/v1/credentials/" + cid}, {"PUT", "/v1/credentials"},
-		{"GET", "/v1/credentials/" + cid + "/x"}, {"GET", "/v1/credentials/"}, {"GET", "/v1/credentialsx"}}
+		{"GET", "/v1/credentials/" + cid + "/x"}, {"GET", "/v1/credentials/"}, {"GET", "/v1/credentialsx"},
+		{"DELETE", "/v1/profiles/prof_0123456789abcdef"}, {"POST", "/v1/profiles/prof_0123456789abcdef/rollback"}, {"GET", "/v1/profiles/prof_0123456789abcdef/x"},
+		{"GET", "/v1/profiles/"}, {"PUT", "/v1/profiles"}, {"DELETE", "/v1/profiles"}, {"GET", "/v1/profilesx"}}
 	check := func(where string) {
 		t.Helper()
 		for _, r := range alone {

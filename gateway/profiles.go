@@ -49,9 +49,13 @@ func WithProfiles(p *profile.Store) Option {
 
 func (s *Server) needProfiles() error {
 	if s.profiles == nil {
-		return &apiError{status: 503, code: "unavailable", msg: "this gateway keeps no browser profiles (vault.key is not configured)"}
+		return errNoProfiles()
 	}
 	return nil
+}
+
+func errNoProfiles() error {
+	return &apiError{status: 503, code: "unavailable", msg: "this gateway keeps no browser profiles (vault.key is not configured)"}
 }
 
 func profileError(err error) error {
@@ -67,10 +71,41 @@ func profileError(err error) error {
 	}
 }
 
-func (s *Server) createProfile(c *fiber.Ctx) error {
+// profilesIn is where a profile route reads and writes: a store, and
+// whether a session of the tenant holds a profile now. The leader's
+// are its own (profilesHere); a replica that answers alone has its
+// own store and its Pods' records (profilesAlone).
+type profilesIn struct {
+	store  *profile.Store
+	tenant string
+	inUse  func(id string) bool
+}
+
+// profilesHere is the leader's profilesIn for the request's tenant.
+func (s *Server) profilesHere(c *fiber.Ctx) (profilesIn, error) {
 	if err := s.needProfiles(); err != nil {
+		return profilesIn{}, err
+	}
+	tenant := tenantOf(c)
+	return profilesIn{store: s.profiles, tenant: tenant, inUse: func(id string) bool { return s.sessions.ProfileInUse(tenant, id) }}, nil
+}
+
+// view is a profile as the API shows it: with whether a session holds
+// it now.
+func (in profilesIn) view(p profile.Profile) fiber.Map {
+	return fiber.Map{"id": p.ID, "name": p.Name, "created_at": p.CreatedAt, "updated_at": p.UpdatedAt,
+		"current_version": p.Current, "versions": p.Versions, "in_use": in.inUse(p.ID)}
+}
+
+func (s *Server) createProfile(c *fiber.Ctx) error {
+	in, err := s.profilesHere(c)
+	if err != nil {
 		return err
 	}
+	return s.createProfileIn(c, in)
+}
+
+func (s *Server) createProfileIn(c *fiber.Ctx, in profilesIn) error {
 	var req struct {
 		Name string `json:"name"`
 	}
@@ -79,57 +114,61 @@ func (s *Server) createProfile(c *fiber.Ctx) error {
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	p, err := s.profiles.Create(ctx, tenantOf(c), req.Name)
+	p, err := in.store.Create(ctx, in.tenant, req.Name)
 	if err != nil {
 		return profileError(err)
 	}
-	s.log.Info("profile created", "tenant", tenantOf(c), "profile", p.ID)
-	return c.Status(fiber.StatusCreated).JSON(s.profileView(tenantOf(c), p))
-}
-
-// profileView is a profile as the API shows it: with whether a session
-// holds it now.
-func (s *Server) profileView(tenant string, p profile.Profile) fiber.Map {
-	return fiber.Map{"id": p.ID, "name": p.Name, "created_at": p.CreatedAt, "updated_at": p.UpdatedAt,
-		"current_version": p.Current, "versions": p.Versions, "in_use": s.sessions.ProfileInUse(tenant, p.ID)}
+	s.log.Info("profile created", "tenant", in.tenant, "profile", p.ID)
+	return c.Status(fiber.StatusCreated).JSON(in.view(p))
 }
 
 func (s *Server) listProfiles(c *fiber.Ctx) error {
-	if err := s.needProfiles(); err != nil {
+	in, err := s.profilesHere(c)
+	if err != nil {
 		return err
 	}
+	return listProfilesIn(c, in)
+}
+
+func listProfilesIn(c *fiber.Ctx, in profilesIn) error {
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	ps, err := s.profiles.List(ctx, tenantOf(c))
+	ps, err := in.store.List(ctx, in.tenant)
 	if err != nil {
 		return profileError(err)
 	}
 	out := make([]fiber.Map, 0, len(ps))
 	for _, p := range ps {
-		out = append(out, s.profileView(tenantOf(c), p))
+		out = append(out, in.view(p))
 	}
 	return c.JSON(fiber.Map{"profiles": out})
 }
 
 func (s *Server) getProfile(c *fiber.Ctx) error {
-	if err := s.needProfiles(); err != nil {
+	in, err := s.profilesHere(c)
+	if err != nil {
 		return err
 	}
+	return getProfileIn(c, in)
+}
+
+func getProfileIn(c *fiber.Ctx, in profilesIn) error {
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	p, err := s.profiles.Get(ctx, tenantOf(c), c.Params("pid"))
+	p, err := in.store.Get(ctx, in.tenant, c.Params("pid"))
 	if err != nil {
 		return profileError(err)
 	}
-	return c.JSON(s.profileView(tenantOf(c), p))
+	return c.JSON(in.view(p))
 }
 
 func (s *Server) deleteProfile(c *fiber.Ctx) error {
-	if err := s.needProfiles(); err != nil {
+	in, err := s.profilesHere(c)
+	if err != nil {
 		return err
 	}
-	tenant, id := tenantOf(c), c.Params("pid")
-	if s.sessions.ProfileInUse(tenant, id) {
+	tenant, id := in.tenant, c.Params("pid")
+	if in.inUse(id) {
 		return &apiError{status: 409, code: "conflict", msg: "the profile is in use by a session; delete it once the session has ended"}
 	}
 	ctx, cancel := reqCtx(c, 60*time.Second)
@@ -143,7 +182,8 @@ func (s *Server) deleteProfile(c *fiber.Ctx) error {
 }
 
 func (s *Server) rollbackProfile(c *fiber.Ctx) error {
-	if err := s.needProfiles(); err != nil {
+	in, err := s.profilesHere(c)
+	if err != nil {
 		return err
 	}
 	var req struct {
@@ -155,8 +195,8 @@ func (s *Server) rollbackProfile(c *fiber.Ctx) error {
 	if req.Version == nil || *req.Version < 0 {
 		return errInvalid("version must be a kept version, or 0 for a fresh profile")
 	}
-	tenant, id := tenantOf(c), c.Params("pid")
-	if s.sessions.ProfileInUse(tenant, id) {
+	tenant, id := in.tenant, c.Params("pid")
+	if in.inUse(id) {
 		return &apiError{status: 409, code: "conflict", msg: "the profile is in use by a session; roll it back once the session has ended"}
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
@@ -166,7 +206,7 @@ func (s *Server) rollbackProfile(c *fiber.Ctx) error {
 		return profileError(err)
 	}
 	s.log.Info("profile rolled back", "tenant", tenant, "profile", id, "version", *req.Version)
-	return c.JSON(s.profileView(tenant, p))
+	return c.JSON(in.view(p))
 }
 
 // keepSpec checks a create's "profile" and "snapshot" and refuses, before

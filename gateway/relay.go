@@ -91,6 +91,10 @@ const (
 	// (vaultAlone).
 	relayCredentialsRoute = "/v1/credentials"
 	relayCredentialRoute  = "/v1/credentials/:cid"
+	// relayProfilesRoute, relayProfileRoute: the profiles a relay
+	// creates, lists and reads while no leader answers (profilesAlone).
+	relayProfilesRoute = "/v1/profiles"
+	relayProfileRoute  = "/v1/profiles/:pid"
 	// relayEventsRoute, relayArtifactsRoute, relayArtifactRoute,
 	// relayReviewRoute, relayReviewArtifactRoute: the trails,
 	// artifacts and review links a relay answers from the store while
@@ -1248,6 +1252,10 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relayCredentialsRoute, l.vaultAlone(listCredentials))
 		s.app.Get(relayCredentialRoute, l.vaultAlone(getCredential))
 		s.app.Delete(relayCredentialRoute, l.vaultAlone(s.deleteCredential))
+		// And profiles' creates and reads, with its own profile store.
+		s.app.Post(relayProfilesRoute, s.profilesAlone(s.createProfileIn))
+		s.app.Get(relayProfilesRoute, s.profilesAlone(listProfilesIn))
+		s.app.Get(relayProfileRoute, s.profilesAlone(getProfileIn))
 		// So do trails, artifacts and review links (a reviewer's).
 		s.app.Get(relayEventsRoute, l.orAlone(s.eventsAlone))
 		s.app.Get(relayArtifactsRoute, l.orAlone(s.artifactsAlone))

@@ -10,6 +10,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/profile"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/tenant"
@@ -74,6 +75,10 @@ type RelayAlone struct {
 	// and no error: no vault.key is configured, as the leader's has
 	// none either); nil: credentials wait for a leader.
 	Vault func(ctx context.Context) (*vault.Vault, error)
+	// Profiles is the replica's own profile store, opened when first
+	// needed (nil and no error: no vault.key is configured, so the
+	// leader keeps none either); nil: profiles wait for a leader.
+	Profiles func(ctx context.Context) (*profile.Store, error)
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not
@@ -494,15 +499,64 @@ func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant 
 		}
 		ctx, cancel := context.WithTimeout(c.UserContext(), 5*time.Second)
 		defer cancel()
-		v, err := l.alone.Vault(ctx)
-		switch {
-		case err != nil:
-			return vaultError(err)
-		case v == nil:
-			return asLeader(errNoVault())
+		v, err := ownAlone(ctx, l.alone.Vault, vaultError, errNoVault)
+		if err != nil {
+			return err
 		}
 		c.SetUserContext(ctx)
 		err = answer(c, v, tenantName)
+		if c.Method() != fiber.MethodGet {
+			return asLeader(err)
+		}
+		return err
+	})
+}
+
+// ownAlone opens what a replica answers alone with of its own (its
+// vault, its profile store) within ctx: failed says why it did not
+// open; nil and no error is none configured, none then the leader's
+// refusal (not to retry: the leader has none either).
+func ownAlone[T any](ctx context.Context, open func(context.Context) (*T, error), failed func(error) error, none func() error) (*T, error) {
+	v, err := open(ctx)
+	switch {
+	case err != nil:
+		return nil, failed(err)
+	case v == nil:
+		return nil, asLeader(none())
+	}
+	return v, nil
+}
+
+// profilesAlone answers a profile's create, list or read no leader
+// takes, as the leader would, from the replica's own profile store. A
+// profile is in use while one of the tenant's Pods names it in its
+// record: its session holds it until its end, when the profile is
+// saved and the Pod deleted. A profile's delete and rollback wait for a
+// leader: what holds a profile is the leader's, and a session it
+// starts may take one at any moment.
+func (s *Server) profilesAlone(answer func(c *fiber.Ctx, in profilesIn) error) fiber.Handler {
+	l := s.live.(*relayLive)
+	return l.orAlone(func(c *fiber.Ctx, tenantName string) error {
+		if l.alone.Profiles == nil {
+			return relayUnavailableFor(errors.New("this replica opens no profile store"))
+		}
+		ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
+		defer cancel()
+		store, err := ownAlone(ctx, l.alone.Profiles, relayUnavailableFor, errNoProfiles)
+		if err != nil {
+			return err
+		}
+		recs, err := l.alone.List(ctx, tenantName)
+		if err != nil {
+			return relayUnavailableFor(err)
+		}
+		held := map[string]bool{}
+		for _, r := range recs {
+			if info, ok := l.viewAlone(r.Record, r.Running, tenantName); ok && info.Profile != nil {
+				held[info.Profile.ID] = true
+			}
+		}
+		err = answer(c, profilesIn{store: store, tenant: tenantName, inUse: func(id string) bool { return held[id] }})
 		if c.Method() != fiber.MethodGet {
 			return asLeader(err)
 		}
@@ -537,13 +591,10 @@ func (s *Server) fillAlone(c *fiber.Ctx, tenantName string) error {
 		return errNeedsBrowser()
 	}
 	vctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
-	v, err := l.alone.Vault(vctx)
+	v, err := ownAlone(vctx, l.alone.Vault, vaultError, errNoVault)
 	cancel()
-	switch {
-	case err != nil:
-		return vaultError(err)
-	case v == nil:
-		return asLeader(errNoVault())
+	if err != nil {
+		return err
 	}
 	claims, err := l.eventTicket(tenantName, id, time.Now())
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/profile"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/vault"
 )
@@ -527,6 +528,97 @@ func TestRelayFillFields(t *testing.T) {
 		change(&ev)
 		if f, ok := relayedFill(ev); ok {
 			t.Errorf("%s: recorded as %v", why, f)
+		}
+	}
+}
+
+// TestRelayProfilesAlone: a profile's create, list or read no leader
+// takes is answered by the relay, with its own profile store, after
+// the leader's checks: an unknown key 401 and a disabled tenant 403
+// (the store not opened); a store that cannot open, or Pods that
+// cannot be listed (what holds a profile), a 503 to retry; no
+// vault.key, the leader's 503, not to retry. The control: while a
+// leader takes them, the leader answers them whole.
+func TestRelayProfilesAlone(t *testing.T) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
+	}))
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	var opened atomic.Int32
+	var mu sync.Mutex
+	open := func(context.Context) (*profile.Store, error) { return nil, errors.New("MinIO does not answer") }
+	list := func(context.Context, string) ([]AloneRecord, error) { return nil, nil }
+	srv.AdmitAlone(RelayAlone{
+		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
+		Session: func(context.Context, string) (map[string]string, bool, error) {
+			return nil, false, session.ErrSandboxGone
+		},
+		List: func(ctx context.Context, tenant string) ([]AloneRecord, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return list(ctx, tenant)
+		},
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+		Fresh:   func() time.Time { return time.Now() },
+		Profiles: func(ctx context.Context) (*profile.Store, error) {
+			opened.Add(1)
+			mu.Lock()
+			defer mu.Unlock()
+			return open(ctx)
+		},
+	})
+	pid := "prof_0123456789abcdef"
+	requests := [][3]string{{"GET", "/v1/profiles", ""}, {"GET", "/v1/profiles/" + pid, ""}, {"POST", "/v1/profiles", `{"name":"n"}`}}
+	for _, r := range requests {
+		if st, body, _ := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 200 || body != `{"leader":"`+r[0]+" "+r[1]+`"}` {
+			t.Errorf("%s %s with a leader: %d %s, want the leader's answer", r[0], r[1], st, body)
+		}
+	}
+	if opened.Load() != 0 {
+		t.Errorf("the profile store was opened while a leader answered")
+	}
+	leader.Close()
+	srv.live.(*relayLive).client.CloseIdleConnections()
+	for _, r := range requests {
+		for _, tc := range []struct {
+			why, key    string
+			want        int
+			msg, retry  string
+			storeOpened bool
+		}{
+			{"an unknown key", "nobody", 401, "the API key is not valid", "", false},
+			{"a disabled tenant's key", "off", 403, "the tenant is disabled", "", false},
+			{"a store that cannot open", "good", 503, "retry", "2", true},
+		} {
+			opened.Store(0)
+			st, body, retry := relayCall(t, srv, r[0], r[1], tc.key, r[2])
+			if st != tc.want || !strings.Contains(body, tc.msg) || retry != tc.retry || (opened.Load() > 0) != tc.storeOpened {
+				t.Errorf("%s %s, %s: %d %s (Retry-After %q, store opened %d times), want %d with %q (Retry-After %q, opened %v)",
+					r[0], r[1], tc.why, st, body, retry, opened.Load(), tc.want, tc.msg, tc.retry, tc.storeOpened)
+			}
+		}
+	}
+	mu.Lock()
+	open = func(context.Context) (*profile.Store, error) { return nil, nil }
+	mu.Unlock()
+	for _, r := range requests {
+		if st, body, retry := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 503 || !strings.Contains(body, "vault.key is not configured") || retry != "" {
+			t.Errorf("%s %s with no vault.key: %d %s (Retry-After %q), want the leader's 503, not to retry", r[0], r[1], st, body, retry)
+		}
+	}
+	// A store that opens (MinIO is not in these tests: TestKubeRelay
+	// has the answers; this one is never read), and the tenant's Pods
+	// cannot be listed.
+	mu.Lock()
+	open = func(context.Context) (*profile.Store, error) { return &profile.Store{}, nil }
+	list = func(context.Context, string) ([]AloneRecord, error) {
+		return nil, errors.New("the API server does not answer")
+	}
+	mu.Unlock()
+	for _, r := range requests {
+		if st, body, retry := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 503 || retry != "2" {
+			t.Errorf("%s %s, the Pods not listed: %d %s (Retry-After %q), want 503 to retry", r[0], r[1], st, body, retry)
 		}
 	}
 }

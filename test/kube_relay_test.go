@@ -73,7 +73,9 @@ import (
 // tenant's key finding none of them; B leading holds what B did. It
 // also fills, alone, a credential bound to the session into the page
 // opened through it: the placeholder, never the secret, the event in
-// the trail of B once it leads.
+// the trail of B once it leads. And it makes, reads and lists browser
+// profiles with its own store, the session's own in use, another
+// tenant's key finding neither; a profile's delete waits for a leader.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -88,7 +90,15 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("a credential to fill: %v", err)
 	}
 	t.Cleanup(func() { rb.api(t, rb.keyA, "DELETE", "/v1/credentials/"+fillCred.ID, nil) })
-	st, body := rb.api(t, rb.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc",
+	// A profile the session reads (holds): B says so while nobody
+	// leads (below).
+	st, body := ra.api(t, ra.keyA, "POST", "/v1/profiles", map[string]any{"name": "held by the relay test's session"})
+	heldProf := jsonField(body, "id")
+	if st != 201 || heldProf == "" {
+		t.Fatalf("a profile through A: %d %s", st, body)
+	}
+	t.Cleanup(func() { rb.api(t, rb.keyA, "DELETE", "/v1/profiles/"+heldProf, nil) })
+	st, body = rb.api(t, rb.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "profile": map[string]any{"id": heldProf},
 		"egress":      map[string]any{"allow": []string{"pages.sandgate.test:80"}},
 		"credentials": []map[string]any{{"credential": fillCred.ID, "scheme": "http", "host": "pages.sandgate.test", "port": 80}}})
 	var s sessionInfo
@@ -834,6 +844,64 @@ func TestKubeRelay(t *testing.T) {
 	if logLines(rb, fillSecret) > 0 {
 		t.Errorf("B's log holds the secret it filled")
 	}
+	// Profiles through B, with its own profile store: one made, read
+	// and listed alone; the session's, in use by its Pod's record.
+	// Another tenant's key finds neither; a profile's delete waits for
+	// a leader (what holds a profile is the leader's).
+	inUse := func(body []byte) string { // "true", "false", or "" when not said
+		var p struct {
+			InUse *bool `json:"in_use"`
+		}
+		if json.Unmarshal(body, &p) != nil || p.InUse == nil {
+			return ""
+		}
+		return fmt.Sprint(*p.InUse)
+	}
+	profAt := time.Now()
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/profiles", map[string]any{"name": "made through B alone"})
+	gapProf := jsonField(body, "id")
+	if st != 201 || gapProf == "" || inUse(body) != "false" {
+		t.Fatalf("a profile made through B while nobody leads: %d %s", st, body)
+	}
+	t.Logf("a profile made through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(profAt).Seconds(), time.Since(killed).Seconds())
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/profiles/"+heldProf, nil); st != 200 || inUse(body) != "true" {
+		t.Errorf("the session's profile read through B while nobody leads: %d %s, want it in use", st, body)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/profiles/"+gapProf, nil); st != 200 || jsonField(body, "name") != "made through B alone" || inUse(body) != "false" {
+		t.Errorf("the profile made through B, read through B while nobody leads: %d %s, want it, not in use", st, body)
+	}
+	var profs struct {
+		Profiles []struct {
+			ID    string `json:"id"`
+			InUse bool   `json:"in_use"`
+		} `json:"profiles"`
+	}
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/profiles", nil)
+	listed := map[string]bool{}
+	if err := json.Unmarshal(body, &profs); st != 200 || err != nil {
+		t.Errorf("the profiles listed through B while nobody leads: %d %s", st, body)
+	}
+	for _, p := range profs.Profiles {
+		listed[p.ID] = p.InUse
+	}
+	if held, ok := listed[heldProf]; !ok || !held {
+		t.Errorf("the profiles listed through B while nobody leads: %s, want the session's in use", body)
+	}
+	if held, ok := listed[gapProf]; !ok || held {
+		t.Errorf("the profiles listed through B while nobody leads: %s, want the one made through B, not in use", body)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "GET", "/v1/profiles/"+heldProf, nil); st != 404 {
+		t.Errorf("another tenant's profile read through B while nobody leads: %d %s, want 404", st, body)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyB, "GET", "/v1/profiles", nil); st != 200 || strings.Contains(string(body), heldProf) || strings.Contains(string(body), gapProf) {
+		t.Errorf("another tenant's profiles listed through B while nobody leads: %d %s, want neither of tenant-a's", st, body)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, "junk", "GET", "/v1/profiles", nil); st != 401 {
+		t.Errorf("the profiles through B while nobody leads, a junk key: %d %s, want 401", st, body)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "DELETE", "/v1/profiles/"+gapProf, nil); st != 503 {
+		t.Errorf("a profile's delete through B while nobody leads: %d %s, want 503 (it waits for a leader)", st, body)
+	}
 	// A person's view link and a reviewer's reads through B, answered
 	// alone from the store: the view page; the trail as stored (the
 	// screenshot A took is in it), the artifacts and an artifact's link;
@@ -1039,6 +1107,12 @@ func TestKubeRelay(t *testing.T) {
 		}
 		return false
 	})
+	if st, body := rb.api(t, rb.keyA, "GET", "/v1/profiles/"+gapProf, nil); st != 200 || jsonField(body, "name") != "made through B alone" {
+		t.Errorf("the profile made while nobody led, through B leading: %d %s", st, body)
+	}
+	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/profiles/"+gapProf, nil); st != 204 {
+		t.Errorf("the profile made while nobody led, deleted through B leading: %d %s", st, body)
+	}
 	waitFor(t, 30*time.Second, "fill_credential of the fill B typed while nobody led, in the trail of B, leading", func() bool {
 		for _, ev := range rb.events(t, rb.keyA, s.ID) {
 			if ev.Type == "fill_credential" && ev.Fields["credential"] == fillCred.ID && ev.Fields["mode"] == "placeholder" &&
@@ -1191,6 +1265,10 @@ func TestKubeRelay(t *testing.T) {
 		return !pod && stopAsked(t, rb, rb.keyA, s.ID, askedAt, "deleted through another gateway replica")
 	})
 	t.Logf("B, leading, stopped a session another replica's delete marked stopping, its Pod gone, %.1f s after the write", time.Since(askedAt).Seconds())
+	// Its profile is no longer held.
+	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/profiles/"+heldProf, nil); st != 204 {
+		t.Errorf("the ended session's profile, deleted through B leading: %d %s", st, body)
+	}
 }
 
 // stopAsked says whether session id's trail through r (with key) has

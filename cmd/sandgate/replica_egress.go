@@ -37,7 +37,7 @@ type replicaEgress struct {
 	log     *slog.Logger
 
 	// Its own vault while it stands by (nil: no vault.key).
-	vault  *standbyVault
+	vault  *standby[vault.Vault]
 	warnAt atomic.Int64
 	// settings: the egress settings the proxy runs with (egressSettings).
 	settings string
@@ -117,30 +117,31 @@ func (r *replicaEgress) vaultNow(ctx context.Context) *vault.Vault {
 	return v
 }
 
-// standbyVault is a replica's own vault while it stands by: opened
-// when first needed, tried again at most every 5 s while MinIO does
-// not answer.
-type standbyVault struct {
-	open func(context.Context) (*vault.Vault, error)
-	v    atomic.Pointer[vault.Vault]
+// standby is what a replica opens of its own while it stands by (its
+// vault, its profile store): opened when first needed, tried again at
+// most every 5 s while MinIO does not answer.
+type standby[T any] struct {
+	what string // what it opens, for errors
+	open func(context.Context) (*T, error)
+	v    atomic.Pointer[T]
 	mu   sync.Mutex
 	try  chan struct{} // closed as the try under way ends; nil: none
 	at   time.Time     // when the last try ended
 	err  error         // its error
 }
 
-func newStandbyVault(open func(context.Context) (*vault.Vault, error)) *standbyVault {
-	return &standbyVault{open: open}
+func newStandby[T any](what string, open func(context.Context) (*T, error)) *standby[T] {
+	return &standby[T]{what: what, open: open}
 }
 
-// standbyOpen bounds a try to open the vault.
+// standbyOpen bounds a try to open it.
 const standbyOpen = 10 * time.Second
 
-// get is the vault, opened now if need be: one try at a time, apart
+// get is what s opens, opened now if need be: one try at a time, apart
 // from its askers (within standbyOpen, its end recorded whoever
 // waits), and none within 5 s of one that failed (its error is the
 // answer then). An asker waits for the try while ctx lasts.
-func (s *standbyVault) get(ctx context.Context) (*vault.Vault, error) {
+func (s *standby[T]) get(ctx context.Context) (*T, error) {
 	if v := s.v.Load(); v != nil {
 		return v, nil
 	}
@@ -160,16 +161,16 @@ func (s *standbyVault) get(ctx context.Context) (*vault.Vault, error) {
 			defer close(done)
 			octx, cancel := context.WithTimeout(context.Background(), standbyOpen)
 			defer cancel()
-			v, err := func() (v *vault.Vault, err error) {
+			v, err := func() (v *T, err error) {
 				defer func() {
 					if p := recover(); p != nil {
-						v, err = nil, fmt.Errorf("opening the vault panicked: %v", p)
+						v, err = nil, fmt.Errorf("opening the %s panicked: %v", s.what, p)
 					}
 				}()
 				return s.open(octx)
 			}()
 			if err == nil && v == nil {
-				err = errors.New("the vault opened as none")
+				err = fmt.Errorf("the %s opened as none", s.what)
 			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -184,7 +185,7 @@ func (s *standbyVault) get(ctx context.Context) (*vault.Vault, error) {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("the vault is being opened: %w", ctx.Err())
+		return nil, fmt.Errorf("the %s is being opened: %w", s.what, ctx.Err())
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -255,10 +255,15 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}
 			// Its own vault, opened when first needed: credentials
 			// answered alone, and the egress proxy's while it stands by.
-			var standVault *standbyVault
+			var standVault *standby[vault.Vault]
+			var standProfiles *standby[profile.Store]
 			if vkey, _ := cfg.vaultKey(); vkey != nil {
-				standVault = newStandbyVault(func(ctx context.Context) (*vault.Vault, error) {
+				standVault = newStandby("vault", func(ctx context.Context) (*vault.Vault, error) {
 					return vault.Open(ctx, vaultConfig(cfg, vkey))
+				})
+				// And its profile store, for profiles answered alone.
+				standProfiles = newStandby("profile store", func(ctx context.Context) (*profile.Store, error) {
+					return profile.Open(ctx, profileConfig(cfg, vkey))
 				})
 			}
 			// While no leader answers (one died; its lease has yet to
@@ -293,6 +298,12 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 							return nil, nil
 						}
 						return standVault.get(ctx)
+					},
+					Profiles: func(ctx context.Context) (*profile.Store, error) {
+						if standProfiles == nil {
+							return nil, nil
+						}
+						return standProfiles.get(ctx)
 					},
 					Enabled: followed.Enabled,
 					Revoked: revoked.Revoked,

@@ -21,16 +21,16 @@ func TestStandbyVault(t *testing.T) {
 	var tries atomic.Int32
 	var result atomic.Pointer[func(context.Context) (*vault.Vault, error)]
 	set := func(f func(context.Context) (*vault.Vault, error)) { result.Store(&f) }
-	fresh := func() *standbyVault {
+	fresh := func() *standby[vault.Vault] {
 		tries.Store(0)
-		return newStandbyVault(func(ctx context.Context) (*vault.Vault, error) {
+		return newStandby("vault", func(ctx context.Context) (*vault.Vault, error) {
 			tries.Add(1)
 			return (*result.Load())(ctx)
 		})
 	}
 	ctx := context.Background()
 	// tryEnds waits, within 10 s, until s has no try under way.
-	tryEnds := func(s *standbyVault) {
+	tryEnds := func(s *standby[vault.Vault]) {
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 			s.mu.Lock()
 			ended := s.try == nil
