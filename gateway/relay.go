@@ -146,6 +146,11 @@ const (
 	// maxVaultAnswers bounds the credential requests, apart from those:
 	// the vault's MinIO may hang where the Pods' API server does not.
 	maxVaultAnswers = 4
+	// maxProfileAnswers bounds the profile requests, apart from all
+	// those (the profile store's MinIO, too, may hang), each within
+	// profileAlone.
+	maxProfileAnswers = 4
+	profileAlone      = 10 * time.Second
 	// maxFillAnswers bounds the fill_credential actions a replica
 	// fills at once while no leader answers (each holds a browser's
 	// typing, up to 40 s); those passed to a leader take none.
@@ -1095,17 +1100,18 @@ type relayLive struct {
 	// until they would have expired, whatever a leader or the copy of
 	// the stored revocations says meanwhile (a leader holds one once
 	// this replica's report has reached it).
-	aloneAnswers  chan struct{}
-	reviewAnswers chan struct{} // the review links' (maxReviewAnswers)
-	vaultAnswers  chan struct{} // the credentials' (maxVaultAnswers)
-	fillAnswers   chan struct{} // the fills' (maxFillAnswers)
-	issuedAlone   map[string]int
-	revokedAlone  map[string]time.Time
-	reached       time.Time // when a leader last answered a report
-	addr          string    // the leader's, read at addrAt
-	addrAt        time.Time
-	addrErr       error
-	lookup        sync.Mutex // one read of the leader at a time
+	aloneAnswers   chan struct{}
+	reviewAnswers  chan struct{} // the review links' (maxReviewAnswers)
+	vaultAnswers   chan struct{} // the credentials' (maxVaultAnswers)
+	profileAnswers chan struct{} // the profiles' (maxProfileAnswers)
+	fillAnswers    chan struct{} // the fills' (maxFillAnswers)
+	issuedAlone    map[string]int
+	revokedAlone   map[string]time.Time
+	reached        time.Time // when a leader last answered a report
+	addr           string    // the leader's, read at addrAt
+	addrAt         time.Time
+	addrErr        error
+	lookup         sync.Mutex // one read of the leader at a time
 	// refusedAt: when the leader last refused this replica's signature
 	// (unix ns; 0 never).
 	refusedAt atomic.Int64
@@ -1175,13 +1181,14 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		admits:       make(chan struct{}, maxRelayAdmits),
 		shellAdmits:  make(chan struct{}, maxShellAdmits),
 		aloneAnswers: make(chan struct{}, maxAloneAnswers), reviewAnswers: make(chan struct{}, maxReviewAnswers),
-		vaultAnswers:  make(chan struct{}, maxVaultAnswers),
-		fillAnswers:   make(chan struct{}, maxFillAnswers),
-		issuedAlone:   map[string]int{},
-		revokedAlone:  map[string]time.Time{},
-		sandbox:       sandbox,
-		egressTickets: map[string]egressTicket{},
-		egressBy:      map[string]*egressCount{},
+		vaultAnswers:   make(chan struct{}, maxVaultAnswers),
+		profileAnswers: make(chan struct{}, maxProfileAnswers),
+		fillAnswers:    make(chan struct{}, maxFillAnswers),
+		issuedAlone:    map[string]int{},
+		revokedAlone:   map[string]time.Time{},
+		sandbox:        sandbox,
+		egressTickets:  map[string]egressTicket{},
+		egressBy:       map[string]*egressCount{},
 	}
 	s.live, s.shells = l, l
 	if store != nil {

@@ -33,8 +33,9 @@ import (
 // answers its report, which records them as it does the
 // leader-admitted ones'. It also answers session reads and lists,
 // extends and deletes sessions, and issues and revokes previews, that
-// no leader takes (orAlone), and credentials with its own vault
-// (vaultAlone).
+// no leader takes (orAlone), credentials with its own vault
+// (vaultAlone), fills (fillAlone) and profiles' creates and reads with
+// its own profile store (profilesAlone).
 type RelayAlone struct {
 	// Tenant is the API key's tenant and its limits (the gateway's
 	// defaults applied): tenant.ErrNotFound, tenant.ErrDisabled, or
@@ -528,34 +529,42 @@ func ownAlone[T any](ctx context.Context, open func(context.Context) (*T, error)
 }
 
 // profilesAlone answers a profile's create, list or read no leader
-// takes, as the leader would, from the replica's own profile store. A
-// profile is in use while one of the tenant's Pods names it in its
-// record: its session holds it until its end, when the profile is
-// saved and the Pod deleted. A profile's delete and rollback wait for a
-// leader: what holds a profile is the leader's, and a session it
-// starts may take one at any moment.
+// takes, as the leader would, from the replica's own profile store, in
+// turns of their own (profileAnswers), each within profileAlone, its
+// opening included. A profile reads in use while one of the tenant's
+// Pods names it in its record: its session holds it until its end,
+// when the profile is saved and the Pod deleted (a create, whose
+// profile no session holds, lists none). A profile's delete and
+// rollback wait for a leader: what holds a profile is the leader's,
+// and a session it starts may take one at any moment.
 func (s *Server) profilesAlone(answer func(c *fiber.Ctx, in profilesIn) error) fiber.Handler {
 	l := s.live.(*relayLive)
-	return l.orAlone(func(c *fiber.Ctx, tenantName string) error {
+	return l.orAloneIn(l.profileAnswers, func(c *fiber.Ctx, tenantName string) error {
 		if l.alone.Profiles == nil {
 			return relayUnavailableFor(errors.New("this replica opens no profile store"))
 		}
-		ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
+		if pid := c.Params("pid"); pid != "" && !profile.IsID(pid) {
+			return errNotFound("no such profile") // (as the store says, unasked)
+		}
+		ctx, cancel := context.WithTimeout(c.UserContext(), profileAlone)
 		defer cancel()
 		store, err := ownAlone(ctx, l.alone.Profiles, relayUnavailableFor, errNoProfiles)
 		if err != nil {
 			return err
 		}
-		recs, err := l.alone.List(ctx, tenantName)
-		if err != nil {
-			return relayUnavailableFor(err)
-		}
 		held := map[string]bool{}
-		for _, r := range recs {
-			if info, ok := l.viewAlone(r.Record, r.Running, tenantName); ok && info.Profile != nil {
-				held[info.Profile.ID] = true
+		if c.Method() == fiber.MethodGet {
+			recs, err := l.alone.List(ctx, tenantName)
+			if err != nil {
+				return relayUnavailableFor(err)
+			}
+			for _, r := range recs {
+				if info, ok := l.viewAlone(r.Record, r.Running, tenantName); ok && info.Profile != nil {
+					held[info.Profile.ID] = true
+				}
 			}
 		}
+		c.SetUserContext(ctx)
 		err = answer(c, profilesIn{store: store, tenant: tenantName, inUse: func(id string) bool { return held[id] }})
 		if c.Method() != fiber.MethodGet {
 			return asLeader(err)

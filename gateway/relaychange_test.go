@@ -255,16 +255,7 @@ func TestRelayAloneCredentials(t *testing.T) {
 	var mu sync.Mutex
 	var opened int
 	open := func(context.Context) (*vault.Vault, error) { return nil, errors.New("MinIO does not answer") }
-	alone := RelayAlone{
-		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
-		Session: func(context.Context, string) (map[string]string, bool, error) {
-			return nil, false, session.ErrSandboxGone
-		},
-		List:    func(context.Context, string) ([]AloneRecord, error) { return nil, nil },
-		Enabled: func(string) error { return nil },
-		Revoked: func(string, string) (bool, error) { return false, nil },
-		Fresh:   func() time.Time { return time.Now() },
-	}
+	alone := sessionlessAlone()
 	withVault := alone
 	withVault.Vault = func(ctx context.Context) (*vault.Vault, error) {
 		if d, ok := ctx.Deadline(); !ok || time.Until(d) > 5*time.Second {
@@ -535,9 +526,10 @@ func TestRelayFillFields(t *testing.T) {
 // TestRelayProfilesAlone: a profile's create, list or read no leader
 // takes is answered by the relay, with its own profile store, after
 // the leader's checks: an unknown key 401 and a disabled tenant 403
-// (the store not opened); a store that cannot open, or Pods that
-// cannot be listed (what holds a profile), a 503 to retry; no
-// vault.key, the leader's 503, not to retry. The control: while a
+// (the store not opened); a store that cannot open, Pods that cannot
+// be listed (what holds a profile) for a read, or no store on the
+// replica, a 503 to retry; no vault.key, the leader's 503, not to
+// retry; a profile id that is none, 404 unasked. The control: while a
 // leader takes them, the leader answers them whole.
 func TestRelayProfilesAlone(t *testing.T) {
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -548,26 +540,23 @@ func TestRelayProfilesAlone(t *testing.T) {
 	var mu sync.Mutex
 	open := func(context.Context) (*profile.Store, error) { return nil, errors.New("MinIO does not answer") }
 	list := func(context.Context, string) ([]AloneRecord, error) { return nil, nil }
-	srv.AdmitAlone(RelayAlone{
-		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
-		Session: func(context.Context, string) (map[string]string, bool, error) {
-			return nil, false, session.ErrSandboxGone
-		},
-		List: func(ctx context.Context, tenant string) ([]AloneRecord, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			return list(ctx, tenant)
-		},
-		Enabled: func(string) error { return nil },
-		Revoked: func(string, string) (bool, error) { return false, nil },
-		Fresh:   func() time.Time { return time.Now() },
-		Profiles: func(ctx context.Context) (*profile.Store, error) {
-			opened.Add(1)
-			mu.Lock()
-			defer mu.Unlock()
-			return open(ctx)
-		},
-	})
+	var unbounded atomic.Int32
+	alone := sessionlessAlone()
+	alone.List = func(ctx context.Context, tenant string) ([]AloneRecord, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return list(ctx, tenant)
+	}
+	alone.Profiles = func(ctx context.Context) (*profile.Store, error) {
+		opened.Add(1)
+		if d, ok := ctx.Deadline(); !ok || time.Until(d) > profileAlone {
+			unbounded.Add(1)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return open(ctx)
+	}
+	srv.AdmitAlone(alone)
 	pid := "prof_0123456789abcdef"
 	requests := [][3]string{{"GET", "/v1/profiles", ""}, {"GET", "/v1/profiles/" + pid, ""}, {"POST", "/v1/profiles", `{"name":"n"}`}}
 	for _, r := range requests {
@@ -608,17 +597,53 @@ func TestRelayProfilesAlone(t *testing.T) {
 		}
 	}
 	// A store that opens (MinIO is not in these tests: TestKubeRelay
-	// has the answers; this one is never read), and the tenant's Pods
-	// cannot be listed.
+	// has the answers; this one is never read), and the tenant's Pods,
+	// which say what is in use, cannot be listed: the reads get a 503
+	// to retry. (A create lists none: its profile is held by none.)
+	var listed atomic.Int32
 	mu.Lock()
 	open = func(context.Context) (*profile.Store, error) { return &profile.Store{}, nil }
 	list = func(context.Context, string) ([]AloneRecord, error) {
+		listed.Add(1)
 		return nil, errors.New("the API server does not answer")
 	}
 	mu.Unlock()
+	for _, r := range requests[:2] {
+		listed.Store(0)
+		if st, body, retry := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 503 || retry != "2" || !strings.Contains(body, "retry") || listed.Load() == 0 {
+			t.Errorf("%s %s, the Pods not listed: %d %s (Retry-After %q, listed %d times), want 503 to retry", r[0], r[1], st, body, retry, listed.Load())
+		}
+	}
+	// A profile id that is none is not found, the store not opened,
+	// as the leader's store finds none.
+	opened.Store(0)
+	if st, body, _ := relayCall(t, srv, "GET", "/v1/profiles/junk", "good", ""); st != 404 || !strings.Contains(body, "no such profile") || opened.Load() != 0 {
+		t.Errorf("a profile id that is none: %d %s (store opened %d times), want 404 unasked", st, body, opened.Load())
+	}
+	// A replica with no profile store to open: a 503 to retry (a
+	// leader will answer).
+	if unbounded.Load() != 0 {
+		t.Errorf("the profile store was opened with no bound (%d times), want within %v", unbounded.Load(), profileAlone)
+	}
+	srv.AdmitAlone(sessionlessAlone())
 	for _, r := range requests {
 		if st, body, retry := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 503 || retry != "2" {
-			t.Errorf("%s %s, the Pods not listed: %d %s (Retry-After %q), want 503 to retry", r[0], r[1], st, body, retry)
+			t.Errorf("%s %s, no profile store on this replica: %d %s (Retry-After %q), want 503 to retry", r[0], r[1], st, body, retry)
 		}
+	}
+}
+
+// sessionlessAlone is a RelayAlone whose copies know the test tenants
+// (testTenants) and no session.
+func sessionlessAlone() RelayAlone {
+	return RelayAlone{
+		Tenant: testTenants(session.TenantLimits{MaxTTL: time.Hour}),
+		Session: func(context.Context, string) (map[string]string, bool, error) {
+			return nil, false, session.ErrSandboxGone
+		},
+		List:    func(context.Context, string) ([]AloneRecord, error) { return nil, nil },
+		Enabled: func(string) error { return nil },
+		Revoked: func(string, string) (bool, error) { return false, nil },
+		Fresh:   func() time.Time { return time.Now() },
 	}
 }
