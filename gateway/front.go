@@ -172,12 +172,12 @@ func relayable(method, path string) Relays {
 		Snapshots: method == "POST" && tail == "snapshots"}
 }
 
-// answersAlone: a request reads a session, lists them, extends or
-// deletes one, issues or revokes a session's preview, reads its trail,
-// its artifacts, its snapshots or an artifact's link, is a review
-// link's, stores, lists, reads or deletes a credential, or creates,
-// lists or reads a profile, which a relay answers itself when no
-// leader takes it.
+// answersAlone: a request reads a session, lists them, reads the
+// tenant's usage, extends or deletes a session, issues or revokes a
+// session's preview, reads its trail, its artifacts, its snapshots or
+// an artifact's link, is a review link's, stores, lists, reads or
+// deletes a credential, or creates, lists or reads a profile, which a
+// relay answers itself when no leader takes it.
 func answersAlone(method, path string) bool {
 	if path == "/v1/credentials" {
 		return method == "GET" || method == "POST"
@@ -194,7 +194,7 @@ func answersAlone(method, path string) bool {
 			// (Any id: one that is none is the store's 404, as on a leader.)
 			return pid != "" && !strings.Contains(pid, "/")
 		}
-		if path == "/v1/sessions" {
+		if path == "/v1/sessions" || path == "/v1/usage" {
 			return true
 		}
 		if id, ok := strings.CutPrefix(path, "/v1/artifacts/"); ok {

@@ -82,6 +82,7 @@ const (
 	// and deletes, and previews' issues and revocations a relay answers
 	// while no leader answers (orAlone).
 	relayListRoute     = "/v1/sessions"
+	relayUsageRoute    = "/v1/usage"
 	relayReadRoute     = "/v1/sessions/:id"
 	relayPreviewsRoute = "/v1/sessions/:id/previews"
 	relayRevokeRoute   = "/v1/sessions/:id/previews/:preview"
@@ -1248,6 +1249,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		// Session reads and previews' issues come here only when the
 		// Front could not pass them to a leader (answersAlone).
 		s.app.Get(relayListRoute, l.orAlone(l.listAlone))
+		s.app.Get(relayUsageRoute, l.orAlone(s.usageAlone))
 		s.app.Get(relayReadRoute, l.orAlone(l.getAlone))
 		s.app.Post(relayPreviewsRoute, l.orAlone(s.issueAlone))
 		s.app.Delete(relayRevokeRoute, l.orAlone(s.revokeAlone))

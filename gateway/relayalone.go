@@ -513,6 +513,53 @@ func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant 
 	})
 }
 
+// usageAlone answers GET /v1/usage no leader takes, as the leader
+// would (usage), from the tenant's Pods' records and the store: the
+// sessions that hold their share (every Pod's: starting, running or
+// stopping, as the leader counts them), the creates of the last minute as their
+// Pods' records date them (a create the leader admitted and that made
+// no session is not among them), no queue (no create waits while no
+// leader answers), and the limits as the copy of the tenants has them.
+func (s *Server) usageAlone(c *fiber.Ctx, tenantName string) error {
+	l := s.live.(*relayLive)
+	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
+	defer cancel()
+	recs, err := l.alone.List(ctx, tenantName)
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	var u session.Usage
+	cut := time.Now().Add(-time.Minute)
+	for _, r := range recs {
+		info, ok := l.viewAlone(r.Record, r.Running, tenantName)
+		if !ok {
+			continue
+		}
+		// (A record is a session's that starts, runs or stops: each
+		// holds its share until its Pod is gone.)
+		u.Sessions++
+		u.CPUs += info.Resources.CPUs
+		u.MemoryMB += info.Resources.MemoryMB
+		if info.Record {
+			u.Recordings++
+		}
+		if info.CreatedAt.After(cut) {
+			u.CreatesLastMinute++
+		}
+	}
+	lim, _ := c.Locals(localAloneLimits).(session.TenantLimits)
+	u.MaxSessions, u.MaxCPUs, u.MaxMemoryMB = lim.MaxSessions, lim.MaxCPUs, lim.MaxMemoryMB
+	u.MaxRecordings, u.MaxCreatesPerMinute, u.MaxArtifactBytes = lim.MaxRecordings, lim.MaxCreatesPerMinute, lim.MaxArtifactBytes
+	if s.store != nil {
+		if n, err := s.artifactBytes(ctx, tenantName); err == nil {
+			u.ArtifactBytes = n
+		} else {
+			u.ArtifactBytes = -1 // the store did not answer
+		}
+	}
+	return c.JSON(u)
+}
+
 // ownAlone opens what a replica answers alone with of its own (its
 // vault, its profile store) within ctx: failed says why it did not
 // open; nil and no error is none configured, none then the leader's

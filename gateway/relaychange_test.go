@@ -647,3 +647,70 @@ func sessionlessAlone() RelayAlone {
 		Fresh:   func() time.Time { return time.Now() },
 	}
 }
+
+// TestRelayUsageAlone: GET /v1/usage no leader takes is answered by the
+// relay from the tenant's Pods' records: its sessions (starting,
+// running, stopping, and one whose Pod went, which reads stopping) with
+// their resources and recordings, the creates of the last minute as
+// the records date them, no queue, the limits of the copy of the
+// tenants; another tenant's sessions and a pool's Pod are not counted.
+// Pods that cannot be listed get a 503 to retry; a junk key 401. The
+// control: while a leader takes it, the leader answers it.
+func TestRelayUsageAlone(t *testing.T) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
+	}))
+	srv := testRelay(t, leader.URL, func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	now := time.Now().UTC()
+	rec := func(tenantName, state string, created time.Time, cpus float64, mem int, record bool) map[string]string {
+		id := ids.NewSession()
+		info, _ := json.Marshal(map[string]any{"kind": "browser", "runtime": "runc", "record": record, "resources": map[string]any{"cpus": cpus, "memory_mb": mem}})
+		return map[string]string{"sandgate.session": id, session.RecordTenant: tenantName, "sandgate.created": created.Format(time.RFC3339Nano),
+			session.RecordExpires: now.Add(time.Hour).Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3",
+			"sandgate.info": string(info), "sandgate.state": state}
+	}
+	pool := rec("t", "running", now, 8, 8192, true)
+	pool["sandgate.pool"] = "browser-runc"
+	var mu sync.Mutex
+	var listErr error
+	records := []AloneRecord{
+		{Record: rec("t", "running", now.Add(-10*time.Minute), 1, 2048, true), Running: true},
+		{Record: rec("t", "starting", now.Add(-10*time.Second), 0.5, 1024, false), Running: true},
+		{Record: rec("t", "stopping", now.Add(-5*time.Minute), 2, 512, true), Running: true},
+		{Record: rec("t", "running", now.Add(-20*time.Second), 0.25, 256, false), Running: false}, // its Pod went
+		{Record: rec("u", "running", now, 4, 4096, true), Running: true},
+		{Record: pool, Running: true},
+	}
+	alone := sessionlessAlone()
+	alone.Tenant = testTenants(session.TenantLimits{MaxTTL: time.Hour, MaxSessions: 5, MaxCPUs: 6, MaxMemoryMB: 8192, MaxRecordings: 3, MaxCreatesPerMinute: 10, MaxArtifactBytes: 1 << 30})
+	alone.List = func(context.Context, string) ([]AloneRecord, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return records, listErr
+	}
+	srv.AdmitAlone(alone)
+	if st, body, _ := relayCall(t, srv, "GET", "/v1/usage", "good", ""); st != 200 || body != `{"leader":"GET /v1/usage"}` {
+		t.Fatalf("the usage with a leader: %d %s, want the leader's answer", st, body)
+	}
+	leader.Close()
+	srv.live.(*relayLive).client.CloseIdleConnections()
+	st, body, _ := relayCall(t, srv, "GET", "/v1/usage", "good", "")
+	var got session.Usage
+	if err := json.Unmarshal([]byte(body), &got); st != 200 || err != nil {
+		t.Fatalf("the usage alone: %d %s", st, body)
+	}
+	want := session.Usage{Sessions: 4, CPUs: 3.75, MemoryMB: 3840, Recordings: 2, CreatesLastMinute: 2,
+		MaxSessions: 5, MaxCPUs: 6, MaxMemoryMB: 8192, MaxRecordings: 3, MaxCreatesPerMinute: 10, MaxArtifactBytes: 1 << 30}
+	if got != want {
+		t.Errorf("the usage alone:\n got %+v\nwant %+v", got, want)
+	}
+	if st, body, _ := relayCall(t, srv, "GET", "/v1/usage", "nobody", ""); st != 401 {
+		t.Errorf("the usage alone, a junk key: %d %s, want 401", st, body)
+	}
+	mu.Lock()
+	listErr = errors.New("the API server does not answer")
+	mu.Unlock()
+	if st, body, retry := relayCall(t, srv, "GET", "/v1/usage", "good", ""); st != 503 || retry != "2" {
+		t.Errorf("the usage alone, the Pods not listed: %d %s (Retry-After %q), want 503 to retry", st, body, retry)
+	}
+}

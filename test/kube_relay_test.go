@@ -76,6 +76,7 @@ import (
 // the trail of B once it leads. And it makes, reads and lists browser
 // profiles with its own store, the session's own in use, another
 // tenant's key finding neither; a profile's delete waits for a leader.
+// And it says the tenant's usage, from its Pods' records.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -644,6 +645,13 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the session list through A: %d %s", st, list)
 	}
 
+	// The tenant's usage as the leader says it, for B's alone (below).
+	st, body = callVia(t, fresh, ra.gwURL, ra.keyA, "GET", "/v1/usage", nil)
+	var usageA sandgate.Usage
+	if err := json.Unmarshal(body, &usageA); st != 200 || err != nil || usageA.Sessions < 1 {
+		t.Fatalf("the usage through A: %d %s", st, body)
+	}
+
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
 	zero := int64(0)
@@ -901,6 +909,37 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := callVia(t, fresh, rb.gwURL, "junk", "GET", "/v1/profiles", nil); st != 401 {
 		t.Errorf("the profiles through B while nobody leads, a junk key: %d %s, want 401", st, body)
 	}
+	// The tenant's usage through B, from its session Pods' records:
+	// as many sessions as it has Pods (read before and after), the
+	// limits the leader said, no queue, its stored bytes counted.
+	tenantPods := func() int {
+		n := 0
+		for _, tn := range kubePods(t, kb) {
+			if tn == "tenant-a" {
+				n++
+			}
+		}
+		return n
+	}
+	podsBefore := tenantPods()
+	usageAt := time.Now()
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/usage", nil)
+	t.Logf("the usage through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(usageAt).Seconds(), time.Since(killed).Seconds())
+	var usageB sandgate.Usage
+	if err := json.Unmarshal(body, &usageB); st != 200 || err != nil {
+		t.Errorf("the usage through B while nobody leads: %d %s", st, body)
+	} else {
+		if podsAfter := tenantPods(); podsAfter == podsBefore && usageB.Sessions != podsBefore || usageB.Sessions < 1 {
+			t.Errorf("the usage through B while nobody leads: %d sessions, the tenant has %d Pods (%d after): %s", usageB.Sessions, podsBefore, podsAfter, body)
+		}
+		if usageB.MaxSessions != usageA.MaxSessions || usageB.MaxArtifactBytes != usageA.MaxArtifactBytes || usageB.MaxCreatesPerMinute != usageA.MaxCreatesPerMinute ||
+			usageB.Queued != 0 || usageB.ArtifactBytes <= 0 {
+			t.Errorf("the usage through B while nobody leads: %s; through A before: %+v", body, usageA)
+		}
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, "junk", "GET", "/v1/usage", nil); st != 401 {
+		t.Errorf("the usage through B while nobody leads, a junk key: %d %s, want 401", st, body)
+	}
 	dreq, _ := http.NewRequest("DELETE", rb.gwURL+"/v1/profiles/"+gapProf, nil)
 	dreq.Header.Set("Authorization", "Bearer "+rb.keyA)
 	if dresp, err := fresh.Do(dreq); err != nil {
@@ -1081,11 +1120,11 @@ func TestKubeRelay(t *testing.T) {
 	// An SDK call through B while no replica that answers leads:
 	// refused at once without retries (the control); with them (the
 	// SDK's default), answered once B leads, as B's 503s say to retry.
-	// (The usage is a leader's alone: leaderRead.)
-	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).Usage(ctx); !sandgate.IsUnavailable(err) {
+	// (The pools are a leader's alone: leaderRead.)
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).Pools(ctx); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
-	if _, err := sandgate.New(rb.gwURL, rb.keyA).Usage(ctx); err != nil {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA).Pools(ctx); err != nil {
 		t.Fatalf("an SDK call through B, retried, after A's death: %v", err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
@@ -1338,14 +1377,14 @@ func writeRecord(t testing.TB, kb *kube.Backend, id string, change map[string]st
 	t.Fatalf("write session %s's record: a conflict each time", id)
 }
 
-// leaderRead reads the tenant's usage through r: a read only a leader
+// leaderRead reads the warm pools through r: a read only a leader
 // answers (200; a replica taking over answers 503 until it has adopted
 // the sessions), where a replica that stands by answers 503 while no
-// leader answers (it answers the sessions' reads, trails, artifacts
-// and snapshots itself then).
+// leader answers (it answers the sessions' reads, the usage, trails,
+// artifacts and snapshots itself then).
 func leaderRead(t testing.TB, r *testEnv, key string) (int, []byte) {
 	t.Helper()
-	return r.api(t, key, "GET", "/v1/usage", nil)
+	return r.api(t, key, "GET", "/v1/pools", nil)
 }
 
 // callVia sends a request with a JSON body (none when body is nil)

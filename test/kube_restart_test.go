@@ -136,7 +136,7 @@ func TestKubeLeaderRestart(t *testing.T) {
 		waitFor(t, 3*time.Minute, "the session through "+r.gwAddr+" "+when, func() bool {
 			st, body := leaderRead(t, r, r.keyA)
 			if st != 200 && st != 503 {
-				t.Fatalf("the usage through %s %s: %d %s", r.gwAddr, when, st, body)
+				t.Fatalf("the pools through %s %s: %d %s", r.gwAddr, when, st, body)
 			}
 			if st != 200 {
 				return false
