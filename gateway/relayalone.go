@@ -516,15 +516,18 @@ func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant 
 // usageAlone answers GET /v1/usage no leader takes, as the leader
 // would (usage), from the tenant's Pods' records and the store: the
 // sessions that hold their share (every Pod's: starting, running or
-// stopping, as the leader counts them), the creates of the last minute as their
-// Pods' records date them (a create the leader admitted and that made
-// no session is not among them), no queue (no create waits while no
+// stopping, as the leader counts them), the creates of the last minute
+// as the records of the Pods still there date them (a create the
+// leader admitted that made no session, or whose session has ended
+// since, is not among them), no queue (no create waits while no
 // leader answers), and the limits as the copy of the tenants has them.
+// The Pods are listed within 5 s; the store's count, as the leader's,
+// has its own bound (artifactBytes).
 func (s *Server) usageAlone(c *fiber.Ctx, tenantName string) error {
 	l := s.live.(*relayLive)
 	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
-	defer cancel()
 	recs, err := l.alone.List(ctx, tenantName)
+	cancel()
 	if err != nil {
 		return relayUnavailableFor(err)
 	}
@@ -551,7 +554,7 @@ func (s *Server) usageAlone(c *fiber.Ctx, tenantName string) error {
 	u.MaxSessions, u.MaxCPUs, u.MaxMemoryMB = lim.MaxSessions, lim.MaxCPUs, lim.MaxMemoryMB
 	u.MaxRecordings, u.MaxCreatesPerMinute, u.MaxArtifactBytes = lim.MaxRecordings, lim.MaxCreatesPerMinute, lim.MaxArtifactBytes
 	if s.store != nil {
-		if n, err := s.artifactBytes(ctx, tenantName); err == nil {
+		if n, err := s.artifactBytes(c.Context(), tenantName); err == nil {
 			u.ArtifactBytes = n
 		} else {
 			u.ArtifactBytes = -1 // the store did not answer
