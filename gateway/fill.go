@@ -84,9 +84,16 @@ const maxFillSelector = 1024
 
 // fillReasons are the reasons a fill is denied, or raced, for.
 var fillReasons = map[string][]string{
-	"fill_credential_denied": {"not_bound", "origin", "destination"},
+	"fill_credential_denied": {denyNotBound, denyOrigin, denyDestination},
 	"fill_credential_raced":  {raceUnchecked, raceOtherPage, raceLeft},
 }
+
+// Why a fill is denied.
+const (
+	denyNotBound    = "not_bound"
+	denyOrigin      = "origin"
+	denyDestination = "destination"
+)
 
 // Why a fill raced a navigation.
 const (
@@ -127,7 +134,7 @@ func (s *Server) fill(c *fiber.Ctx, req fillRequest, t fillTarget) error {
 		}
 	}
 	if len(bound) == 0 {
-		return deny("not_bound", "the credential is not bound to this session; bind it when creating the session (\"credentials\")")
+		return deny(denyNotBound, "the credential is not bound to this session; bind it when creating the session (\"credentials\")")
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
@@ -138,7 +145,7 @@ func (s *Server) fill(c *fiber.Ctx, req fillRequest, t fillTarget) error {
 	fields["page"] = pageForAudit(page.URL)
 	mode, ok := fillMode(bound, page.URL)
 	if !ok {
-		return deny("origin", "the page open in the session is not on a destination the credential is bound to (scheme, host, port and path prefix)")
+		return deny(denyOrigin, "the page open in the session is not on a destination the credential is bound to (scheme, host, port and path prefix)")
 	}
 	cred, err := t.vault.Open(ctx, tenant, req.Credential)
 	if err != nil {
@@ -153,7 +160,7 @@ func (s *Server) fill(c *fiber.Ctx, req fillRequest, t fillTarget) error {
 		}
 	}
 	if mode, ok = fillMode(allowed, page.URL); !ok {
-		return deny("destination", "the page open in the session is not within the credential's own destinations")
+		return deny(denyDestination, "the page open in the session is not within the credential's own destinations")
 	}
 	var text string
 	switch {

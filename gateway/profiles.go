@@ -173,7 +173,7 @@ func (s *Server) deleteProfile(c *fiber.Ctx) error {
 	}
 	ctx, cancel := reqCtx(c, 60*time.Second)
 	defer cancel()
-	if err := s.profiles.Delete(ctx, tenant, id); err != nil {
+	if err := in.store.Delete(ctx, tenant, id); err != nil {
 		return profileError(err)
 	}
 	s.invalidateArtifactBytes(tenant)
@@ -201,7 +201,7 @@ func (s *Server) rollbackProfile(c *fiber.Ctx) error {
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	p, err := s.profiles.Rollback(ctx, tenant, id, *req.Version)
+	p, err := in.store.Rollback(ctx, tenant, id, *req.Version)
 	if err != nil {
 		return profileError(err)
 	}

@@ -1630,12 +1630,9 @@ type relayAdmission struct {
 
 func (l *relayLive) askShell(c *fiber.Ctx, id string) (*previewClaims, relayAdmitAnswer, error) {
 	unavailable := relayUnavailable()
-	key, err := bearerKey(c)
+	key, err := boundedKey(c)
 	if err != nil {
 		return nil, relayAdmitAnswer{}, err
-	}
-	if len(key) > 4096 {
-		return nil, relayAdmitAnswer{}, errUnauthenticated("the API key is not valid")
 	}
 	// Apart from the previews': an API key cannot be checked before
 	// the leader is asked, and a stranger's junk keys must not take

@@ -104,14 +104,10 @@ func (l *relayLive) admitAlone(c *fiber.Ctx, id, key string) (*previewClaims, re
 	if err := l.admitsAlone(c.Context()); err != nil {
 		return nil, none, err
 	}
-	name, lim, err := l.alone.Tenant(key)
+	name, lim, err := l.tenantAlone(key)
 	switch {
-	case errors.Is(err, tenant.ErrDisabled):
-		return nil, none, errDenied("the tenant is disabled")
-	case errors.Is(err, tenant.ErrNotFound):
-		return nil, none, errUnauthenticated("the API key is not valid")
 	case err != nil:
-		return nil, none, relayUnavailableFor(err)
+		return nil, none, err
 	case !ids.IsSession(id):
 		return nil, none, errNotFound("no such session")
 	}
@@ -411,7 +407,7 @@ func (l *relayLive) orAlone(answer func(c *fiber.Ctx, tenant string) error) fibe
 // orAloneIn is orAlone, taking one of slots.
 func (l *relayLive) orAloneIn(slots chan struct{}, answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		key, err := aloneKey(c)
+		key, err := boundedKey(c)
 		if err != nil {
 			return err
 		}
@@ -421,9 +417,9 @@ func (l *relayLive) orAloneIn(slots chan struct{}, answer func(c *fiber.Ctx, ten
 	}
 }
 
-// aloneKey is the request's API key, refused (401) when there is none
+// boundedKey is the request's API key, refused (401) when there is none
 // or it cannot be one.
-func aloneKey(c *fiber.Ctx) (string, error) {
+func boundedKey(c *fiber.Ctx) (string, error) {
 	key, err := bearerKey(c)
 	if err == nil && len(key) > 4096 {
 		err = errUnauthenticated("the API key is not valid")
@@ -434,17 +430,28 @@ func aloneKey(c *fiber.Ctx) (string, error) {
 // answerAlone answers a request alone by answer, for the tenant the
 // copy of the tenants gives key (its limits in localAloneLimits).
 func (l *relayLive) answerAlone(c *fiber.Ctx, key string, answer func(c *fiber.Ctx, tenant string) error) error {
-	name, lim, err := l.alone.Tenant(key)
-	switch {
-	case errors.Is(err, tenant.ErrDisabled):
-		return errDenied("the tenant is disabled")
-	case errors.Is(err, tenant.ErrNotFound):
-		return errUnauthenticated("the API key is not valid")
-	case err != nil:
-		return relayUnavailableFor(err)
+	name, lim, err := l.tenantAlone(key)
+	if err != nil {
+		return err
 	}
 	c.Locals(localAloneLimits, lim)
 	return answer(c, name)
+}
+
+// tenantAlone is key's tenant and its limits by the copy of the
+// tenants, refused as the leader refuses it: a disabled tenant 403, a
+// key that is none 401; a copy that cannot say, 503 to retry.
+func (l *relayLive) tenantAlone(key string) (string, session.TenantLimits, error) {
+	name, lim, err := l.alone.Tenant(key)
+	switch {
+	case errors.Is(err, tenant.ErrDisabled):
+		return "", lim, errDenied("the tenant is disabled")
+	case errors.Is(err, tenant.ErrNotFound):
+		return "", lim, errUnauthenticated("the API key is not valid")
+	case err != nil:
+		return "", lim, relayUnavailableFor(err)
+	}
+	return name, lim, nil
 }
 
 // fillOrAlone passes a fill_credential on to the leader whole, as a
@@ -453,22 +460,14 @@ func (l *relayLive) answerAlone(c *fiber.Ctx, key string, answer func(c *fiber.C
 // filled here (fillAlone) in one of the fills' turns (fillAnswers).
 func (s *Server) fillOrAlone(c *fiber.Ctx) error {
 	l := s.live.(*relayLive)
-	key, err := aloneKey(c)
+	key, err := boundedKey(c)
 	if err != nil {
 		return err
 	}
-	if ask, done := l.asks(); ask {
-		p, err := l.passOn(c, 90*time.Second)
-		done()
-		switch p {
-		case answered:
-			l.answered()
-			return err
-		case unanswered:
-			return err // (it may have typed: not to retry)
-		}
-		l.silent()
-		c.Response().Header.Del(fiber.HeaderRetryAfter)
+	// (A fill a leader took and did not answer may have typed: its
+	// 503 does not say to retry, as a POST's.)
+	if passed, err := l.tryLeader(c, 90*time.Second, true); passed {
+		return err
 	}
 	release, err := l.slot(l.fillAnswers)
 	if err != nil {
@@ -526,40 +525,24 @@ func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant 
 func (s *Server) usageAlone(c *fiber.Ctx, tenantName string) error {
 	l := s.live.(*relayLive)
 	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
-	recs, err := l.alone.List(ctx, tenantName)
+	infos, err := l.sessionsAlone(ctx, tenantName)
 	cancel()
 	if err != nil {
-		return relayUnavailableFor(err)
+		return err
 	}
 	var u session.Usage
 	cut := time.Now().Add(-time.Minute)
-	for _, r := range recs {
-		info, ok := l.viewAlone(r.Record, r.Running, tenantName)
-		if !ok {
-			continue
-		}
+	for _, info := range infos {
 		// (A record is a session's that starts, runs or stops: each
 		// holds its share until its Pod is gone.)
-		u.Sessions++
-		u.CPUs += info.Resources.CPUs
-		u.MemoryMB += info.Resources.MemoryMB
-		if info.Record {
-			u.Recordings++
-		}
+		u.Hold(info.Resources, info.Record)
 		if info.CreatedAt.After(cut) {
 			u.CreatesLastMinute++
 		}
 	}
 	lim, _ := c.Locals(localAloneLimits).(session.TenantLimits)
-	u.MaxSessions, u.MaxCPUs, u.MaxMemoryMB = lim.MaxSessions, lim.MaxCPUs, lim.MaxMemoryMB
-	u.MaxRecordings, u.MaxCreatesPerMinute, u.MaxArtifactBytes = lim.MaxRecordings, lim.MaxCreatesPerMinute, lim.MaxArtifactBytes
-	if s.store != nil {
-		if n, err := s.artifactBytes(c.Context(), tenantName); err == nil {
-			u.ArtifactBytes = n
-		} else {
-			u.ArtifactBytes = -1 // the store did not answer
-		}
-	}
+	u.SetLimits(lim)
+	s.storedBytes(c, tenantName, &u)
 	return c.JSON(u)
 }
 
@@ -604,12 +587,12 @@ func (s *Server) profilesAlone(answer func(c *fiber.Ctx, in profilesIn) error) f
 		}
 		held := map[string]bool{}
 		if c.Method() == fiber.MethodGet {
-			recs, err := l.alone.List(ctx, tenantName)
+			infos, err := l.sessionsAlone(ctx, tenantName)
 			if err != nil {
-				return relayUnavailableFor(err)
+				return err
 			}
-			for _, r := range recs {
-				if info, ok := l.viewAlone(r.Record, r.Running, tenantName); ok && info.Profile != nil {
+			for _, info := range infos {
+				if info.Profile != nil {
 					held[info.Profile.ID] = true
 				}
 			}
@@ -709,31 +692,43 @@ func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, canAlone bool
 		return retrySoon(c, err)
 	}
 	defer release()
-	if ask, done := l.asks(); ask || !canAlone {
-		p, err := l.passOn(c, 5*time.Second)
-		done()
-		switch {
-		case p == answered:
-			l.answered()
-			return err
-		case p == unanswered || !canAlone:
-			// A leader that took it and did not answer lives: its
-			// word, not this replica's (a preview or credential it
-			// may have made: that 503 does not say to retry; a
-			// delete may be made again).
-			if c.Method() == fiber.MethodPost {
-				return err
-			}
-			return retrySoon(c, err)
-		}
-		l.silent()
-		// (Its 503's Retry-After is not this answer's.)
-		c.Response().Header.Del(fiber.HeaderRetryAfter)
+	if passed, err := l.tryLeader(c, 5*time.Second, canAlone); passed {
+		return err
 	}
 	if err := l.admitsAlone(c.Context()); err != nil {
 		return retrySoon(c, err)
 	}
 	return retrySoon(c, alone())
+}
+
+// tryLeader passes the request on to the leader, within d, when one is
+// to be asked now (asks), or always when it cannot be answered alone
+// (!canAlone). passed says the answer is the leader's, or its
+// silence's: a leader that took it and did not answer lives, so its
+// word stands, not this replica's (a preview, a credential or a fill
+// it may have made: a POST's 503 does not say to retry; a delete may
+// be made again). Else (none answers) it is for this replica to answer.
+func (l *relayLive) tryLeader(c *fiber.Ctx, d time.Duration, canAlone bool) (passed bool, err error) {
+	ask, done := l.asks()
+	if !ask && canAlone {
+		return false, nil
+	}
+	p, err := l.passOn(c, d)
+	done()
+	switch {
+	case p == answered:
+		l.answered()
+		return true, err
+	case p == unanswered || !canAlone:
+		if c.Method() == fiber.MethodPost {
+			return true, err
+		}
+		return true, retrySoon(c, err)
+	}
+	l.silent()
+	// (Its 503's Retry-After is not this answer's.)
+	c.Response().Header.Del(fiber.HeaderRetryAfter)
+	return false, nil
 }
 
 // getAlone answers GET /v1/sessions/:id from the session's Pod, as the
@@ -761,9 +756,21 @@ func (l *relayLive) getAlone(c *fiber.Ctx, tenantName string) error {
 func (l *relayLive) listAlone(c *fiber.Ctx, tenantName string) error {
 	ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
 	defer cancel()
+	out, err := l.sessionsAlone(ctx, tenantName)
+	if err != nil {
+		return err
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	return c.JSON(fiber.Map{"sessions": out})
+}
+
+// sessionsAlone is the tenant's sessions as their Pods' records hold
+// them (viewAlone), listed within ctx; a 503 to retry when they cannot
+// be listed.
+func (l *relayLive) sessionsAlone(ctx context.Context, tenantName string) ([]session.Info, error) {
 	recs, err := l.alone.List(ctx, tenantName)
 	if err != nil {
-		return relayUnavailableFor(err)
+		return nil, relayUnavailableFor(err)
 	}
 	out := []session.Info{}
 	for _, r := range recs {
@@ -771,8 +778,7 @@ func (l *relayLive) listAlone(c *fiber.Ctx, tenantName string) error {
 			out = append(out, info)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
-	return c.JSON(fiber.Map{"sessions": out})
+	return out, nil
 }
 
 // viewAlone is the session a Pod's record holds, as the leader shows

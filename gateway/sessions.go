@@ -222,14 +222,21 @@ func (s *Server) deleteSession(c *fiber.Ctx) error {
 // usage is what the caller's tenant holds against its quotas.
 func (s *Server) usage(c *fiber.Ctx) error {
 	u := s.sessions.Usage(tenantOf(c))
-	if s.store != nil {
-		ctx, cancel := reqCtx(c, 10*time.Second)
-		defer cancel()
-		if n, err := s.artifactBytes(ctx, tenantOf(c)); err == nil {
-			u.ArtifactBytes = n
-		} else {
-			u.ArtifactBytes = -1 // the store did not answer
-		}
-	}
+	s.storedBytes(c, tenantOf(c), &u)
 	return c.JSON(u)
+}
+
+// storedBytes sets u's artifact bytes, the tenant's in the store: -1
+// when the store did not answer; none without a store.
+func (s *Server) storedBytes(c *fiber.Ctx, tenant string, u *session.Usage) {
+	if s.store == nil {
+		return
+	}
+	ctx, cancel := reqCtx(c, 10*time.Second)
+	defer cancel()
+	if n, err := s.artifactBytes(ctx, tenant); err == nil {
+		u.ArtifactBytes = n
+	} else {
+		u.ArtifactBytes = -1 // the store did not answer
+	}
 }

@@ -264,16 +264,25 @@ func (m *Manager) wakeLocked() {
 // usageLocked sums what tenant holds (every tenant's, for ""): sessions
 // starting or running, claims under way and reservations. Pooled
 // sessions count against nobody.
+// Hold counts a session that holds r (and a recording if record).
+func (u *Usage) Hold(r Resources, record bool) {
+	u.Sessions++
+	u.CPUs += r.CPUs
+	u.MemoryMB += r.MemoryMB
+	if record {
+		u.Recordings++
+	}
+}
+
+// SetLimits sets u's limits, lim's.
+func (u *Usage) SetLimits(lim TenantLimits) {
+	u.MaxSessions, u.MaxCPUs, u.MaxMemoryMB = lim.MaxSessions, lim.MaxCPUs, lim.MaxMemoryMB
+	u.MaxRecordings, u.MaxCreatesPerMinute, u.MaxArtifactBytes = lim.MaxRecordings, lim.MaxCreatesPerMinute, lim.MaxArtifactBytes
+}
+
 func (m *Manager) usageLocked(tenant string) Usage {
 	var u Usage
-	add := func(r Resources, record bool) {
-		u.Sessions++
-		u.CPUs += r.CPUs
-		u.MemoryMB += r.MemoryMB
-		if record {
-			u.Recordings++
-		}
-	}
+	add := u.Hold
 	for _, s := range m.sessions {
 		// A stopping session still holds its sandbox until its teardown
 		// ends (settle wakes the line then).
@@ -373,8 +382,7 @@ func (m *Manager) Usage(tenant string) Usage {
 	u := m.usageLocked(tenant)
 	u.CreatesLastMinute, _ = m.createsLastMinuteLocked(tenant)
 	lim, _ := m.Limits(tenant)
-	u.MaxSessions, u.MaxCPUs, u.MaxMemoryMB = lim.MaxSessions, lim.MaxCPUs, lim.MaxMemoryMB
-	u.MaxRecordings, u.MaxCreatesPerMinute, u.MaxArtifactBytes = lim.MaxRecordings, lim.MaxCreatesPerMinute, lim.MaxArtifactBytes
+	u.SetLimits(lim)
 	return u
 }
 

@@ -140,8 +140,12 @@ const standbyOpen = 10 * time.Second
 // get is what s opens, opened now if need be: one try at a time, apart
 // from its askers (within standbyOpen, its end recorded whoever
 // waits), and none within 5 s of one that failed (its error is the
-// answer then). An asker waits for the try while ctx lasts.
+// answer then). An asker waits for the try while ctx lasts. A nil s
+// has nothing to open: nil and no error.
 func (s *standby[T]) get(ctx context.Context) (*T, error) {
+	if s == nil {
+		return nil, nil // none to open (no vault.key)
+	}
 	if v := s.v.Load(); v != nil {
 		return v, nil
 	}

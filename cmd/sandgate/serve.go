@@ -293,20 +293,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					Isolation: kube.RuntimeIsolation,
 					Revoke:    relayStore.PutRevocation,
 					Update:    pods.UpdateRecord,
-					Vault: func(ctx context.Context) (*vault.Vault, error) {
-						if standVault == nil {
-							return nil, nil
-						}
-						return standVault.get(ctx)
-					},
-					Profiles: func(ctx context.Context) (*profile.Store, error) {
-						if standProfiles == nil {
-							return nil, nil
-						}
-						return standProfiles.get(ctx)
-					},
-					Enabled: followed.Enabled,
-					Revoked: revoked.Revoked,
+					Vault:     standVault.get,
+					Profiles:  standProfiles.get,
+					Enabled:   followed.Enabled,
+					Revoked:   revoked.Revoked,
 					Refresh: func(ctx context.Context) {
 						var wg sync.WaitGroup
 						wg.Add(2)

@@ -148,3 +148,18 @@ func TestStandbyVault(t *testing.T) {
 		t.Errorf("an opener that opened none: %v %v, want an error", v, err)
 	}
 }
+
+// TestStandbyNone: a replica with no vault.key has no standby to open
+// (nil): its get says none, with no error, as RelayAlone's openers are
+// to say it. The control: one that opens gives what it opened.
+func TestStandbyNone(t *testing.T) {
+	var none *standby[vault.Vault]
+	if v, err := none.get(context.Background()); v != nil || err != nil {
+		t.Errorf("no standby: %v %v, want none and no error", v, err)
+	}
+	want := &vault.Vault{}
+	some := newStandby("vault", func(context.Context) (*vault.Vault, error) { return want, nil })
+	if v, err := some.get(context.Background()); v != want || err != nil {
+		t.Errorf("a standby that opens: %v %v, want what it opened", v, err)
+	}
+}
