@@ -68,7 +68,26 @@ type tenantView struct {
 	Usage             session.Usage `json:"usage"`
 }
 
-func (s *Server) viewTenant(t tenant.Tenant) tenantView {
+// tenantsIn is what the admin API's reads show: a registry (the
+// leader's, or a replica's copy of the stored one, adminAlone) and a
+// tenant's usage.
+type tenantsIn struct {
+	reg   *tenant.Registry
+	usage func(name string) session.Usage
+}
+
+// tenantsHere is the leader's.
+func (s *Server) tenantsHere() tenantsIn {
+	in := tenantsIn{reg: s.tenants, usage: func(string) session.Usage { return session.Usage{} }}
+	if s.sessions != nil {
+		in.usage = s.sessions.Usage
+	}
+	return in
+}
+
+func (s *Server) viewTenant(t tenant.Tenant) tenantView { return s.tenantsHere().view(t) }
+
+func (in tenantsIn) view(t tenant.Tenant) tenantView {
 	v := tenantView{Name: t.Name, Source: t.Source, Disabled: t.Disabled, CreatedAt: t.CreatedAt,
 		MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs, MaxMemoryMB: t.MaxMemoryMB,
 		MaxRecordings: t.MaxRecordings, MaxCreatesPerMin: t.MaxCreatesPerMinute, MaxArtifactBytes: t.MaxArtifactBytes,
@@ -78,9 +97,7 @@ func (s *Server) viewTenant(t tenant.Tenant) tenantView {
 	if v.EgressAllow == nil {
 		v.EgressAllow = []string{}
 	}
-	if s.sessions != nil {
-		v.Usage = s.sessions.Usage(t.Name)
-	}
+	v.Usage = in.usage(t.Name)
 	return v
 }
 
@@ -218,20 +235,24 @@ func tenantErr(err error) error {
 	return &apiError{status: 503, code: "unavailable", msg: "the tenant registry could not be written", err: err}
 }
 
-func (s *Server) adminListTenants(c *fiber.Ctx) error {
+func (s *Server) adminListTenants(c *fiber.Ctx) error { return listTenantsIn(c, s.tenantsHere()) }
+
+func listTenantsIn(c *fiber.Ctx, in tenantsIn) error {
 	out := []tenantView{}
-	for _, t := range s.tenants.List() {
-		out = append(out, s.viewTenant(t))
+	for _, t := range in.reg.List() {
+		out = append(out, in.view(t))
 	}
 	return c.JSON(fiber.Map{"tenants": out})
 }
 
-func (s *Server) adminGetTenant(c *fiber.Ctx) error {
-	t, err := s.tenants.Get(c.Params("name"))
+func (s *Server) adminGetTenant(c *fiber.Ctx) error { return getTenantIn(c, s.tenantsHere()) }
+
+func getTenantIn(c *fiber.Ctx, in tenantsIn) error {
+	t, err := in.reg.Get(c.Params("name"))
 	if err != nil {
 		return tenantErr(err)
 	}
-	return c.JSON(s.viewTenant(t))
+	return c.JSON(in.view(t))
 }
 
 func (s *Server) adminCreateTenant(c *fiber.Ctx) error {
@@ -294,8 +315,10 @@ func (s *Server) adminUpdateTenant(c *fiber.Ctx) error {
 	return c.JSON(s.viewTenant(t))
 }
 
-func (s *Server) adminListKeys(c *fiber.Ctx) error {
-	keys, err := s.tenants.Keys(c.Params("name"))
+func (s *Server) adminListKeys(c *fiber.Ctx) error { return listKeysIn(c, s.tenantsHere()) }
+
+func listKeysIn(c *fiber.Ctx, in tenantsIn) error {
+	keys, err := in.reg.Keys(c.Params("name"))
 	if err != nil {
 		return tenantErr(err)
 	}

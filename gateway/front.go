@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/recordings"
+	"github.com/sandgate/sandgate/tenant"
 )
 
 // Front owns a gateway replica's listener from the start. While another
@@ -173,11 +174,12 @@ func relayable(method, path string) Relays {
 }
 
 // answersAlone: a request reads a session, lists them, reads the
-// tenant's usage, extends or deletes a session, issues or revokes a
-// session's preview, reads its trail, its artifacts, its snapshots or
-// an artifact's link, is a review link's, stores, lists, reads or
-// deletes a credential, or creates, lists or reads a profile, which a
-// relay answers itself when no leader takes it.
+// tenant's usage or the runtimes, extends or deletes a session, issues
+// or revokes a session's preview, reads its trail, its artifacts, its
+// snapshots or an artifact's link, is a review link's, stores, lists,
+// reads or deletes a credential, creates, lists or reads a profile, or
+// reads the admin API's tenants or keys, which a relay answers itself
+// when no leader takes it.
 func answersAlone(method, path string) bool {
 	if path == "/v1/credentials" {
 		return method == "GET" || method == "POST"
@@ -194,8 +196,12 @@ func answersAlone(method, path string) bool {
 			// (Any id: one that is none is the store's 404, as on a leader.)
 			return pid != "" && !strings.Contains(pid, "/")
 		}
-		if path == "/v1/sessions" || path == "/v1/usage" {
+		if path == "/v1/sessions" || path == "/v1/usage" || path == "/v1/runtimes" || path == "/admin/v1/tenants" {
 			return true
+		}
+		if rest, ok := strings.CutPrefix(path, "/admin/v1/tenants/"); ok {
+			name, tail, more := strings.Cut(rest, "/")
+			return tenant.ValidName(name) && (!more || tail == "keys")
 		}
 		if id, ok := strings.CutPrefix(path, "/v1/artifacts/"); ok {
 			return recordings.IsArtifact(id)

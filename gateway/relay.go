@@ -87,6 +87,13 @@ const (
 	relayPreviewsRoute = "/v1/sessions/:id/previews"
 	relayRevokeRoute   = "/v1/sessions/:id/previews/:preview"
 	relayExtendRoute   = "/v1/sessions/:id/extend"
+	// relayRuntimesRoute, relayTenantsRoute, relayTenantRoute,
+	// relayKeysRoute: the runtimes and the admin API's reads a relay
+	// answers while no leader answers (orAlone, adminAlone).
+	relayRuntimesRoute = "/v1/runtimes"
+	relayTenantsRoute  = "/admin/v1/tenants"
+	relayTenantRoute   = "/admin/v1/tenants/:name"
+	relayKeysRoute     = "/admin/v1/tenants/:name/keys"
 	// relayCredentialsRoute, relayCredentialRoute: the credentials a
 	// relay answers with its own vault while no leader answers
 	// (vaultAlone).
@@ -1250,6 +1257,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		// Front could not pass them to a leader (answersAlone).
 		s.app.Get(relayListRoute, l.orAlone(l.listAlone))
 		s.app.Get(relayUsageRoute, l.orAlone(s.usageAlone))
+		s.app.Get(relayRuntimesRoute, l.orAlone(s.runtimesAlone))
 		s.app.Get(relayReadRoute, l.orAlone(l.getAlone))
 		s.app.Post(relayPreviewsRoute, l.orAlone(s.issueAlone))
 		s.app.Delete(relayRevokeRoute, l.orAlone(s.revokeAlone))
@@ -1271,6 +1279,10 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relaySnapshotsRoute, l.orAlone(s.snapshotsAlone))
 		s.app.Get(relayArtifactRoute, l.orAlone(s.artifactAlone))
 		s.app.Get(relayReviewRoute, l.reviewOrAlone(s.review))
+		// And the admin API's reads, by the copy of the tenants.
+		s.app.Get(relayTenantsRoute, s.authenticateAdmin, l.adminAlone(true, listTenantsIn))
+		s.app.Get(relayTenantRoute, s.authenticateAdmin, l.adminAlone(true, getTenantIn))
+		s.app.Get(relayKeysRoute, s.authenticateAdmin, l.adminAlone(false, listKeysIn))
 		s.app.Get(relayReviewArtifactRoute, l.reviewOrAlone(s.reviewArtifact))
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })

@@ -81,6 +81,18 @@ type RelayAlone struct {
 	// needed (nil and no error: no vault.key is configured, so the
 	// leader keeps none either); nil: profiles wait for a leader.
 	Profiles func(ctx context.Context) (*profile.Store, error)
+	// Runtimes is each runtime as the backend offers it now, strongest
+	// first, and the default (as the leader says them, which probed at
+	// its start); an error when the backend cannot say. nil: the list
+	// waits for a leader.
+	Runtimes func(ctx context.Context) ([]session.Runtime, string, error)
+	// Tenants is the copy of the tenants (to read; tenant.ErrStale when
+	// it cannot say), Limits a tenant's as Tenant gives them, and Every
+	// List for every tenant: the admin API's reads. Any nil: the admin
+	// API waits for a leader.
+	Tenants func() (*tenant.Registry, error)
+	Limits  func(tenant.Tenant) session.TenantLimits
+	Every   func(ctx context.Context) ([]AloneRecord, error)
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not
@@ -534,17 +546,88 @@ func (s *Server) usageAlone(c *fiber.Ctx, tenantName string) error {
 	var u session.Usage
 	cut := time.Now().Add(-time.Minute)
 	for _, info := range infos {
-		// (A record is a session's that starts, runs or stops: each
-		// holds its share until its Pod is gone.)
-		u.Hold(info.Resources, info.Record)
-		if info.CreatedAt.After(cut) {
-			u.CreatesLastMinute++
-		}
+		holdAlone(&u, info, cut)
 	}
 	lim, _ := c.Locals(localAloneLimits).(session.TenantLimits)
 	u.SetLimits(lim)
 	s.storedBytes(c, tenantName, &u)
 	return c.JSON(u)
+}
+
+// holdAlone counts a session in its tenant's usage answered alone:
+// every record is a session's that starts, runs or stops, each holding
+// its share until its Pod is gone; one made after cut is a create of
+// the last minute.
+func holdAlone(u *session.Usage, info session.Info, cut time.Time) {
+	u.Hold(info.Resources, info.Record)
+	if info.CreatedAt.After(cut) {
+		u.CreatesLastMinute++
+	}
+}
+
+// runtimesAlone answers GET /v1/runtimes as the leader would
+// (listRuntimes), from what the backend offers now.
+func (s *Server) runtimesAlone(c *fiber.Ctx, _ string) error {
+	l := s.live.(*relayLive)
+	if l.alone.Runtimes == nil {
+		return relayUnavailableFor(errors.New("this replica does not list the runtimes"))
+	}
+	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	defer cancel()
+	runtimes, def, err := l.alone.Runtimes(ctx)
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	return c.JSON(fiber.Map{"default": def, "runtimes": runtimes})
+}
+
+// adminAlone answers a read of the admin API (its key checked before,
+// authenticateAdmin) that no leader takes, as the leader would, from
+// the copy of the tenants; with usage, each tenant's usage from its
+// session Pods (usageAlone's, but the stored bytes, which the leader's
+// admin API does not count either).
+func (l *relayLive) adminAlone(usage bool, answer func(c *fiber.Ctx, in tenantsIn) error) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		canAlone := l.alone != nil && l.alone.Tenants != nil && l.alone.Limits != nil && l.alone.Every != nil
+		return l.passOrAlone(c, l.aloneAnswers, canAlone, func() error {
+			reg, err := l.alone.Tenants()
+			if err != nil {
+				return relayUnavailableFor(err)
+			}
+			in := tenantsIn{reg: reg, usage: func(string) session.Usage { return session.Usage{} }}
+			if usage {
+				ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
+				recs, err := l.alone.Every(ctx)
+				cancel()
+				if err != nil {
+					return relayUnavailableFor(err)
+				}
+				held := map[string]*session.Usage{}
+				cut := time.Now().Add(-time.Minute)
+				for _, r := range recs {
+					info, ok := l.viewAlone(r.Record, r.Running, r.Record[session.RecordTenant])
+					if !ok {
+						continue
+					}
+					if held[info.Tenant] == nil {
+						held[info.Tenant] = &session.Usage{}
+					}
+					holdAlone(held[info.Tenant], info, cut)
+				}
+				in.usage = func(name string) session.Usage {
+					var u session.Usage
+					if h := held[name]; h != nil {
+						u = *h
+					}
+					if t, err := reg.Get(name); err == nil {
+						u.SetLimits(l.alone.Limits(t))
+					}
+					return u
+				}
+			}
+			return answer(c, in)
+		})
+	}
 }
 
 // ownAlone opens what a replica answers alone with of its own (its

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/profile"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/tenant"
 	"github.com/sandgate/sandgate/vault"
 )
 
@@ -712,5 +714,156 @@ func TestRelayUsageAlone(t *testing.T) {
 	mu.Unlock()
 	if st, body, retry := relayCall(t, srv, "GET", "/v1/usage", "good", ""); st != 503 || retry != "2" {
 		t.Errorf("the usage alone, the Pods not listed: %d %s (Retry-After %q), want 503 to retry", st, body, retry)
+	}
+}
+
+// TestRelayRuntimesAndAdminAlone: GET /v1/runtimes and the admin API's
+// reads (tenants, a tenant, its keys) that no leader takes are answered
+// by the relay: the runtimes as the backend offers them now; the
+// tenants by the copy of the registry, each with its usage from every
+// tenant's Pods (another tenant's not counted in, a pool's Pod in none)
+// and its limits. The admin key is checked first (a tenant's key 401),
+// a tenant that is none 404, as on the leader. A backend, a copy or
+// Pods that cannot say get a 503 to retry (the keys, which show no
+// usage, are answered without the Pods); a replica that keeps none of
+// them too. The control: while a leader takes them, the leader answers.
+func TestRelayRuntimesAndAdminAlone(t *testing.T) {
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
+	}))
+	u, _ := url.Parse("http://gw.test:8080")
+	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1",
+		AdminKeys: map[string]bool{tenant.Digest("admin-key"): true}}, "relay-1",
+		func(context.Context) (string, error) { return strings.TrimPrefix(leader.URL, "http://"), nil },
+		func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} }, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := tenant.Open("", []tenant.Seed{{Tenant: tenant.Tenant{Name: "t", Limits: tenant.Limits{MaxSessions: 5, MaxCPUs: 6}}, Digests: []string{tenant.Digest("good")}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if _, err := reg.Create(tenant.Tenant{Name: "u", Limits: tenant.Limits{MaxSessions: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	_, issued, err := reg.Issue("u", "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	rec := func(tenantName string, created time.Time, cpus float64) map[string]string {
+		info, _ := json.Marshal(map[string]any{"kind": "browser", "runtime": "runc", "resources": map[string]any{"cpus": cpus, "memory_mb": 512}})
+		return map[string]string{"sandgate.session": ids.NewSession(), session.RecordTenant: tenantName, "sandgate.created": created.Format(time.RFC3339Nano),
+			session.RecordExpires: now.Add(time.Hour).Format(time.RFC3339Nano), session.RecordAddr: "10.1.2.3",
+			"sandgate.info": string(info), "sandgate.state": "running"}
+	}
+	pool := rec("", now, 8)
+	pool["sandgate.pool"] = "browser-runc"
+	var mu sync.Mutex
+	var probeErr, copyErr, everyErr error
+	every := []AloneRecord{{Record: rec("t", now.Add(-time.Hour), 1), Running: true}, {Record: rec("t", now, 0.5), Running: true},
+		{Record: rec("u", now, 2), Running: true}, {Record: pool, Running: true}}
+	runtimes := []session.Runtime{{Name: "kata", Isolation: "vm", Reason: "no RuntimeClass"}, {Name: "gvisor", Isolation: "kernel", Usable: true},
+		{Name: "runc", Isolation: "container", Usable: true}}
+	alone := sessionlessAlone()
+	alone.Runtimes = func(context.Context) ([]session.Runtime, string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return runtimes, "gvisor", probeErr
+	}
+	alone.Tenants = func() (*tenant.Registry, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return reg, copyErr
+	}
+	alone.Limits = func(t tenant.Tenant) session.TenantLimits {
+		return session.TenantLimits{MaxSessions: t.MaxSessions, MaxCPUs: t.MaxCPUs}
+	}
+	alone.Every = func(context.Context) ([]AloneRecord, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return every, everyErr
+	}
+	srv.AdmitAlone(alone)
+	reads := [][2]string{{"/v1/runtimes", "good"}, {"/admin/v1/tenants", "admin-key"}, {"/admin/v1/tenants/t", "admin-key"}, {"/admin/v1/tenants/u/keys", "admin-key"}}
+	for _, r := range reads {
+		if st, body, _ := relayCall(t, srv, "GET", r[0], r[1], ""); st != 200 || body != `{"leader":"GET `+r[0]+`"}` {
+			t.Fatalf("GET %s with a leader: %d %s, want the leader's answer", r[0], st, body)
+		}
+	}
+	leader.Close()
+	srv.live.(*relayLive).client.CloseIdleConnections()
+
+	st, body, _ := relayCall(t, srv, "GET", "/v1/runtimes", "good", "")
+	var rts struct {
+		Default  string            `json:"default"`
+		Runtimes []session.Runtime `json:"runtimes"`
+	}
+	if err := json.Unmarshal([]byte(body), &rts); st != 200 || err != nil || rts.Default != "gvisor" || !reflect.DeepEqual(rts.Runtimes, runtimes) {
+		t.Errorf("the runtimes alone: %d %s", st, body)
+	}
+	if st, body, _ := relayCall(t, srv, "GET", "/v1/runtimes", "nobody", ""); st != 401 {
+		t.Errorf("the runtimes alone, a junk key: %d %s, want 401", st, body)
+	}
+
+	st, body, _ = relayCall(t, srv, "GET", "/admin/v1/tenants", "admin-key", "")
+	var list struct {
+		Tenants []tenantView `json:"tenants"`
+	}
+	if err := json.Unmarshal([]byte(body), &list); st != 200 || err != nil || len(list.Tenants) != 2 {
+		t.Fatalf("the tenants alone: %d %s", st, body)
+	}
+	wantT := session.Usage{Sessions: 2, CPUs: 1.5, MemoryMB: 1024, CreatesLastMinute: 1, MaxSessions: 5, MaxCPUs: 6}
+	wantU := session.Usage{Sessions: 1, CPUs: 2, MemoryMB: 512, CreatesLastMinute: 1, MaxSessions: 2}
+	if got := list.Tenants[0]; got.Name != "t" || got.Source != tenant.SourceConfig || got.MaxSessions != 5 || got.Usage != wantT {
+		t.Errorf("tenant t alone: %+v, want its usage %+v", got, wantT)
+	}
+	if got := list.Tenants[1]; got.Name != "u" || got.Source != tenant.SourceAPI || got.Usage != wantU {
+		t.Errorf("tenant u alone: %+v, want its usage %+v", got, wantU)
+	}
+	var one tenantView
+	if st, body, _ := relayCall(t, srv, "GET", "/admin/v1/tenants/t", "admin-key", ""); st != 200 || json.Unmarshal([]byte(body), &one) != nil || one.Usage != wantT {
+		t.Errorf("tenant t read alone: %d %s", st, body)
+	}
+	st, body, _ = relayCall(t, srv, "GET", "/admin/v1/tenants/u/keys", "admin-key", "")
+	var keys struct {
+		Keys []tenant.Key `json:"keys"`
+	}
+	if err := json.Unmarshal([]byte(body), &keys); st != 200 || err != nil || len(keys.Keys) != 1 || keys.Keys[0].ID != issued.ID || strings.Contains(body, "sha256") {
+		t.Errorf("u's keys alone: %d %s, want the one issued (%s), no digest", st, body, issued.ID)
+	}
+	for _, r := range []struct{ path, key, why string }{
+		{"/admin/v1/tenants/nobody", "admin-key", "404"}, {"/admin/v1/tenants/nobody/keys", "admin-key", "404"},
+		{"/admin/v1/tenants", "good", "401"}, {"/admin/v1/tenants", "", "401"}, {"/admin/v1/tenants/u/keys", "nobody", "401"},
+	} {
+		if st, body, _ := relayCall(t, srv, "GET", r.path, r.key, ""); fmt.Sprint(st) != r.why {
+			t.Errorf("GET %s (key %q) alone: %d %s, want %s", r.path, r.key, st, body, r.why)
+		}
+	}
+
+	// What cannot say: a 503 to retry, but the keys, without the Pods.
+	mu.Lock()
+	probeErr, everyErr = errors.New("the API server does not answer"), errors.New("the API server does not answer")
+	mu.Unlock()
+	for _, r := range reads[:3] {
+		if st, body, retry := relayCall(t, srv, "GET", r[0], r[1], ""); st != 503 || retry != "2" {
+			t.Errorf("GET %s alone, the backend not answering: %d %s (Retry-After %q), want 503 to retry", r[0], st, body, retry)
+		}
+	}
+	if st, body, _ := relayCall(t, srv, "GET", "/admin/v1/tenants/u/keys", "admin-key", ""); st != 200 {
+		t.Errorf("u's keys alone, the Pods not listed: %d %s, want 200", st, body)
+	}
+	mu.Lock()
+	copyErr = tenant.ErrStale
+	mu.Unlock()
+	if st, body, retry := relayCall(t, srv, "GET", "/admin/v1/tenants/u/keys", "admin-key", ""); st != 503 || retry != "2" {
+		t.Errorf("u's keys alone, the copy out of date: %d %s (Retry-After %q), want 503 to retry", st, body, retry)
+	}
+	srv.AdmitAlone(sessionlessAlone())
+	for _, r := range reads {
+		if st, body, retry := relayCall(t, srv, "GET", r[0], r[1], ""); st != 503 || retry != "2" {
+			t.Errorf("GET %s, nothing kept to answer it alone: %d %s (Retry-After %q), want 503 to retry", r[0], st, body, retry)
+		}
 	}
 }

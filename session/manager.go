@@ -346,26 +346,9 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		cancel()
 		return nil, err
 	}
-	if m.runtimes = backend.Runtimes(ctx); m.runtimes == nil {
-		m.runtimes = map[string]*Runtime{}
-	}
-	for _, name := range runtimeOrder {
-		if m.runtimes[name] == nil {
-			m.runtimes[name] = &Runtime{Name: name, Reason: backend.Name() + " does not offer it"}
-		}
-	}
-	if cfg.DefaultRuntime != "" {
-		if rt := m.runtimes[cfg.DefaultRuntime]; rt == nil || !rt.Usable {
-			cancel()
-			return nil, fmt.Errorf("default runtime %q is not usable here", cfg.DefaultRuntime)
-		}
-	} else {
-		for _, name := range runtimeOrder[:2] {
-			if m.runtimes[name].Usable {
-				m.cfg.DefaultRuntime = name
-				break
-			}
-		}
+	if m.runtimes, m.cfg.DefaultRuntime, err = Offered(backend.Name(), backend.Runtimes(ctx), cfg.DefaultRuntime); err != nil {
+		cancel()
+		return nil, err
 	}
 	for _, name := range runtimeOrder {
 		rt := m.runtimes[name]
@@ -413,13 +396,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 }
 
 // Runtimes lists the handlers, strongest first.
-func (m *Manager) Runtimes() []Runtime {
-	out := make([]Runtime, 0, len(runtimeOrder))
-	for _, name := range runtimeOrder {
-		out = append(out, *m.runtimes[name])
-	}
-	return out
-}
+func (m *Manager) Runtimes() []Runtime { return InOrder(m.runtimes) }
 
 // Ready tells whether the backend answers.
 func (m *Manager) Ready(ctx context.Context) error {

@@ -25,6 +25,42 @@ type Runtime struct {
 // Strength order: the default runtime is the first usable one.
 var runtimeOrder = []string{"kata", "gvisor", "runc"}
 
+// Offered is what a backend found of every runtime (named backend: one
+// it did not report reads as not offered) and the default runtime: the
+// configured one, an error when it is not usable, else the strongest
+// usable isolating one ("" when none is).
+func Offered(backend string, found map[string]*Runtime, configured string) (map[string]*Runtime, string, error) {
+	out := make(map[string]*Runtime, len(runtimeOrder))
+	for _, name := range runtimeOrder {
+		if rt := found[name]; rt != nil {
+			out[name] = rt
+		} else {
+			out[name] = &Runtime{Name: name, Reason: backend + " does not offer it"}
+		}
+	}
+	if configured != "" {
+		if rt := out[configured]; rt == nil || !rt.Usable {
+			return nil, "", fmt.Errorf("default runtime %q is not usable here", configured)
+		}
+		return out, configured, nil
+	}
+	for _, name := range runtimeOrder[:2] {
+		if out[name].Usable {
+			return out, name, nil
+		}
+	}
+	return out, "", nil
+}
+
+// InOrder lists runtimes (as Offered gives them) strongest first.
+func InOrder(runtimes map[string]*Runtime) []Runtime {
+	out := make([]Runtime, 0, len(runtimeOrder))
+	for _, name := range runtimeOrder {
+		out = append(out, *runtimes[name])
+	}
+	return out
+}
+
 // RuntimeConfig says where the runtimes' binaries are.
 type RuntimeConfig struct {
 	// Runsc is the runsc wrapper the runc shim runs for gvisor. Empty: no

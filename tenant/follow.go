@@ -185,6 +185,19 @@ func (f *Follower) Enabled(name string) error {
 	return nil
 }
 
+// Copy is the copy of the registry, to read (List, Get, Keys; never to
+// change): what a replica that stands by shows the admin API while no
+// replica that leads answers. ErrStale as Authenticate. Its keys' last
+// use is as the owner last wrote it (every 30 s).
+func (f *Follower) Copy() (*Registry, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reg == nil || time.Since(f.readAt) > f.maxAge {
+		return nil, ErrStale
+	}
+	return f.reg, nil
+}
+
 // ReadAt is when the read the copy comes from began (zero: none yet).
 func (f *Follower) ReadAt() time.Time {
 	f.mu.Lock()

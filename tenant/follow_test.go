@@ -91,6 +91,20 @@ func TestFollow(t *testing.T) {
 	if err := f.Enabled("nobody"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("no such tenant: %v", err)
 	}
+	// The copy, to read, is the owner's registry as stored.
+	reg, err := f.Copy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := reg.Get("b"); err != nil || !got.Disabled {
+		t.Fatalf("the copy's tenant b: %+v %v", got, err)
+	}
+	if got, want := len(reg.List()), len(owner.List()); got != want || want != 2 {
+		t.Fatalf("the copy lists %d tenants, the owner %d (want 2)", got, want)
+	}
+	if keys, err := reg.Keys("b"); err != nil || len(keys) != 1 || keys[0].Name != "second" {
+		t.Fatalf("the copy's keys of b (the revoked one gone): %+v %v", keys, err)
+	}
 
 	// The stored registry is the word, not this gateway's config: a
 	// follower whose config still has a key and a tenant the owner's
@@ -132,6 +146,9 @@ func TestFollow(t *testing.T) {
 	}
 	if err := f.Enabled("a"); !errors.Is(err, ErrStale) {
 		t.Fatalf("past maxAge, a tenant: %v", err)
+	}
+	if _, err := f.Copy(); !errors.Is(err, ErrStale) {
+		t.Fatalf("past maxAge, the copy: %v", err)
 	}
 	m.mu.Lock()
 	m.readErr = nil

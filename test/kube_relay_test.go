@@ -76,7 +76,9 @@ import (
 // the trail of B once it leads. And it makes, reads and lists browser
 // profiles with its own store, the session's own in use, another
 // tenant's key finding neither; a profile's delete waits for a leader.
-// And it says the tenant's usage, from its Pods' records.
+// And it says the tenant's usage, from its Pods' records; the runtimes,
+// from the cluster; and the tenants and their keys to the admin API,
+// from its copy of the stored registry, as A said them.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -652,6 +654,21 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the usage through A: %d %s", st, body)
 	}
 
+	// The runtimes, the tenants and tenant-a's keys as the leader says
+	// them, for B's alone (below).
+	st, runtimesA := callVia(t, fresh, ra.gwURL, ra.keyA, "GET", "/v1/runtimes", nil)
+	if st != 200 || !strings.Contains(string(runtimesA), `"usable":true`) {
+		t.Fatalf("the runtimes through A: %d %s", st, runtimesA)
+	}
+	st, tenantsA := callVia(t, fresh, ra.gwURL, ra.adminKey, "GET", "/admin/v1/tenants", nil)
+	if st != 200 {
+		t.Fatalf("the tenants through A: %d %s", st, tenantsA)
+	}
+	st, keysA := callVia(t, fresh, ra.gwURL, ra.adminKey, "GET", "/admin/v1/tenants/tenant-a/keys", nil)
+	if st != 200 || !strings.Contains(string(keysA), issuedKey.ID) {
+		t.Fatalf("tenant-a's keys through A: %d %s", st, keysA)
+	}
+
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
 	zero := int64(0)
@@ -942,6 +959,42 @@ func TestKubeRelay(t *testing.T) {
 	}
 	if st, body := callVia(t, fresh, rb.gwURL, "junk", "GET", "/v1/usage", nil); st != 401 {
 		t.Errorf("the usage through B while nobody leads, a junk key: %d %s, want 401", st, body)
+	}
+	// The runtimes through B, as the backend offers them now: as the
+	// leader said them.
+	runtimesAt := time.Now()
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/runtimes", nil)
+	t.Logf("the runtimes through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(runtimesAt).Seconds(), time.Since(killed).Seconds())
+	if st != 200 || !sameJSON(body, runtimesA) {
+		t.Errorf("the runtimes through B while nobody leads: %d %s; through A before: %s", st, body, runtimesA)
+	}
+	// The admin API's reads through B, by its copy of the stored
+	// tenants: the tenants as the leader said them (but their usage,
+	// here tenant-a's as many sessions as it has Pods), tenant-a's keys
+	// (the one revoked not among them; their last use is as the leader
+	// last stored it).
+	podsBefore = tenantPods()
+	adminAt := time.Now()
+	st, body = callVia(t, fresh, rb.gwURL, rb.adminKey, "GET", "/admin/v1/tenants", nil)
+	t.Logf("the tenants through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(adminAt).Seconds(), time.Since(killed).Seconds())
+	if st != 200 || !sameJSON(without(t, body, "tenants", "usage"), without(t, tenantsA, "tenants", "usage")) {
+		t.Errorf("the tenants through B while nobody leads: %d %s; through A before: %s", st, body, tenantsA)
+	} else {
+		var list struct{ Tenants []adminTenant }
+		json.Unmarshal(body, &list)
+		i := slices.IndexFunc(list.Tenants, func(a adminTenant) bool { return a.Name == "tenant-a" })
+		if podsAfter := tenantPods(); i < 0 || podsAfter == podsBefore && list.Tenants[i].Usage.Sessions != podsBefore || list.Tenants[i].Usage.Sessions < 1 {
+			t.Errorf("tenant-a through B while nobody leads: %s, want as many sessions as its %d Pods (%d after)", body, podsBefore, podsAfter)
+		}
+	}
+	st, body = callVia(t, fresh, rb.gwURL, rb.adminKey, "GET", "/admin/v1/tenants/tenant-a/keys", nil)
+	if st != 200 || !sameJSON(without(t, body, "keys", "last_used_at"), without(t, keysA, "keys", "last_used_at")) || strings.Contains(string(body), revokedKey.ID) {
+		t.Errorf("tenant-a's keys through B while nobody leads: %d %s; through A before: %s", st, body, keysA)
+	}
+	for _, key := range []string{"junk", rb.keyA} {
+		if st, body := callVia(t, fresh, rb.gwURL, key, "GET", "/admin/v1/tenants", nil); st != 401 {
+			t.Errorf("the tenants through B while nobody leads, with %.6s… as the admin key: %d %s, want 401", key, st, body)
+		}
 	}
 	dreq, _ := http.NewRequest("DELETE", rb.gwURL+"/v1/profiles/"+gapProf, nil)
 	dreq.Header.Set("Authorization", "Bearer "+rb.keyA)
@@ -1378,6 +1431,21 @@ func writeRecord(t testing.TB, kb *kube.Backend, id string, change map[string]st
 		}
 	}
 	t.Fatalf("write session %s's record: a conflict each time", id)
+}
+
+// without is raw (a JSON object) with field dropped from each object
+// in its list named list.
+func without(t testing.TB, raw []byte, list, field string) []byte {
+	t.Helper()
+	var v map[string][]map[string]any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatalf("%s: %v", raw, err)
+	}
+	for _, o := range v[list] {
+		delete(o, field)
+	}
+	out, _ := json.Marshal(v)
+	return out
 }
 
 // leaderRead reads the warm pools through r: a read only a leader

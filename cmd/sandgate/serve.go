@@ -243,7 +243,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					relayOpts = append(relayOpts, gateway.WithProfileBytes(counter.TenantBytes))
 				}
 			}
-			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub, nil), identity, func(ctx context.Context) (string, error) {
+			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
 					return "", fmt.Errorf("the leading replica advertises %q, which is not ip:port", addr)
@@ -289,6 +289,27 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 							out = append(out, gateway.AloneRecord{Record: l.Record, Running: l.Running})
 						}
 						return out, err
+					},
+					Every: func(ctx context.Context) ([]gateway.AloneRecord, error) {
+						looked, err := pods.LookEvery(ctx)
+						out := make([]gateway.AloneRecord, 0, len(looked))
+						for _, l := range looked {
+							out = append(out, gateway.AloneRecord{Record: l.Record, Running: l.Running})
+						}
+						return out, err
+					},
+					Tenants: followed.Copy,
+					Limits:  sessionLimits,
+					Runtimes: func(ctx context.Context) ([]session.Runtime, string, error) {
+						found, err := pods.Probe(ctx)
+						if err != nil {
+							return nil, "", err
+						}
+						offered, def, err := session.Offered(pods.Name(), found, cfg.DefaultRuntime)
+						if err != nil {
+							return nil, "", err
+						}
+						return session.InOrder(offered), def, nil
 					},
 					Isolation: kube.RuntimeIsolation,
 					Revoke:    relayStore.PutRevocation,
@@ -547,10 +568,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	for _, t := range reg.List() {
 		tenants[t.Name] = sessionLimits(t)
 	}
-	admins := map[string]bool{}
-	for _, h := range cfg.AdminKeySHA256 {
-		admins[strings.ToLower(h)] = true
-	}
 	scope, err := sessionScope(cfg, kb != nil)
 	if err != nil {
 		return err
@@ -660,7 +677,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		return fmt.Errorf("config: listen %q: %w", cfg.Listen, err)
 	}
 	opts = append(opts, gateway.WithMCP(mcpserver.Handler(self, pub.Host, version())))
-	srv, err := gateway.New(gatewayConfig(cfg, pub, admins), mgr, store, log, opts...)
+	srv, err := gateway.New(gatewayConfig(cfg, pub), mgr, store, log, opts...)
 	if err != nil {
 		return err
 	}
@@ -810,7 +827,11 @@ func profileConfig(cfg *Config, vkey []byte) profile.Config {
 }
 
 // gatewayConfig is the gateway's part of the config.
-func gatewayConfig(cfg *Config, pub *url.URL, admins map[string]bool) gateway.Config {
+func gatewayConfig(cfg *Config, pub *url.URL) gateway.Config {
+	admins := map[string]bool{}
+	for _, h := range cfg.AdminKeySHA256 {
+		admins[strings.ToLower(h)] = true
+	}
 	return gateway.Config{
 		PublicURL: pub, Hosts: cfg.Hosts, AdminKeys: admins,
 		TokenKeys: cfg.Tokens.Keys, ActiveKey: cfg.Tokens.ActiveKey,

@@ -75,19 +75,32 @@ var isolation = map[string]string{"kata": "vm", "gvisor": "kernel", "runc": "con
 // Runtimes reports a runtime usable when the configuration names a
 // RuntimeClass for it and the cluster has that class.
 func (s *Sessions) Runtimes(ctx context.Context) map[string]*session.Runtime {
+	out, _ := s.Probe(ctx)
+	return out
+}
+
+// Probe is Runtimes, with the first lookup that failed but for a
+// RuntimeClass that is not there (the API server did not answer, say):
+// what a replica that stands by says the runtimes by, which answers
+// nothing rather than a runtime unusable for a moment.
+func (s *Sessions) Probe(ctx context.Context) (map[string]*session.Runtime, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	out := map[string]*session.Runtime{}
+	var failed error
 	for name, iso := range isolation {
 		rt := &session.Runtime{Name: name, Isolation: iso}
 		if class, err := s.b.RuntimeClass(ctx, name); err != nil {
 			rt.Reason = err.Error()
+			if !errors.Is(err, ErrRuntimeMissing) && failed == nil {
+				failed = err
+			}
 		} else {
 			rt.Usable, rt.Version = true, "RuntimeClass "+class
 		}
 		out[name] = rt
 	}
-	return out
+	return out, failed
 }
 
 // Create creates the session's Pod and waits until it runs.
@@ -401,6 +414,18 @@ func (s *Sessions) LookAll(ctx context.Context, tenant string) ([]Looked, error)
 	if len(validation.IsValidLabelValue(tenant)) == 0 {
 		set[LabelTenant] = tenant
 	}
+	return s.look(ctx, set, func(rec map[string]string) bool { return rec[session.RecordTenant] == tenant })
+}
+
+// LookEvery is LookAll for every tenant's session Pods: what a replica
+// that stands by shows the tenants' usage by, to the admin API.
+func (s *Sessions) LookEvery(ctx context.Context) ([]Looked, error) {
+	return s.look(ctx, labels.Set{LabelManaged: managedBy}, func(rec map[string]string) bool { return rec[session.RecordTenant] != "" })
+}
+
+// look lists the session Pods set selects, in pages, keeping those
+// whose record keep takes.
+func (s *Sessions) look(ctx context.Context, set labels.Set, keep func(rec map[string]string) bool) ([]Looked, error) {
 	opts := metav1.ListOptions{LabelSelector: labels.SelectorFromSet(set).String(), Limit: lookPage}
 	var out []Looked
 	for read := 0; ; {
@@ -414,7 +439,7 @@ func (s *Sessions) LookAll(ctx context.Context, tenant string) ([]Looked, error)
 		for i := range list.Items {
 			o := &list.Items[i]
 			r, err := record(o)
-			if err != nil || r[session.RecordTenant] != tenant {
+			if err != nil || !keep(r) {
 				continue
 			}
 			out = append(out, Looked{Record: r, Running: o.Status.Phase == corev1.PodRunning && o.DeletionTimestamp == nil})

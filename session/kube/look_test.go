@@ -1,0 +1,105 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/session"
+)
+
+// TestProbe: a runtime is usable when the config names a RuntimeClass
+// for it and the cluster has that class; one not named or not there is
+// not, with the reason, and Probe says nothing failed. A lookup that
+// fails otherwise (the API server not answering) is Probe's error, so
+// that a replica answering alone says nothing rather than a runtime
+// unusable for a moment; Runtimes still lists them all.
+func TestProbe(t *testing.T) {
+	client := fake.NewSimpleClientset(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "sandgate-runc"}, Handler: "runc"})
+	s := NewSessions(context.Background(), &Backend{client: client,
+		cfg: Config{Namespace: "ns", RuntimeClasses: map[string]string{"runc": "sandgate-runc", "gvisor": "sandgate-gvisor"}}})
+	found, err := s.Probe(context.Background())
+	if err != nil {
+		t.Fatalf("a class missing is no failure: %v", err)
+	}
+	if rt := found["runc"]; rt == nil || !rt.Usable || rt.Version != "RuntimeClass sandgate-runc" || rt.Isolation != "container" {
+		t.Errorf("runc, its class there: %+v", rt)
+	}
+	for _, name := range []string{"gvisor", "kata"} {
+		if rt := found[name]; rt == nil || rt.Usable || rt.Reason == "" {
+			t.Errorf("%s, its class not there or not named: %+v", name, rt)
+		}
+	}
+	client.PrependReactor("get", "runtimeclasses", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("the API server does not answer")
+	})
+	if _, err := s.Probe(context.Background()); err == nil || errors.Is(err, ErrRuntimeMissing) {
+		t.Errorf("the lookups failing: %v, want the failure", err)
+	}
+	if all := s.Runtimes(context.Background()); len(all) != 3 || all["runc"].Usable {
+		t.Errorf("Runtimes, the lookups failing: %+v, want three, none usable", all)
+	}
+}
+
+// TestLookEvery: every tenant's session Pods, by their records, and
+// neither a warm Pod not claimed nor one whose record cannot be read;
+// LookAll keeps to one tenant's.
+func TestLookEvery(t *testing.T) {
+	pod := func(tenant string, pooled bool, info string) (*corev1.Pod, string) {
+		id := ids.NewSession()
+		if info == "" {
+			rec := map[string]string{"sandgate.session": id, session.RecordTenant: tenant, session.RecordState: "running"}
+			if pooled {
+				rec["sandgate.pool"] = "browser/runc/1280x720"
+			}
+			raw, _ := json.Marshal(rec)
+			info = string(raw)
+		}
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "ns",
+			Labels: map[string]string{LabelManaged: managedBy, LabelTenant: tenant}, Annotations: map[string]string{AnnInfo: info}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}}, id
+	}
+	var objs []runtime.Object
+	want := map[string][]string{}
+	for _, p := range []struct {
+		tenant string
+		pooled bool
+		info   string
+	}{{"t", false, ""}, {"t", false, ""}, {"u", false, ""}, {"", true, ""}, {"u", false, "{not json"}} {
+		o, id := pod(p.tenant, p.pooled, p.info)
+		objs = append(objs, o)
+		if p.tenant != "" && p.info == "" {
+			want[p.tenant] = append(want[p.tenant], id)
+		}
+	}
+	s := NewSessions(context.Background(), &Backend{client: fake.NewSimpleClientset(objs...), cfg: Config{Namespace: "ns"}})
+	ids := func(looked []Looked) []string {
+		var out []string
+		for _, l := range looked {
+			out = append(out, l.Record["sandgate.session"])
+		}
+		slices.Sort(out)
+		return out
+	}
+	every, err := s.LookEvery(context.Background())
+	all := append(slices.Clone(want["t"]), want["u"]...)
+	slices.Sort(all)
+	if err != nil || !slices.Equal(ids(every), all) {
+		t.Errorf("LookEvery: %v %v, want %v", ids(every), err, all)
+	}
+	ts, err := s.LookAll(context.Background(), "t")
+	slices.Sort(want["t"])
+	if err != nil || !slices.Equal(ids(ts), want["t"]) {
+		t.Errorf("LookAll(t): %v %v, want %v", ids(ts), err, want["t"])
+	}
+}
