@@ -174,7 +174,7 @@ func relayable(method, path string) Relays {
 }
 
 // answersAlone: a request reads a session, lists them, reads the
-// tenant's usage or the runtimes, extends or deletes a session, issues
+// tenant's usage, the runtimes or the pools, extends or deletes a session, issues
 // or revokes a session's preview, reads its trail, its artifacts, its
 // snapshots or an artifact's link, is a review link's, stores, lists,
 // reads or deletes a credential, creates, lists or reads a profile, or
@@ -196,7 +196,7 @@ func answersAlone(method, path string) bool {
 			// (Any id: one that is none is the store's 404, as on a leader.)
 			return pid != "" && !strings.Contains(pid, "/")
 		}
-		if path == "/v1/sessions" || path == "/v1/usage" || path == "/v1/runtimes" || path == "/admin/v1/tenants" {
+		if path == "/v1/sessions" || path == "/v1/usage" || path == "/v1/runtimes" || path == "/v1/pools" || path == "/admin/v1/tenants" {
 			return true
 		}
 		if rest, ok := strings.CutPrefix(path, "/admin/v1/tenants/"); ok {

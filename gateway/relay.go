@@ -87,10 +87,12 @@ const (
 	relayPreviewsRoute = "/v1/sessions/:id/previews"
 	relayRevokeRoute   = "/v1/sessions/:id/previews/:preview"
 	relayExtendRoute   = "/v1/sessions/:id/extend"
-	// relayRuntimesRoute, relayTenantsRoute, relayTenantRoute,
-	// relayKeysRoute: the runtimes and the admin API's reads a relay
-	// answers while no leader answers (orAlone, adminAlone).
+	// relayRuntimesRoute, relayPoolsRoute, relayTenantsRoute,
+	// relayTenantRoute, relayKeysRoute: the runtimes, the pools and the
+	// admin API's reads a relay answers while no leader answers
+	// (orAlone, adminAlone).
 	relayRuntimesRoute = "/v1/runtimes"
+	relayPoolsRoute    = "/v1/pools"
 	relayTenantsRoute  = "/admin/v1/tenants"
 	relayTenantRoute   = "/admin/v1/tenants/:name"
 	relayKeysRoute     = "/admin/v1/tenants/:name/keys"
@@ -1258,6 +1260,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relayListRoute, l.orAlone(l.listAlone))
 		s.app.Get(relayUsageRoute, l.orAlone(s.usageAlone))
 		s.app.Get(relayRuntimesRoute, l.orAlone(s.runtimesAlone))
+		s.app.Get(relayPoolsRoute, l.orAlone(s.poolsAlone))
 		s.app.Get(relayReadRoute, l.orAlone(l.getAlone))
 		s.app.Post(relayPreviewsRoute, l.orAlone(s.issueAlone))
 		s.app.Delete(relayRevokeRoute, l.orAlone(s.revokeAlone))

@@ -86,6 +86,9 @@ type RelayAlone struct {
 	// its start); an error when the backend cannot say. nil: the list
 	// waits for a leader.
 	Runtimes func(ctx context.Context) ([]session.Runtime, string, error)
+	// Pools is the warm pools as their Pods say them (session.PoolsOf);
+	// nil: the list waits for a leader.
+	Pools func(ctx context.Context) ([]session.PoolStats, error)
 	// Tenants is the copy of the tenants (to read; tenant.ErrStale when
 	// it cannot say), Limits a tenant's as Tenant gives them, and Every
 	// List for every tenant: the admin API's reads. Any nil: the admin
@@ -579,6 +582,24 @@ func (s *Server) runtimesAlone(c *fiber.Ctx, _ string) error {
 		return relayUnavailableFor(err)
 	}
 	return c.JSON(fiber.Map{"default": def, "runtimes": runtimes})
+}
+
+// poolsAlone answers GET /v1/pools as the leader would (listPools),
+// from the pools' Pods: what only the leader that refills them counts
+// (claims, refills) reads 0, as it does on a leader that has just
+// taken over.
+func (s *Server) poolsAlone(c *fiber.Ctx, _ string) error {
+	l := s.live.(*relayLive)
+	if l.alone.Pools == nil {
+		return relayUnavailableFor(errors.New("this replica does not list the pools"))
+	}
+	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
+	defer cancel()
+	pools, err := l.alone.Pools(ctx)
+	if err != nil {
+		return relayUnavailableFor(err)
+	}
+	return c.JSON(fiber.Map{"pools": pools})
 }
 
 // adminAlone answers a read of the admin API (its key checked before,

@@ -717,9 +717,10 @@ func TestRelayUsageAlone(t *testing.T) {
 	}
 }
 
-// TestRelayRuntimesAndAdminAlone: GET /v1/runtimes and the admin API's
-// reads (tenants, a tenant, its keys) that no leader takes are answered
-// by the relay: the runtimes as the backend offers them now; the
+// TestRelayRuntimesPoolsAdminAlone: GET /v1/runtimes, GET /v1/pools and
+// the admin API's reads (tenants, a tenant, its keys) that no leader
+// takes are answered by the relay: the runtimes as the backend offers
+// them now; the pools as their Pods say them; the
 // tenants by the copy of the registry, each with its usage from every
 // tenant's Pods (another tenant's not counted in, a pool's Pod in none)
 // and its limits. The admin key is checked first (a tenant's key 401),
@@ -727,7 +728,7 @@ func TestRelayUsageAlone(t *testing.T) {
 // Pods that cannot say get a 503 to retry (the keys, which show no
 // usage, are answered without the Pods); a replica that keeps none of
 // them too. The control: while a leader takes them, the leader answers.
-func TestRelayRuntimesAndAdminAlone(t *testing.T) {
+func TestRelayRuntimesPoolsAdminAlone(t *testing.T) {
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
 	}))
@@ -772,6 +773,13 @@ func TestRelayRuntimesAndAdminAlone(t *testing.T) {
 		defer mu.Unlock()
 		return runtimes, "gvisor", probeErr
 	}
+	pools := []session.PoolStats{{Key: "browser/runc/1280x800", Kind: session.KindBrowser, Runtime: "runc", Size: 2, Available: 1}}
+	var poolsErr error
+	alone.Pools = func(context.Context) ([]session.PoolStats, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return pools, poolsErr
+	}
 	alone.Tenants = func() (*tenant.Registry, error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -786,7 +794,7 @@ func TestRelayRuntimesAndAdminAlone(t *testing.T) {
 		return every, everyErr
 	}
 	srv.AdmitAlone(alone)
-	reads := [][2]string{{"/v1/runtimes", "good"}, {"/admin/v1/tenants", "admin-key"}, {"/admin/v1/tenants/t", "admin-key"}, {"/admin/v1/tenants/u/keys", "admin-key"}}
+	reads := [][2]string{{"/v1/runtimes", "good"}, {"/v1/pools", "good"}, {"/admin/v1/tenants", "admin-key"}, {"/admin/v1/tenants/t", "admin-key"}, {"/admin/v1/tenants/u/keys", "admin-key"}}
 	for _, r := range reads {
 		if st, body, _ := relayCall(t, srv, "GET", r[0], r[1], ""); st != 200 || body != `{"leader":"GET `+r[0]+`"}` {
 			t.Fatalf("GET %s with a leader: %d %s, want the leader's answer", r[0], st, body)
@@ -805,6 +813,14 @@ func TestRelayRuntimesAndAdminAlone(t *testing.T) {
 	}
 	if st, body, _ := relayCall(t, srv, "GET", "/v1/runtimes", "nobody", ""); st != 401 {
 		t.Errorf("the runtimes alone, a junk key: %d %s, want 401", st, body)
+	}
+	st, body, _ = relayCall(t, srv, "GET", "/v1/pools", "good", "")
+	var pl struct{ Pools []session.PoolStats }
+	if err := json.Unmarshal([]byte(body), &pl); st != 200 || err != nil || !reflect.DeepEqual(pl.Pools, pools) {
+		t.Errorf("the pools alone: %d %s", st, body)
+	}
+	if st, body, _ := relayCall(t, srv, "GET", "/v1/pools", "off", ""); st != 403 {
+		t.Errorf("the pools alone, a disabled tenant's key: %d %s, want 403", st, body)
 	}
 
 	st, body, _ = relayCall(t, srv, "GET", "/admin/v1/tenants", "admin-key", "")
@@ -845,8 +861,9 @@ func TestRelayRuntimesAndAdminAlone(t *testing.T) {
 	// What cannot say: a 503 to retry, but the keys, without the Pods.
 	mu.Lock()
 	probeErr, everyErr = errors.New("the API server does not answer"), errors.New("the API server does not answer")
+	poolsErr = probeErr
 	mu.Unlock()
-	for _, r := range reads[:3] {
+	for _, r := range reads[:4] {
 		if st, body, retry := relayCall(t, srv, "GET", r[0], r[1], ""); st != 503 || retry != "2" {
 			t.Errorf("GET %s alone, the backend not answering: %d %s (Retry-After %q), want 503 to retry", r[0], st, body, retry)
 		}

@@ -47,6 +47,10 @@ const (
 	RecordExpires = labelExpires
 )
 
+// RecordPool is the key of a pooled session's pool in its record (its
+// pool's key), cleared when it is claimed.
+const RecordPool = labelPool
+
 // RecordState is the key of the session's state in its record
 // (markState), and RecordStopAsked that of the time (RFC 3339) a
 // replica that stood by while no leader answered stopped the session

@@ -68,6 +68,12 @@ const maxLabelBytes = 4000
 // normalizeShape checks and fills what a session is started with: kind,
 // runtime, resources and screen (a warm pool's shape).
 func (m *Manager) normalizeShape(spec *Spec) (*Runtime, error) {
+	return normalizeShape(spec, m.runtimes, m.cfg.DefaultRuntime)
+}
+
+// normalizeShape is Manager.normalizeShape with the runtimes (as
+// Offered gives them) and the default.
+func normalizeShape(spec *Spec, runtimes map[string]*Runtime, defaultRuntime string) (*Runtime, error) {
 	switch spec.Kind {
 	case "":
 		spec.Kind = KindBrowser
@@ -76,12 +82,12 @@ func (m *Manager) normalizeShape(spec *Spec) (*Runtime, error) {
 		return nil, publicf(ErrInvalid, fmt.Sprintf("kind %q is not one of browser, desktop", spec.Kind), nil)
 	}
 	if spec.Runtime == "" {
-		spec.Runtime = m.cfg.DefaultRuntime
+		spec.Runtime = defaultRuntime
 		if spec.Runtime == "" {
 			return nil, publicf(ErrUnavailableRuntime, "no isolating runtime is usable on this gateway; name a runtime explicitly", nil)
 		}
 	}
-	rt, ok := m.runtimes[spec.Runtime]
+	rt, ok := runtimes[spec.Runtime]
 	if !ok {
 		return nil, publicf(ErrInvalid, fmt.Sprintf("runtime %q is not one of kata, gvisor, runc", spec.Runtime), nil)
 	}

@@ -376,7 +376,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		cancel()
 		return nil, fmt.Errorf("recover sessions: %w", err)
 	}
-	if m.pools, err = m.newPools(cfg.Pools); err != nil {
+	if m.pools, err = newPools(cfg.Pools, m.runtimes, m.cfg.DefaultRuntime); err != nil {
 		cancel()
 		return nil, err
 	}

@@ -144,13 +144,14 @@ type PoolStats struct {
 	RefillsPerMinute float64 `json:"refills_per_minute"`
 }
 
-// newPools checks the pools' config against the usable runtimes.
-func (m *Manager) newPools(cfgs []PoolConfig) ([]*pool, error) {
+// newPools checks the pools' config against the usable runtimes (as
+// Offered gives them) and the default.
+func newPools(cfgs []PoolConfig, runtimes map[string]*Runtime, defaultRuntime string) ([]*pool, error) {
 	var out []*pool
 	seen := map[string]bool{}
 	for i, c := range cfgs {
 		spec := Spec{Kind: c.Kind, Runtime: c.Runtime, Screen: c.Screen}
-		rt, err := m.normalizeShape(&spec)
+		rt, err := normalizeShape(&spec, runtimes, defaultRuntime)
 		if err != nil {
 			return nil, fmt.Errorf("pool %d: %w", i, err)
 		}
@@ -656,6 +657,47 @@ func (m *Manager) thaw(ctx context.Context, s *sess) error {
 		return fmt.Errorf("after the thaw: %w", err)
 	}
 	return nil
+}
+
+// PoolRecord is a pooled session's record, and whether its sandbox
+// runs.
+type PoolRecord struct {
+	Record  map[string]string
+	Running bool
+}
+
+// PoolsOf reports the warm pools of cfgs (checked as a manager checks
+// them, against runtimes as Offered gives them and the default) from
+// their sessions' records, as a replica that holds none of them says
+// them: a pooled session whose record says running and whose sandbox
+// runs is available, one whose record says starting is on its way.
+// What only the manager that refills them knows (claims, misses,
+// refills, which are frozen or settling) reads 0, as it does on a
+// manager that has just taken over.
+func PoolsOf(cfgs []PoolConfig, runtimes map[string]*Runtime, defaultRuntime string, records []PoolRecord) ([]PoolStats, error) {
+	pools, err := newPools(cfgs, runtimes, defaultRuntime)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PoolStats, 0, len(pools))
+	for _, p := range pools {
+		st := PoolStats{Key: p.key(), Kind: p.kind, Runtime: p.runtime, Screen: p.screen, Resources: p.resources, Size: p.size}
+		for _, r := range records {
+			if r.Record[labelPool] != st.Key {
+				continue
+			}
+			switch State(r.Record[labelState]) {
+			case StateRunning:
+				if r.Running {
+					st.Available++
+				}
+			case StateStarting:
+				st.Starting++
+			}
+		}
+		out = append(out, st)
+	}
+	return out, nil
 }
 
 // Pools reports the warm pools.

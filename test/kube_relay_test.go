@@ -76,9 +76,9 @@ import (
 // the trail of B once it leads. And it makes, reads and lists browser
 // profiles with its own store, the session's own in use, another
 // tenant's key finding neither; a profile's delete waits for a leader.
-// And it says the tenant's usage, from its Pods' records; the runtimes,
-// from the cluster; and the tenants and their keys to the admin API,
-// from its copy of the stored registry, as A said them.
+// And it says the tenant's usage, from its Pods' records; the runtimes
+// and the pools, from the cluster; and the tenants and their keys to
+// the admin API, from its copy of the stored registry, as A said them.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -660,6 +660,10 @@ func TestKubeRelay(t *testing.T) {
 	if st != 200 || !strings.Contains(string(runtimesA), `"usable":true`) {
 		t.Fatalf("the runtimes through A: %d %s", st, runtimesA)
 	}
+	st, poolsA := callVia(t, fresh, ra.gwURL, ra.keyA, "GET", "/v1/pools", nil)
+	if st != 200 {
+		t.Fatalf("the pools through A: %d %s", st, poolsA)
+	}
 	st, tenantsA := callVia(t, fresh, ra.gwURL, ra.adminKey, "GET", "/admin/v1/tenants", nil)
 	if st != 200 {
 		t.Fatalf("the tenants through A: %d %s", st, tenantsA)
@@ -968,6 +972,11 @@ func TestKubeRelay(t *testing.T) {
 	if st != 200 || !sameJSON(body, runtimesA) {
 		t.Errorf("the runtimes through B while nobody leads: %d %s; through A before: %s", st, body, runtimesA)
 	}
+	// And the pools (this pair has none: their counts are
+	// TestPoolsOf's).
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "GET", "/v1/pools", nil); st != 200 || !sameJSON(body, poolsA) {
+		t.Errorf("the pools through B while nobody leads: %d %s; through A before: %s", st, body, poolsA)
+	}
 	// The admin API's reads through B, by its copy of the stored
 	// tenants: the tenants as the leader said them (but their usage,
 	// here tenant-a's as many sessions as it has Pods), tenant-a's keys
@@ -1176,20 +1185,22 @@ func TestKubeRelay(t *testing.T) {
 	// An SDK call through B while no replica that answers leads:
 	// refused at once without retries (the control); with them (the
 	// SDK's default), answered once B leads, as B's 503s say to retry.
-	// (The pools are a leader's alone: leaderRead.)
-	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).Pools(ctx); !sandgate.IsUnavailable(err) {
+	// (A profile's delete is a leader's alone; this profile is none, so
+	// a leader answers 404.)
+	noProfile := "prof_" + randHex(8)
+	if err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).DeleteProfile(ctx, noProfile); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
-	if _, err := sandgate.New(rb.gwURL, rb.keyA).Pools(ctx); err != nil {
-		t.Fatalf("an SDK call through B, retried, after A's death: %v", err)
+	if err := sandgate.New(rb.gwURL, rb.keyA).DeleteProfile(ctx, noProfile); !sandgate.IsNotFound(err) {
+		t.Fatalf("an SDK call through B, retried, after A's death: %v, want the leader's not found", err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
 	if st := httpStatus(rb.gwURL + "/readyz"); st == 200 {
 		t.Logf("(B answers ready already: it leads %.1f s after the kill)", time.Since(killed).Seconds())
 	}
 	waitFor(t, 3*time.Minute, "B to lead", func() bool {
-		st, _ := leaderRead(t, rb, rb.keyA)
-		return st == 200
+		led, _, _ := leaderAnswers(t, rb, rb.keyA)
+		return led
 	})
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+s.ID, nil); st != 200 || jsonField(body, "state") != "running" {
 		t.Fatalf("the session through B, leading: %d %s", st, body)
@@ -1448,14 +1459,16 @@ func without(t testing.TB, raw []byte, list, field string) []byte {
 	return out
 }
 
-// leaderRead reads the warm pools through r: a read only a leader
-// answers (200; a replica taking over answers 503 until it has adopted
-// the sessions), where a replica that stands by answers 503 while no
-// leader answers (it answers the sessions' reads, the usage, trails,
-// artifacts and snapshots itself then).
-func leaderRead(t testing.TB, r *testEnv, key string) (int, []byte) {
+// leaderAnswers asks r something only a leader answers: a create with
+// a TTL that cannot be, which a leader refuses (400) before it does
+// anything else, where a replica taking over answers 503 until it has
+// adopted the sessions, and one that stands by answers 503 while no
+// leader answers (it answers every read itself then). led says a
+// leader answered.
+func leaderAnswers(t testing.TB, r *testEnv, key string) (led bool, st int, body []byte) {
 	t.Helper()
-	return r.api(t, key, "GET", "/v1/pools", nil)
+	st, body = r.api(t, key, "POST", "/v1/sessions", map[string]any{"ttl_seconds": -1})
+	return st == 400 && jsonErrorCode(string(body)) == "invalid_argument", st, body
 }
 
 // callVia sends a request with a JSON body (none when body is nil)
@@ -1895,8 +1908,8 @@ func BenchmarkKubeRelayAlone(b *testing.B) {
 	b.ReportMetric(float64(percentile(reviewAlone, 0.5))/float64(percentile(reviewAsked, 0.5)), "review-alone/forwarded-p50")
 	b.ReportMetric(float64(len(alone)), "alone-n")
 	waitFor(b, 3*time.Minute, "B to lead", func() bool {
-		st, _ := leaderRead(b, rb, rb.keyA)
-		return st == 200
+		led, _, _ := leaderAnswers(b, rb, rb.keyA)
+		return led
 	})
 	rb.api(b, rb.keyA, "DELETE", "/v1/sessions/"+id, nil)
 }

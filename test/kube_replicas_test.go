@@ -237,8 +237,8 @@ func TestKubeReplicas(t *testing.T) {
 	// Meanwhile B answers, with 503 in the API's JSON, until it leads.
 	var waits []int
 	waitFor(t, 3*time.Minute, "B to take the session over", func() bool {
-		st, body := leaderRead(t, rb, rb.keyA)
-		if st == 200 {
+		led, st, body := leaderAnswers(t, rb, rb.keyA)
+		if led {
 			return true
 		}
 		if st != 503 || jsonErrorCode(string(body)) != "unavailable" {

@@ -129,16 +129,16 @@ func TestKubeLeaderRestart(t *testing.T) {
 		return at
 	}
 	// served waits until the session answers through r as a leader
-	// answers it (503 while nobody leads: leaderRead) and its Pod runs a
+	// answers it (503 while nobody leads: leaderAnswers) and its Pod runs a
 	// command.
 	served := func(r *testEnv, when string) {
 		t.Helper()
 		waitFor(t, 3*time.Minute, "the session through "+r.gwAddr+" "+when, func() bool {
-			st, body := leaderRead(t, r, r.keyA)
-			if st != 200 && st != 503 {
-				t.Fatalf("the pools through %s %s: %d %s", r.gwAddr, when, st, body)
+			led, st, body := leaderAnswers(t, r, r.keyA)
+			if !led && st != 503 {
+				t.Fatalf("a create a leader refuses through %s %s: %d %s", r.gwAddr, when, st, body)
 			}
-			if st != 200 {
+			if !led {
 				return false
 			}
 			st, body = r.api(t, r.keyA, "GET", "/v1/sessions/"+s.ID, nil)

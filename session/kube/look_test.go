@@ -53,7 +53,7 @@ func TestProbe(t *testing.T) {
 
 // TestLookEvery: every tenant's session Pods, by their records, and
 // neither a warm Pod not claimed nor one whose record cannot be read;
-// LookAll keeps to one tenant's.
+// LookAll keeps to one tenant's, LookPools to the warm Pods.
 func TestLookEvery(t *testing.T) {
 	pod := func(tenant string, pooled bool, info string) (*corev1.Pod, string) {
 		id := ids.NewSession()
@@ -78,7 +78,10 @@ func TestLookEvery(t *testing.T) {
 	}{{"t", false, ""}, {"t", false, ""}, {"u", false, ""}, {"", true, ""}, {"u", false, "{not json"}} {
 		o, id := pod(p.tenant, p.pooled, p.info)
 		objs = append(objs, o)
-		if p.tenant != "" && p.info == "" {
+		switch {
+		case p.pooled:
+			want["pooled"] = append(want["pooled"], id)
+		case p.tenant != "" && p.info == "":
 			want[p.tenant] = append(want[p.tenant], id)
 		}
 	}
@@ -96,6 +99,10 @@ func TestLookEvery(t *testing.T) {
 	slices.Sort(all)
 	if err != nil || !slices.Equal(ids(every), all) {
 		t.Errorf("LookEvery: %v %v, want %v", ids(every), err, all)
+	}
+	pooled, err := s.LookPools(context.Background())
+	if err != nil || !slices.Equal(ids(pooled), want["pooled"]) {
+		t.Errorf("LookPools: %v %v, want %v", ids(pooled), err, want["pooled"])
 	}
 	ts, err := s.LookAll(context.Background(), "t")
 	slices.Sort(want["t"])

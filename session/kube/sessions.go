@@ -423,6 +423,12 @@ func (s *Sessions) LookEvery(ctx context.Context) ([]Looked, error) {
 	return s.look(ctx, labels.Set{LabelManaged: managedBy}, func(rec map[string]string) bool { return rec[session.RecordTenant] != "" })
 }
 
+// LookPools is Look for every warm Pod not claimed: what a replica that
+// stands by says the pools by.
+func (s *Sessions) LookPools(ctx context.Context) ([]Looked, error) {
+	return s.look(ctx, labels.Set{LabelManaged: managedBy}, func(rec map[string]string) bool { return rec[session.RecordPool] != "" })
+}
+
 // look lists the session Pods set selects, in pages, keeping those
 // whose record keep takes.
 func (s *Sessions) look(ctx context.Context, set labels.Set, keep func(rec map[string]string) bool) ([]Looked, error) {
