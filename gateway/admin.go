@@ -72,7 +72,7 @@ type tenantView struct {
 // leader's, or a replica's copy of the stored one, adminAlone) and a
 // tenant's usage.
 type tenantsIn struct {
-	reg   *tenant.Registry
+	reg   tenant.Reader
 	usage func(name string) session.Usage
 }
 

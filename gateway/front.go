@@ -16,7 +16,6 @@ import (
 
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/recordings"
-	"github.com/sandgate/sandgate/tenant"
 )
 
 // Front owns a gateway replica's listener from the start. While another
@@ -177,12 +176,18 @@ func relayable(method, path string) Relays {
 // tenant's usage, the runtimes or the pools, extends or deletes a session, issues
 // or revokes a session's preview, reads its trail, its artifacts, its
 // snapshots or an artifact's link, is a review link's, stores, lists,
-// reads or deletes a credential, creates, lists or reads a profile, or
+// reads or deletes a credential, creates, lists, reads, deletes or
+// rolls back a profile, or
 // reads the admin API's tenants or keys, which a relay answers itself
 // when no leader takes it.
 func answersAlone(method, path string) bool {
 	if path == "/v1/credentials" {
 		return method == "GET" || method == "POST"
+	}
+	if pid, ok := strings.CutPrefix(path, "/v1/profiles/"); ok && method != "GET" {
+		// (Any id: one that is none is the store's 404, as on a leader.)
+		id, tail, more := strings.Cut(pid, "/")
+		return id != "" && (method == "DELETE" && !more || method == "POST" && tail == "rollback")
 	}
 	if cid, ok := strings.CutPrefix(path, "/v1/credentials/"); ok {
 		// (Any id: one that is none is the vault's 404, as on a leader.)
@@ -200,8 +205,10 @@ func answersAlone(method, path string) bool {
 			return true
 		}
 		if rest, ok := strings.CutPrefix(path, "/admin/v1/tenants/"); ok {
+			// (Any name: one that is none is the copy's 404, as on a
+			// leader.)
 			name, tail, more := strings.Cut(rest, "/")
-			return tenant.ValidName(name) && (!more || tail == "keys")
+			return name != "" && (!more || tail == "keys")
 		}
 		if id, ok := strings.CutPrefix(path, "/v1/artifacts/"); ok {
 			return recordings.IsArtifact(id)

@@ -64,6 +64,8 @@ func profileError(err error) error {
 		return errNotFound("no such profile")
 	case errors.Is(err, profile.ErrInvalid):
 		return errInvalid(strings.TrimPrefix(err.Error(), profile.ErrInvalid.Error()+": "))
+	case errors.Is(err, profile.ErrChanged):
+		return &apiError{status: 409, code: "conflict", msg: "the profile was changed meanwhile (by another gateway replica); try again", err: err}
 	case errors.Is(err, profile.ErrTampered):
 		return &apiError{status: 409, code: "conflict", msg: err.Error() + "; it was not loaded: roll the profile back to a kept version, or delete it", err: err}
 	default:
@@ -167,6 +169,10 @@ func (s *Server) deleteProfile(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	return s.deleteProfileIn(c, in)
+}
+
+func (s *Server) deleteProfileIn(c *fiber.Ctx, in profilesIn) error {
 	tenant, id := in.tenant, c.Params("pid")
 	if in.inUse(id) {
 		return &apiError{status: 409, code: "conflict", msg: "the profile is in use by a session; delete it once the session has ended"}
@@ -186,6 +192,10 @@ func (s *Server) rollbackProfile(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	return s.rollbackProfileIn(c, in)
+}
+
+func (s *Server) rollbackProfileIn(c *fiber.Ctx, in profilesIn) error {
 	var req struct {
 		Version *int `json:"version"`
 	}

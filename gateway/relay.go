@@ -101,10 +101,12 @@ const (
 	// (vaultAlone).
 	relayCredentialsRoute = "/v1/credentials"
 	relayCredentialRoute  = "/v1/credentials/:cid"
-	// relayProfilesRoute, relayProfileRoute: the profiles a relay
-	// creates, lists and reads while no leader answers (profilesAlone).
+	// relayProfilesRoute, relayProfileRoute, relayRollbackRoute: the
+	// profiles a relay creates, lists, reads, deletes and rolls back
+	// while no leader answers (profilesAlone).
 	relayProfilesRoute = "/v1/profiles"
 	relayProfileRoute  = "/v1/profiles/:pid"
+	relayRollbackRoute = "/v1/profiles/:pid/rollback"
 	// relayEventsRoute, relayArtifactsRoute, relayArtifactRoute,
 	// relayReviewRoute, relayReviewArtifactRoute: the trails,
 	// artifacts and review links a relay answers from the store while
@@ -1276,6 +1278,8 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Post(relayProfilesRoute, s.profilesAlone(s.createProfileIn))
 		s.app.Get(relayProfilesRoute, s.profilesAlone(listProfilesIn))
 		s.app.Get(relayProfileRoute, s.profilesAlone(getProfileIn))
+		s.app.Delete(relayProfileRoute, s.profilesAlone(s.deleteProfileIn))
+		s.app.Post(relayRollbackRoute, s.profilesAlone(s.rollbackProfileIn))
 		// So do trails, artifacts and review links (a reviewer's).
 		s.app.Get(relayEventsRoute, l.orAlone(s.eventsAlone))
 		s.app.Get(relayArtifactsRoute, l.orAlone(s.artifactsAlone))

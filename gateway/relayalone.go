@@ -93,7 +93,7 @@ type RelayAlone struct {
 	// it cannot say), Limits a tenant's as Tenant gives them, and Every
 	// List for every tenant: the admin API's reads. Any nil: the admin
 	// API waits for a leader.
-	Tenants func() (*tenant.Registry, error)
+	Tenants func() (tenant.Reader, error)
 	Limits  func(tenant.Tenant) session.TenantLimits
 	Every   func(ctx context.Context) ([]AloneRecord, error)
 }
@@ -606,7 +606,8 @@ func (s *Server) poolsAlone(c *fiber.Ctx, _ string) error {
 // authenticateAdmin) that no leader takes, as the leader would, from
 // the copy of the tenants; with usage, each tenant's usage from its
 // session Pods (usageAlone's, but the stored bytes, which the leader's
-// admin API does not count either).
+// admin API does not count either): one tenant's Pods for a tenant,
+// every tenant's for the list.
 func (l *relayLive) adminAlone(usage bool, answer func(c *fiber.Ctx, in tenantsIn) error) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		canAlone := l.alone != nil && l.alone.Tenants != nil && l.alone.Limits != nil && l.alone.Every != nil
@@ -617,8 +618,20 @@ func (l *relayLive) adminAlone(usage bool, answer func(c *fiber.Ctx, in tenantsI
 			}
 			in := tenantsIn{reg: reg, usage: func(string) session.Usage { return session.Usage{} }}
 			if usage {
+				// One tenant's Pods for one tenant (none asked for a
+				// tenant that is none: the leader's 404), every
+				// tenant's for the list.
+				name := c.Params("name")
+				if _, err := reg.Get(name); name != "" && err != nil {
+					return tenantErr(err)
+				}
 				ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
-				recs, err := l.alone.Every(ctx)
+				var recs []AloneRecord
+				if name != "" {
+					recs, err = l.alone.List(ctx, name)
+				} else {
+					recs, err = l.alone.Every(ctx)
+				}
 				cancel()
 				if err != nil {
 					return relayUnavailableFor(err)
@@ -666,15 +679,18 @@ func ownAlone[T any](ctx context.Context, open func(context.Context) (*T, error)
 	return v, nil
 }
 
-// profilesAlone answers a profile's create, list or read no leader
-// takes, as the leader would, from the replica's own profile store, in
-// turns of their own (profileAnswers), each within profileAlone, its
-// opening included. A profile reads in use while one of the tenant's
-// Pods names it in its record: its session holds it until its end,
-// when the profile is saved and the Pod deleted (a create, whose
-// profile no session holds, lists none). A profile's delete and
-// rollback wait for a leader: what holds a profile is the leader's,
-// and a session it starts may take one at any moment.
+// profilesAlone answers a profile's create, list, read, delete or
+// rollback no leader takes, as the leader would, from the replica's
+// own profile store, in turns of their own (profileAnswers), each
+// within profileAlone, its opening included. A profile is in use (read
+// so, not deleted or rolled back: 409) while one of the tenant's Pods
+// names it in its record: its session holds it until its end, when the
+// profile is saved and the Pod deleted (a create, whose profile no
+// session holds, lists none). No session starts while no leader
+// answers; one a leader that takes over starts meanwhile is checked as
+// the leader checks its own (the same test, then the store's change),
+// and a version it saves back at its end is written conditional on the
+// metadata it read (profile.ErrChanged), so a delete is not undone.
 func (s *Server) profilesAlone(answer func(c *fiber.Ctx, in profilesIn) error) fiber.Handler {
 	l := s.live.(*relayLive)
 	return l.orAloneIn(l.profileAnswers, func(c *fiber.Ctx, tenantName string) error {
@@ -691,7 +707,7 @@ func (s *Server) profilesAlone(answer func(c *fiber.Ctx, in profilesIn) error) f
 			return err
 		}
 		held := map[string]bool{}
-		if c.Method() == fiber.MethodGet {
+		if c.Method() == fiber.MethodGet || c.Params("pid") != "" {
 			infos, err := l.sessionsAlone(ctx, tenantName)
 			if err != nil {
 				return err

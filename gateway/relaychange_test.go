@@ -560,7 +560,8 @@ func TestRelayProfilesAlone(t *testing.T) {
 	}
 	srv.AdmitAlone(alone)
 	pid := "prof_0123456789abcdef"
-	requests := [][3]string{{"GET", "/v1/profiles", ""}, {"GET", "/v1/profiles/" + pid, ""}, {"POST", "/v1/profiles", `{"name":"n"}`}}
+	requests := [][3]string{{"GET", "/v1/profiles", ""}, {"GET", "/v1/profiles/" + pid, ""}, {"DELETE", "/v1/profiles/" + pid, ""},
+		{"POST", "/v1/profiles/" + pid + "/rollback", `{"version":0}`}, {"POST", "/v1/profiles", `{"name":"n"}`}}
 	for _, r := range requests {
 		if st, body, _ := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 200 || body != `{"leader":"`+r[0]+" "+r[1]+`"}` {
 			t.Errorf("%s %s with a leader: %d %s, want the leader's answer", r[0], r[1], st, body)
@@ -600,8 +601,9 @@ func TestRelayProfilesAlone(t *testing.T) {
 	}
 	// A store that opens (MinIO is not in these tests: TestKubeRelay
 	// has the answers; this one is never read), and the tenant's Pods,
-	// which say what is in use, cannot be listed: the reads get a 503
-	// to retry. (A create lists none: its profile is held by none.)
+	// which say what is in use, cannot be listed: the reads, deletes
+	// and rollbacks get a 503 to retry. (A create lists none: its
+	// profile is held by none.)
 	var listed atomic.Int32
 	mu.Lock()
 	open = func(context.Context) (*profile.Store, error) { return &profile.Store{}, nil }
@@ -610,10 +612,28 @@ func TestRelayProfilesAlone(t *testing.T) {
 		return nil, errors.New("the API server does not answer")
 	}
 	mu.Unlock()
-	for _, r := range requests[:2] {
+	for _, r := range requests[:4] {
 		listed.Store(0)
 		if st, body, retry := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 503 || retry != "2" || !strings.Contains(body, "retry") || listed.Load() == 0 {
 			t.Errorf("%s %s, the Pods not listed: %d %s (Retry-After %q, listed %d times), want 503 to retry", r[0], r[1], st, body, retry, listed.Load())
+		}
+	}
+	// A Pod of the tenant's names the profile: its session holds it, so
+	// it is neither deleted nor rolled back (409), the store unasked
+	// (this one would fail). The control, a delete and a rollback of a
+	// profile no Pod names, is TestKubeRelay's (the store is MinIO).
+	holding := func(tenantName string) []AloneRecord {
+		info, _ := json.Marshal(map[string]any{"kind": "browser", "runtime": "runc", "profile": map[string]any{"id": pid, "persist": true}})
+		return []AloneRecord{{Running: true, Record: map[string]string{"sandgate.session": ids.NewSession(), session.RecordTenant: tenantName,
+			"sandgate.created": time.Now().UTC().Format(time.RFC3339Nano), session.RecordExpires: time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano),
+			session.RecordAddr: "10.1.2.3", "sandgate.info": string(info), "sandgate.state": "running"}}}
+	}
+	mu.Lock()
+	list = func(context.Context, string) ([]AloneRecord, error) { return holding("t"), nil }
+	mu.Unlock()
+	for _, r := range requests[2:4] {
+		if st, body, _ := relayCall(t, srv, r[0], r[1], "good", r[2]); st != 409 || !strings.Contains(body, "in use") {
+			t.Errorf("%s %s, a Pod of the tenant's naming the profile: %d %s, want 409", r[0], r[1], st, body)
 		}
 	}
 	// A profile id that is none is not found, the store not opened,
@@ -720,16 +740,19 @@ func TestRelayUsageAlone(t *testing.T) {
 // TestRelayRuntimesPoolsAdminAlone: GET /v1/runtimes, GET /v1/pools and
 // the admin API's reads (tenants, a tenant, its keys) that no leader
 // takes are answered by the relay: the runtimes as the backend offers
-// them now; the pools as their Pods say them; the
-// tenants by the copy of the registry, each with its usage from every
-// tenant's Pods (another tenant's not counted in, a pool's Pod in none)
-// and its limits. The admin key is checked first (a tenant's key 401),
-// a tenant that is none 404, as on the leader. A backend, a copy or
+// them now; the pools as their Pods say them; the tenants by the copy
+// of the registry, each with its usage from its Pods (another tenant's
+// not counted in, a pool's Pod in none) and its limits. The admin key
+// is checked first, before the leader is asked (a tenant's key, a view
+// link's token or none 401), a tenant that is none 404, as on the
+// leader, without its Pods; the keys show neither a key nor its digest. A backend, a copy or
 // Pods that cannot say get a 503 to retry (the keys, which show no
 // usage, are answered without the Pods); a replica that keeps none of
 // them too. The control: while a leader takes them, the leader answers.
 func TestRelayRuntimesPoolsAdminAlone(t *testing.T) {
+	var asked atomic.Int32
 	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
 		fmt.Fprintf(w, `{"leader":%q}`, r.Method+" "+r.URL.Path)
 	}))
 	u, _ := url.Parse("http://gw.test:8080")
@@ -748,7 +771,7 @@ func TestRelayRuntimesPoolsAdminAlone(t *testing.T) {
 	if _, err := reg.Create(tenant.Tenant{Name: "u", Limits: tenant.Limits{MaxSessions: 2}}); err != nil {
 		t.Fatal(err)
 	}
-	_, issued, err := reg.Issue("u", "agent")
+	issuedKey, issued, err := reg.Issue("u", "agent")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -780,7 +803,7 @@ func TestRelayRuntimesPoolsAdminAlone(t *testing.T) {
 		defer mu.Unlock()
 		return pools, poolsErr
 	}
-	alone.Tenants = func() (*tenant.Registry, error) {
+	alone.Tenants = func() (tenant.Reader, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		return reg, copyErr
@@ -793,12 +816,39 @@ func TestRelayRuntimesPoolsAdminAlone(t *testing.T) {
 		defer mu.Unlock()
 		return every, everyErr
 	}
+	alone.List = func(_ context.Context, name string) ([]AloneRecord, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []AloneRecord
+		for _, r := range every {
+			if r.Record[session.RecordTenant] == name {
+				out = append(out, r)
+			}
+		}
+		return out, everyErr
+	}
 	srv.AdmitAlone(alone)
 	reads := [][2]string{{"/v1/runtimes", "good"}, {"/v1/pools", "good"}, {"/admin/v1/tenants", "admin-key"}, {"/admin/v1/tenants/t", "admin-key"}, {"/admin/v1/tenants/u/keys", "admin-key"}}
 	for _, r := range reads {
 		if st, body, _ := relayCall(t, srv, "GET", r[0], r[1], ""); st != 200 || body != `{"leader":"GET `+r[0]+`"}` {
 			t.Fatalf("GET %s with a leader: %d %s, want the leader's answer", r[0], st, body)
 		}
+	}
+	// The admin key is checked before the leader is asked: a tenant's
+	// key, a view link's token and none get 401 here, the leader
+	// unasked (the control: the reads above reached it).
+	if asked.Load() != int32(len(reads)) {
+		t.Fatalf("the leader was asked %d times, want %d", asked.Load(), len(reads))
+	}
+	for _, r := range reads[2:] {
+		for _, key := range []string{"good", "", "eyJhbGciOiJIUzI1NiJ9.a-view-link-token.sig"} {
+			if st, body, _ := relayCall(t, srv, "GET", r[0], key, ""); st != 401 {
+				t.Errorf("GET %s with %q as the admin key, a leader up: %d %s, want 401", r[0], key, st, body)
+			}
+		}
+	}
+	if asked.Load() != int32(len(reads)) {
+		t.Errorf("the leader was asked %d times, want %d: an admin read without the admin key went on to it", asked.Load(), len(reads))
 	}
 	leader.Close()
 	srv.live.(*relayLive).client.CloseIdleConnections()
@@ -846,12 +896,16 @@ func TestRelayRuntimesPoolsAdminAlone(t *testing.T) {
 	var keys struct {
 		Keys []tenant.Key `json:"keys"`
 	}
-	if err := json.Unmarshal([]byte(body), &keys); st != 200 || err != nil || len(keys.Keys) != 1 || keys.Keys[0].ID != issued.ID || strings.Contains(body, "sha256") {
-		t.Errorf("u's keys alone: %d %s, want the one issued (%s), no digest", st, body, issued.ID)
+	if err := json.Unmarshal([]byte(body), &keys); st != 200 || err != nil || len(keys.Keys) != 1 || keys.Keys[0].ID != issued.ID ||
+		strings.Contains(body, "sha256") || strings.Contains(body, issuedKey) || strings.Contains(body, tenant.Digest(issuedKey)) {
+		t.Errorf("u's keys alone: %d %s, want the one issued (%s), neither the key nor its digest", st, body, issued.ID)
 	}
+	viewToken := "eyJhbGciOiJIUzI1NiJ9.a-view-link-token.sig"
 	for _, r := range []struct{ path, key, why string }{
 		{"/admin/v1/tenants/nobody", "admin-key", "404"}, {"/admin/v1/tenants/nobody/keys", "admin-key", "404"},
 		{"/admin/v1/tenants", "good", "401"}, {"/admin/v1/tenants", "", "401"}, {"/admin/v1/tenants/u/keys", "nobody", "401"},
+		{"/admin/v1/tenants", viewToken, "401"}, {"/v1/runtimes", viewToken, "401"}, {"/v1/pools", viewToken, "401"},
+		{"/v1/runtimes", "admin-key", "401"},
 	} {
 		if st, body, _ := relayCall(t, srv, "GET", r.path, r.key, ""); fmt.Sprint(st) != r.why {
 			t.Errorf("GET %s (key %q) alone: %d %s, want %s", r.path, r.key, st, body, r.why)
@@ -870,6 +924,10 @@ func TestRelayRuntimesPoolsAdminAlone(t *testing.T) {
 	}
 	if st, body, _ := relayCall(t, srv, "GET", "/admin/v1/tenants/u/keys", "admin-key", ""); st != 200 {
 		t.Errorf("u's keys alone, the Pods not listed: %d %s, want 200", st, body)
+	}
+	// A tenant that is none is the leader's 404, its Pods not asked for.
+	if st, body, _ := relayCall(t, srv, "GET", "/admin/v1/tenants/nobody", "admin-key", ""); st != 404 {
+		t.Errorf("a tenant that is none alone, the Pods not listed: %d %s, want 404", st, body)
 	}
 	mu.Lock()
 	copyErr = tenant.ErrStale

@@ -35,6 +35,9 @@ import (
 var (
 	ErrNotFound = errors.New("profile not found")
 	ErrInvalid  = errors.New("invalid profile request")
+	// ErrChanged: the profile was changed or deleted by another (a
+	// gateway replica) while this change was made; nothing was written.
+	ErrChanged = errors.New("the profile was changed meanwhile; try again")
 )
 
 // Profile is what the API shows of a profile.
@@ -167,30 +170,43 @@ func bind(tenant, id string, v int) string {
 const maxMeta = 1 << 20
 
 func (s *Store) load(ctx context.Context, tenant, id string) (Profile, error) {
+	p, _, err := s.loadTagged(ctx, tenant, id)
+	return p, err
+}
+
+// loadTagged is load, with the metadata object's ETag: a change written
+// back is conditional on it (write), so that what another gateway
+// replica changed or deleted meanwhile is not overwritten; the lock
+// (lock) only orders this process's changes.
+func (s *Store) loadTagged(ctx context.Context, tenant, id string) (Profile, string, error) {
 	if !IsID(id) || !tenantPattern.MatchString(tenant) {
-		return Profile{}, ErrNotFound
+		return Profile{}, "", ErrNotFound
 	}
 	obj, err := s.client.GetObject(ctx, s.bucket, metaKey(tenant, id), minio.GetObjectOptions{})
 	if err != nil {
-		return Profile{}, fmt.Errorf("read profile: %w", err)
+		return Profile{}, "", fmt.Errorf("read profile: %w", err)
 	}
 	defer obj.Close()
 	raw, err := io.ReadAll(io.LimitReader(obj, maxMeta))
 	if err != nil {
 		if minio.ToErrorResponse(err).Code == "NoSuchKey" {
-			return Profile{}, ErrNotFound
+			return Profile{}, "", ErrNotFound
 		}
-		return Profile{}, fmt.Errorf("read profile: %w", err)
+		return Profile{}, "", fmt.Errorf("read profile: %w", err)
+	}
+	info, err := obj.Stat()
+	if err != nil {
+		return Profile{}, "", fmt.Errorf("read profile: %w", err)
 	}
 	var m storedMeta
 	if err := json.Unmarshal(raw, &m); err != nil || !hmac.Equal([]byte(m.MAC), []byte(s.metaMAC(tenant, m.Profile))) {
-		return Profile{}, fmt.Errorf("%w: the metadata of profile %s was altered", ErrTampered, id)
+		return Profile{}, "", fmt.Errorf("%w: the metadata of profile %s was altered", ErrTampered, id)
 	}
 	var p Profile
 	if err := json.Unmarshal(m.Profile, &p); err != nil || p.ID != id {
-		return Profile{}, fmt.Errorf("%w: the metadata of profile %s is another's", ErrTampered, id)
+		return Profile{}, "", fmt.Errorf("%w: the metadata of profile %s is another's", ErrTampered, id)
 	}
-	return p, nil
+	return p, info.ETag, nil
 }
 
 // storedMeta is a profile's metadata object: the profile and a MAC over
@@ -210,7 +226,11 @@ func (s *Store) metaMAC(tenant string, raw []byte) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-func (s *Store) write(ctx context.Context, tenant string, p Profile) error {
+// write stores a profile's metadata: a new profile's only when there
+// is none (match ""), a changed one's only when the object is still
+// the version match names (its ETag, loadTagged): ErrChanged when it
+// was changed or deleted since.
+func (s *Store) write(ctx context.Context, tenant string, p Profile, match string) error {
 	pr, err := json.Marshal(p)
 	if err != nil {
 		return err
@@ -219,9 +239,18 @@ func (s *Store) write(ctx context.Context, tenant string, p Profile) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.client.PutObject(ctx, s.bucket, metaKey(tenant, p.ID), bytes.NewReader(raw), int64(len(raw)),
-		minio.PutObjectOptions{ContentType: "application/json"})
-	if err != nil {
+	opts := minio.PutObjectOptions{ContentType: "application/json"}
+	if match == "" {
+		opts.SetMatchETagExcept("*")
+	} else {
+		opts.SetMatchETag(match)
+	}
+	_, err = s.client.PutObject(ctx, s.bucket, metaKey(tenant, p.ID), bytes.NewReader(raw), int64(len(raw)), opts)
+	switch minio.ToErrorResponse(err).Code {
+	case "":
+	case "PreconditionFailed", "NoSuchKey", "ConditionalRequestConflict":
+		return fmt.Errorf("%w: profile %s", ErrChanged, p.ID)
+	default:
 		return fmt.Errorf("store profile: %w", err)
 	}
 	return nil
@@ -237,7 +266,7 @@ func (s *Store) Create(ctx context.Context, tenant, name string) (Profile, error
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	p := Profile{ID: newID(), Name: name, CreatedAt: now, UpdatedAt: now, Versions: []Version{}}
-	return p, s.write(ctx, tenant, p)
+	return p, s.write(ctx, tenant, p, "")
 }
 
 // Get returns one of the tenant's profiles.
@@ -289,7 +318,7 @@ func (s *Store) Delete(ctx context.Context, tenant, id string) error {
 // Rollback makes an earlier kept version the current one.
 func (s *Store) Rollback(ctx context.Context, tenant, id string, version int) (Profile, error) {
 	defer s.lock(tenant, id)()
-	p, err := s.load(ctx, tenant, id)
+	p, tag, err := s.loadTagged(ctx, tenant, id)
 	if err != nil {
 		return Profile{}, err
 	}
@@ -301,7 +330,7 @@ func (s *Store) Rollback(ctx context.Context, tenant, id string, version int) (P
 		return Profile{}, fmt.Errorf("%w: version %d is not kept (kept: %s)", ErrInvalid, version, kept(p))
 	}
 	p.Current, p.UpdatedAt = version, time.Now().UTC().Truncate(time.Millisecond)
-	return p, s.write(ctx, tenant, p)
+	return p, s.write(ctx, tenant, p, tag)
 }
 
 func kept(p Profile) string {
@@ -389,8 +418,7 @@ func (sv *Saver) Commit(ctx context.Context, session string, files int) (Version
 	}
 	s := sv.s
 	defer s.lock(sv.tenant, sv.id)()
-	p, err := s.load(ctx, sv.tenant, sv.id)
-	if err != nil {
+	if _, err := s.load(ctx, sv.tenant, sv.id); err != nil {
 		return Version{}, err // deleted meanwhile: nothing stored
 	}
 	if _, err := s.client.PutObject(ctx, s.bucket, versionKey(sv.tenant, sv.id, sv.version), sv.f, size,
@@ -399,16 +427,29 @@ func (sv *Saver) Commit(ctx context.Context, session string, files int) (Version
 	}
 	v := Version{Version: sv.version, Size: sv.hash.n, SHA256: hex.EncodeToString(sv.hash.h.Sum(nil)), StoredBytes: size,
 		Files: files, CreatedAt: time.Now().UTC().Truncate(time.Millisecond), Session: session}
-	p.Versions = append(p.Versions, v)
-	p.Current, p.UpdatedAt = v.Version, v.CreatedAt
+	// The version made current by a write conditional on the metadata
+	// read just before, read again when another replica changed it
+	// meanwhile (a rollback, say); deleted meanwhile, nothing is kept.
 	var drop []int
-	for len(p.Versions) > s.keep {
-		drop = append(drop, p.Versions[0].Version)
-		p.Versions = p.Versions[1:]
-	}
-	if err := s.write(ctx, sv.tenant, p); err != nil {
-		s.client.RemoveObject(ctx, s.bucket, versionKey(sv.tenant, sv.id, sv.version), minio.RemoveObjectOptions{})
-		return Version{}, err
+	for try := 0; ; try++ {
+		p, tag, err := s.loadTagged(ctx, sv.tenant, sv.id)
+		if err == nil {
+			p.Versions = append(p.Versions, v)
+			p.Current, p.UpdatedAt = v.Version, v.CreatedAt
+			drop = nil
+			for len(p.Versions) > s.keep {
+				drop = append(drop, p.Versions[0].Version)
+				p.Versions = p.Versions[1:]
+			}
+			err = s.write(ctx, sv.tenant, p, tag)
+		}
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrChanged) || try == 2 {
+			s.client.RemoveObject(ctx, s.bucket, versionKey(sv.tenant, sv.id, sv.version), minio.RemoveObjectOptions{})
+			return Version{}, err
+		}
 	}
 	for _, d := range drop {
 		s.client.RemoveObject(ctx, s.bucket, versionKey(sv.tenant, sv.id, d), minio.RemoveObjectOptions{})
@@ -557,7 +598,7 @@ func (s *Store) Expire(ctx context.Context, tenant string, cutoff time.Time) (in
 
 // expireOne is Expire for one profile, under its lock.
 func (s *Store) expireOne(ctx context.Context, tenant, id string, cutoff time.Time) (int, error) {
-	p, err := s.load(ctx, tenant, id)
+	p, tag, err := s.loadTagged(ctx, tenant, id)
 	if err != nil {
 		return 0, nil // deleted meanwhile, or unreadable: nothing to expire
 	}
@@ -576,7 +617,9 @@ func (s *Store) expireOne(ctx context.Context, tenant, id string, cutoff time.Ti
 	if p.Versions == nil {
 		p.Versions = []Version{}
 	}
-	if err := s.write(ctx, tenant, p); err != nil {
+	if err := s.write(ctx, tenant, p, tag); errors.Is(err, ErrChanged) {
+		return 0, nil // changed meanwhile: the next round looks again
+	} else if err != nil {
 		return 0, err
 	}
 	n := 0

@@ -185,11 +185,18 @@ func (f *Follower) Enabled(name string) error {
 	return nil
 }
 
-// Copy is the copy of the registry, to read (List, Get, Keys; never to
-// change): what a replica that stands by shows the admin API while no
-// replica that leads answers. ErrStale as Authenticate. Its keys' last
-// use is as the owner last wrote it (every 30 s).
-func (f *Follower) Copy() (*Registry, error) {
+// Reader is what a registry shows, to read.
+type Reader interface {
+	List() []Tenant
+	Get(name string) (Tenant, error)
+	Keys(tenant string) ([]Key, error)
+}
+
+// Copy is the copy of the registry, to read: what a replica that stands
+// by shows the admin API while no replica that leads answers. ErrStale
+// as Authenticate. Its keys' last use is as the owner last wrote it
+// (every 30 s).
+func (f *Follower) Copy() (Reader, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.reg == nil || time.Since(f.readAt) > f.maxAge {

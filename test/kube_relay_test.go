@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -1005,15 +1006,30 @@ func TestKubeRelay(t *testing.T) {
 			t.Errorf("the tenants through B while nobody leads, with %.6s… as the admin key: %d %s, want 401", key, st, body)
 		}
 	}
-	dreq, _ := http.NewRequest("DELETE", rb.gwURL+"/v1/profiles/"+gapProf, nil)
-	dreq.Header.Set("Authorization", "Bearer "+rb.keyA)
-	if dresp, err := fresh.Do(dreq); err != nil {
-		t.Errorf("a profile's delete through B while nobody leads: %v", err)
-	} else {
-		dbody, _ := io.ReadAll(dresp.Body)
-		dresp.Body.Close()
-		if dresp.StatusCode != 503 || dresp.Header.Get("Retry-After") == "" {
-			t.Errorf("a profile's delete through B while nobody leads: %d %s (Retry-After %q), want 503 to retry (it waits for a leader)", dresp.StatusCode, dbody, dresp.Header.Get("Retry-After"))
+	// A profile's rollback and delete through B, by its store and the
+	// Pods: the session's profile, which its Pod names, is in use
+	// (409); the one made through B is rolled back (a version not kept
+	// refused as the leader refuses it), then deleted, and gone.
+	for _, r := range [][3]string{{"DELETE", "/v1/profiles/" + heldProf, ""}, {"POST", "/v1/profiles/" + heldProf + "/rollback", `{"version":0}`}} {
+		if st, body := sendVia(t, fresh, rb.gwURL, rb.keyA, r[0], r[1], []byte(r[2]), "application/json"); st != 409 || !strings.Contains(string(body), "in use") {
+			t.Errorf("%s %s (the session's profile) through B while nobody leads: %d %s, want 409", r[0], r[1], st, body)
+		}
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/profiles/"+gapProf+"/rollback", map[string]any{"version": 7}); st != 400 {
+		t.Errorf("a rollback to a version not kept through B while nobody leads: %d %s, want 400", st, body)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/profiles/"+gapProf+"/rollback", map[string]any{"version": 0}); st != 200 || jsonField(body, "id") != gapProf || inUse(body) != "false" {
+		t.Errorf("a rollback through B while nobody leads: %d %s", st, body)
+	}
+	deleteAt := time.Now()
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "DELETE", "/v1/profiles/"+gapProf, nil)
+	t.Logf("a profile deleted through B answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(deleteAt).Seconds(), time.Since(killed).Seconds())
+	if st != 204 {
+		t.Errorf("a profile's delete through B while nobody leads: %d %s, want 204", st, body)
+	}
+	for _, m := range []string{"GET", "DELETE"} {
+		if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, m, "/v1/profiles/"+gapProf, nil); st != 404 {
+			t.Errorf("%s of the profile deleted through B while nobody leads: %d %s, want 404", m, st, body)
 		}
 	}
 	// A person's view link and a reviewer's reads through B, answered
@@ -1185,14 +1201,14 @@ func TestKubeRelay(t *testing.T) {
 	// An SDK call through B while no replica that answers leads:
 	// refused at once without retries (the control); with them (the
 	// SDK's default), answered once B leads, as B's 503s say to retry.
-	// (A profile's delete is a leader's alone; this profile is none, so
-	// a leader answers 404.)
-	noProfile := "prof_" + randHex(8)
-	if err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).DeleteProfile(ctx, noProfile); !sandgate.IsUnavailable(err) {
+	// (A create is a leader's alone; this one's TTL cannot be, so a
+	// leader refuses it, 400, before it does anything.)
+	var sdkErr *sandgate.Error
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1}); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
-	if err := sandgate.New(rb.gwURL, rb.keyA).DeleteProfile(ctx, noProfile); !sandgate.IsNotFound(err) {
-		t.Fatalf("an SDK call through B, retried, after A's death: %v, want the leader's not found", err)
+	if _, err := sandgate.New(rb.gwURL, rb.keyA).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1}); !errors.As(err, &sdkErr) || sdkErr.Code != "invalid_argument" {
+		t.Fatalf("an SDK call through B, retried, after A's death: %v, want the leader's invalid_argument", err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
 	if st := httpStatus(rb.gwURL + "/readyz"); st == 200 {
@@ -1223,11 +1239,8 @@ func TestKubeRelay(t *testing.T) {
 		}
 		return false
 	})
-	if st, body := rb.api(t, rb.keyA, "GET", "/v1/profiles/"+gapProf, nil); st != 200 || jsonField(body, "name") != "made through B alone" {
-		t.Errorf("the profile made while nobody led, through B leading: %d %s", st, body)
-	}
-	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/profiles/"+gapProf, nil); st != 204 {
-		t.Errorf("the profile made while nobody led, deleted through B leading: %d %s", st, body)
+	if st, body := rb.api(t, rb.keyA, "GET", "/v1/profiles/"+gapProf, nil); st != 404 {
+		t.Errorf("the profile made and deleted while nobody led, through B leading: %d %s, want 404", st, body)
 	}
 	waitFor(t, 30*time.Second, "fill_credential of the fill B typed while nobody led, in the trail of B, leading", func() bool {
 		for _, ev := range rb.events(t, rb.keyA, s.ID) {

@@ -276,15 +276,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				rlog := log.With("component", "relay")
 				followed := tenant.Follow(standCtx, recordings.TenantsMirror{Store: relayStore, Name: cfg.Kubernetes.Namespace}, tenantSeeds(cfg), 2*time.Second, 30*time.Second, rlog)
 				revoked := relayStore.FollowRevocations(standCtx, 2*time.Second, 30*time.Second, rlog)
-				// The runtimes as the cluster offers them now, the default
-				// picked as a leader picks it.
-				offered := func(ctx context.Context) (map[string]*session.Runtime, string, error) {
-					found, err := pods.Probe(ctx)
-					if err != nil {
-						return nil, "", err
-					}
-					return session.Offered(pods.Name(), found, cfg.DefaultRuntime)
-				}
 				relay.AdmitAlone(gateway.RelayAlone{
 					Tenant: func(key string) (string, session.TenantLimits, error) {
 						t, err := followed.Authenticate(key)
@@ -310,30 +301,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					Tenants: followed.Copy,
 					Limits:  sessionLimits,
 					Runtimes: func(ctx context.Context) ([]session.Runtime, string, error) {
-						runtimes, def, err := offered(ctx)
+						runtimes, def, err := pods.Offered(ctx, cfg.DefaultRuntime)
 						if err != nil {
 							return nil, "", err
 						}
 						return session.InOrder(runtimes), def, nil
 					},
 					Pools: func(ctx context.Context) ([]session.PoolStats, error) {
-						cfgs := poolConfigs(cfg)
-						if len(cfgs) == 0 {
-							return []session.PoolStats{}, nil
-						}
-						runtimes, def, err := offered(ctx)
-						if err != nil {
-							return nil, err
-						}
-						looked, err := pods.LookPools(ctx)
-						if err != nil {
-							return nil, err
-						}
-						recs := make([]session.PoolRecord, 0, len(looked))
-						for _, l := range looked {
-							recs = append(recs, session.PoolRecord{Record: l.Record, Running: l.Running})
-						}
-						return session.PoolsOf(cfgs, runtimes, def, recs)
+						return pods.Pools(ctx, poolConfigs(cfg), cfg.DefaultRuntime)
 					},
 					Isolation: kube.RuntimeIsolation,
 					Revoke:    relayStore.PutRevocation,

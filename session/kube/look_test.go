@@ -110,3 +110,46 @@ func TestLookEvery(t *testing.T) {
 		t.Errorf("LookAll(t): %v %v, want %v", ids(ts), err, want["t"])
 	}
 }
+
+// TestStandbyRuntimesAndPools: what a replica standing by says of the
+// runtimes and pools. A configured default whose RuntimeClass is gone
+// stays the default, listed as not usable (the control: one that is
+// there is usable); the pools are checked against those runtimes (a
+// pool of the gone default is refused) and counted from their Pods,
+// running and starting, not a tenant's Pod; with no pool configured the
+// cluster is not asked.
+func TestStandbyRuntimesAndPools(t *testing.T) {
+	pooled := func(state string, phase corev1.PodPhase) *corev1.Pod {
+		id := ids.NewSession()
+		raw, _ := json.Marshal(map[string]string{"sandgate.session": id, session.RecordState: state, session.RecordPool: "browser/runc/1280x800"})
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "ns",
+			Labels: map[string]string{LabelManaged: managedBy}, Annotations: map[string]string{AnnInfo: string(raw)}},
+			Status: corev1.PodStatus{Phase: phase}}
+	}
+	tenantPod, _ := json.Marshal(map[string]string{"sandgate.session": ids.NewSession(), session.RecordTenant: "t", session.RecordState: "running"})
+	client := fake.NewSimpleClientset(&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "sandgate-runc"}, Handler: "runc"},
+		pooled("running", corev1.PodRunning), pooled("starting", corev1.PodPending),
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandgate-s-t", Namespace: "ns", Labels: map[string]string{LabelManaged: managedBy, LabelTenant: "t"},
+			Annotations: map[string]string{AnnInfo: string(tenantPod)}}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	s := NewSessions(context.Background(), &Backend{client: client,
+		cfg: Config{Namespace: "ns", RuntimeClasses: map[string]string{"runc": "sandgate-runc", "gvisor": "sandgate-gvisor"}}})
+	ctx := context.Background()
+	runtimes, def, err := s.Offered(ctx, "gvisor")
+	if err != nil || def != "gvisor" || runtimes["gvisor"].Usable || !runtimes["runc"].Usable {
+		t.Fatalf("the configured default's class gone: %q %v %+v", def, err, runtimes["gvisor"])
+	}
+	if _, def, err := s.Offered(ctx, "runc"); err != nil || def != "runc" {
+		t.Errorf("the configured default's class there: %q %v", def, err)
+	}
+	pools, err := s.Pools(ctx, []session.PoolConfig{{Runtime: "runc", Size: 2}}, "gvisor")
+	if err != nil || len(pools) != 1 || pools[0].Key != "browser/runc/1280x800" || pools[0].Available != 1 || pools[0].Starting != 1 || pools[0].Size != 2 {
+		t.Errorf("the pools: %+v %v", pools, err)
+	}
+	if _, err := s.Pools(ctx, []session.PoolConfig{{Size: 1}}, "gvisor"); err == nil {
+		t.Error("a pool of the default runtime, its class gone: no error")
+	}
+	asked := len(client.Actions())
+	if pools, err := s.Pools(ctx, nil, "gvisor"); err != nil || pools == nil || len(pools) != 0 || len(client.Actions()) != asked {
+		t.Errorf("no pools: %#v %v, %d calls to the cluster", pools, err, len(client.Actions())-asked)
+	}
+}

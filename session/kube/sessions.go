@@ -423,6 +423,47 @@ func (s *Sessions) LookEvery(ctx context.Context) ([]Looked, error) {
 	return s.look(ctx, labels.Set{LabelManaged: managedBy}, func(rec map[string]string) bool { return rec[session.RecordTenant] != "" })
 }
 
+// Offered is what a replica that stands by says the runtimes by: each
+// as the cluster has its RuntimeClass now (Probe), the default picked
+// as a leader picks it (session.Offered). A configured default whose
+// class is gone stays the default, listed as not usable with the
+// reason: the leader, which checked it at its start, says it is the
+// default too.
+func (s *Sessions) Offered(ctx context.Context, configured string) (map[string]*session.Runtime, string, error) {
+	found, err := s.Probe(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	runtimes, def, err := session.Offered(s.Name(), found, configured)
+	if err != nil {
+		runtimes, _, err = session.Offered(s.Name(), found, "")
+		def = configured
+	}
+	return runtimes, def, err
+}
+
+// Pools is what a replica that stands by says the warm pools of cfgs by
+// (session.PoolsOf): checked against the runtimes it is Offered, and
+// counted from their Pods. None configured asks the cluster nothing.
+func (s *Sessions) Pools(ctx context.Context, cfgs []session.PoolConfig, configured string) ([]session.PoolStats, error) {
+	if len(cfgs) == 0 {
+		return []session.PoolStats{}, nil
+	}
+	runtimes, def, err := s.Offered(ctx, configured)
+	if err != nil {
+		return nil, err
+	}
+	looked, err := s.LookPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	recs := make([]session.PoolRecord, 0, len(looked))
+	for _, l := range looked {
+		recs = append(recs, session.PoolRecord{Record: l.Record, Running: l.Running})
+	}
+	return session.PoolsOf(cfgs, runtimes, def, recs)
+}
+
 // LookPools is Look for every warm Pod not claimed: what a replica that
 // stands by says the pools by.
 func (s *Sessions) LookPools(ctx context.Context) ([]Looked, error) {
