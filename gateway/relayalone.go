@@ -686,11 +686,13 @@ func ownAlone[T any](ctx context.Context, open func(context.Context) (*T, error)
 // so, not deleted or rolled back: 409) while one of the tenant's Pods
 // names it in its record: its session holds it until its end, when the
 // profile is saved and the Pod deleted (a create, whose profile no
-// session holds, lists none). No session starts while no leader
-// answers; one a leader that takes over starts meanwhile is checked as
-// the leader checks its own (the same test, then the store's change),
-// and a version it saves back at its end is written conditional on the
-// metadata it read (profile.ErrChanged), so a delete is not undone.
+// session holds, lists none). That is narrower than the leader's test,
+// whose hold comes with a create's admission, before its Pod: a create
+// a leader that takes over admits while this replica still answers
+// alone may find its profile deleted (it fails) or rolled back (its
+// save may overwrite that). Nothing deleted comes back: the store
+// writes every change of a profile's metadata conditional on what it
+// read (profile.ErrChanged).
 func (s *Server) profilesAlone(answer func(c *fiber.Ctx, in profilesIn) error) fiber.Handler {
 	l := s.live.(*relayLive)
 	return l.orAloneIn(l.profileAnswers, func(c *fiber.Ctx, tenantName string) error {

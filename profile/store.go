@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -195,6 +196,9 @@ func (s *Store) loadTagged(ctx context.Context, tenant, id string) (Profile, str
 		return Profile{}, "", fmt.Errorf("read profile: %w", err)
 	}
 	info, err := obj.Stat()
+	if err == nil && info.ETag == "" {
+		err = errors.New("the store gave no ETag")
+	}
 	if err != nil {
 		return Profile{}, "", fmt.Errorf("read profile: %w", err)
 	}
@@ -226,10 +230,11 @@ func (s *Store) metaMAC(tenant string, raw []byte) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// write stores a profile's metadata: a new profile's only when there
-// is none (match ""), a changed one's only when the object is still
-// the version match names (its ETag, loadTagged): ErrChanged when it
-// was changed or deleted since.
+// write stores a profile's metadata: a new profile's (match "", its id
+// fresh), a changed one's only when the object is still the version
+// match names (its ETag, loadTagged): ErrChanged when it was changed
+// or deleted since, or when the client's own retry of a write that was
+// stored found it so (the caller reads again to tell).
 func (s *Store) write(ctx context.Context, tenant string, p Profile, match string) error {
 	pr, err := json.Marshal(p)
 	if err != nil {
@@ -240,9 +245,7 @@ func (s *Store) write(ctx context.Context, tenant string, p Profile, match strin
 		return err
 	}
 	opts := minio.PutObjectOptions{ContentType: "application/json"}
-	if match == "" {
-		opts.SetMatchETagExcept("*")
-	} else {
+	if match != "" {
 		opts.SetMatchETag(match)
 	}
 	_, err = s.client.PutObject(ctx, s.bucket, metaKey(tenant, p.ID), bytes.NewReader(raw), int64(len(raw)), opts)
@@ -312,7 +315,18 @@ func (s *Store) Delete(ctx context.Context, tenant, id string) error {
 			return fmt.Errorf("remove version: %w", err)
 		}
 	}
-	return s.client.RemoveObject(ctx, s.bucket, metaKey(tenant, id), minio.RemoveObjectOptions{})
+	if err := s.client.RemoveObject(ctx, s.bucket, metaKey(tenant, id), minio.RemoveObjectOptions{}); err != nil {
+		return err
+	}
+	// A version another gateway replica stored meanwhile (its save-back
+	// began before the metadata went): removed now; one stored after
+	// this finds no metadata, and its saver removes it.
+	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: tenant + "/" + id + "/", Recursive: true}) {
+		if obj.Err == nil {
+			s.client.RemoveObject(ctx, s.bucket, obj.Key, minio.RemoveObjectOptions{})
+		}
+	}
+	return nil
 }
 
 // Rollback makes an earlier kept version the current one.
@@ -433,6 +447,16 @@ func (sv *Saver) Commit(ctx context.Context, session string, files int) (Version
 	var drop []int
 	for try := 0; ; try++ {
 		p, tag, err := s.loadTagged(ctx, sv.tenant, sv.id)
+		if i := slices.IndexFunc(p.Versions, func(k Version) bool { return k.Version == v.Version }); err == nil && i >= 0 {
+			// Listed already: this write, stored though its answer was
+			// lost (the client retried it), or another's of the same
+			// number, whose object this one's has overwritten.
+			if k := p.Versions[i]; k.SHA256 == v.SHA256 && k.Session == v.Session && k.CreatedAt.Equal(v.CreatedAt) {
+				s.removeUnlisted(ctx, sv.tenant, p) // what that write dropped
+				return k, nil
+			}
+			return Version{}, fmt.Errorf("%w: version %d of profile %s was saved by another", ErrChanged, v.Version, sv.id)
+		}
 		if err == nil {
 			p.Versions = append(p.Versions, v)
 			p.Current, p.UpdatedAt = v.Version, v.CreatedAt
@@ -455,6 +479,26 @@ func (sv *Saver) Commit(ctx context.Context, session string, files int) (Version
 		s.client.RemoveObject(ctx, s.bucket, versionKey(sv.tenant, sv.id, d), minio.RemoveObjectOptions{})
 	}
 	return v, nil
+}
+
+// removeUnlisted removes the version objects of p that its metadata no
+// longer lists, numbered below the newest it lists (a version being
+// saved now is numbered above it): those a write dropped and did not
+// remove, its answer lost. Best effort: what is left is tried again by
+// the next such write, or by the profile's delete.
+func (s *Store) removeUnlisted(ctx context.Context, tenant string, p Profile) {
+	newest := 0
+	listed := map[int]bool{}
+	for _, v := range p.Versions {
+		listed[v.Version], newest = true, max(newest, v.Version)
+	}
+	prefix := tenant + "/" + p.ID + "/v"
+	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix}) {
+		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(obj.Key, prefix), ".sealed"))
+		if obj.Err == nil && err == nil && n < newest && !listed[n] && obj.Key == versionKey(tenant, p.ID, n) {
+			s.client.RemoveObject(ctx, s.bucket, obj.Key, minio.RemoveObjectOptions{})
+		}
+	}
 }
 
 // Open returns the current version of one of the tenant's profiles and a
@@ -618,7 +662,12 @@ func (s *Store) expireOne(ctx context.Context, tenant, id string, cutoff time.Ti
 		p.Versions = []Version{}
 	}
 	if err := s.write(ctx, tenant, p, tag); errors.Is(err, ErrChanged) {
-		return 0, nil // changed meanwhile: the next round looks again
+		// Changed meanwhile (the next round looks again), or this write
+		// stored though its answer was lost: what it dropped goes.
+		if now, err := s.load(ctx, tenant, id); err == nil {
+			s.removeUnlisted(ctx, tenant, now)
+		}
+		return 0, nil
 	} else if err != nil {
 		return 0, err
 	}

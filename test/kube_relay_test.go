@@ -1015,6 +1015,11 @@ func TestKubeRelay(t *testing.T) {
 			t.Errorf("%s %s (the session's profile) through B while nobody leads: %d %s, want 409", r[0], r[1], st, body)
 		}
 	}
+	for _, r := range [][3]string{{"DELETE", "/v1/profiles/" + gapProf, ""}, {"POST", "/v1/profiles/" + gapProf + "/rollback", `{"version":0}`}} {
+		if st, body := sendVia(t, fresh, rb.gwURL, rb.keyB, r[0], r[1], []byte(r[2]), "application/json"); st != 404 {
+			t.Errorf("%s %s with another tenant's key through B while nobody leads: %d %s, want 404", r[0], r[1], st, body)
+		}
+	}
 	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/profiles/"+gapProf+"/rollback", map[string]any{"version": 7}); st != 400 {
 		t.Errorf("a rollback to a version not kept through B while nobody leads: %d %s, want 400", st, body)
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -918,5 +919,93 @@ func TestProfileHostileSession(t *testing.T) {
 	}
 	if st, _ := e.api(t, e.keyA, "GET", "/v1/usage", nil); st != 200 {
 		t.Fatalf("the gateway after the hostile sessions: %d", st)
+	}
+}
+
+// TestProfileStoreAcrossReplicas: two profile stores on one MinIO, as
+// two gateway replicas each open one (a replica standing by deletes and
+// rolls back profiles while no leader answers). A version saved back
+// through one after the other deleted the profile is not kept, nothing
+// of it left in the store (its bytes not counted against the tenant);
+// one saved after the other rolled the profile back reads the metadata
+// again and is kept, current. The controls: the rollback and the save
+// with no other writer.
+func TestProfileStoreAcrossReplicas(t *testing.T) {
+	e := needE2E(t)
+	ctx := context.Background()
+	key, _ := hex.DecodeString(e.vaultKey)
+	open := func() *profile.Store {
+		st, err := profile.Open(ctx, profile.Config{Endpoint: e.minioAddr, AccessKey: "sandgate", SecretKey: "sandgate-test-secret",
+			Bucket: profilesBucket, VaultKey: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	a, b := open(), open()
+	tenant := "replicas-" + randHex(4)
+	save := func(st *profile.Store, id string) (profile.Version, error) {
+		sv, err := st.NewSaver(ctx, tenant, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sv.Write([]byte("a profile's tar, as far as the store cares")); err != nil {
+			t.Fatal(err)
+		}
+		return sv.Commit(ctx, "s-0123456789abcdef", 1)
+	}
+
+	// Saved after a rollback through the other: kept.
+	p, err := a.Create(ctx, tenant, "rolled back meanwhile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := save(a, p.ID); err != nil || v.Version != 1 {
+		t.Fatalf("the control, a save with no other writer: %+v %v", v, err)
+	}
+	sv, err := a.NewSaver(ctx, tenant, p.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.Write([]byte("the second version"))
+	if got, err := b.Rollback(ctx, tenant, p.ID, 0); err != nil || got.Current != 0 {
+		t.Fatalf("a rollback through the other store: %+v %v", got, err)
+	}
+	if v, err := sv.Commit(ctx, "s-0123456789abcdef", 1); err != nil || v.Version != 2 {
+		t.Fatalf("a save after the other's rollback: %+v %v", v, err)
+	}
+	if got, err := b.Get(ctx, tenant, p.ID); err != nil || got.Current != 2 || len(got.Versions) != 2 {
+		t.Errorf("after a rollback through one and a save through the other: %+v %v, want version 2 current of 2", got, err)
+	}
+
+	// Saved after a delete through the other: nothing kept.
+	q, err := a.Create(ctx, tenant, "deleted meanwhile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv, err = a.NewSaver(ctx, tenant, q.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.Write([]byte("a version of a profile that is deleted"))
+	if err := b.Delete(ctx, tenant, q.ID); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := sv.Commit(ctx, "s-0123456789abcdef", 1); !errors.Is(err, profile.ErrNotFound) {
+		t.Errorf("a save after the other's delete: %+v %v, want not found", v, err)
+	}
+	if _, err := a.Get(ctx, tenant, q.ID); !errors.Is(err, profile.ErrNotFound) {
+		t.Errorf("the deleted profile read after the save: %v, want not found", err)
+	}
+	// The tenant's bytes: p's two versions and metadata, nothing of q.
+	withP, err := a.TenantBytes(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, tenant, p.ID); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := a.TenantBytes(ctx, tenant); err != nil || left != 0 || withP == 0 {
+		t.Errorf("the tenant's stored bytes: %d with a profile, %d once both are deleted (%v), want some, then none", withP, left, err)
 	}
 }
