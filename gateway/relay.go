@@ -1286,11 +1286,11 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relaySnapshotsRoute, l.orAlone(s.snapshotsAlone))
 		s.app.Get(relayArtifactRoute, l.orAlone(s.artifactAlone))
 		s.app.Get(relayReviewRoute, l.reviewOrAlone(s.review))
+		s.app.Get(relayReviewArtifactRoute, l.reviewOrAlone(s.reviewArtifact))
 		// And the admin API's reads, by the copy of the tenants.
 		s.app.Get(relayTenantsRoute, s.authenticateAdmin, l.adminAlone(true, listTenantsIn))
 		s.app.Get(relayTenantRoute, s.authenticateAdmin, l.adminAlone(true, getTenantIn))
 		s.app.Get(relayKeysRoute, s.authenticateAdmin, l.adminAlone(false, listKeysIn))
-		s.app.Get(relayReviewArtifactRoute, l.reviewOrAlone(s.reviewArtifact))
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()

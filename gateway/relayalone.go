@@ -91,8 +91,8 @@ type RelayAlone struct {
 	Pools func(ctx context.Context) ([]session.PoolStats, error)
 	// Tenants is the copy of the tenants (to read; tenant.ErrStale when
 	// it cannot say), Limits a tenant's as Tenant gives them, and Every
-	// List for every tenant: the admin API's reads. Any nil: the admin
-	// API waits for a leader.
+	// List for every tenant: the admin API's reads (with List). Any
+	// nil: the admin API waits for a leader.
 	Tenants func() (tenant.Reader, error)
 	Limits  func(tenant.Tenant) session.TenantLimits
 	Every   func(ctx context.Context) ([]AloneRecord, error)
@@ -610,7 +610,7 @@ func (s *Server) poolsAlone(c *fiber.Ctx, _ string) error {
 // every tenant's for the list.
 func (l *relayLive) adminAlone(usage bool, answer func(c *fiber.Ctx, in tenantsIn) error) fiber.Handler {
 	return func(c *fiber.Ctx) error {
-		canAlone := l.alone != nil && l.alone.Tenants != nil && l.alone.Limits != nil && l.alone.Every != nil
+		canAlone := l.alone != nil && l.alone.Tenants != nil && l.alone.Limits != nil && l.alone.List != nil && l.alone.Every != nil
 		return l.passOrAlone(c, l.aloneAnswers, canAlone, func() error {
 			reg, err := l.alone.Tenants()
 			if err != nil {
