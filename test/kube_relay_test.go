@@ -676,6 +676,7 @@ func TestKubeRelay(t *testing.T) {
 
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
+	keepGap := keepDeadLease(t, ctx, kb, killed, 7*time.Second)
 	zero := int64(0)
 	if err := kb.Client().CoreV1().Pods(kb.Namespace()).Delete(ctx, "sandgate-"+unseen.ID, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatalf("delete the third session's Pod while nobody leads: %v", err)
@@ -1212,6 +1213,12 @@ func TestKubeRelay(t *testing.T) {
 	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1}); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
+	gapEnded := time.Since(killed)
+	if n := keepGap(); n > 0 {
+		t.Logf("the steps while nobody leads ended %.1f s after the kill; the test renewed A's lease %d times meanwhile (a slow machine), so B leads later than the lease alone would have it", gapEnded.Seconds(), n)
+	} else {
+		t.Logf("the steps while nobody leads ended %.1f s after the kill", gapEnded.Seconds())
+	}
 	if _, err := sandgate.New(rb.gwURL, rb.keyA).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1}); !errors.As(err, &sdkErr) || sdkErr.Code != "invalid_argument" {
 		t.Fatalf("an SDK call through B, retried, after A's death: %v, want the leader's invalid_argument", err)
 	}
@@ -1460,6 +1467,57 @@ func writeRecord(t testing.TB, kb *kube.Backend, id string, change map[string]st
 		}
 	}
 	t.Fatalf("write session %s's record: a conflict each time", id)
+}
+
+// keepDeadLease renews the namespace's hold in the name of the replica
+// holding it now (one just killed), from after past killed on, every
+// second, until the returned stop is called (at the test's end at the
+// latest), which says how many renewals were made. The steps a test
+// makes while nobody leads take about 3 s here, and the lease lets B
+// lead 10 to 15 s after the kill: on a machine several times slower
+// those steps would outlast it, and this keeps the gap open for them;
+// on one like this they end before after and nothing is renewed.
+func keepDeadLease(t testing.TB, ctx context.Context, kb *kube.Backend, killed time.Time, after time.Duration) (stop func() int) {
+	t.Helper()
+	leases := kb.Client().CoordinationV1().Leases(kb.Namespace())
+	le, err := leases.Get(ctx, kube.HoldLease, metav1.GetOptions{})
+	if err != nil || le.Spec.HolderIdentity == nil {
+		t.Fatalf("the hold lease: %+v %v", le, err)
+	}
+	dead := *le.Spec.HolderIdentity
+	done, finished := make(chan struct{}), make(chan struct{})
+	var renewed int
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			if time.Since(killed) < after {
+				continue
+			}
+			le, err := leases.Get(ctx, kube.HoldLease, metav1.GetOptions{})
+			if err != nil || le.Spec.HolderIdentity == nil || *le.Spec.HolderIdentity != dead {
+				continue // B took it already: the guards say so
+			}
+			now := metav1.NewMicroTime(time.Now())
+			le.Spec.RenewTime = &now
+			if _, err := leases.Update(ctx, le, metav1.UpdateOptions{}); err == nil {
+				renewed++
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() int {
+		once.Do(func() { close(done); <-finished })
+		return renewed
+	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // without is raw (a JSON object) with field dropped from each object
