@@ -100,10 +100,7 @@ type RelayAlone struct {
 
 // AloneRecord is a session's record, and whether its sandbox runs (not
 // being deleted).
-type AloneRecord struct {
-	Record  map[string]string
-	Running bool
-}
+type AloneRecord = session.RecordSeen
 
 // AdmitAlone makes a relay (NewRelay) admit by a while no leader
 // answers; called before it serves.
@@ -572,16 +569,10 @@ func holdAlone(u *session.Usage, info session.Info, cut time.Time) {
 // (listRuntimes), from what the backend offers now.
 func (s *Server) runtimesAlone(c *fiber.Ctx, _ string) error {
 	l := s.live.(*relayLive)
-	if l.alone.Runtimes == nil {
-		return relayUnavailableFor(errors.New("this replica does not list the runtimes"))
-	}
-	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
-	defer cancel()
-	runtimes, def, err := l.alone.Runtimes(ctx)
-	if err != nil {
-		return relayUnavailableFor(err)
-	}
-	return c.JSON(fiber.Map{"default": def, "runtimes": runtimes})
+	return backendAlone(c, "runtimes", l.alone.Runtimes != nil, func(ctx context.Context) (fiber.Map, error) {
+		runtimes, def, err := l.alone.Runtimes(ctx)
+		return fiber.Map{"default": def, "runtimes": runtimes}, err
+	})
 }
 
 // poolsAlone answers GET /v1/pools as the leader would (listPools),
@@ -590,16 +581,26 @@ func (s *Server) runtimesAlone(c *fiber.Ctx, _ string) error {
 // taken over.
 func (s *Server) poolsAlone(c *fiber.Ctx, _ string) error {
 	l := s.live.(*relayLive)
-	if l.alone.Pools == nil {
-		return relayUnavailableFor(errors.New("this replica does not list the pools"))
+	return backendAlone(c, "pools", l.alone.Pools != nil, func(ctx context.Context) (fiber.Map, error) {
+		pools, err := l.alone.Pools(ctx)
+		return fiber.Map{"pools": pools}, err
+	})
+}
+
+// backendAlone answers with what read asks the backend, within 10 s: a
+// 503 to retry when it cannot say, or when this replica does not ask
+// it (!can).
+func backendAlone(c *fiber.Ctx, what string, can bool, read func(ctx context.Context) (fiber.Map, error)) error {
+	if !can {
+		return relayUnavailableFor(errors.New("this replica does not list the " + what))
 	}
 	ctx, cancel := context.WithTimeout(c.Context(), 10*time.Second)
 	defer cancel()
-	pools, err := l.alone.Pools(ctx)
+	answer, err := read(ctx)
 	if err != nil {
 		return relayUnavailableFor(err)
 	}
-	return c.JSON(fiber.Map{"pools": pools})
+	return c.JSON(answer)
 }
 
 // adminAlone answers a read of the admin API (its key checked before,

@@ -304,26 +304,33 @@ func (s *Store) Delete(ctx context.Context, tenant, id string) error {
 	if _, err := s.load(ctx, tenant, id); err != nil {
 		return err
 	}
-	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: tenant + "/" + id + "/", Recursive: true}) {
-		if obj.Err != nil {
-			return fmt.Errorf("list profile: %w", obj.Err)
-		}
-		if strings.HasSuffix(obj.Key, "/profile.json") {
-			continue // last, so that a failure here leaves a profile to delete again
-		}
-		if err := s.client.RemoveObject(ctx, s.bucket, obj.Key, minio.RemoveObjectOptions{}); err != nil {
-			return fmt.Errorf("remove version: %w", err)
-		}
+	// The metadata last, so that a failure before leaves a profile to
+	// delete again.
+	if err := s.removeVersions(ctx, tenant, id); err != nil {
+		return err
 	}
 	if err := s.client.RemoveObject(ctx, s.bucket, metaKey(tenant, id), minio.RemoveObjectOptions{}); err != nil {
 		return err
 	}
 	// A version another gateway replica stored meanwhile (its save-back
-	// began before the metadata went): removed now; one stored after
-	// this finds no metadata, and its saver removes it.
+	// began before the metadata went): removed now, at best; one stored
+	// after this finds no metadata, and its saver removes it.
+	s.removeVersions(ctx, tenant, id)
+	return nil
+}
+
+// removeVersions removes what is stored under a profile but its
+// metadata.
+func (s *Store) removeVersions(ctx context.Context, tenant, id string) error {
 	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: tenant + "/" + id + "/", Recursive: true}) {
-		if obj.Err == nil {
-			s.client.RemoveObject(ctx, s.bucket, obj.Key, minio.RemoveObjectOptions{})
+		if obj.Err != nil {
+			return fmt.Errorf("list profile: %w", obj.Err)
+		}
+		if obj.Key == metaKey(tenant, id) {
+			continue
+		}
+		if err := s.client.RemoveObject(ctx, s.bucket, obj.Key, minio.RemoveObjectOptions{}); err != nil {
+			return fmt.Errorf("remove version: %w", err)
 		}
 	}
 	return nil

@@ -47,6 +47,14 @@ const (
 	RecordExpires = labelExpires
 )
 
+// RecordSeen is a session's record as one who holds no session reads
+// it (a gateway replica standing by, from the session's Pod), and
+// whether its sandbox runs.
+type RecordSeen struct {
+	Record  map[string]string
+	Running bool
+}
+
 // RecordPool is the key of a pooled session's pool in its record (its
 // pool's key), cleared when it is claimed.
 const RecordPool = labelPool

@@ -659,13 +659,6 @@ func (m *Manager) thaw(ctx context.Context, s *sess) error {
 	return nil
 }
 
-// PoolRecord is a pooled session's record, and whether its sandbox
-// runs.
-type PoolRecord struct {
-	Record  map[string]string
-	Running bool
-}
-
 // PoolsOf reports the warm pools of cfgs (checked as a manager checks
 // them, against runtimes as Offered gives them and the default) from
 // their sessions' records, as a replica that holds none of them says
@@ -674,7 +667,7 @@ type PoolRecord struct {
 // What only the manager that refills them knows (claims, misses,
 // refills, which are frozen or settling) reads 0, as it does on a
 // manager that has just taken over.
-func PoolsOf(cfgs []PoolConfig, runtimes map[string]*Runtime, defaultRuntime string, records []PoolRecord) ([]PoolStats, error) {
+func PoolsOf(cfgs []PoolConfig, runtimes map[string]*Runtime, defaultRuntime string, records []RecordSeen) ([]PoolStats, error) {
 	pools, err := newPools(cfgs, runtimes, defaultRuntime)
 	if err != nil {
 		return nil, err

@@ -44,7 +44,7 @@ func TestPoolsOf(t *testing.T) {
 	rec := func(pool string, state State) map[string]string {
 		return map[string]string{RecordPool: pool, RecordState: string(state)}
 	}
-	records := []PoolRecord{
+	records := []RecordSeen{
 		{rec(browser, StateRunning), true}, {rec(browser, StateRunning), true}, {rec(browser, StateStarting), false},
 		{rec(browser, StateRunning), false}, {rec("", StateRunning), true}, {rec(claimFailed, StateRunning), true},
 		{rec(desktop, StateRunning), true},

@@ -282,12 +282,8 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 						return t.Name, sessionLimits(t), err
 					},
 					Session: pods.Look,
-					List: func(ctx context.Context, tenant string) ([]gateway.AloneRecord, error) {
-						return aloneRecords(pods.LookAll(ctx, tenant))
-					},
-					Every: func(ctx context.Context) ([]gateway.AloneRecord, error) {
-						return aloneRecords(pods.LookEvery(ctx))
-					},
+					List:    pods.LookAll,
+					Every:   pods.LookEvery,
 					Tenants: followed.Copy,
 					Limits:  sessionLimits,
 					Runtimes: func(ctx context.Context) ([]session.Runtime, string, error) {
@@ -816,16 +812,6 @@ func profileConfig(cfg *Config, vkey []byte) profile.Config {
 }
 
 // gatewayConfig is the gateway's part of the config.
-// aloneRecords are the session Pods looked at, as a relay answering
-// alone takes them.
-func aloneRecords(looked []kube.Looked, err error) ([]gateway.AloneRecord, error) {
-	out := make([]gateway.AloneRecord, 0, len(looked))
-	for _, l := range looked {
-		out = append(out, gateway.AloneRecord{Record: l.Record, Running: l.Running})
-	}
-	return out, err
-}
-
 func gatewayConfig(cfg *Config, pub *url.URL) gateway.Config {
 	admins := map[string]bool{}
 	for _, h := range cfg.AdminKeySHA256 {

@@ -393,10 +393,7 @@ func (s *Sessions) Look(ctx context.Context, id string) (map[string]string, bool
 }
 
 // Looked is a session Pod's record, and whether it runs (Look).
-type Looked struct {
-	Record  map[string]string
-	Running bool
-}
+type Looked = session.RecordSeen
 
 // maxLooked bounds the Pods LookAll reads (in pages of lookPage).
 const (
@@ -457,11 +454,7 @@ func (s *Sessions) Pools(ctx context.Context, cfgs []session.PoolConfig, configu
 	if err != nil {
 		return nil, err
 	}
-	recs := make([]session.PoolRecord, 0, len(looked))
-	for _, l := range looked {
-		recs = append(recs, session.PoolRecord{Record: l.Record, Running: l.Running})
-	}
-	return session.PoolsOf(cfgs, runtimes, def, recs)
+	return session.PoolsOf(cfgs, runtimes, def, looked)
 }
 
 // LookPools is Look for every warm Pod not claimed: what a replica that
