@@ -22,7 +22,8 @@ import (
 // replica leads the namespace's sessions, it forwards each connection,
 // bytes as they come, to the leader (so a client may address any
 // replica; the first request says so: ForwardedHeader) and answers /healthz (alive, standing by) and /readyz itself
-// (ready while a leader answers: a Service may send here too). While
+// (ready while a leader answers: a Service may send here too), and
+// hands /metrics to its relay (the replica's own). While
 // this replica takes the lead and adopts the sessions, it answers 503,
 // with a Retry-After. Once Lead is called, the connections go to the gateway,
 // through Listener; the forwarded ones, to a leader that stopped, are
@@ -177,11 +178,18 @@ func relayable(method, path string) Relays {
 // session, issues or revokes a session's preview, reads its trail, its
 // artifacts, its snapshots or an artifact's link, is a review link's,
 // stores, lists, reads or deletes a credential, creates, lists, reads,
-// deletes or rolls back a profile, or reads the admin API's tenants or
-// keys, which a relay answers itself when no leader takes it.
+// deletes or rolls back a profile, reads the admin API's tenants or
+// keys, is the MCP endpoint's or reads the OpenAPI document, which a
+// relay answers itself when no leader takes it.
 func answersAlone(method, path string) bool {
 	if path == "/v1/credentials" {
 		return method == "GET" || method == "POST"
+	}
+	if path == "/mcp" {
+		return method == "POST" || method == "GET" || method == "DELETE"
+	}
+	if path == "/openapi.yaml" || path == "/openapi.json" {
+		return method == "GET"
 	}
 	if pid, ok := strings.CutPrefix(path, "/v1/profiles/"); ok && method != "GET" {
 		// (Any id: one that is none is the store's 404, as on a leader.)
@@ -369,6 +377,13 @@ func (f *Front) standBy(c net.Conn) {
 		f.handOver(c, br, line, f.conns, f.served)
 		return
 	case relay != nil && !taking && kind != (Relays{}) && f.relayUsable(kind) && f.leaderRelays(kind):
+		c.SetReadDeadline(time.Time{})
+		f.handOver(c, br, line, relay, relayDone)
+		return
+	case relay != nil && !taking && method == "GET" && path == "/metrics":
+		// Each replica's own (its process, what it carries): a scrape
+		// of every replica's Pod counts the sessions once, at the
+		// leader.
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, relay, relayDone)
 		return

@@ -398,7 +398,8 @@ func TestFrontAnswersAlone(t *testing.T) {
 		{"GET", "/v1/credentials/junk"}, {"GET", "/v1/sessions/" + sid + "/snapshots"},
 		{"GET", "/v1/usage"}, {"POST", "/v1/profiles"}, {"GET", "/v1/profiles"}, {"GET", "/v1/profiles/prof_0123456789abcdef"}, {"GET", "/v1/profiles/junk"},
 		{"DELETE", "/v1/profiles/prof_0123456789abcdef"}, {"POST", "/v1/profiles/prof_0123456789abcdef/rollback"}, {"DELETE", "/v1/profiles/junk"},
-		{"GET", "/v1/runtimes"}, {"GET", "/v1/pools"}, {"GET", "/admin/v1/tenants"}, {"GET", "/admin/v1/tenants/tenant-a"}, {"GET", "/admin/v1/tenants/tenant-a/keys"}, {"GET", "/admin/v1/tenants/Not_A_Name"}}
+		{"GET", "/v1/runtimes"}, {"GET", "/v1/pools"}, {"GET", "/admin/v1/tenants"}, {"GET", "/admin/v1/tenants/tenant-a"}, {"GET", "/admin/v1/tenants/tenant-a/keys"}, {"GET", "/admin/v1/tenants/Not_A_Name"},
+		{"POST", "/mcp"}, {"GET", "/mcp"}, {"DELETE", "/mcp"}, {"GET", "/openapi.yaml"}, {"GET", "/openapi.json"}}
 	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/junk"}, {"DELETE", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/junk"},
 		{"POST", "/v1/sessions/" + sid + "/extend/x"}, {"POST", "/v1/sessions/junk/extend"}, {"PUT", "/v1/sessions/" + sid + "/extend"},
 		{"POST", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/events/x"}, {"GET", "/v1/sessions/junk/artifacts"},
@@ -417,13 +418,23 @@ func TestFrontAnswersAlone(t *testing.T) {
 		{"GET", "/v1/profiles/"}, {"POST", "/v1/usage"}, {"GET", "/v1/usage/x"}, {"GET", "/v1/usagex"}, {"PUT", "/v1/profiles"}, {"DELETE", "/v1/profiles"}, {"GET", "/v1/profilesx"},
 		{"GET", "/v1/pools/x"}, {"POST", "/v1/pools"}, {"POST", "/v1/runtimes"}, {"GET", "/v1/runtimes/x"}, {"POST", "/admin/v1/tenants"}, {"PATCH", "/admin/v1/tenants/tenant-a"},
 		{"POST", "/admin/v1/tenants/tenant-a/keys"}, {"DELETE", "/admin/v1/tenants/tenant-a/keys/k-0123"}, {"GET", "/admin/v1/tenants/tenant-a/keys/k-0123"},
-		{"GET", "/admin/v1/tenants/"}, {"GET", "/admin/v1/tenants/tenant-a/x"}, {"GET", "/admin/v1/tenantsx"}}
+		{"GET", "/admin/v1/tenants/"}, {"GET", "/admin/v1/tenants/tenant-a/x"}, {"GET", "/admin/v1/tenantsx"},
+		{"PUT", "/mcp"}, {"POST", "/mcp/x"}, {"POST", "/mcpx"}, {"POST", "/openapi.yaml"}, {"GET", "/openapi"}, {"GET", "/openapi.yaml/x"},
+		{"POST", "/metrics"}, {"GET", "/metrics/x"}}
+	// A replica's own metrics are its relay's, whoever leads.
+	own := [][2]string{{"GET", "/metrics"}, {"GET", "/metrics?x=1"}}
 	check := func(where string) {
 		t.Helper()
 		for _, r := range alone {
 			bare, _, _ := strings.Cut(r[1], "?")
 			if st, got := frontCall(t, ln, r[0], r[1]); st != 200 || got != where+" "+r[0]+" "+bare {
 				t.Errorf("%s %s: %d %q, want %s's answer", r[0], r[1], st, got, where)
+			}
+		}
+		for _, r := range own {
+			bare, _, _ := strings.Cut(r[1], "?")
+			if st, got := frontCall(t, ln, r[0], r[1]); st != 200 || got != "relay "+r[0]+" "+bare {
+				t.Errorf("%s %s: %d %q, want the relay's answer", r[0], r[1], st, got)
 			}
 		}
 		for _, r := range others {

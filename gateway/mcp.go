@@ -20,22 +20,23 @@ const mcpBodyLimit = 12 << 20
 // net/http handler's answer.
 func WithMCP(h http.Handler) Option { return func(s *Server) { s.mcp = h } }
 
-// mcpRoutes mounts the MCP server, when there is one. Only POST reaches
-// it: the server is stateless, so it offers no SSE stream (GET) and has
-// no session to end (DELETE). Those, and a body or Accept header the
-// transport cannot take, get the contract's JSON error here rather than
-// the handler's plain text.
-func (s *Server) mcpRoutes() {
+// mcpRoutes mounts the MCP server, when there is one, behind
+// authenticate (the gateway's API-key check; a relay's, by its copy of
+// the tenants). Only POST reaches it: the server is stateless, so it
+// offers no SSE stream (GET) and has no session to end (DELETE). Those,
+// and a body or Accept header the transport cannot take, get the
+// contract's JSON error here rather than the handler's plain text.
+func (s *Server) mcpRoutes(authenticate fiber.Handler) {
 	if s.mcp == nil {
 		return
 	}
-	s.app.Post("/mcp", s.checkOrigin, s.authenticate, checkMCPRequest, adaptor.HTTPHandler(s.mcp))
+	s.app.Post("/mcp", s.checkOrigin, authenticate, checkMCPRequest, adaptor.HTTPHandler(s.mcp))
 	notAllowed := func(c *fiber.Ctx) error {
 		c.Set(fiber.HeaderAllow, fiber.MethodPost)
 		return &apiError{status: 405, code: "invalid_argument", msg: "this MCP server is stateless: send JSON-RPC messages with POST; it has no SSE stream and no session to delete"}
 	}
-	s.app.Get("/mcp", s.checkOrigin, s.authenticate, notAllowed)
-	s.app.Delete("/mcp", s.checkOrigin, s.authenticate, notAllowed)
+	s.app.Get("/mcp", s.checkOrigin, authenticate, notAllowed)
+	s.app.Delete("/mcp", s.checkOrigin, authenticate, notAllowed)
 }
 
 // checkMCPRequest holds a POST to what the streamable HTTP transport

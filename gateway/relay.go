@@ -167,6 +167,10 @@ const (
 	// fills at once while no leader answers (each holds a browser's
 	// typing, up to 40 s); those passed to a leader take none.
 	maxFillAnswers = 16
+	// maxMCPAnswers bounds the MCP requests a replica answers at once
+	// while no leader takes them (each a tool call, which may hold a
+	// command's run: its own calls to the API go through the Front).
+	maxMCPAnswers  = 16
 	maxIssuedAlone = 64
 	// A running session's review uses kept while no leader answers: of
 	// one link, and of all tenants together (keepReview).
@@ -1117,6 +1121,7 @@ type relayLive struct {
 	vaultAnswers   chan struct{} // the credentials' (maxVaultAnswers)
 	profileAnswers chan struct{} // the profiles' (maxProfileAnswers)
 	fillAnswers    chan struct{} // the fills' (maxFillAnswers)
+	mcpAnswers     chan struct{} // the MCP requests' (maxMCPAnswers)
 	issuedAlone    map[string]int
 	revokedAlone   map[string]time.Time
 	reached        time.Time // when a leader last answered a report
@@ -1196,6 +1201,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		vaultAnswers:   make(chan struct{}, maxVaultAnswers),
 		profileAnswers: make(chan struct{}, maxProfileAnswers),
 		fillAnswers:    make(chan struct{}, maxFillAnswers),
+		mcpAnswers:     make(chan struct{}, maxMCPAnswers),
 		issuedAlone:    map[string]int{},
 		revokedAlone:   map[string]time.Time{},
 		sandbox:        sandbox,
@@ -1219,6 +1225,11 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 	s.app.Use(s.limitBody)
 	s.app.Use(s.checkHost)
 	s.previewRoutes()
+	// Its own metrics, always (the Front hands them here), and the
+	// OpenAPI document while no leader answers (answersAlone).
+	s.app.Get("/metrics", l.metrics)
+	s.app.Get("/openapi.yaml", s.openapiYAML)
+	s.app.Get("/openapi.json", s.openapiJSONDoc)
 	if sandbox != nil {
 		// The key is checked first, as the leader's middleware does:
 		// the leader's admission is asked before the request's own
@@ -1291,10 +1302,31 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relayTenantsRoute, s.authenticateAdmin, l.adminAlone(true, listTenantsIn))
 		s.app.Get(relayTenantRoute, s.authenticateAdmin, l.adminAlone(true, getTenantIn))
 		s.app.Get(relayKeysRoute, s.authenticateAdmin, l.adminAlone(false, listKeysIn))
+		// And the MCP endpoint (WithMCP), its key checked by the copy
+		// of the tenants: its tools call the API through this
+		// replica's own listener, so each call goes to a leader or is
+		// answered here, as any client's would be.
+		s.mcpRoutes(l.mcpAlone)
 	}
 	s.app.Use(func(c *fiber.Ctx) error { return errNotFound("no such endpoint") })
 	go l.loop()
 	return s, nil
+}
+
+// metrics answers GET /metrics for a replica standing by: its own
+// process and the preview connections it carries, and that it does not
+// lead. The sessions, pools and creates are the leader's to count: a
+// scrape of every replica counts each once.
+func (l *relayLive) metrics(c *fiber.Ctx) error {
+	l.mu.Lock()
+	carried := len(l.conns)
+	l.mu.Unlock()
+	var b strings.Builder
+	writeLeading(&b, false)
+	writeProcessStats(&b)
+	fmt.Fprintf(&b, "# HELP sandgate_relay_preview_connections Preview connections (CDP, VNC) this replica carries to sessions itself while it stands by.\n# TYPE sandgate_relay_preview_connections gauge\nsandgate_relay_preview_connections %d\n", carried)
+	c.Set(fiber.HeaderContentType, "text/plain; version=0.0.4")
+	return c.SendString(b.String())
 }
 
 // ServeRelay serves a relay (NewRelay) on ln, as Serve serves the

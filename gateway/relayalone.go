@@ -525,6 +525,35 @@ func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant 
 	})
 }
 
+// mcpAlone checks the key of an MCP request the Front could not pass
+// to a leader by the copy of the tenants, as the leader's authenticate
+// checks it (401, 403; 503 to retry while the copy cannot say), in one
+// of the MCP requests' turns (mcpAnswers). It does not pass the request
+// on itself: the MCP server's tools call the API through this replica's
+// own listener, which passes each call to a leader that answers by
+// then, or answers it here (answersAlone) or with a 503 (a create), as
+// it would any client's.
+func (l *relayLive) mcpAlone(c *fiber.Ctx) error {
+	key, err := boundedKey(c)
+	if err != nil {
+		return err
+	}
+	if l.alone == nil || l.alone.Tenant == nil {
+		return retrySoon(c, relayUnavailableFor(errors.New("this replica has no copy of the tenants")))
+	}
+	release, err := l.slot(l.mcpAnswers)
+	if err != nil {
+		return retrySoon(c, err)
+	}
+	defer release()
+	name, _, err := l.tenantAlone(key)
+	if err != nil {
+		return retrySoon(c, err)
+	}
+	c.Locals(localTenant, name)
+	return c.Next()
+}
+
 // usageAlone answers GET /v1/usage no leader takes, as the leader
 // would (usage), from the tenant's Pods' records and the store: the
 // sessions that hold their share (every Pod's: starting, running or

@@ -318,7 +318,7 @@ func (s *Server) routes() {
 	a.Get("/metrics", s.metrics)
 	a.Get("/openapi.yaml", s.openapiYAML)
 	a.Get("/openapi.json", s.openapiJSONDoc)
-	s.mcpRoutes()
+	s.mcpRoutes(s.authenticate)
 
 	s.adminRoutes()
 	v1 := a.Group("/v1", s.authenticate)
@@ -602,6 +602,9 @@ func (s *Server) ready(c *fiber.Ctx) error {
 func (s *Server) metrics(c *fiber.Ctx) error {
 	counts := map[session.State]int{}
 	for _, t := range s.tenantNames() {
+		if s.sessions == nil { // unit tests run the server without one
+			break
+		}
 		for _, i := range s.sessions.List(t) {
 			counts[i.State]++
 		}
@@ -627,10 +630,8 @@ func (s *Server) metrics(c *fiber.Ctx) error {
 			fmt.Fprintf(&b, "%s{pool=%q} %d\n", name, p.Key, v(p))
 		}
 	}
-	goroutines, fds, rss := processStats()
-	fmt.Fprintf(&b, "# HELP sandgate_gateway_goroutines Goroutines of the gateway process.\n# TYPE sandgate_gateway_goroutines gauge\nsandgate_gateway_goroutines %d\n", goroutines)
-	fmt.Fprintf(&b, "# HELP sandgate_gateway_open_fds Open file descriptors of the gateway process.\n# TYPE sandgate_gateway_open_fds gauge\nsandgate_gateway_open_fds %d\n", fds)
-	fmt.Fprintf(&b, "# HELP sandgate_gateway_resident_bytes Resident memory of the gateway process.\n# TYPE sandgate_gateway_resident_bytes gauge\nsandgate_gateway_resident_bytes %d\n", rss)
+	writeLeading(&b, true)
+	writeProcessStats(&b)
 	s.exits.mu.Lock()
 	exits := s.exits.total
 	s.exits.mu.Unlock()
@@ -678,6 +679,25 @@ func (s *Server) tenantNames() []string {
 
 // Option configures a Server.
 type Option func(*Server)
+
+// writeLeading writes whether this gateway serves the sessions: the only
+// one, or the leading replica (1), or a replica standing by (0).
+func writeLeading(b *strings.Builder, leading bool) {
+	v := 0
+	if leading {
+		v = 1
+	}
+	fmt.Fprintf(b, "# HELP sandgate_gateway_leading 1 when this gateway serves the sessions (the only one, or the replica that leads them), 0 when it stands by.\n# TYPE sandgate_gateway_leading gauge\nsandgate_gateway_leading %d\n", v)
+}
+
+// writeProcessStats writes the gateway process's goroutines, open
+// descriptors and resident memory.
+func writeProcessStats(b *strings.Builder) {
+	goroutines, fds, rss := processStats()
+	fmt.Fprintf(b, "# HELP sandgate_gateway_goroutines Goroutines of the gateway process.\n# TYPE sandgate_gateway_goroutines gauge\nsandgate_gateway_goroutines %d\n", goroutines)
+	fmt.Fprintf(b, "# HELP sandgate_gateway_open_fds Open file descriptors of the gateway process.\n# TYPE sandgate_gateway_open_fds gauge\nsandgate_gateway_open_fds %d\n", fds)
+	fmt.Fprintf(b, "# HELP sandgate_gateway_resident_bytes Resident memory of the gateway process.\n# TYPE sandgate_gateway_resident_bytes gauge\nsandgate_gateway_resident_bytes %d\n", rss)
+}
 
 // processStats reads the gateway's goroutines, open descriptors and
 // resident memory (-1 where /proc does not say).

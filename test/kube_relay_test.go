@@ -26,6 +26,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/remote"
 	"github.com/gorilla/websocket"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandgate/sandgate/ids"
 	sandgate "github.com/sandgate/sandgate/sdk/go"
@@ -674,6 +675,20 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("tenant-a's keys through A: %d %s", st, keysA)
 	}
 
+	// The OpenAPI document as A serves it, for B's alone (below). Each
+	// replica's metrics are its own: A leads and counts the sessions;
+	// B stands by and counts none.
+	st, openapiA := callVia(t, fresh, ra.gwURL, "", "GET", "/openapi.json", nil)
+	if st != 200 || !bytes.Contains(openapiA, []byte(`"openapi"`)) {
+		t.Fatalf("the OpenAPI document through A: %d %.200s", st, openapiA)
+	}
+	if st, body := callVia(t, fresh, ra.gwURL, "", "GET", "/metrics", nil); st != 200 || !strings.Contains(string(body), "\nsandgate_gateway_leading 1\n") || !strings.Contains(string(body), `sandgate_sessions{state="running"} `) {
+		t.Fatalf("A's metrics: %d %s", st, body)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, "", "GET", "/metrics", nil); st != 200 || !strings.Contains(string(body), "\nsandgate_gateway_leading 0\n") || strings.Contains(string(body), "sandgate_sessions") {
+		t.Fatalf("B's metrics while A leads: %d %s, want B's own", st, body)
+	}
+
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
 	keepGap := keepDeadLease(t, ctx, kb, killed, 7*time.Second)
@@ -1006,6 +1021,41 @@ func TestKubeRelay(t *testing.T) {
 		if st, body := callVia(t, fresh, rb.gwURL, key, "GET", "/admin/v1/tenants", nil); st != 401 {
 			t.Errorf("the tenants through B while nobody leads, with %.6s… as the admin key: %d %s, want 401", key, st, body)
 		}
+	}
+	// The MCP endpoint through B, its key checked by B's copy of the
+	// tenants: its tools' calls go through B's own listener, so a read
+	// and a command are answered alone, and a create gets the 503 any
+	// client gets while nobody leads (a tool error). A junk key is
+	// refused before any tool.
+	mcpAt := time.Now()
+	cs := mcpConnect(t, rb.mcpHTTP(rb.keyA))
+	var mcpGot sandgate.Session
+	callTool(t, cs, "session_get", map[string]any{"session_id": s.ID}, &mcpGot)
+	if mcpGot.ID != s.ID || mcpGot.State != "running" {
+		t.Errorf("session_get over MCP through B while nobody leads: %+v", mcpGot)
+	}
+	var mcpRan struct {
+		ExitCode int    `json:"exit_code"`
+		Stdout   string `json:"stdout"`
+	}
+	callTool(t, cs, "exec", map[string]any{"session_id": s.ID, "command": "echo mcp-$((6*7))"}, &mcpRan)
+	if mcpRan.ExitCode != 0 || mcpRan.Stdout != "mcp-42\n" {
+		t.Errorf("exec over MCP through B while nobody leads: %+v", mcpRan)
+	}
+	t.Logf("MCP through B (connect, session_get, exec) answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(mcpAt).Seconds(), time.Since(killed).Seconds())
+	if res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": 60}}); err != nil || !res.IsError || !strings.HasPrefix(contentText(res), "unavailable: ") {
+		t.Errorf("session_create over MCP through B while nobody leads: %v %+v, want the tool error unavailable", err, res)
+	}
+	if st, body := rb.rawPost(t, "/mcp", "Bearer junk", `{"jsonrpc":"2.0","id":1,"method":"ping"}`); st != 401 {
+		t.Errorf("MCP through B while nobody leads, a junk key: %d %s, want 401", st, body)
+	}
+	// The OpenAPI document through B, as A served it; B's metrics are
+	// its own, as before the kill.
+	if st, body := callVia(t, fresh, rb.gwURL, "", "GET", "/openapi.json", nil); st != 200 || !bytes.Equal(body, openapiA) {
+		t.Errorf("the OpenAPI document through B while nobody leads: %d, %d bytes; through A before, %d bytes", st, len(body), len(openapiA))
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, "", "GET", "/metrics", nil); st != 200 || !strings.Contains(string(body), "\nsandgate_gateway_leading 0\n") {
+		t.Errorf("B's metrics while nobody leads: %d %s", st, body)
 	}
 	// A profile's rollback and delete through B, by its store and the
 	// Pods: the session's profile, which its Pod names, is in use

@@ -243,6 +243,13 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					relayOpts = append(relayOpts, gateway.WithProfileBytes(counter.TenantBytes))
 				}
 			}
+			// And /mcp while no leader answers (the Front passes it on
+			// otherwise).
+			mcp, err := mcpOption(cfg, pub)
+			if err != nil {
+				return err
+			}
+			relayOpts = append(relayOpts, mcp)
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
@@ -655,13 +662,11 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 		retention[t.Name] = t.ArtifactRetention.Duration
 	}
 	opts = append(opts, gateway.WithRetention(retention, cfg.RetentionCheck.Duration))
-	// /mcp: the MCP tools act through the gateway's own API over
-	// loopback, with each request's API key, under the public host name.
-	self, err := loopbackURL(cfg.Listen)
+	mcp, err := mcpOption(cfg, pub)
 	if err != nil {
-		return fmt.Errorf("config: listen %q: %w", cfg.Listen, err)
+		return err
 	}
-	opts = append(opts, gateway.WithMCP(mcpserver.Handler(self, pub.Host, version())))
+	opts = append(opts, mcp)
 	srv, err := gateway.New(gatewayConfig(cfg, pub), mgr, store, log, opts...)
 	if err != nil {
 		return err
@@ -812,6 +817,17 @@ func profileConfig(cfg *Config, vkey []byte) profile.Config {
 }
 
 // gatewayConfig is the gateway's part of the config.
+// mcpOption serves /mcp: the MCP tools act through the gateway's own
+// API over loopback (this replica's listener: the Front, while it
+// stands by), with each request's API key, under the public host name.
+func mcpOption(cfg *Config, pub *url.URL) (gateway.Option, error) {
+	self, err := loopbackURL(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("config: listen %q: %w", cfg.Listen, err)
+	}
+	return gateway.WithMCP(mcpserver.Handler(self, pub.Host, version())), nil
+}
+
 func gatewayConfig(cfg *Config, pub *url.URL) gateway.Config {
 	admins := map[string]bool{}
 	for _, h := range cfg.AdminKeySHA256 {
