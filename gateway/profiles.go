@@ -196,14 +196,9 @@ func (s *Server) rollbackProfile(c *fiber.Ctx) error {
 }
 
 func (s *Server) rollbackProfileIn(c *fiber.Ctx, in profilesIn) error {
-	var req struct {
-		Version *int `json:"version"`
-	}
-	if err := decode(c, &req); err != nil {
+	version, err := rollbackVersion(c)
+	if err != nil {
 		return err
-	}
-	if req.Version == nil || *req.Version < 0 {
-		return errInvalid("version must be a kept version, or 0 for a fresh profile")
 	}
 	tenant, id := in.tenant, c.Params("pid")
 	if in.inUse(id) {
@@ -211,12 +206,26 @@ func (s *Server) rollbackProfileIn(c *fiber.Ctx, in profilesIn) error {
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	p, err := in.store.Rollback(ctx, tenant, id, *req.Version)
+	p, err := in.store.Rollback(ctx, tenant, id, version)
 	if err != nil {
 		return profileError(err)
 	}
-	s.log.Info("profile rolled back", "tenant", tenant, "profile", id, "version", *req.Version)
+	s.log.Info("profile rolled back", "tenant", tenant, "profile", id, "version", version)
 	return c.JSON(in.view(p))
+}
+
+// rollbackVersion is the version a rollback's body asks for.
+func rollbackVersion(c *fiber.Ctx) (int, error) {
+	var req struct {
+		Version *int `json:"version"`
+	}
+	if err := decode(c, &req); err != nil {
+		return 0, err
+	}
+	if req.Version == nil || *req.Version < 0 {
+		return 0, errInvalid("version must be a kept version, or 0 for a fresh profile")
+	}
+	return *req.Version, nil
 }
 
 // keepSpec checks a create's "profile" and "snapshot" and refuses, before

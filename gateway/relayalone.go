@@ -732,6 +732,13 @@ func (s *Server) profilesAlone(answer func(c *fiber.Ctx, in profilesIn) error) f
 		if pid := c.Params("pid"); pid != "" && !profile.IsID(pid) {
 			return errNotFound("no such profile") // (as the store says, unasked)
 		}
+		if c.Method() == fiber.MethodPost && c.Params("pid") != "" {
+			// A rollback's body is checked before the Pods are listed:
+			// a bad one is the leader's 400, whether they list or not.
+			if _, err := rollbackVersion(c); err != nil {
+				return err
+			}
+		}
 		ctx, cancel := context.WithTimeout(c.UserContext(), profileAlone)
 		defer cancel()
 		store, err := ownAlone(ctx, l.alone.Profiles, relayUnavailableFor, errNoProfiles)

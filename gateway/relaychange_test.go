@@ -618,6 +618,14 @@ func TestRelayProfilesAlone(t *testing.T) {
 			t.Errorf("%s %s, the Pods not listed: %d %s (Retry-After %q, listed %d times), want 503 to retry", r[0], r[1], st, body, retry, listed.Load())
 		}
 	}
+	// A rollback whose body is bad is the leader's 400 all the same,
+	// the Pods unasked (the control: the good one above asked them).
+	for _, bad := range []string{`{"version":-1}`, `{}`, `{"version":"x"}`} {
+		listed.Store(0)
+		if st, body, _ := relayCall(t, srv, "POST", "/v1/profiles/"+pid+"/rollback", "good", bad); st != 400 || listed.Load() != 0 {
+			t.Errorf("a rollback with the body %s, the Pods not listed: %d %s (listed %d times), want 400 unasked", bad, st, body, listed.Load())
+		}
+	}
 	// A Pod of the tenant's names the profile: its session holds it, so
 	// it is neither deleted nor rolled back (409), the store unasked
 	// (this one would fail). The control, a delete and a rollback of a
