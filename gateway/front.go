@@ -380,10 +380,15 @@ func (f *Front) standBy(c net.Conn) {
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, relay, relayDone)
 		return
-	case relay != nil && !taking && method == "GET" && path == "/metrics":
+	case method == "GET" && path == "/metrics":
 		// Each replica's own (its process, what it carries): a scrape
 		// of every replica's Pod counts the sessions once, at the
-		// leader.
+		// leader. Not the leader's while this replica starts its relay
+		// or takes over.
+		if relay == nil || taking {
+			frontAnswer(c, 503, "unavailable", "this gateway replica's metrics are not served yet (it starts, or takes over the sessions)", 0)
+			return
+		}
 		c.SetReadDeadline(time.Time{})
 		f.handOver(c, br, line, relay, relayDone)
 		return

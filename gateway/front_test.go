@@ -204,6 +204,11 @@ func TestFront(t *testing.T) {
 		t.Fatal("the late connection was not taken up")
 	}
 
+	// Its metrics, while it has no relay to answer them (it starts):
+	// 503, not the leader's, which would count its sessions twice.
+	if st, body, _ := get("GET", "/metrics", ""); st != 503 || apiError(body) != "unavailable" {
+		t.Errorf("metrics with no relay: %d %s, want 503", st, body)
+	}
 	// This replica takes over: 503 meanwhile; then the gateway serves.
 	f.TakingOver()
 	if st, body, _ := get("GET", "/v1/sessions", ""); st != 503 || !strings.Contains(body, "taking over") {
@@ -451,6 +456,12 @@ func TestFrontAnswersAlone(t *testing.T) {
 	addr = "" // nobody leads
 	mu.Unlock()
 	check("relay") // (the refused address was dropped from the Front's cache)
+	// Taking over, its metrics are neither the relay's nor yet the
+	// gateway's: 503.
+	f.TakingOver()
+	if st, got := frontCall(t, ln, "GET", "/metrics"); st != 503 || strings.Contains(got, "relay") {
+		t.Errorf("GET /metrics taking over: %d %q, want 503", st, got)
+	}
 }
 
 // frontCall sends a request with no body to the Front listening on ln,

@@ -170,8 +170,10 @@ const (
 	// maxMCPAnswers bounds the MCP requests a replica answers at once
 	// while no leader takes them (each a tool call, which may hold a
 	// command's run: its own calls to the API go through the Front).
-	maxMCPAnswers  = 16
-	maxIssuedAlone = 64
+	maxMCPAnswers = 16
+	// maxMCPAnswersPerTenant: of those, one tenant's.
+	maxMCPAnswersPerTenant = 4
+	maxIssuedAlone         = 64
 	// A running session's review uses kept while no leader answers: of
 	// one link, and of all tenants together (keepReview).
 	maxReviewUsesAlone    = 8
@@ -1117,11 +1119,12 @@ type relayLive struct {
 	// the stored revocations says meanwhile (a leader holds one once
 	// this replica's report has reached it).
 	aloneAnswers   chan struct{}
-	reviewAnswers  chan struct{} // the review links' (maxReviewAnswers)
-	vaultAnswers   chan struct{} // the credentials' (maxVaultAnswers)
-	profileAnswers chan struct{} // the profiles' (maxProfileAnswers)
-	fillAnswers    chan struct{} // the fills' (maxFillAnswers)
-	mcpAnswers     chan struct{} // the MCP requests' (maxMCPAnswers)
+	reviewAnswers  chan struct{}  // the review links' (maxReviewAnswers)
+	vaultAnswers   chan struct{}  // the credentials' (maxVaultAnswers)
+	profileAnswers chan struct{}  // the profiles' (maxProfileAnswers)
+	fillAnswers    chan struct{}  // the fills' (maxFillAnswers)
+	mcpAnswers     chan struct{}  // the MCP requests' (maxMCPAnswers)
+	mcpBy          map[string]int // of those, each tenant's (under mu)
 	issuedAlone    map[string]int
 	revokedAlone   map[string]time.Time
 	reached        time.Time // when a leader last answered a report
@@ -1202,6 +1205,7 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		profileAnswers: make(chan struct{}, maxProfileAnswers),
 		fillAnswers:    make(chan struct{}, maxFillAnswers),
 		mcpAnswers:     make(chan struct{}, maxMCPAnswers),
+		mcpBy:          map[string]int{},
 		issuedAlone:    map[string]int{},
 		revokedAlone:   map[string]time.Time{},
 		sandbox:        sandbox,
@@ -1223,11 +1227,12 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		return err
 	})
 	s.app.Use(s.limitBody)
+	// Its own metrics, always (the Front hands them here), for any
+	// host, as the leader's.
+	s.app.Get("/metrics", l.metrics)
 	s.app.Use(s.checkHost)
 	s.previewRoutes()
-	// Its own metrics, always (the Front hands them here), and the
-	// OpenAPI document while no leader answers (answersAlone).
-	s.app.Get("/metrics", l.metrics)
+	// The OpenAPI document while no leader answers (answersAlone).
 	s.app.Get("/openapi.yaml", s.openapiYAML)
 	s.app.Get("/openapi.json", s.openapiJSONDoc)
 	if sandbox != nil {
@@ -1314,8 +1319,8 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 }
 
 // metrics answers GET /metrics for a replica standing by: its own
-// process and the preview connections it carries, and that it does not
-// lead. The sessions, pools and creates are the leader's to count: a
+// process and the preview connections and shells it carries, and that
+// it does not lead. The sessions, pools and creates are the leader's to count: a
 // scrape of every replica counts each once.
 func (l *relayLive) metrics(c *fiber.Ctx) error {
 	l.mu.Lock()
@@ -1324,7 +1329,7 @@ func (l *relayLive) metrics(c *fiber.Ctx) error {
 	var b strings.Builder
 	writeLeading(&b, false)
 	writeProcessStats(&b)
-	fmt.Fprintf(&b, "# HELP sandgate_relay_preview_connections Preview connections (CDP, VNC) this replica carries to sessions itself while it stands by.\n# TYPE sandgate_relay_preview_connections gauge\nsandgate_relay_preview_connections %d\n", carried)
+	fmt.Fprintf(&b, "# HELP sandgate_relay_connections Preview connections (CDP, VNC) and shells this replica carries to sessions itself while it stands by.\n# TYPE sandgate_relay_connections gauge\nsandgate_relay_connections %d\n", carried)
 	c.Set(fiber.HeaderContentType, "text/plain; version=0.0.4")
 	return c.SendString(b.String())
 }

@@ -527,12 +527,13 @@ func (l *relayLive) vaultAlone(answer func(c *fiber.Ctx, v *vault.Vault, tenant 
 
 // mcpAlone checks the key of an MCP request the Front could not pass
 // to a leader by the copy of the tenants, as the leader's authenticate
-// checks it (401, 403; 503 to retry while the copy cannot say), in one
-// of the MCP requests' turns (mcpAnswers). It does not pass the request
-// on itself: the MCP server's tools call the API through this replica's
-// own listener, which passes each call to a leader that answers by
-// then, or answers it here (answersAlone) or with a 503 (a create), as
-// it would any client's.
+// checks it (401, 403; 503 to retry while the copy cannot say, or has
+// not been read since no leader answers), then takes one of the MCP
+// requests' turns (mcpAnswers, at most maxMCPAnswersPerTenant of them a
+// tenant's). It does not pass the request on itself: the MCP server's
+// tools call the API through this replica's own listener, which passes
+// each call to a leader that answers by then, or answers it here
+// (answersAlone) or with a 503 (a create), as it would any client's.
 func (l *relayLive) mcpAlone(c *fiber.Ctx) error {
 	key, err := boundedKey(c)
 	if err != nil {
@@ -541,17 +542,50 @@ func (l *relayLive) mcpAlone(c *fiber.Ctx) error {
 	if l.alone == nil || l.alone.Tenant == nil {
 		return retrySoon(c, relayUnavailableFor(errors.New("this replica has no copy of the tenants")))
 	}
-	release, err := l.slot(l.mcpAnswers)
-	if err != nil {
+	// The Front hands /mcp here only when the leader did not take its
+	// connection: this replica's silence too, so that the copies are
+	// read again as it begins (admitsAlone).
+	l.silent()
+	if err := l.admitsAlone(c.Context()); err != nil {
 		return retrySoon(c, err)
 	}
-	defer release()
 	name, _, err := l.tenantAlone(key)
 	if err != nil {
 		return retrySoon(c, err)
 	}
+	release, err := l.mcpSlot(name)
+	if err != nil {
+		return retrySoon(c, err)
+	}
+	defer release()
 	c.Locals(localTenant, name)
 	return c.Next()
+}
+
+// mcpSlot takes one of the MCP requests' turns for tenantName: a tenant
+// whose tool calls hold maxMCPAnswersPerTenant of them (a long command
+// each, say) leaves the rest to the others.
+func (l *relayLive) mcpSlot(tenantName string) (release func(), err error) {
+	l.mu.Lock()
+	if l.mcpBy[tenantName] >= maxMCPAnswersPerTenant {
+		l.mu.Unlock()
+		return nil, &apiError{status: 503, code: "unavailable", msg: "the tenant's MCP requests keep this gateway replica busy; retry"}
+	}
+	l.mcpBy[tenantName]++
+	l.mu.Unlock()
+	drop := func() {
+		l.mu.Lock()
+		if l.mcpBy[tenantName]--; l.mcpBy[tenantName] <= 0 {
+			delete(l.mcpBy, tenantName)
+		}
+		l.mu.Unlock()
+	}
+	free, err := l.slot(l.mcpAnswers)
+	if err != nil {
+		drop()
+		return nil, err
+	}
+	return func() { free(); drop() }, nil
 }
 
 // usageAlone answers GET /v1/usage no leader takes, as the leader

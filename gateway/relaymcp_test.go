@@ -3,16 +3,22 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/tenant"
 )
 
 // TestRelayMCPAlone: /mcp that no leader takes reaches the relay's MCP
@@ -40,6 +46,13 @@ func TestRelayMCPAlone(t *testing.T) {
 	}
 	srv := relay()
 	srv.AdmitAlone(sessionlessAlone())
+	// A view link of a session of the tenant's, signed with the
+	// gateway's keys: a token, not a key.
+	view, err := srv.tokens.issue(previewClaims{Session: "s-1", Tenant: "t", Scope: ScopeView, ViewOnly: true,
+		RegisteredClaims: jwt.RegisteredClaims{ID: "p-1", ExpiresAt: jwtTime(time.Now().Add(time.Hour))}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	const both = "application/json, text/event-stream"
 	call := func(srv *Server, method, key, origin, ctype string) (int, string, string) {
 		t.Helper()
@@ -70,7 +83,7 @@ func TestRelayMCPAlone(t *testing.T) {
 		{"good key", "POST", "good", "", "application/json", 200, 1, ""},
 		{"no key", "POST", "", "", "application/json", 401, 0, ""},
 		{"junk key", "POST", "junk", "", "application/json", 401, 0, ""},
-		{"a view link's token", "POST", "eyJhbGciOiJIUzI1NiJ9.a-view-link-token.sig", "", "application/json", 401, 0, ""},
+		{"a view link's token", "POST", view, "", "application/json", 401, 0, ""},
 		{"disabled tenant", "POST", "off", "", "application/json", 403, 0, ""},
 		{"copy out of date", "POST", "stale", "", "application/json", 503, 0, "2"},
 		{"foreign origin", "POST", "good", "http://evil.test", "application/json", 403, 0, ""},
@@ -109,7 +122,7 @@ func TestRelayMCPAlone(t *testing.T) {
 func TestRelayMetricsOpenAPI(t *testing.T) {
 	srv := testRelay(t, "http://127.0.0.1:1", nil)
 	st, body, _ := relayCall(t, srv, "GET", "/metrics", "", "")
-	for _, want := range []string{"\nsandgate_gateway_leading 0\n", "\nsandgate_gateway_goroutines ", "\nsandgate_gateway_resident_bytes ", "\nsandgate_relay_preview_connections 0\n"} {
+	for _, want := range []string{"\nsandgate_gateway_leading 0\n", "\nsandgate_gateway_goroutines ", "\nsandgate_gateway_resident_bytes ", "\nsandgate_relay_connections 0\n"} {
 		if st != 200 || !strings.Contains("\n"+body, want) {
 			t.Errorf("a relay's /metrics: %d, want %q in:\n%s", st, want, body)
 		}
@@ -130,9 +143,129 @@ func TestRelayMetricsOpenAPI(t *testing.T) {
 	if st != 200 || json.Unmarshal([]byte(body), &doc) != nil || doc["openapi"] == nil {
 		t.Errorf("a relay's /openapi.json: %d %.200s", st, body)
 	}
-	// Its host is checked as the leader's.
-	req = httptest.NewRequest("GET", "http://evil.test/metrics", nil)
-	if st, _ := answerOf(t, srv, req); st != 403 {
-		t.Errorf("a relay's /metrics for a foreign host: %d, want 403", st)
+	// Metrics for any host (a scrape names a Pod by its address), as
+	// the leader's; the document's host is checked, as the leader's.
+	for _, s := range []*Server{srv, leader} {
+		req = httptest.NewRequest("GET", "http://10.1.2.3:8080/metrics", nil)
+		if st, body := answerOf(t, s, req); st != 200 || !strings.Contains(body, "sandgate_gateway_leading ") {
+			t.Errorf("/metrics for a Pod's address as the host: %d %.200s", st, body)
+		}
+		req = httptest.NewRequest("GET", "http://10.1.2.3:8080/openapi.json", nil)
+		if st, _ := answerOf(t, s, req); st != 403 {
+			t.Errorf("/openapi.json for a Pod's address as the host: %d, want 403", st)
+		}
+	}
+}
+
+// TestRelayMCPAloneTurns: the MCP requests a relay answers alone take
+// turns, at most maxMCPAnswersPerTenant a tenant's: a tenant holding
+// its own gets 503 to retry while another tenant's request goes
+// through (the control), and a junk key is refused (401) whatever the
+// turns. A copy of the tenants not read since no leader answers gets
+// 503 to retry, the handler unreached, as the relay's other answers.
+func TestRelayMCPAloneTurns(t *testing.T) {
+	release := make(chan struct{})
+	var calls atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if r.Header.Get("X-Hold") != "" {
+			<-release
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	})
+	u, _ := url.Parse("http://gw.test:8080")
+	srv, err := NewRelay(Config{PublicURL: u, TokenKeys: map[string]string{"k1": strings.Repeat("a", 32)}, ActiveKey: "k1"}, "relay-1",
+		func(context.Context) (string, error) { return "", nil },
+		func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} }, nil, slog.New(slog.DiscardHandler), WithMCP(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fresh atomic.Int64
+	fresh.Store(time.Now().Add(time.Hour).UnixNano())
+	alone := sessionlessAlone()
+	alone.Tenant = func(key string) (string, session.TenantLimits, error) {
+		switch key {
+		case "good":
+			return "t", session.TenantLimits{}, nil
+		case "other":
+			return "u", session.TenantLimits{}, nil
+		}
+		if name, ok := strings.CutPrefix(key, "key-of-"); ok {
+			return name, session.TenantLimits{}, nil
+		}
+		return "", session.TenantLimits{}, tenant.ErrNotFound
+	}
+	alone.Fresh = func() time.Time { return time.Unix(0, fresh.Load()) }
+	srv.AdmitAlone(alone)
+	call := func(key string, hold bool) (int, string) {
+		req := httptest.NewRequest("POST", "http://gw.test:8080/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+key)
+		if hold {
+			req.Header.Set("X-Hold", "1")
+		}
+		resp, err := srv.App().Test(req, -1)
+		if err != nil {
+			return 0, err.Error()
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	var held sync.WaitGroup
+	for range maxMCPAnswersPerTenant {
+		held.Add(1)
+		go func() {
+			defer held.Done()
+			if st, body := call("good", true); st != 200 {
+				t.Errorf("a held MCP request: %d %s", st, body)
+			}
+		}()
+	}
+	waitUntil(t, func() bool { return calls.Load() == maxMCPAnswersPerTenant })
+	if st, body := call("good", false); st != 503 || calls.Load() != maxMCPAnswersPerTenant {
+		t.Errorf("tenant t's MCP request with %d of its own held: %d %s, want 503 unreached", maxMCPAnswersPerTenant, st, body)
+	}
+	if st, body := call("other", false); st != 200 {
+		t.Errorf("tenant u's MCP request while t holds its turns: %d %s, want it answered", st, body)
+	}
+	// Every turn held, by other tenants too: a tenant with none held
+	// gets 503 (the control), a junk key still 401.
+	for i := range maxMCPAnswers - maxMCPAnswersPerTenant {
+		held.Add(1)
+		key := fmt.Sprintf("key-of-w%d", i/maxMCPAnswersPerTenant)
+		go func() {
+			defer held.Done()
+			if st, body := call(key, true); st != 200 {
+				t.Errorf("a held MCP request of %s: %d %s", key, st, body)
+			}
+		}()
+	}
+	waitUntil(t, func() bool { return calls.Load() == maxMCPAnswers+1 })
+	if st, body := call("key-of-idle", false); st != 503 || calls.Load() != maxMCPAnswers+1 {
+		t.Errorf("a tenant's first MCP request while every turn is held: %d %s, want 503 unreached", st, body)
+	}
+	if st, body := call("junk", false); st != 401 {
+		t.Errorf("a junk key while every turn is held: %d %s, want 401", st, body)
+	}
+	close(release)
+	held.Wait()
+	// The copies not read since the silence began: 503 to retry.
+	fresh.Store(time.Now().Add(-time.Hour).UnixNano())
+	srv.live.(*relayLive).answered() // a silence that begins anew
+	calls.Store(0)
+	if st, body := call("good", false); st != 503 || calls.Load() != 0 {
+		t.Errorf("an MCP request, the copies not read since no leader answers: %d %s, %d calls; want 503 unreached", st, body, calls.Load())
+	}
+}
+
+// waitUntil polls cond for up to 10 s.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10 s")
+		}
 	}
 }

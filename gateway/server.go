@@ -314,8 +314,10 @@ func (s *Server) routes() {
 	// address, not by the gateway's host: /readyz answers them too, and
 	// says why it is not ready only to a request that names the gateway.
 	a.Get("/readyz", s.readyz)
-	a.Use(s.checkHost)
+	// So do scrapers (Prometheus's of each replica's Pod, by its
+	// address): the metrics hold no tenant's name, key or session.
 	a.Get("/metrics", s.metrics)
+	a.Use(s.checkHost)
 	a.Get("/openapi.yaml", s.openapiYAML)
 	a.Get("/openapi.json", s.openapiJSONDoc)
 	s.mcpRoutes(s.authenticate)

@@ -123,7 +123,7 @@ func TestForwardedHost(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			req := httptest.NewRequest("GET", "/metrics", nil)
+			req := httptest.NewRequest("GET", "/openapi.json", nil)
 			req.Host = tc.host
 			if tc.xfh != "" {
 				req.Header.Set("X-Forwarded-Host", tc.xfh)
@@ -133,7 +133,7 @@ func TestForwardedHost(t *testing.T) {
 				t.Fatal(err)
 			}
 			if resp.StatusCode != tc.status {
-				t.Fatalf("GET /metrics Host %q X-Forwarded-Host %q: %d, want %d", tc.host, tc.xfh, resp.StatusCode, tc.status)
+				t.Fatalf("GET /openapi.json Host %q X-Forwarded-Host %q: %d, want %d", tc.host, tc.xfh, resp.StatusCode, tc.status)
 			}
 		})
 	}

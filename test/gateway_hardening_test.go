@@ -30,7 +30,7 @@ func TestForwardedHostIgnored(t *testing.T) {
 	e := needE2E(t)
 	get := func(host, xfh string) int {
 		t.Helper()
-		req, _ := http.NewRequest("GET", e.gwURL+"/metrics", nil)
+		req, _ := http.NewRequest("GET", e.gwURL+"/openapi.json", nil)
 		req.Host = host
 		if xfh != "" {
 			req.Header.Set("X-Forwarded-Host", xfh)
