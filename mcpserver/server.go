@@ -37,9 +37,11 @@ func New(c *sandgate.Client, version string) *mcp.Server {
 //
 // Its calls are not retried (sandgate.WithRetry(0)): the gateway serving
 // them is the one that would have to come back, and an MCP client that
-// wants to retry does so itself.
-func Handler(base, host, version string) http.Handler {
-	opts := []sandgate.Option{sandgate.WithRetry(0)}
+// wants to retry does so itself. opts change that: a gateway replica
+// that serves /mcp while another is to lead retries its tools' calls
+// as the gateway says to (a create until a replica leads).
+func Handler(base, host, version string, opts ...sandgate.Option) http.Handler {
+	opts = append([]sandgate.Option{sandgate.WithRetry(0)}, opts...)
 	if host != "" {
 		opts = append(opts, sandgate.WithHost(host))
 	}

@@ -1024,9 +1024,10 @@ func TestKubeRelay(t *testing.T) {
 	}
 	// The MCP endpoint through B, its key checked by B's copy of the
 	// tenants: its tools' calls go through B's own listener, so a read
-	// and a command are answered alone, and a create gets the 503 any
-	// client gets while nobody leads (a tool error). A junk key is
-	// refused before any tool.
+	// and a command are answered alone, and a create waits, as the
+	// 503 any client gets while nobody leads says to, until a replica
+	// leads (here one that a leader refuses: its TTL; checked once B
+	// leads, below). A junk key is refused before any tool.
 	mcpAt := time.Now()
 	cs := mcpConnect(t, rb.mcpHTTP(rb.keyA))
 	var mcpGot sandgate.Session
@@ -1043,9 +1044,16 @@ func TestKubeRelay(t *testing.T) {
 		t.Errorf("exec over MCP through B while nobody leads: %+v", mcpRan)
 	}
 	t.Logf("MCP through B (connect, session_get, exec) answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(mcpAt).Seconds(), time.Since(killed).Seconds())
-	if res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": 60}}); err != nil || !res.IsError || !strings.HasPrefix(contentText(res), "unavailable: ") {
-		t.Errorf("session_create over MCP through B while nobody leads: %v %+v, want the tool error unavailable", err, res)
+	type toolAnswer struct {
+		res *mcp.CallToolResult
+		err error
+		at  time.Time
 	}
+	mcpCreate := make(chan toolAnswer, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": -1}})
+		mcpCreate <- toolAnswer{res, err, time.Now()}
+	}()
 	if st, body := rb.rawPost(t, "/mcp", "Bearer junk", `{"jsonrpc":"2.0","id":1,"method":"ping"}`); st != 401 {
 		t.Errorf("MCP through B while nobody leads, a junk key: %d %s, want 401", st, body)
 	}
@@ -1284,6 +1292,19 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the session through B, leading: %d %s", st, body)
 	}
 	t.Logf("B leads %.1f s after A's death", time.Since(killed).Seconds())
+	// The create over MCP made through B while nobody led: answered by
+	// the leader, once there was one (its refusal of the TTL), not
+	// with the 503 of the gap.
+	select {
+	case a := <-mcpCreate:
+		if a.err != nil || !a.res.IsError || !strings.HasPrefix(contentText(a.res), "invalid_argument: ") {
+			t.Errorf("session_create over MCP through B, made while nobody led: %v %+v, want the leader's invalid_argument", a.err, a.res)
+		} else {
+			t.Logf("a create over MCP through B made while nobody led was answered by the leader %.1f s after the kill", a.at.Sub(killed).Seconds())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Error("session_create over MCP through B, made while nobody led: no answer 2 minutes after B leads")
+	}
 	// What B did alone, B leading holds to: the extended session keeps
 	// its new expiry; the deleted one is stopped (its Pod gone), its
 	// trail has the request, when it was made, and then its end.

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/mcpserver"
+	sandgate "github.com/sandgate/sandgate/sdk/go"
 	"github.com/sandgate/sandgate/session/kube"
 	corev1 "k8s.io/api/core/v1"
 
@@ -244,8 +245,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				}
 			}
 			// And /mcp while no leader answers (the Front passes it on
-			// otherwise).
-			mcp, err := mcpOption(cfg, pub)
+			// otherwise). Its tools' calls are retried as the gateway
+			// says to: a create waits until a replica leads (this one,
+			// say), as an SDK's would, rather than failing at once.
+			mcp, err := mcpOption(cfg, pub, sandgate.WithRetry(sandgate.DefaultRetryFor))
 			if err != nil {
 				return err
 			}
@@ -820,12 +823,12 @@ func profileConfig(cfg *Config, vkey []byte) profile.Config {
 // mcpOption serves /mcp: the MCP tools act through the gateway's own
 // API over loopback (this replica's listener: the Front, while it
 // stands by), with each request's API key, under the public host name.
-func mcpOption(cfg *Config, pub *url.URL) (gateway.Option, error) {
+func mcpOption(cfg *Config, pub *url.URL, opts ...sandgate.Option) (gateway.Option, error) {
 	self, err := loopbackURL(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("config: listen %q: %w", cfg.Listen, err)
 	}
-	return gateway.WithMCP(mcpserver.Handler(self, pub.Host, version())), nil
+	return gateway.WithMCP(mcpserver.Handler(self, pub.Host, version(), opts...)), nil
 }
 
 func gatewayConfig(cfg *Config, pub *url.URL) gateway.Config {
