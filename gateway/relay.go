@@ -1555,10 +1555,15 @@ func (l *relayLive) ask(req relayAdmitRequest) (relayAdmitAnswer, int, error) {
 }
 
 // silent notes that no leader answered (an admission, or a request
-// passed on).
+// passed on). A silence last noted over relayGrace ago, no leader
+// asked since, is another's: this one begins now (its copies are read
+// again, admitsAlone).
 func (l *relayLive) silent() {
 	now := time.Now().UnixNano()
-	l.silentAt.Store(now)
+	if last := l.silentAt.Swap(now); last != 0 && now-last > int64(relayGrace) {
+		l.silentSince.Store(now)
+		return
+	}
 	l.silentSince.CompareAndSwap(0, now)
 }
 

@@ -542,9 +542,15 @@ func (l *relayLive) mcpAlone(c *fiber.Ctx) error {
 	if l.alone == nil || l.alone.Tenant == nil {
 		return retrySoon(c, relayUnavailableFor(errors.New("this replica has no copy of the tenants")))
 	}
+	// A key the copy refuses is refused before anything else: it marks
+	// no silence.
+	if _, _, err := l.tenantAlone(key); err != nil {
+		return retrySoon(c, err)
+	}
 	// The Front hands /mcp here only when the leader did not take its
 	// connection: this replica's silence too, so that the copies are
-	// read again as it begins (admitsAlone).
+	// read again as it begins (admitsAlone), and the key checked again
+	// by them.
 	l.silent()
 	if err := l.admitsAlone(c.Context()); err != nil {
 		return retrySoon(c, err)

@@ -106,6 +106,17 @@ func TestRelayMCPAlone(t *testing.T) {
 			}
 		}
 	}
+	// A key the copy refuses marks no silence (which would have the
+	// relay admit alone, without asking the leader, for a while); a
+	// good one does (the control).
+	quiet := relay()
+	quiet.AdmitAlone(sessionlessAlone())
+	if st, _, _ := call(quiet, "POST", "junk", "", "application/json"); st != 401 || quiet.live.(*relayLive).silentSince.Load() != 0 {
+		t.Errorf("/mcp with a junk key: %d, silence noted %t; want 401 and none", st, quiet.live.(*relayLive).silentSince.Load() != 0)
+	}
+	if st, _, _ := call(quiet, "POST", "good", "", "application/json"); st != 200 || quiet.live.(*relayLive).silentSince.Load() == 0 {
+		t.Errorf("/mcp with a good key: %d, silence noted %t; want 200 and noted", st, quiet.live.(*relayLive).silentSince.Load() != 0)
+	}
 	// No copy of the tenants (no store): 503 to retry, the handler
 	// unreached.
 	calls.Store(0)
@@ -165,6 +176,8 @@ func TestRelayMetricsOpenAPI(t *testing.T) {
 // 503 to retry, the handler unreached, as the relay's other answers.
 func TestRelayMCPAloneTurns(t *testing.T) {
 	release := make(chan struct{})
+	done := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(done) // (a failure leaves no request held)
 	var calls atomic.Int32
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
@@ -249,7 +262,7 @@ func TestRelayMCPAloneTurns(t *testing.T) {
 	if st, body := call("junk", false); st != 401 {
 		t.Errorf("a junk key while every turn is held: %d %s, want 401", st, body)
 	}
-	close(release)
+	done()
 	held.Wait()
 	// The copies not read since the silence began: 503 to retry.
 	fresh.Store(time.Now().Add(-time.Hour).UnixNano())
@@ -268,4 +281,30 @@ func waitUntil(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10 s")
 		}
 	}
+}
+
+// TestRelaySilenceAnew: a silence noted over relayGrace ago, no leader
+// asked since, is not the one noted now: the copies are read again as
+// the new one begins. The control: a silence noted again at once is the
+// same one, its copies read once.
+func TestRelaySilenceAnew(t *testing.T) {
+	srv := testRelay(t, "http://127.0.0.1:1", nil)
+	l := srv.live.(*relayLive)
+	var refreshed atomic.Int32
+	alone := sessionlessAlone()
+	alone.Refresh = func(context.Context) { refreshed.Add(1) }
+	srv.AdmitAlone(alone)
+	admits := func(want int32) {
+		t.Helper()
+		if err := l.admitsAlone(context.Background()); err != nil || refreshed.Load() != want {
+			t.Fatalf("admitting alone: %v, the copies read %d times; want %d", err, refreshed.Load(), want)
+		}
+	}
+	l.silent()
+	admits(1)
+	l.silent()
+	admits(1)
+	l.silentAt.Store(time.Now().Add(-2 * relayGrace).UnixNano())
+	l.silent()
+	admits(2)
 }

@@ -246,9 +246,10 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			}
 			// And /mcp while no leader answers (the Front passes it on
 			// otherwise). Its tools' calls are retried as the gateway
-			// says to: a create waits until a replica leads (this one,
-			// say), as an SDK's would, rather than failing at once.
-			mcp, err := mcpOption(cfg, pub, sandgate.WithRetry(sandgate.DefaultRetryFor))
+			// says to, for mcpRetryFor: a create waits until a replica
+			// leads (this one, say), as an SDK's would, rather than
+			// failing at once.
+			mcp, err := mcpOption(cfg, pub, sandgate.WithRetry(mcpRetryFor))
 			if err != nil {
 				return err
 			}
@@ -820,6 +821,15 @@ func profileConfig(cfg *Config, vkey []byte) profile.Config {
 }
 
 // gatewayConfig is the gateway's part of the config.
+// mcpRetryFor bounds how long a replica standing by sends its MCP
+// tools' calls again (a create while no replica leads): longer than a
+// replica takes to take over (the lease's 15 s and the adoption), short
+// enough that the retries and a cold start (up to 21 s under gVisor on
+// a slow machine) end before an MCP client's usual minute. A tool's
+// call is carried on by the gateway, once sent, whether its client
+// still waits or not.
+const mcpRetryFor = 30 * time.Second
+
 // mcpOption serves /mcp: the MCP tools act through the gateway's own
 // API over loopback (this replica's listener: the Front, while it
 // stands by), with each request's API key, under the public host name.
