@@ -1320,8 +1320,8 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 
 // metrics answers GET /metrics for a replica standing by: its own
 // process and the preview connections and shells it carries, and that
-// it does not lead. The sessions, pools and creates are the leader's to count: a
-// scrape of every replica counts each once.
+// it does not lead. The sessions, pools and creates are the leader's
+// to count: a scrape of every replica counts each once.
 func (l *relayLive) metrics(c *fiber.Ctx) error {
 	l.mu.Lock()
 	carried := len(l.conns)

@@ -688,6 +688,16 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := callVia(t, fresh, rb.gwURL, "", "GET", "/metrics", nil); st != 200 || !strings.Contains(string(body), "\nsandgate_gateway_leading 0\n") || strings.Contains(string(body), "sandgate_sessions") {
 		t.Fatalf("B's metrics while A leads: %d %s, want B's own", st, body)
 	}
+	// A session_get over MCP through A, leading: how long B's alone
+	// takes is set against it (below).
+	csA := mcpConnect(t, ra.mcpHTTP(ra.keyA))
+	var mcpGotA sandgate.Session
+	getAt := time.Now()
+	callTool(t, csA, "session_get", map[string]any{"session_id": s.ID}, &mcpGotA)
+	mcpGetA := time.Since(getAt)
+	if mcpGotA.ID != s.ID || mcpGotA.State != "running" {
+		t.Fatalf("session_get over MCP through A: %+v", mcpGotA)
+	}
 
 	killed := time.Now()
 	ra.stopGateway(syscall.SIGKILL)
@@ -1031,10 +1041,13 @@ func TestKubeRelay(t *testing.T) {
 	mcpAt := time.Now()
 	cs := mcpConnect(t, rb.mcpHTTP(rb.keyA))
 	var mcpGot sandgate.Session
+	getAt = time.Now()
 	callTool(t, cs, "session_get", map[string]any{"session_id": s.ID}, &mcpGot)
-	if mcpGot.ID != s.ID || mcpGot.State != "running" {
+	mcpGetB := time.Since(getAt)
+	if mcpGot.ID != s.ID || mcpGot.State != "running" || mcpGot.ExpiresAt.IsZero() {
 		t.Errorf("session_get over MCP through B while nobody leads: %+v", mcpGot)
 	}
+	t.Logf("a session_get over MCP through B, nobody leading, took %.3f s; through A, leading, %.3f s (B/A %.2f)", mcpGetB.Seconds(), mcpGetA.Seconds(), mcpGetB.Seconds()/mcpGetA.Seconds())
 	var mcpRan struct {
 		ExitCode int    `json:"exit_code"`
 		Stdout   string `json:"stdout"`

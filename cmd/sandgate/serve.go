@@ -820,7 +820,6 @@ func profileConfig(cfg *Config, vkey []byte) profile.Config {
 		Secure: cfg.MinIO.Secure, Bucket: cfg.Profiles.Bucket, VaultKey: vkey, Keep: cfg.Profiles.KeepVersions}
 }
 
-// gatewayConfig is the gateway's part of the config.
 // mcpRetryFor bounds how long a replica standing by sends its MCP
 // tools' calls again (a create while no replica leads): longer than a
 // replica takes to take over (the lease's 15 s and the adoption), short
@@ -841,6 +840,7 @@ func mcpOption(cfg *Config, pub *url.URL, opts ...sandgate.Option) (gateway.Opti
 	return gateway.WithMCP(mcpserver.Handler(self, pub.Host, version(), opts...)), nil
 }
 
+// gatewayConfig is the gateway's part of the config.
 func gatewayConfig(cfg *Config, pub *url.URL) gateway.Config {
 	admins := map[string]bool{}
 	for _, h := range cfg.AdminKeySHA256 {
