@@ -12,6 +12,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate/ids"
@@ -597,6 +598,15 @@ type replayConn struct {
 }
 
 func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// SyscallConn is the socket of the connection under it (whether a
+// waiting client hung up: peekNow), as eofConn's.
+func (c *replayConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
+}
 
 func peekAll(br *bufio.Reader) []byte {
 	b, _ := br.Peek(br.Buffered())

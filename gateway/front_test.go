@@ -501,3 +501,43 @@ func TestRequestTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayConnPeek: a connection the Front hands over (replayConn,
+// under the relay's eofConn) shows its socket, so that a handler can
+// tell its client hung up (watchPeer): not while the client is there,
+// once it has gone. The control: a connection with no socket (a pipe)
+// cannot be looked at.
+func TestReplayConnPeek(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	handed := &eofConn{Conn: &replayConn{Conn: server, r: strings.NewReader("GET / HTTP/1.1\r\n")}}
+	if peerGone(handed) {
+		t.Fatal("a handed-over connection whose client is there reads as gone")
+	}
+	client.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for !peerGone(handed) {
+		if time.Now().After(deadline) {
+			t.Fatal("a handed-over connection whose client hung up does not read as gone")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	a, b := net.Pipe()
+	defer a.Close()
+	b.Close()
+	if _, err := peekNow(&eofConn{Conn: &replayConn{Conn: a, r: strings.NewReader("")}}); err == nil {
+		t.Fatal("a pipe's connection was looked at")
+	}
+}

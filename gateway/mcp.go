@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"mime"
 	"net/http"
 	"strings"
@@ -30,7 +31,7 @@ func (s *Server) mcpRoutes(authenticate fiber.Handler) {
 	if s.mcp == nil {
 		return
 	}
-	s.app.Post("/mcp", s.checkOrigin, authenticate, checkMCPRequest, adaptor.HTTPHandler(s.mcp))
+	s.app.Post("/mcp", s.checkOrigin, authenticate, checkMCPRequest, s.mcpServe())
 	notAllowed := func(c *fiber.Ctx) error {
 		c.Set(fiber.HeaderAllow, fiber.MethodPost)
 		return &apiError{status: 405, code: "invalid_argument", msg: "this MCP server is stateless: send JSON-RPC messages with POST; it has no SSE stream and no session to delete"}
@@ -38,6 +39,32 @@ func (s *Server) mcpRoutes(authenticate fiber.Handler) {
 	s.app.Get("/mcp", s.checkOrigin, authenticate, notAllowed)
 	s.app.Delete("/mcp", s.checkOrigin, authenticate, notAllowed)
 }
+
+// mcpServe runs the MCP server for a request, under a context that
+// ends when its client hangs up (watchPeer): a tool's call to the API
+// (a create waiting for its session, a command) is cancelled with it,
+// and the create rolled back, rather than carried on for nobody.
+// Fiber's adaptor hands a net/http handler the server's context, which
+// never ends with the connection.
+func (s *Server) mcpServe() fiber.Handler {
+	h := adaptor.HTTPHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ctx, ok := r.Context().Value(mcpContext{}).(context.Context); ok {
+			r = r.WithContext(ctx)
+		}
+		s.mcp.ServeHTTP(w, r)
+	}))
+	return func(c *fiber.Ctx) error {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		stop, _ := watchPeer(c, cancel)
+		defer stop()
+		c.Context().SetUserValue(mcpContext{}, ctx)
+		return h(c)
+	}
+}
+
+// mcpContext is the key of the context mcpServe hands the MCP server.
+type mcpContext struct{}
 
 // checkMCPRequest holds a POST to what the streamable HTTP transport
 // requires: a JSON body, and an Accept that takes both JSON and SSE.

@@ -1,12 +1,17 @@
 package gateway
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestMCPRoute: /mcp reaches the MCP handler only with a valid API key
@@ -109,5 +114,85 @@ func TestMCPBodyLimit(t *testing.T) {
 		if tc.status == 200 && got != len(body) {
 			t.Fatalf("the handler got %d bytes of %d", got, len(body))
 		}
+	}
+}
+
+// TestMCPClientGone: the MCP server's request context ends when its
+// client hangs up, so that a tool's call to the API (a create waiting
+// for its session) is cancelled with it; while the client waits, it
+// does not end (the control), and the answer reaches it.
+func TestMCPClientGone(t *testing.T) {
+	started := make(chan struct{}, 2)
+	ended := make(chan bool, 2)
+	var release atomic.Pointer[chan struct{}]
+	waiting := make(chan struct{})
+	release.Store(&waiting)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			ended <- true
+			return
+		case <-*release.Load():
+			ended <- false
+		case <-time.After(20 * time.Second):
+			ended <- false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
+	})
+	s := newTestServer(t, WithMCP(h))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.App().Listener(eofListener{ln}) // as Serve serves it
+	defer s.App().Shutdown()
+	send := func() net.Conn {
+		t.Helper()
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
+		fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: gw.test:8080\r\nAuthorization: Bearer good-key\r\nContent-Type: application/json\r\n"+
+			"Accept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the MCP handler was not reached")
+		}
+		return c
+	}
+	// The control: a client that waits keeps the context, and gets
+	// the answer.
+	c := send()
+	select {
+	case gone := <-ended:
+		t.Fatalf("the handler's context ended (%t) while its client waited", gone)
+	case <-time.After(1500 * time.Millisecond): // three of watchPeer's looks
+	}
+	close(waiting)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the waiting client's answer: %v %v", resp, err)
+	}
+	c.Close()
+	if gone := <-ended; gone {
+		t.Fatal("the handler's context ended for a client that waited")
+	}
+	// A client that hangs up: the context ends.
+	waiting = make(chan struct{})
+	release.Store(&waiting)
+	c = send()
+	c.Close()
+	select {
+	case gone := <-ended:
+		if !gone {
+			t.Fatal("the handler ended without its context ending")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's context did not end within 10 s of its client hanging up")
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"image"
 	"image/png"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +17,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	sandgate "github.com/sandgate/sandgate/sdk/go"
 )
 
 // TestMCP: the Go SDK's MCP client drives `sandgate mcp` over stdio and
@@ -397,5 +401,68 @@ func (e *testEnv) mcpDesktopFlow(t *testing.T, cs *mcp.ClientSession) {
 	callTool(t, cs, "session_delete", map[string]any{"session_id": s.ID}, &ended)
 	if ended.State != "stopped" {
 		t.Fatalf("session_delete: %+v", ended)
+	}
+}
+
+// TestMCPHangUp: a session_create over /mcp whose client hangs up while
+// the session starts is rolled back, as a create through the API whose
+// client hangs up is: the MCP server's call ends with its client, and
+// the create with it. TestMCP's creates, whose clients wait, are the
+// control.
+func TestMCPHangUp(t *testing.T) {
+	e := needE2E(t)
+	label := map[string]string{"test": t.Name() + "-" + randHex(4)}
+	mine := func() []sandgate.Session {
+		t.Helper()
+		st, body := e.api(t, e.keyA, "GET", "/v1/sessions", nil)
+		var out struct{ Sessions []sandgate.Session }
+		if err := json.Unmarshal(body, &out); st != 200 || err != nil {
+			t.Fatalf("list: %d %s", st, body)
+		}
+		var got []sandgate.Session
+		for _, s := range out.Sessions {
+			if s.Labels["test"] == label["test"] {
+				got = append(got, s)
+			}
+		}
+		return got
+	}
+	c, err := net.DialTimeout("tcp", e.gwAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A screen no warm pool keeps: a cold start, which takes seconds.
+	call, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{
+		"name": "session_create", "arguments": map[string]any{"kind": "browser", "screen_width": 1000, "screen_height": 700, "labels": label}}})
+	fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n%s",
+		e.gwAddr, e.keyA, len(call), call)
+	var ss []sandgate.Session
+	for deadline := time.Now().Add(60 * time.Second); len(ss) == 0; ss = mine() {
+		if time.Now().After(deadline) {
+			t.Fatal("the session the MCP call creates did not appear within 60 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ss[0].State != "starting" {
+		t.Skipf("the session was %s when first seen: the start was over before the client could hang up (a fast machine, or a pool); nothing to show", ss[0].State)
+	}
+	c.Close()
+	id := ss[0].ID
+	for deadline := time.Now().Add(90 * time.Second); ; {
+		st, body := e.api(t, e.keyA, "GET", "/v1/sessions/"+id, nil)
+		var s sandgate.Session
+		json.Unmarshal(body, &s)
+		if st == 404 || s.State == "failed" || s.State == "stopped" {
+			t.Logf("the session of an MCP create whose client hung up: %d %s (%s)", st, s.State, s.Failure)
+			break
+		}
+		if s.State == "running" {
+			t.Fatalf("the session of an MCP create whose client hung up runs: %s", body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the session of an MCP create whose client hung up is still %s after 90 s", s.State)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
