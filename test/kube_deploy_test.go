@@ -298,7 +298,8 @@ func TestKubeDeployment(t *testing.T) {
 	// through the leader's (the control).
 	standby := ""
 	addrs := map[string]string{}
-	for _, p := range deployReady(t, ctx, c, ns, gwPods) {
+	ready := deployReady(t, ctx, c, ns, gwPods)
+	for _, p := range ready {
 		addrs[p.Name] = p.Status.PodIP
 		if p.Name != leader {
 			standby = p.Name
@@ -306,6 +307,26 @@ func TestKubeDeployment(t *testing.T) {
 	}
 	if standby == "" || addrs[leader] == "" {
 		t.Fatalf("the replicas' addresses: %v (leader %s)", addrs, leader)
+	}
+	// Each replica's metrics, scraped as its Pod's annotations say (by
+	// its address, as Prometheus names it): the leader counts the
+	// session; the replica standing by answers its own, counting none.
+	for _, p := range ready {
+		a := p.Annotations
+		if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] == "" || a["prometheus.io/path"] == "" {
+			t.Fatalf("the gateway Pod %s's scrape annotations: %v", p.Name, a)
+		}
+		st, body, err := deployGet("http://"+p.Status.PodIP+":"+a["prometheus.io/port"]+a["prometheus.io/path"], "")
+		leading := p.Name == leader
+		switch {
+		case err != nil || st != 200:
+			t.Errorf("a scrape of %s (leading: %v): %d %v", p.Name, leading, st, err)
+		case leading && (!strings.Contains(string(body), "\nsandgate_gateway_leading 1\n") || !strings.Contains(string(body), `sandgate_sessions{state="running"} `) ||
+			strings.Contains(string(body), "sandgate_sessions{state=\"running\"} 0\n")):
+			t.Errorf("a scrape of the leader %s: %s, want it leading and counting the session", p.Name, body)
+		case !leading && (!strings.Contains(string(body), "\nsandgate_gateway_leading 0\n") || strings.Contains(string(body), "sandgate_sessions")):
+			t.Errorf("a scrape of %s, standing by: %s, want its own, counting no session", p.Name, body)
+		}
 	}
 	for _, name := range []string{leader, standby} {
 		via := "curl -sS --max-time 10 -x http://" + addrs[name] + ":3128 "
