@@ -54,7 +54,7 @@ func (s *Server) mcpServe() fiber.Handler {
 		s.mcp.ServeHTTP(w, r)
 	}))
 	return func(c *fiber.Ctx) error {
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(c.Context()) // (the server's, too)
 		defer cancel()
 		stop, _ := watchPeer(c, cancel)
 		defer stop()

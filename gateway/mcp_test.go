@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/mcpserver"
 )
 
 // TestMCPRoute: /mcp reaches the MCP handler only with a valid API key
@@ -117,18 +119,18 @@ func TestMCPBodyLimit(t *testing.T) {
 	}
 }
 
-// TestMCPClientGone: the MCP server's request context ends when its
-// client hangs up, so that a tool's call to the API (a create waiting
-// for its session) is cancelled with it; while the client waits, it
-// does not end (the control), and the answer reaches it.
+// TestMCPClientGone: an MCP tool's call to the gateway (here a fake
+// one's, which waits) ends when the /mcp client hangs up, through
+// Fiber, as a create whose client hangs up is rolled back; while the
+// client waits, it goes on, and the answer reaches it (the control).
 func TestMCPClientGone(t *testing.T) {
-	started := make(chan struct{}, 2)
+	asked := make(chan struct{}, 2)
 	ended := make(chan bool, 2)
 	var release atomic.Pointer[chan struct{}]
 	waiting := make(chan struct{})
 	release.Store(&waiting)
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		started <- struct{}{}
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- struct{}{}
 		select {
 		case <-r.Context().Done():
 			ended <- true
@@ -139,9 +141,10 @@ func TestMCPClientGone(t *testing.T) {
 			ended <- false
 		}
 		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{}}`)
-	})
-	s := newTestServer(t, WithMCP(h))
+		io.WriteString(w, `{"sessions":[]}`)
+	}))
+	defer gw.Close()
+	s := newTestServer(t, WithMCP(mcpserver.Handler(gw.URL, "", "test")))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -154,22 +157,22 @@ func TestMCPClientGone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		body := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
+		body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"session_list","arguments":{}}}`
 		fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: gw.test:8080\r\nAuthorization: Bearer good-key\r\nContent-Type: application/json\r\n"+
 			"Accept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		select {
-		case <-started:
+		case <-asked:
 		case <-time.After(10 * time.Second):
-			t.Fatal("the MCP handler was not reached")
+			t.Fatal("the MCP tool did not call the gateway")
 		}
 		return c
 	}
-	// The control: a client that waits keeps the context, and gets
-	// the answer.
+	// The control: a client that waits keeps the call, and gets the
+	// answer.
 	c := send()
 	select {
 	case gone := <-ended:
-		t.Fatalf("the handler's context ended (%t) while its client waited", gone)
+		t.Fatalf("the tool's call ended (%t) while its client waited", gone)
 	case <-time.After(1500 * time.Millisecond): // three of watchPeer's looks
 	}
 	close(waiting)
@@ -178,11 +181,12 @@ func TestMCPClientGone(t *testing.T) {
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("the waiting client's answer: %v %v", resp, err)
 	}
+	answer, _ := io.ReadAll(resp.Body)
 	c.Close()
-	if gone := <-ended; gone {
-		t.Fatal("the handler's context ended for a client that waited")
+	if gone := <-ended; gone || !strings.Contains(string(answer), `sessions`) {
+		t.Fatalf("the waiting client's call: ended %t, answer %s", gone, answer)
 	}
-	// A client that hangs up: the context ends.
+	// A client that hangs up: the call ends.
 	waiting = make(chan struct{})
 	release.Store(&waiting)
 	c = send()
@@ -190,9 +194,9 @@ func TestMCPClientGone(t *testing.T) {
 	select {
 	case gone := <-ended:
 		if !gone {
-			t.Fatal("the handler ended without its context ending")
+			t.Fatal("the tool's call ended, not by its request's end")
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the handler's context did not end within 10 s of its client hanging up")
+		t.Fatal("the tool's call went on 10 s after its client hung up")
 	}
 }

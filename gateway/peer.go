@@ -18,12 +18,15 @@ import (
 // watchPeer calls cancel when the client closes its connection while the
 // handler runs (a half-close counts: the client can no longer be told it
 // has to retry); gone says whether it did. The returned func stops the
-// watch.
+// watch, and returns once it has stopped: a look at the socket made
+// after the handler returned would wait behind the server's read of the
+// connection's next request.
 func watchPeer(c *fiber.Ctx, cancel func()) (stop func(), gone func() bool) {
 	conn := c.Context().Conn()
-	done := make(chan struct{})
+	done, exited := make(chan struct{}), make(chan struct{})
 	var left atomic.Bool
 	go func() {
+		defer close(exited)
 		tick := time.NewTicker(500 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -39,7 +42,7 @@ func watchPeer(c *fiber.Ctx, cancel func()) (stop func(), gone func() bool) {
 			}
 		}
 	}()
-	return func() { close(done) }, left.Load
+	return func() { close(done); <-exited }, left.Load
 }
 
 // peerGone reports whether the other end closed conn, by peeking at it:

@@ -56,11 +56,37 @@ func Handler(base, host, version string, opts ...sandgate.Option) http.Handler {
 		}
 		return sandgate.New(base, key, opts...), nil
 	}, version)
+	// A call ends with its HTTP request: the SDK hands the tools a
+	// context that does not (its connection's, for the protocol
+	// versions before 2026-07-28), so the request's own is kept in the
+	// context's values and ends the call's (endsWithRequest).
+	srv.AddReceivingMiddleware(endsWithRequest)
 	// The SDK's DNS-rebinding guard refuses a non-loopback Host on a
 	// loopback listener: the gateway behind a reverse proxy. The gateway
 	// checks Host and Origin itself, and a rebinding page has no API key.
-	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
 		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, DisableLocalhostProtection: true})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestContext{}, r.Context())))
+	})
+}
+
+// requestContext is the key of the HTTP request's context (Handler).
+type requestContext struct{}
+
+// endsWithRequest ends a message's handling (a tool's call to the
+// gateway, a create waiting for its session) when the HTTP request that
+// brought it ends: its client hung up.
+func endsWithRequest(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if rc, ok := ctx.Value(requestContext{}).(context.Context); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			defer context.AfterFunc(rc, cancel)()
+		}
+		return next(ctx, method, req)
+	}
 }
 
 func newServer(client clientFunc, version string) *mcp.Server {

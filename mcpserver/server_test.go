@@ -79,3 +79,86 @@ func resultText(res *mcp.CallToolResult) string {
 	}
 	return strings.Join(s, "\n")
 }
+
+// TestHandlerEndsWithRequest: a tool's call to the gateway ends when the
+// HTTP request that made it ends (its client hung up), though the SDK
+// hands tools a context that does not; while the client waits, the call
+// goes on and its answer comes back (the control).
+func TestHandlerEndsWithRequest(t *testing.T) {
+	asked := make(chan struct{}, 2)
+	ended := make(chan bool, 2)
+	var release atomic.Pointer[chan struct{}]
+	waiting := make(chan struct{})
+	release.Store(&waiting)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			ended <- true
+			return
+		case <-*release.Load():
+			ended <- false
+		case <-time.After(20 * time.Second):
+			ended <- false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"sessions":[]}`)
+	}))
+	defer gw.Close()
+	srv := httptest.NewServer(Handler(gw.URL, "", "test"))
+	defer srv.Close()
+	call := func(ctx context.Context) (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"session_list","arguments":{}}}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer k")
+		return http.DefaultClient.Do(req)
+	}
+	reached := func() {
+		t.Helper()
+		select {
+		case <-asked:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the tool did not call the gateway")
+		}
+	}
+	// The control: a client that waits gets the answer.
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() { resp, err := call(context.Background()); got <- answer{resp, err} }()
+	reached()
+	select {
+	case gone := <-ended:
+		t.Fatalf("the tool's call ended (%t) while its client waited", gone)
+	case <-time.After(500 * time.Millisecond):
+	}
+	close(waiting)
+	a := <-got
+	if a.err != nil || a.resp.StatusCode != 200 {
+		t.Fatalf("the waiting client's answer: %v %v", a.resp, a.err)
+	}
+	body, _ := io.ReadAll(a.resp.Body)
+	a.resp.Body.Close()
+	if gone := <-ended; gone || !strings.Contains(string(body), `"sessions"`) {
+		t.Fatalf("the waiting client's call: ended %t, answer %s", gone, body)
+	}
+	// A client that hangs up: the tool's call ends with it.
+	waiting = make(chan struct{})
+	release.Store(&waiting)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { resp, err := call(ctx); got <- answer{resp, err} }()
+	reached()
+	cancel()
+	select {
+	case gone := <-ended:
+		if !gone {
+			t.Fatal("the tool's call ended, not by its request's end")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tool's call went on 10 s after its client hung up")
+	}
+	<-got
+}
