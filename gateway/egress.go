@@ -18,26 +18,37 @@ const (
 	maxBindings = 16
 )
 
+// egressAllow is a session's allow list: the tenant's (tenantAllow),
+// then the request's, each pattern once.
+func egressAllow(tenantAllow, allow []string) ([]string, error) {
+	out := []string{}
+	seen := map[string]bool{}
+	for _, a := range append(append([]string{}, tenantAllow...), allow...) {
+		p, err := egress.ParsePattern(a)
+		if err != nil {
+			return nil, errInvalid("egress.allow: " + strings.TrimPrefix(err.Error(), egress.ErrInvalid.Error()+": "))
+		}
+		if !seen[p.String()] {
+			seen[p.String()] = true
+			out = append(out, p.String())
+		}
+	}
+	if len(out) > maxAllow {
+		return nil, errInvalid("egress.allow: at most 64 entries")
+	}
+	return out, nil
+}
+
 // egressSpec checks a create request's egress and credentials against the
 // egress rules and the tenant's vault, adding the tenant's default allow
 // list. Every mistake is a 4xx that says which entry is wrong.
 func (s *Server) egressSpec(c *fiber.Ctx, allow []string, bindings []egress.Binding) (session.Egress, error) {
 	tenant := tenantOf(c)
 	lim, _ := s.sessions.Limits(tenant)
-	out := session.Egress{Allow: []string{}}
-	seen := map[string]bool{}
-	for _, a := range append(append([]string{}, lim.EgressAllow...), allow...) {
-		p, err := egress.ParsePattern(a)
-		if err != nil {
-			return session.Egress{}, errInvalid("egress.allow: " + strings.TrimPrefix(err.Error(), egress.ErrInvalid.Error()+": "))
-		}
-		if !seen[p.String()] {
-			seen[p.String()] = true
-			out.Allow = append(out.Allow, p.String())
-		}
-	}
-	if len(out.Allow) > maxAllow {
-		return session.Egress{}, errInvalid("egress.allow: at most 64 entries")
+	var out session.Egress
+	var err error
+	if out.Allow, err = egressAllow(lim.EgressAllow, allow); err != nil {
+		return session.Egress{}, err
 	}
 	if len(bindings) == 0 {
 		return out, nil

@@ -398,7 +398,7 @@ func TestFrontAnswersAlone(t *testing.T) {
 	pid := ids.NewPreview()
 	cid := ids.NewCredential()
 	aid := recordings.SegmentID(sid, "audit.jsonl")
-	alone := [][2]string{{"GET", "/v1/sessions"}, {"GET", "/v1/sessions?x=1"}, {"GET", "/v1/sessions/" + sid}, {"POST", "/v1/sessions/" + sid + "/previews"},
+	alone := [][2]string{{"POST", "/v1/sessions"}, {"POST", "/v1/sessions?wait=true"}, {"GET", "/v1/sessions"}, {"GET", "/v1/sessions?x=1"}, {"GET", "/v1/sessions/" + sid}, {"POST", "/v1/sessions/" + sid + "/previews"},
 		{"DELETE", "/v1/sessions/" + sid + "/previews/" + pid}, {"GET", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/artifacts"},
 		{"GET", "/v1/artifacts/" + aid}, {"GET", "/review/tok"}, {"GET", "/review/tok/artifacts/" + aid},
 		{"POST", "/v1/sessions/" + sid + "/extend"}, {"DELETE", "/v1/sessions/" + sid},
@@ -408,7 +408,7 @@ func TestFrontAnswersAlone(t *testing.T) {
 		{"DELETE", "/v1/profiles/prof_0123456789abcdef"}, {"POST", "/v1/profiles/prof_0123456789abcdef/rollback"}, {"DELETE", "/v1/profiles/junk"},
 		{"GET", "/v1/runtimes"}, {"GET", "/v1/pools"}, {"GET", "/admin/v1/tenants"}, {"GET", "/admin/v1/tenants/tenant-a"}, {"GET", "/admin/v1/tenants/tenant-a/keys"}, {"GET", "/admin/v1/tenants/Not_A_Name"},
 		{"POST", "/mcp"}, {"GET", "/mcp"}, {"DELETE", "/mcp"}, {"GET", "/openapi.yaml"}, {"GET", "/openapi.json"}}
-	others := [][2]string{{"POST", "/v1/sessions"}, {"DELETE", "/v1/sessions/junk"}, {"DELETE", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/junk"},
+	others := [][2]string{{"PUT", "/v1/sessions"}, {"POST", "/v1/sessions/"}, {"DELETE", "/v1/sessions/junk"}, {"DELETE", "/v1/sessions/" + sid + "/"}, {"GET", "/v1/sessions/junk"},
 		{"POST", "/v1/sessions/" + sid + "/extend/x"}, {"POST", "/v1/sessions/junk/extend"}, {"PUT", "/v1/sessions/" + sid + "/extend"},
 		{"POST", "/v1/sessions/" + sid + "/events"}, {"GET", "/v1/sessions/" + sid + "/events/x"}, {"GET", "/v1/sessions/junk/artifacts"},
 		{"DELETE", "/v1/sessions/" + sid + "/artifacts"}, {"GET", "/v1/artifacts/junk"}, {"GET", "/v1/artifacts/" + aid + "/x"}, {"GET", "/v1/artifacts/"},

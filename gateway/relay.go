@@ -1125,13 +1125,17 @@ type relayLive struct {
 	fillAnswers    chan struct{}  // the fills' (maxFillAnswers)
 	mcpAnswers     chan struct{}  // the MCP requests' (maxMCPAnswers)
 	mcpBy          map[string]int // of those, each tenant's (under mu)
-	issuedAlone    map[string]int
-	revokedAlone   map[string]time.Time
-	reached        time.Time // when a leader last answered a report
-	addr           string    // the leader's, read at addrAt
-	addrAt         time.Time
-	addrErr        error
-	lookup         sync.Mutex // one read of the leader at a time
+	// createAnswers are the turns of the creates carried; createsBy
+	// counts each tenant's answered alone (under mu; createTurn).
+	createAnswers chan struct{}
+	createsBy     map[string]int
+	issuedAlone   map[string]int
+	revokedAlone  map[string]time.Time
+	reached       time.Time // when a leader last answered a report
+	addr          string    // the leader's, read at addrAt
+	addrAt        time.Time
+	addrErr       error
+	lookup        sync.Mutex // one read of the leader at a time
 	// refusedAt: when the leader last refused this replica's signature
 	// (unix ns; 0 never).
 	refusedAt atomic.Int64
@@ -1206,6 +1210,8 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		fillAnswers:    make(chan struct{}, maxFillAnswers),
 		mcpAnswers:     make(chan struct{}, maxMCPAnswers),
 		mcpBy:          map[string]int{},
+		createsBy:      map[string]int{},
+		createAnswers:  make(chan struct{}, maxCreatesAlone),
 		issuedAlone:    map[string]int{},
 		revokedAlone:   map[string]time.Time{},
 		sandbox:        sandbox,
@@ -1282,6 +1288,8 @@ func NewRelay(cfg Config, identity string, leader func(ctx context.Context) (str
 		s.app.Get(relayReadRoute, l.orAlone(l.getAlone))
 		s.app.Post(relayPreviewsRoute, l.orAlone(s.issueAlone))
 		s.app.Delete(relayRevokeRoute, l.orAlone(s.revokeAlone))
+		// And a session's create (a cold start, session.Alone).
+		s.app.Post(relayListRoute, l.createOrAlone(s.createAlone))
 		// And a session's extension and delete, by its Pod's record.
 		s.app.Post(relayExtendRoute, l.orAlone(s.extendAlone))
 		s.app.Delete(relayReadRoute, l.orAlone(s.deleteAlone))

@@ -33,7 +33,7 @@ import (
 // answers its report, which records them as it does the
 // leader-admitted ones'. It also answers session reads and lists,
 // extends and deletes sessions, and issues and revokes previews, that
-// no leader takes (orAlone), the tenant's usage (usageAlone),
+// no leader takes (orAlone), creates sessions (createAlone), the tenant's usage (usageAlone),
 // credentials with its own vault (vaultAlone), fills (fillAlone) and
 // profiles' creates and reads with its own profile store
 // (profilesAlone).
@@ -96,6 +96,10 @@ type RelayAlone struct {
 	Tenants func() (tenant.Reader, error)
 	Limits  func(tenant.Tenant) session.TenantLimits
 	Every   func(ctx context.Context) ([]AloneRecord, error)
+	// Create starts a session while no leader answers
+	// (session.Alone.Create, with the runtimes the backend offers now)
+	// and returns it running; nil: creates wait for a leader.
+	Create func(ctx context.Context, spec session.Spec, lim session.TenantLimits) (session.Info, error)
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not
@@ -887,12 +891,17 @@ const localAloneLimits = "relay-alone-limits"
 // alone (askOrAlone), when canAlone, it is answered by alone. Either
 // takes one of slots meanwhile.
 func (l *relayLive) passOrAlone(c *fiber.Ctx, slots chan struct{}, canAlone bool, alone func() error) error {
+	return l.passOrAloneWithin(c, slots, 5*time.Second, canAlone, alone)
+}
+
+// passOrAloneWithin is passOrAlone, the leader given d to answer.
+func (l *relayLive) passOrAloneWithin(c *fiber.Ctx, slots chan struct{}, d time.Duration, canAlone bool, alone func() error) error {
 	release, err := l.slot(slots)
 	if err != nil {
 		return retrySoon(c, err)
 	}
 	defer release()
-	if passed, err := l.tryLeader(c, 5*time.Second, canAlone); passed {
+	if passed, err := l.tryLeader(c, d, canAlone); passed {
 		return err
 	}
 	if err := l.admitsAlone(c.Context()); err != nil {

@@ -111,16 +111,10 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 		}
 		spec.Profile, spec.Snapshot = req.Profile, req.Snapshot
 	}
-	// A client that hangs up leaves the line, and its cold start rolls
-	// back, rather than getting a session nobody receives.
-	stopWatch, gone := watchPeer(c, cancel)
-	defer stopWatch()
-	info, err := s.sessions.Create(ctx, spec, wait)
+	info, err := createWatched(ctx, c, cancel, func(ctx context.Context) (session.Info, error) {
+		return s.sessions.Create(ctx, spec, wait)
+	})
 	if err != nil {
-		if gone() {
-			// Nobody to answer: not the gateway's failure.
-			return &apiError{status: 499, code: "unavailable", msg: "the client went away", err: err}
-		}
 		return err
 	}
 	out := createResponse{Info: info}
@@ -136,6 +130,20 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 		out.Preview = &p
 	}
 	return c.Status(fiber.StatusCreated).JSON(out)
+}
+
+// createWatched is create within ctx, which cancel ends when the client
+// hangs up (watchPeer): it leaves the line, and its cold start rolls
+// back, rather than getting a session nobody receives. Its failure
+// then is not the gateway's: 499.
+func createWatched(ctx context.Context, c *fiber.Ctx, cancel func(), create func(ctx context.Context) (session.Info, error)) (session.Info, error) {
+	stopWatch, gone := watchPeer(c, cancel)
+	defer stopWatch()
+	info, err := create(ctx)
+	if err != nil && gone() {
+		return info, &apiError{status: 499, code: "unavailable", msg: "the client went away", err: err}
+	}
+	return info, err
 }
 
 func (s *Server) sessionID(c *fiber.Ctx) (string, error) {

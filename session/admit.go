@@ -320,6 +320,11 @@ func (m *Manager) usageLocked(tenant string) Usage {
 // the head of the line, where it would hold up the creates behind it.
 func (m *Manager) neverFits(tenant string, need Resources) string {
 	lim, _ := m.Limits(tenant)
+	return neverFits(lim, need)
+}
+
+// neverFits says why need is over what lim allows any one session.
+func neverFits(lim TenantLimits, need Resources) string {
 	switch {
 	case lim.MaxCPUs > 0 && need.CPUs > lim.MaxCPUs+1e-9:
 		return fmt.Sprintf("resources.cpus %g is over the tenant's max_cpus %g", need.CPUs, lim.MaxCPUs)
@@ -331,12 +336,22 @@ func (m *Manager) neverFits(tenant string, need Resources) string {
 
 // fitsLocked says why a create of need does not fit now ("" if it does).
 func (m *Manager) fitsLocked(tenant string, need Resources, record bool) string {
-	u := m.usageLocked(tenant)
 	lim, _ := m.Limits(tenant)
-	if lim.MaxCreatesPerMinute > 0 {
-		if n, _ := m.createsLastMinuteLocked(tenant); n >= lim.MaxCreatesPerMinute {
-			return fmt.Sprintf("the tenant made %d creates in the last minute, its maximum", n)
-		}
+	creates, _ := m.createsLastMinuteLocked(tenant)
+	total := 0
+	if m.cfg.MaxSessions > 0 {
+		total = m.usageLocked("").Sessions
+	}
+	return fits(m.usageLocked(tenant), creates, lim, need, record, total, m.cfg.MaxSessions)
+}
+
+// fits says why a create of need (and a recording, with record) does
+// not fit ("" if it does): the tenant holds u and made creates in the
+// last minute, against lim; the gateway runs total sessions, against
+// its capacity (0: none).
+func fits(u Usage, creates int, lim TenantLimits, need Resources, record bool, total, capacity int) string {
+	if lim.MaxCreatesPerMinute > 0 && creates >= lim.MaxCreatesPerMinute {
+		return fmt.Sprintf("the tenant made %d creates in the last minute, its maximum", creates)
 	}
 	switch {
 	case record && lim.MaxRecordings > 0 && u.Recordings+1 > lim.MaxRecordings:
@@ -347,11 +362,8 @@ func (m *Manager) fitsLocked(tenant string, need Resources, record bool) string 
 		return fmt.Sprintf("the tenant's sessions hold %g of its %g CPUs and this one asks %g", u.CPUs, lim.MaxCPUs, need.CPUs)
 	case lim.MaxMemoryMB > 0 && u.MemoryMB+need.MemoryMB > lim.MaxMemoryMB:
 		return fmt.Sprintf("the tenant's sessions hold %d of its %d MB and this one asks %d", u.MemoryMB, lim.MaxMemoryMB, need.MemoryMB)
-	}
-	if max := m.cfg.MaxSessions; max > 0 {
-		if all := m.usageLocked(""); all.Sessions+1 > max {
-			return fmt.Sprintf("the gateway runs %d sessions, its capacity", all.Sessions)
-		}
+	case capacity > 0 && total+1 > capacity:
+		return fmt.Sprintf("the gateway runs %d sessions, its capacity", total)
 	}
 	return ""
 }

@@ -275,18 +275,24 @@ func revokedFromLabels(l map[string]string) map[string]time.Time {
 // session shows, and the egress proxy as the way out for Chromium and
 // command-line tools.
 func (m *Manager) sessionEnv(info Info) []string {
+	// Under a backend with its own network, the proxy the gateway serves
+	// there, if it does; the cluster's NetworkPolicy keeps the session to it.
+	proxy := m.cfg.ProxyURL
+	if pa := m.ProxyAddr(); pa.IsValid() {
+		proxy = "http://" + pa.String()
+	}
+	return sandboxEnv(info, proxy, m.cfg.Env)
+}
+
+// sandboxEnv is sessionEnv with the egress proxy's URL ("": none) and
+// the config's own additions (nil: none).
+func sandboxEnv(info Info, proxy string, extra func(Info) []string) []string {
 	env := []string{
 		"SANDGATE_KIND=" + string(info.Kind),
 		"SANDGATE_SCREEN_WIDTH=" + strconv.Itoa(info.Screen.Width),
 		"SANDGATE_SCREEN_HEIGHT=" + strconv.Itoa(info.Screen.Height),
 		"SANDGATE_CDP_PORT=" + strconv.Itoa(CDPPort),
 		"SANDGATE_VNC_PORT=" + strconv.Itoa(VNCPort),
-	}
-	// Under a backend with its own network, the proxy the gateway serves
-	// there, if it does; the cluster's NetworkPolicy keeps the session to it.
-	proxy := m.cfg.ProxyURL
-	if pa := m.ProxyAddr(); pa.IsValid() {
-		proxy = "http://" + pa.String()
 	}
 	if proxy != "" {
 		env = append(env, "SANDGATE_PROXY="+proxy,
@@ -298,8 +304,8 @@ func (m *Manager) sessionEnv(info Info) []string {
 		// rather than on a fresh one first.
 		env = append(env, "SANDGATE_BROWSER_HOLD=1")
 	}
-	if m.cfg.Env != nil {
-		env = append(env, m.cfg.Env(info)...)
+	if extra != nil {
+		env = append(env, extra(info)...)
 	}
 	return env
 }

@@ -20,7 +20,14 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	if !ok {
 		return nil, publicf(ErrNotFound, "unknown tenant", nil)
 	}
-	rt, err := m.normalizeShape(spec)
+	return normalizeFor(spec, lim, m.runtimes, m.cfg.DefaultRuntime, m.net == nil && m.cfg.ProxyURL == "", m.backend)
+}
+
+// normalizeFor is normalize with the tenant's limits, the runtimes (as
+// Offered gives them) and the default, and whether no egress proxy
+// serves the sessions of backend (noProxy).
+func normalizeFor(spec *Spec, lim TenantLimits, runtimes map[string]*Runtime, defaultRuntime string, noProxy bool, backend Backend) (*Runtime, error) {
+	rt, err := normalizeShape(spec, runtimes, defaultRuntime)
 	if err != nil {
 		return nil, err
 	}
@@ -33,9 +40,9 @@ func (m *Manager) normalize(spec *Spec) (*Runtime, error) {
 	if spec.IdleTimeout < 0 || (lim.MaxIdle > 0 && spec.IdleTimeout > lim.MaxIdle) {
 		return nil, publicf(ErrInvalid, fmt.Sprintf("idle_timeout_seconds must be between 0 and %d", int(lim.MaxIdle.Seconds())), nil)
 	}
-	if m.net == nil && m.cfg.ProxyURL == "" && (len(spec.Egress.Allow) > 0 || len(spec.Egress.Credentials) > 0) {
+	if noProxy && (len(spec.Egress.Allow) > 0 || len(spec.Egress.Credentials) > 0) {
 		// Nothing here would enforce them: say so rather than pretend.
-		return nil, publicf(ErrInvalid, fmt.Sprintf("egress allow lists and credential bindings need an egress proxy, which this gateway does not serve under the %s backend (egress.listen); a session reaches what the cluster's NetworkPolicy allows", m.backend.Name()), nil)
+		return nil, publicf(ErrInvalid, fmt.Sprintf("egress allow lists and credential bindings need an egress proxy, which this gateway does not serve under the %s backend (egress.listen); a session reaches what the cluster's NetworkPolicy allows", backend.Name()), nil)
 	}
 	if len(spec.Labels) > 32 {
 		return nil, publicf(ErrInvalid, "at most 32 labels", nil)
@@ -167,17 +174,7 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 	if info, ok, err := m.createWarm(ctx, spec, t0, r, releaseProfile); ok || err != nil {
 		return info, err
 	}
-	now := time.Now().UTC()
-	info := Info{
-		ID: ids.NewSession(), Tenant: spec.Tenant, Kind: spec.Kind, Runtime: rt.Name, Isolation: rt.Isolation,
-		State: StateStarting, CreatedAt: now, ExpiresAt: now.Add(spec.TTL),
-		IdleTimeout: int(spec.IdleTimeout.Seconds()), Resources: spec.Resources, Screen: spec.Screen,
-		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress, Start: StartCold,
-		Profile: spec.Profile, Snapshot: spec.Snapshot,
-	}
-	if info.Labels == nil {
-		info.Labels = map[string]string{}
-	}
+	info := coldInfo(spec, rt)
 	// The start belongs to the manager; a waiting caller that hangs up
 	// cancels it (the create rolls back).
 	startCtx, cancel := context.WithTimeout(m.base, m.cfg.ReadyTimeout+30*time.Second)
@@ -234,6 +231,23 @@ func (m *Manager) Create(ctx context.Context, spec Spec, wait bool) (Info, error
 		return Info{}, errTenantDisabled
 	}
 	return m.snapshot(s), nil
+}
+
+// coldInfo is the session a cold start of spec under rt makes, as it
+// begins.
+func coldInfo(spec Spec, rt *Runtime) Info {
+	now := time.Now().UTC()
+	info := Info{
+		ID: ids.NewSession(), Tenant: spec.Tenant, Kind: spec.Kind, Runtime: rt.Name, Isolation: rt.Isolation,
+		State: StateStarting, CreatedAt: now, ExpiresAt: now.Add(spec.TTL),
+		IdleTimeout: int(spec.IdleTimeout.Seconds()), Resources: spec.Resources, Screen: spec.Screen,
+		Record: spec.Record, Labels: spec.Labels, Egress: spec.Egress, Start: StartCold,
+		Profile: spec.Profile, Snapshot: spec.Snapshot,
+	}
+	if info.Labels == nil {
+		info.Labels = map[string]string{}
+	}
+	return info
 }
 
 // stopIfDisabled stops a session that finished starting after its

@@ -487,9 +487,10 @@ func (m *Manager) Observe(o Observer) {
 	m.mu.Unlock()
 	for _, s := range m.running() {
 		m.mu.Lock()
-		info, ep, pooled := copyInfo(s.info), s.ep, s.pool != nil
+		info, ep, pooled, told := copyInfo(s.info), s.ep, s.pool != nil, s.told
+		s.told = s.told || !pooled
 		m.mu.Unlock()
-		if !pooled { // a pooled session is observed from its claim
+		if !pooled && !told { // a pooled session is observed from its claim
 			o.SessionRunning(info, ep)
 		}
 	}

@@ -192,6 +192,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	sessions map[string]*sess
+	adopting map[string]bool      // sessions being adopted (takeOver)
 	byAddr   map[netip.Addr]*sess // live sessions by bridge address
 	observer Observer
 	// Admission (admit.go): creates waiting per tenant, in order, and the
@@ -230,6 +231,7 @@ type sess struct {
 	final      chan struct{}      // closed when its finalisation is over
 	endedAt    time.Time
 	finalised  bool // the observer has the trail; the session may be forgotten
+	told       bool // the observer was told it runs (adoptCreatedAlone, Observe)
 	// relog: events were recorded after the trail was finalised, and the
 	// stored log lacks them; relogging: a goroutine stores it again.
 	relog, relogging bool
@@ -340,7 +342,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		return nil, fmt.Errorf("warm pools that freeze need the containerd backend, not %s", backend.Name())
 	}
 	m := &Manager{backend: backend, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
-		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
+		sessions: map[string]*sess{}, adopting: map[string]bool{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
 	if err := m.loadStoredRevocations(ctx); err != nil {
 		cancel()
@@ -631,6 +633,15 @@ func (m *Manager) recordChanged(rec map[string]string) {
 	}
 	m.mu.Lock()
 	s := m.sessions[rec[labelSession]]
+	if s == nil && rec[RecordCreatedAlone] != "" && rec[labelPool] == "" {
+		// A session a replica created while no leader answered, which
+		// runs now (or was deleted as it started): this leader's.
+		m.mu.Unlock()
+		if st := State(rec[labelState]); st == StateRunning || st == StateStopping {
+			m.adoptCreatedAlone(rec[labelSession])
+		}
+		return
+	}
 	if s == nil || s.pool != nil || s.resumeStop || s.info.State != StateRunning || rec[labelPool] != "" {
 		m.mu.Unlock()
 		return

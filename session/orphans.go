@@ -216,11 +216,14 @@ func (m *Manager) putPiece(ctx context.Context, tenant, id string, start int, li
 // scopeTag is the tag of the gateway's Scope that its sessions' created
 // events carry: a hash, so the trail a tenant reads names no host or
 // namespace. Empty when there is no Scope.
-func (m *Manager) scopeTag() string {
-	if m.cfg.Scope == "" {
+func (m *Manager) scopeTag() string { return scopeTagOf(m.cfg.Scope) }
+
+// scopeTagOf is the tag of the scope ("" for none).
+func scopeTagOf(scope string) string {
+	if scope == "" {
 		return ""
 	}
-	h := sha256.Sum256([]byte(m.cfg.Scope))
+	h := sha256.Sum256([]byte(scope))
 	return hex.EncodeToString(h[:8])
 }
 

@@ -21,54 +21,8 @@ func (m *Manager) recover(ctx context.Context) error {
 	}
 	kept := map[string]bool{}
 	for _, sb := range boxes {
-		id := sb.ID()
-		log := m.log.With("session", id)
-		s, exited, why := m.adopt(ctx, sb)
-		if s == nil {
-			log.Info("removing orphaned session", "reason", why)
-			m.recoverStoredTrail(ctx, sb)
-			// Bounded: a Pod on a lost node can stay terminating for
-			// good, and the gateway must start all the same.
-			rctx, cancel := context.WithTimeout(ctx, orphanRemoval)
-			if err := sb.Remove(rctx); err != nil {
-				log.Error("remove orphan sandbox; the next start tries again", "backend", m.backend.Name(), "err", err)
-			}
-			cancel()
-			continue
-		}
-		kept[id] = true
-		m.mu.Lock()
-		m.sessions[id] = s
-		m.byAddr[s.addr] = s
-		if p := s.info.Profile; p != nil {
-			// Its hold goes on: nothing else may take the profile first.
-			if m.takeProfileLocked(s.info.Tenant, p) {
-				tenant, use := s.info.Tenant, *p
-				s.releaseProfile = func() { m.mu.Lock(); m.dropProfileLocked(tenant, &use); m.mu.Unlock() }
-			} else {
-				// Two writers of one profile (an earlier gateway's
-				// teardown that failed): the one adopted first keeps the
-				// hold, and this one's end does not drop it.
-				log.Warn("adopted a second session holding the same profile; only the first keeps the hold", "profile", p.ID)
-			}
-		}
-		m.mu.Unlock()
-		if _, ok := m.backend.(RecordWatcher); ok {
-			// What another replica wrote while the session was adopted
-			// (a delete, an extension while no leader answered) was
-			// not told: the session was not held yet.
-			if rec, err := sb.Record(ctx); err == nil {
-				m.recordChanged(rec)
-			} else {
-				log.Warn("the record of an adopted session could not be read again: a change another replica made while it was adopted may be missed", "err", err)
-			}
-		}
-		log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
-		m.wg.Add(1)
-		go m.watch(s, exited)
-		if s.resumeStop {
-			log.Info("the session's stop had begun before this gateway took it over: it is stopped")
-			m.stopAsync(s, StateStopped, "")
+		if m.takeOver(ctx, sb) {
+			kept[sb.ID()] = true
 		}
 	}
 	if m.net == nil {
@@ -100,6 +54,83 @@ func (m *Manager) recover(ctx context.Context) error {
 	return nil
 }
 
+// takeOver adopts what sb holds, or removes it when it cannot be
+// adopted, as recover does; kept says it is adopted (or left to the
+// replica that starts it, startingAlone).
+func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
+	id := sb.ID()
+	log := m.log.With("session", id)
+	m.mu.Lock()
+	if m.sessions[id] != nil || m.adopting[id] {
+		m.mu.Unlock()
+		return true // held, or being adopted (adoptCreatedAlone)
+	}
+	if m.adopting == nil {
+		m.adopting = map[string]bool{}
+	}
+	m.adopting[id] = true
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.adopting, id)
+		m.mu.Unlock()
+	}()
+	s, exited, why := m.adopt(ctx, sb)
+	if why == whyStartingAlone {
+		// Its creator answers for it until it runs: it is adopted
+		// then (adoptCreatedAlone), or removed once overdue.
+		log.Info("a gateway replica is starting this session (created while no leader answered): it is adopted once it runs")
+		m.overdueAlone(id)
+		return true
+	}
+	if s == nil {
+		log.Info("removing orphaned session", "reason", why)
+		m.recoverStoredTrail(ctx, sb)
+		// Bounded: a Pod on a lost node can stay terminating for
+		// good, and the gateway must start all the same.
+		rctx, cancel := context.WithTimeout(ctx, orphanRemoval)
+		if err := sb.Remove(rctx); err != nil {
+			log.Error("remove orphan sandbox; the next start tries again", "backend", m.backend.Name(), "err", err)
+		}
+		cancel()
+		return false
+	}
+	m.mu.Lock()
+	m.sessions[id] = s
+	m.byAddr[s.addr] = s
+	if p := s.info.Profile; p != nil {
+		// Its hold goes on: nothing else may take the profile first.
+		if m.takeProfileLocked(s.info.Tenant, p) {
+			tenant, use := s.info.Tenant, *p
+			s.releaseProfile = func() { m.mu.Lock(); m.dropProfileLocked(tenant, &use); m.mu.Unlock() }
+		} else {
+			// Two writers of one profile (an earlier gateway's
+			// teardown that failed): the one adopted first keeps the
+			// hold, and this one's end does not drop it.
+			log.Warn("adopted a second session holding the same profile; only the first keeps the hold", "profile", p.ID)
+		}
+	}
+	m.mu.Unlock()
+	if _, ok := m.backend.(RecordWatcher); ok {
+		// What another replica wrote while the session was adopted
+		// (a delete, an extension while no leader answered) was
+		// not told: the session was not held yet.
+		if rec, err := sb.Record(ctx); err == nil {
+			m.recordChanged(rec)
+		} else {
+			log.Warn("the record of an adopted session could not be read again: a change another replica made while it was adopted may be missed", "err", err)
+		}
+	}
+	log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
+	m.wg.Add(1)
+	go m.watch(s, exited)
+	if s.resumeStop {
+		log.Info("the session's stop had begun before this gateway took it over: it is stopped")
+		m.stopAsync(s, StateStopped, "")
+	}
+	return true
+}
+
 // orphanRemoval bounds the removal of one orphan at startup.
 const orphanRemoval = 30 * time.Second
 
@@ -124,6 +155,13 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 		}
 		os.Remove(filepath.Join(m.workspaceDir(sb.ID()), claimFile))
 		m.log.Info("finished the claim of a warm session an earlier gateway handed out", "session", sb.ID())
+	}
+	if _, starting := m.startingAlone(labels, time.Now()); starting {
+		return nil, nil, whyStartingAlone
+	} else if labels[RecordCreatedAlone] != "" && State(labels[labelState]) == StateStarting {
+		// Its creator died before the session was answered: nobody
+		// has it.
+		return nil, nil, "its start, by a gateway replica while none led, did not finish in time"
 	}
 	info, err := infoFromLabels(labels)
 	if err != nil {
@@ -195,12 +233,21 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 		}
 	}
 	adopted := map[string]any{"note": "the gateway restarted and took the session over"}
+	if labels[RecordCreatedAlone] != "" {
+		adopted["note"] = "a gateway replica created the session while none led; this one leads now and took it over"
+	}
 	if tag := m.scopeTag(); tag != "" {
 		// A session made before created events carried the tag is this
 		// gateway's from here on.
 		adopted["scope"] = tag
 	}
 	s.record("adopted", adopted)
+	if labels[RecordCreatedAlone] != "" {
+		// Held by a leader from here on: a later one adopts it as any.
+		if _, err := sb.SetRecord(ctx, map[string]string{RecordCreatedAlone: ""}); err != nil {
+			m.log.Warn("the creator of an adopted session could not be cleared from its record", "session", info.ID, "err", err)
+		}
+	}
 	switch State(labels[labelState]) {
 	case StateRunning:
 		s.marked = StateRunning // stored already

@@ -545,7 +545,9 @@ func TestKubeRelay(t *testing.T) {
 	reviewP := ra.vncPreview(t, ra.keyA, s.ID, "review", false, 600)
 	// An ended session, its Pod gone and its log stored, and its review
 	// link: a reviewer's.
+	leaderCreateAt := time.Now()
 	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	leaderCreate := time.Since(leaderCreateAt)
 	var ended sessionInfo
 	if err := json.Unmarshal(body, &ended); st != 201 || err != nil {
 		t.Fatalf("create a second session: %d %s", st, body)
@@ -1275,13 +1277,67 @@ func TestKubeRelay(t *testing.T) {
 	if string(stdout) != "survived\n" || len(exits) != 1 || exits[0] != 0 {
 		t.Fatalf("the command through B across A's death: stdout %q, exits %v", stdout, exits)
 	}
-	// An SDK call through B while no replica that answers leads:
-	// refused at once without retries (the control); with them (the
-	// SDK's default), answered once B leads, as B's 503s say to retry.
-	// (A create is a leader's alone; this one's TTL cannot be, so a
-	// leader refuses it, 400, before it does anything.)
+	// A create through B while nobody leads: a cold start B makes
+	// itself, admitted by the session Pods (tenant-a holds one of its
+	// 2; tenant-b's one, deleted above, holds its Pod while it stops),
+	// with its preview, driven through B at once. A second of
+	// tenant-a's is over its quota, as is tenant-b's: 429 with a
+	// Retry-After. One that records waits for a leader: 503, to retry.
+	createAloneAt := time.Now()
+	// (A quarter CPU: the trial node's 2 are held by the other two.)
+	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.25},
+		"labels": map[string]string{"made": "alone"}, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600}})
+	var madeAlone struct {
+		sessionInfo
+		Preview previewInfo `json:"preview"`
+	}
+	if err := json.Unmarshal(body, &madeAlone); st != 201 || err != nil || madeAlone.State != "running" || madeAlone.Labels["made"] != "alone" || madeAlone.Preview.URL == "" {
+		t.Fatalf("a create through B while nobody leads: %d %s", st, body)
+	}
+	aloneCreate := time.Since(createAloneAt)
+	t.Logf("a create through B (a cold start, runc) answered in %.2f s, %.1f s after A's death, nobody leading; through A, leading, %.2f s (B/A %.2f)",
+		aloneCreate.Seconds(), time.Since(killed).Seconds(), leaderCreate.Seconds(), aloneCreate.Seconds()/leaderCreate.Seconds())
+	aloneCDP := cdpDial(t, browserWS(t, viaB(madeAlone.Preview.URL)))
+	defer aloneCDP.Close()
+	if err := cdpTry(aloneCDP, 1); err != nil {
+		t.Fatalf("CDP through B to the session created while nobody leads: %v", err)
+	}
+	if o, err := kb.Client().CoreV1().Pods(kb.Namespace()).Get(ctx, "sandgate-"+madeAlone.ID, metav1.GetOptions{}); err != nil || o.Labels[kube.LabelTenant] != "tenant-a" {
+		t.Errorf("the Pod of the session created through B while nobody leads: %v %v", err, o.Labels)
+	}
+	refusedAlone := func(key string, req map[string]any, want int, why string) {
+		t.Helper()
+		raw, _ := json.Marshal(req)
+		hreq, _ := http.NewRequestWithContext(ctx, "POST", rb.gwURL+"/v1/sessions", bytes.NewReader(raw))
+		hreq.Header.Set("Authorization", "Bearer "+key)
+		hreq.Header.Set("Content-Type", "application/json")
+		resp, err := fresh.Do(hreq)
+		if err != nil {
+			t.Fatalf("a create through B while nobody leads (%s): %v", why, err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != want || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("a create through B while nobody leads (%s): %d, Retry-After %q, %s; want %d with a Retry-After", why, resp.StatusCode, resp.Header.Get("Retry-After"), got, want)
+		}
+	}
+	podsMade := kubePods(t, kb)
+	refusedAlone(rb.keyA, map[string]any{"runtime": "runc"}, 429, "tenant-a's third session")
+	refusedAlone(rb.keyB, map[string]any{"runtime": "runc"}, 429, "tenant-b's second session")
+	refusedAlone(rb.keyB, map[string]any{"runtime": "runc", "record": true}, 503, "one that records")
+	for id, tn := range kubePods(t, kb) {
+		if _, ok := podsMade[id]; !ok {
+			t.Errorf("a session Pod (%s, %s) after the creates through B that were refused", id, tn)
+		}
+	}
+	// An SDK call through B while no replica that answers leads, that
+	// waits for a leader: refused at once without retries (the
+	// control); with them (the SDK's default), answered once B leads,
+	// as B's 503s say to retry. (A create that records is a leader's
+	// alone; this one's TTL cannot be, so a leader refuses it, 400,
+	// before it does anything.)
 	var sdkErr *sandgate.Error
-	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1}); !sandgate.IsUnavailable(err) {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Record: true}); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
 	gapEnded := time.Since(killed)
@@ -1290,7 +1346,7 @@ func TestKubeRelay(t *testing.T) {
 	} else {
 		t.Logf("the steps while nobody leads ended %.1f s after the kill", gapEnded.Seconds())
 	}
-	if _, err := sandgate.New(rb.gwURL, rb.keyA).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1}); !errors.As(err, &sdkErr) || sdkErr.Code != "invalid_argument" {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Record: true}); !errors.As(err, &sdkErr) || sdkErr.Code != "invalid_argument" {
 		t.Fatalf("an SDK call through B, retried, after A's death: %v, want the leader's invalid_argument", err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
@@ -1305,18 +1361,40 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the session through B, leading: %d %s", st, body)
 	}
 	t.Logf("B leads %.1f s after A's death", time.Since(killed).Seconds())
-	// The create over MCP made through B while nobody led: answered by
-	// the leader, once there was one (its refusal of the TTL), not
-	// with the 503 of the gap.
+	// The create over MCP made through B while nobody led: answered
+	// (its TTL refused, as a leader refuses it), not with the 503 of
+	// the gap.
 	select {
 	case a := <-mcpCreate:
 		if a.err != nil || !a.res.IsError || !strings.HasPrefix(contentText(a.res), "invalid_argument: ") {
-			t.Errorf("session_create over MCP through B, made while nobody led: %v %+v, want the leader's invalid_argument", a.err, a.res)
+			t.Errorf("session_create over MCP through B, made while nobody led: %v %+v, want invalid_argument", a.err, a.res)
 		} else {
-			t.Logf("a create over MCP through B made while nobody led was answered by the leader %.1f s after the kill", a.at.Sub(killed).Seconds())
+			t.Logf("a create over MCP through B made while nobody led was answered %.1f s after the kill", a.at.Sub(killed).Seconds())
 		}
 	case <-time.After(2 * time.Minute):
 		t.Error("session_create over MCP through B, made while nobody led: no answer 2 minutes after B leads")
+	}
+	// The session B created while nobody led, B leading has adopted:
+	// it reads running, its trail has its create (made by a replica
+	// while none led), its start and its adoption, the connection made
+	// through its preview goes on, and it is deleted as any.
+	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+madeAlone.ID, nil); st != 200 || jsonField(body, "state") != "running" {
+		t.Errorf("the session created while nobody led, through B leading: %d %s", st, body)
+	}
+	waitFor(t, 30*time.Second, "the trail of the session created while nobody led, through B leading", func() bool {
+		var types []string
+		made := false
+		for _, ev := range rb.events(t, rb.keyA, madeAlone.ID) {
+			types = append(types, ev.Type)
+			made = made || ev.Type == "created" && strings.Contains(fmt.Sprint(ev.Fields["created_by"]), "while none led")
+		}
+		return made && len(types) >= 3 && types[0] == "created" && types[1] == "started" && slices.Contains(types, "adopted")
+	})
+	if err := cdpTry(aloneCDP, 2); err != nil {
+		t.Errorf("CDP through B to the session created while nobody led, B leading: %v", err)
+	}
+	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+madeAlone.ID, nil); st != 200 {
+		t.Errorf("delete the session created while nobody led, through B leading: %d %s", st, body)
 	}
 	// What B did alone, B leading holds to: the extended session keeps
 	// its new expiry; the deleted one is stopped (its Pod gone), its
@@ -1619,15 +1697,15 @@ func without(t testing.TB, raw []byte, list, field string) []byte {
 	return out
 }
 
-// leaderAnswers asks r something only a leader answers: a create with
-// a TTL that cannot be, which a leader refuses (400) before it does
-// anything else, where a replica taking over answers 503 until it has
-// adopted the sessions, and one that stands by answers 503 while no
-// leader answers (it answers every read itself then). led says a
-// leader answered.
+// leaderAnswers asks r something only a leader answers: a create that
+// records, with a TTL that cannot be, which a leader refuses (400)
+// before it does anything else, where a replica taking over answers 503
+// until it has adopted the sessions, and one that stands by answers 503
+// while no leader answers (it answers every read itself then, and
+// creates, but not one that records). led says a leader answered.
 func leaderAnswers(t testing.TB, r *testEnv, key string) (led bool, st int, body []byte) {
 	t.Helper()
-	st, body = r.api(t, key, "POST", "/v1/sessions", map[string]any{"ttl_seconds": -1})
+	st, body = r.api(t, key, "POST", "/v1/sessions", map[string]any{"ttl_seconds": -1, "record": true})
 	return st == 400 && jsonErrorCode(string(body)) == "invalid_argument", st, body
 }
 

@@ -41,7 +41,8 @@ import (
 // A session created through the leader is driven through the other:
 // CDP with chromedp, a VNC viewer, exec, files, a screenshot, a preview
 // revoked. The leader is then SIGKILLed mid-session: meanwhile the other
-// answers a create 503 in the API's JSON, then takes the lead, and the session,
+// answers a create that records 503 in the API's JSON (only a leader
+// makes one), then takes the lead, and the session,
 // its previews (the revoked one stays revoked), its audit trail and its
 // recording carry on through it, and its Pod is the leader's. The
 // recordings are spread: of two recorded sessions, each replica records

@@ -287,7 +287,33 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				rlog := log.With("component", "relay")
 				followed := tenant.Follow(standCtx, recordings.TenantsMirror{Store: relayStore, Name: cfg.Kubernetes.Namespace}, tenantSeeds(cfg), 2*time.Second, 30*time.Second, rlog)
 				revoked := relayStore.FollowRevocations(standCtx, 2*time.Second, 30*time.Second, rlog)
+				// And creates, each a cold start made here, admitted by
+				// the sessions' Pods under the replicas' admission lease,
+				// that the next leader adopts.
+				vkey, _ := cfg.vaultKey()
+				ca, err := caSecret(vkey)
+				if err != nil {
+					return err
+				}
+				scope, err := sessionScope(cfg, true)
+				if err != nil {
+					return err
+				}
+				alone := &session.Alone{
+					Backend: pods, Identity: identity, ProxyURL: proxyURL(cfg), Env: sessionCAEnv(ca),
+					Trails: relayStore, Scope: scope, Capacity: cfg.Capacity.MaxSessions,
+					Lock:    func(ctx context.Context) (func(), error) { return holds.LockAdmission(ctx, identity) },
+					Records: pods.LookEvery,
+					Log:     rlog,
+				}
 				relay.AdmitAlone(gateway.RelayAlone{
+					Create: func(ctx context.Context, spec session.Spec, lim session.TenantLimits) (session.Info, error) {
+						runtimes, def, err := pods.Offered(ctx, cfg.DefaultRuntime)
+						if err != nil {
+							return session.Info{}, &session.PublicError{Class: session.ErrUnavailable, Msg: "the cluster's runtimes could not be read; retry", Err: err, RetryAfter: 2}
+						}
+						return alone.Create(ctx, spec, lim, runtimes, def)
+					},
 					Tenant: func(key string) (string, session.TenantLimits, error) {
 						t, err := followed.Authenticate(key)
 						return t.Name, sessionLimits(t), err

@@ -1,0 +1,160 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/sandgate/sandgate/session"
+)
+
+// maxCreatesAlone bounds the creates a replica carries at once (passed
+// to a leader, or answered alone: createAnswers); maxCreatesAlonePerTenant
+// one tenant's of those it answers alone. A create holds its turn for
+// the whole cold start.
+const (
+	maxCreatesAlone          = 8
+	maxCreatesAlonePerTenant = 4
+)
+
+// createAlone answers POST /v1/sessions that no leader takes, as the
+// leader would (createSession), by RelayAlone.Create: a cold start,
+// admitted by the sessions' Pods (session.Alone). What it cannot do
+// alone waits for a leader (503 with a Retry-After, as before): a
+// create that records, binds credentials, starts from a profile or a
+// snapshot, does not wait for its session (wait=false), or asks for a
+// review link. One over quota is refused at once (429 with a
+// Retry-After), wait_seconds or not: the line that waits for room is
+// the leader's.
+func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
+	l := s.live.(*relayLive)
+	var req createRequest
+	if err := decode(c, &req); err != nil {
+		return err
+	}
+	// First: what waits for a leader gets the leader's checks, there.
+	var leaders string
+	switch {
+	case req.Record:
+		leaders = "a create that records"
+	case len(req.Credentials) > 0:
+		leaders = "a create that binds credentials"
+	case req.Profile != nil || req.Snapshot != "":
+		leaders = "a create from a profile or a snapshot"
+	case c.Query("wait", "true") == "false":
+		leaders = "a create that does not wait for its session (wait=false)"
+	case req.Preview != nil && req.Preview.Scope == ScopeReview:
+		leaders = "a create that asks for a review link"
+	}
+	if leaders != "" {
+		return &apiError{status: 503, code: "unavailable", msg: leaders + " waits for a gateway replica to lead; retry"}
+	}
+	ttl, err := seconds("ttl_seconds", req.TTL)
+	if err != nil {
+		return err
+	}
+	idle, err := seconds("idle_timeout_seconds", req.Idle)
+	if err != nil {
+		return err
+	}
+	if w := req.WaitSeconds; w != nil && (*w < 0 || *w > maxWaitSeconds) {
+		return errInvalid(fmt.Sprintf("wait_seconds must be between 0 and %d", maxWaitSeconds))
+	}
+	var previewTTL time.Duration
+	if req.Preview != nil {
+		if previewTTL, err = s.checkPreview(*req.Preview); err != nil {
+			return err
+		}
+	}
+	lim, _ := c.Locals(localAloneLimits).(session.TenantLimits)
+	var allow []string
+	if req.Egress != nil {
+		allow = req.Egress.Allow
+	}
+	spec := session.Spec{Tenant: tenantName, Kind: session.Kind(req.Kind), Runtime: req.Runtime,
+		TTL: ttl, IdleTimeout: idle, Labels: req.Labels}
+	if spec.Egress.Allow, err = egressAllow(lim.EgressAllow, allow); err != nil {
+		return err
+	}
+	if req.Resources != nil {
+		spec.Resources = *req.Resources
+	}
+	if req.Screen != nil {
+		spec.Screen = *req.Screen
+	}
+	if err := s.checkArtifactRoom(c, tenantName, lim.MaxArtifactBytes); err != nil {
+		return err
+	}
+	release, err := l.createTurn(tenantName)
+	if err != nil {
+		return err
+	}
+	defer release()
+	ctx, cancel := reqCtx(c, 2*time.Minute)
+	defer cancel()
+	info, err := createWatched(ctx, c, cancel, func(ctx context.Context) (session.Info, error) {
+		return l.alone.Create(ctx, spec, lim)
+	})
+	if err != nil {
+		return err
+	}
+	out := createResponse{Info: info}
+	if req.Preview != nil {
+		p, tok, _, err := s.signPreview(tenantName, info.ID, *req.Preview, previewTTL)
+		if err != nil {
+			// Nobody would know of the session: it goes, by its record,
+			// as a delete made alone.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			l.alone.Update(dctx, info.ID, func(map[string]string, bool) (map[string]string, error) {
+				return map[string]string{session.RecordState: string(session.StateStopping),
+					session.RecordStopAsked: time.Now().UTC().Format(time.RFC3339Nano)}, nil
+			})
+			return relayUnavailableFor(err)
+		}
+		l.event(relayEvent{Token: tok, Type: "preview_issued"})
+		out.Preview = &p
+	}
+	return c.Status(fiber.StatusCreated).JSON(out)
+}
+
+// createOrAlone answers POST /v1/sessions that the Front could not pass
+// to a leader: passed to the leader if one answers now (given as long
+// as a create may take), else answered alone by answer (createAlone),
+// the key checked by the copy of the tenants.
+func (l *relayLive) createOrAlone(answer func(c *fiber.Ctx, tenant string) error) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		key, err := boundedKey(c)
+		if err != nil {
+			return err
+		}
+		canAlone := l.alone != nil && l.alone.Create != nil
+		return l.passOrAloneWithin(c, l.createAnswers, createPassFor, canAlone, func() error {
+			return l.answerAlone(c, key, answer)
+		})
+	}
+}
+
+// createPassFor is how long a create passed to the leader may take: its
+// longest wait for room, and a cold start.
+const createPassFor = maxWaitSeconds*time.Second + 2*time.Minute
+
+// createTurn takes one of the tenant's turns of creates answered alone;
+// release gives it back. None free: 503.
+func (l *relayLive) createTurn(tenantName string) (release func(), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.createsBy[tenantName] >= maxCreatesAlonePerTenant {
+		return nil, &apiError{status: 503, code: "unavailable", msg: "too many of the tenant's creates are under way while no gateway replica leads; retry"}
+	}
+	l.createsBy[tenantName]++
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.createsBy[tenantName]--; l.createsBy[tenantName] == 0 {
+			delete(l.createsBy, tenantName)
+		}
+	}, nil
+}
