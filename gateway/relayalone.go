@@ -97,9 +97,10 @@ type RelayAlone struct {
 	Limits  func(tenant.Tenant) session.TenantLimits
 	Every   func(ctx context.Context) ([]AloneRecord, error)
 	// Create starts a session while no leader answers
-	// (session.Alone.Create, with the runtimes the backend offers now)
-	// and returns it running; nil: creates wait for a leader.
-	Create func(ctx context.Context, spec session.Spec, lim session.TenantLimits) (session.Info, error)
+	// (session.Alone.Create, with the runtimes the backend offers now,
+	// and extra's events stored with its first ones) and returns it
+	// running; nil: creates wait for a leader.
+	Create func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info) ([]session.Event, error)) (session.Info, error)
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not

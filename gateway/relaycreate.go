@@ -15,7 +15,7 @@ import (
 // one tenant's of those it answers alone. A create holds its turn for
 // the whole cold start.
 const (
-	maxCreatesAlone          = 8
+	maxCreatesAlone          = 16
 	maxCreatesAlonePerTenant = 4
 )
 
@@ -87,6 +87,10 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	if err := s.checkArtifactRoom(c, tenantName, lim.MaxArtifactBytes); err != nil {
 		return err
 	}
+	if !l.storeOK.Load() {
+		// Its trail could not be stored: known before a cold start.
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store does not answer: a create waits for it, or for a gateway replica to lead; retry"}
+	}
 	release, err := l.createTurn(tenantName)
 	if err != nil {
 		return err
@@ -94,29 +98,29 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	defer release()
 	ctx, cancel := reqCtx(c, 2*time.Minute)
 	defer cancel()
+	// The preview is signed once the session answers, before its trail
+	// is stored: its preview_issued is stored with the first events (a
+	// report to the next leader could come before it adopts the
+	// session).
+	var preview *previewResponse
+	var extra func(session.Info) ([]session.Event, error)
+	if req.Preview != nil {
+		extra = func(info session.Info) ([]session.Event, error) {
+			p, _, ev, err := s.signPreview(tenantName, info.ID, *req.Preview, previewTTL)
+			if err != nil {
+				return nil, relayUnavailableFor(err)
+			}
+			preview = &p
+			return []session.Event{ev}, nil
+		}
+	}
 	info, err := createWatched(ctx, c, cancel, func(ctx context.Context) (session.Info, error) {
-		return l.alone.Create(ctx, spec, lim)
+		return l.alone.Create(ctx, spec, lim, extra)
 	})
 	if err != nil {
 		return err
 	}
-	out := createResponse{Info: info}
-	if req.Preview != nil {
-		p, tok, _, err := s.signPreview(tenantName, info.ID, *req.Preview, previewTTL)
-		if err != nil {
-			// Nobody would know of the session: it goes, by its record,
-			// as a delete made alone.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			defer cancel()
-			l.alone.Update(dctx, info.ID, func(map[string]string, bool) (map[string]string, error) {
-				return map[string]string{session.RecordState: string(session.StateStopping),
-					session.RecordStopAsked: time.Now().UTC().Format(time.RFC3339Nano)}, nil
-			})
-			return relayUnavailableFor(err)
-		}
-		l.event(relayEvent{Token: tok, Type: "preview_issued"})
-		out.Preview = &p
-	}
+	out := createResponse{Info: info, Preview: preview}
 	return c.Status(fiber.StatusCreated).JSON(out)
 }
 

@@ -22,8 +22,10 @@ import (
 // signed with the gateway's keys. What only a leader does (a recording,
 // credentials, a profile or a snapshot, wait=false, a review link)
 // gets a 503 to retry, before the request's own checks and without a
-// create; a junk key 401; a bad TTL 400; Create's refusals are its
-// (over quota: 429 with its Retry-After). A tenant has at most 4
+// create, as does any while the artifact store does not answer; a junk
+// key 401; a bad TTL 400; Create's refusals are its (over quota: 429
+// with its Retry-After). The preview's issue is handed to Create, to be
+// stored with the session's first events. A tenant has at most 4
 // creates under way alone (503 to retry past that), another tenant's
 // go on. A relay without Create has every create wait for a leader.
 // The control: while a leader takes the request, the leader answers.
@@ -44,7 +46,8 @@ func TestRelayCreateAlone(t *testing.T) {
 		}
 		return testTenants(session.TenantLimits{MaxTTL: time.Hour, EgressAllow: []string{"tenant.example:443"}})(key)
 	}
-	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits) (session.Info, error) {
+	var stored []session.Event // what extra gave, to store with the first events
+	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info) ([]session.Event, error)) (session.Info, error) {
 		mu.Lock()
 		specs = append(specs, spec)
 		err := refuse
@@ -57,10 +60,21 @@ func TestRelayCreateAlone(t *testing.T) {
 			return session.Info{}, err
 		}
 		now := time.Now().UTC()
-		return session.Info{ID: ids.NewSession(), Tenant: spec.Tenant, Kind: session.KindBrowser, Runtime: "runc", State: session.StateRunning,
-			CreatedAt: now, ExpiresAt: now.Add(spec.TTL), Labels: spec.Labels}, nil
+		info := session.Info{ID: ids.NewSession(), Tenant: spec.Tenant, Kind: session.KindBrowser, Runtime: "runc", State: session.StateRunning,
+			CreatedAt: now, ExpiresAt: now.Add(spec.TTL), Labels: spec.Labels}
+		if extra != nil {
+			evs, err := extra(info)
+			if err != nil {
+				return session.Info{}, err
+			}
+			mu.Lock()
+			stored = append(stored, evs...)
+			mu.Unlock()
+		}
+		return info, nil
 	}
 	srv.AdmitAlone(alone)
+	srv.live.(*relayLive).storeOK.Store(true)
 	creates := func() int { mu.Lock(); defer mu.Unlock(); return len(specs) }
 
 	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{}`); st != 200 || body != `{"leader":"POST /v1/sessions"}` || creates() != 0 {
@@ -82,6 +96,9 @@ func TestRelayCreateAlone(t *testing.T) {
 	tok := out.Preview.URL[strings.LastIndex(out.Preview.URL, "/")+1:]
 	if claims, err := srv.tokens.verify(tok, time.Now()); err != nil || claims.Session != out.ID || claims.Tenant != "t" || claims.Scope != ScopeCDP {
 		t.Errorf("the preview of a create alone: %+v %v", claims, err)
+	}
+	if len(stored) != 1 || stored[0].Type != "preview_issued" || stored[0].Fields["preview"] != out.Preview.ID {
+		t.Errorf("the events stored with the first ones of a create alone with a preview: %+v, want its preview_issued", stored)
 	}
 	got := specs[0]
 	if got.Tenant != "t" || got.TTL != 10*time.Minute || got.Labels["a"] != "b" || got.Resources.CPUs != 0.5 || got.Resources.MemoryMB != 1024 ||
@@ -148,6 +165,14 @@ func TestRelayCreateAlone(t *testing.T) {
 	wg.Wait()
 	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{}`); st != 201 {
 		t.Errorf("a create alone once the tenant's are done: %d %s", st, body)
+	}
+
+	// While the artifact store does not answer (the trail could not be
+	// stored): 503 to retry, before a start.
+	srv.live.(*relayLive).storeOK.Store(false)
+	made := creates()
+	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", `{}`); st != 503 || retry != "2" || creates() != made {
+		t.Errorf("a create alone while the store does not answer: %d %s (Retry-After %q), %d started", st, body, retry, creates()-made)
 	}
 
 	// A relay that cannot create alone: every create waits.

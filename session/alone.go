@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 )
 
@@ -36,10 +37,18 @@ import (
 // it adopts the session.
 const RecordCreatedAlone = "sandgate.created-alone"
 
-// aloneSlack is how long past its ready timeout a session created alone
-// may stay starting before a leader takes it for what its creator (dead
-// since) left, and removes it.
-const aloneSlack = 30 * time.Second
+// RecordAloneDue, in the record of a session created alone, is when its
+// creator is done with its start at the latest (RFC 3339): a leader
+// removes it if it is still starting then (its creator died).
+const RecordAloneDue = "sandgate.alone-due"
+
+// aloneSlack is how long past its ready timeout a create made alone may
+// go on (the Pod's making, the trail, the record); aloneMargin how much
+// earlier than its due time its creator gives up.
+const (
+	aloneSlack  = 30 * time.Second
+	aloneMargin = 10 * time.Second
+)
 
 // Alone creates sessions for a replica that stands by.
 type Alone struct {
@@ -58,11 +67,20 @@ type Alone struct {
 	// the leader's Config.Scope.
 	Trails TrailStore
 	Scope  string
-	// Lock makes the admission exclusive among the replicas; unlock is
-	// called once the sandbox exists (or the create failed before).
+	// Lock makes the admission exclusive among the creates made alone,
+	// of every replica; unlock is called once the sandbox exists (or
+	// the create failed before).
 	Lock func(ctx context.Context) (unlock func(), err error)
 	// Records is every session's record, read fresh.
 	Records func(ctx context.Context) ([]RecordSeen, error)
+	// Update changes session id's record as a write conditional on what
+	// change read of it, and whether its sandbox runs (not being
+	// deleted).
+	Update func(ctx context.Context, id string, change func(rec map[string]string, running bool) (map[string]string, error)) (map[string]string, bool, error)
+	// Adopts says whether the last leader adopts sessions created alone
+	// (a leader of an earlier version does not: creates wait for a
+	// leader then).
+	Adopts func(ctx context.Context) (bool, error)
 	// Capacity is the leader's Config.MaxSessions (0: none).
 	Capacity int
 	Log      *slog.Logger
@@ -70,14 +88,27 @@ type Alone struct {
 
 // Create starts a session for spec, of a tenant with the limits lim,
 // under one of runtimes (as Offered gives them; def the default), and
-// returns it running.
-func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtimes map[string]*Runtime, def string) (Info, error) {
+// returns it running. extra, if set, is called with the session once it
+// answers, before its trail is stored: the events it returns (a
+// preview's issue) are stored with its first ones; its error fails the
+// create.
+func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtimes map[string]*Runtime, def string, extra func(Info) ([]Event, error)) (Info, error) {
 	rt, err := normalizeFor(&spec, lim, runtimes, def, a.ProxyURL == "", a.Backend)
 	if err != nil {
 		return Info{}, err
 	}
 	if why := neverFits(lim, spec.Resources); why != "" {
 		return Info{}, publicf(ErrInvalid, why, nil)
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	adopts, err := a.Adopts(actx)
+	cancel()
+	switch {
+	case err != nil:
+		return Info{}, &PublicError{Class: ErrUnavailable, Msg: "the gateway's lease could not be read; retry", Err: err, RetryAfter: 2}
+	case !adopts:
+		// (A rolling update: the next leader may be of that version.)
+		return Info{}, &PublicError{Class: ErrUnavailable, Msg: "the last gateway replica to lead is of an earlier version: a create waits for a replica to lead; retry", RetryAfter: 2}
 	}
 	ready := a.ReadyTimeout
 	if ready == 0 {
@@ -105,6 +136,10 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	if err := a.admit(ctx, info, lim); err != nil {
 		return Info{}, err
 	}
+	// From here on, the create is done by its due time, less a margin:
+	// a leader removes the session if it still starts then.
+	due := time.Now().Add(ready + aloneSlack)
+	record[RecordAloneDue] = due.UTC().Format(time.RFC3339Nano)
 	t0 := time.Now()
 	steps := map[string]any{}
 	last := t0
@@ -121,7 +156,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 			last = time.Now()
 		},
 	}
-	startCtx, cancel := context.WithTimeout(ctx, ready+aloneSlack)
+	startCtx, cancel := context.WithDeadline(ctx, due.Add(-aloneMargin))
 	defer cancel()
 	sb, exited, err := a.Backend.Create(startCtx, info, rt, record, host)
 	if err != nil {
@@ -141,14 +176,11 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if rerr := sb.Remove(rctx); rerr != nil {
-			log.Error("removing the session's sandbox failed; the leader removes it once its start is overdue", "err", rerr)
+			log.Error("removing the session's sandbox failed; a leader removes it once its start is overdue", "err", rerr, "due", due)
 		}
 		var pe *PublicError
 		if errors.As(err, &pe) {
 			return Info{}, pe
-		}
-		if ctx.Err() != nil {
-			return Info{}, fmt.Errorf("client went away: %w", ctx.Err())
 		}
 		return Info{}, publicf(ErrUnavailable, "the session could not be started: "+failureText(startCtx, err), err)
 	}
@@ -164,12 +196,18 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 		steps[name] = d.Milliseconds()
 	}
 	took := time.Since(t0)
+	var more []Event
+	if extra != nil {
+		if more, err = extra(info); err != nil {
+			return fail(err)
+		}
+	}
 	// The trail first: a leader adopts the session once it is marked
 	// running, and reads the trail then.
-	if err := a.storeTrail(ctx, info, took, steps); err != nil {
+	if err := a.storeTrail(startCtx, info, took, steps, more); err != nil {
 		return fail(fmt.Errorf("store the session's audit trail: %w", err))
 	}
-	if err := a.markRunning(ctx, sb); err != nil {
+	if err := a.markRunning(startCtx, info.ID); err != nil {
 		return fail(err)
 	}
 	info.State = StateRunning
@@ -180,7 +218,9 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 // admit refuses a create that does not fit (ErrQuota), by the records
 // as they are now.
 func (a *Alone) admit(ctx context.Context, info Info, lim TenantLimits) error {
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// (Well within the admission lease's hold, which is renewed all the
+	// same.)
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	seen, err := a.Records(rctx)
 	if err != nil {
@@ -188,8 +228,9 @@ func (a *Alone) admit(ctx context.Context, info Info, lim TenantLimits) error {
 	}
 	var u Usage
 	creates, total := 0, 0
-	cut := time.Now().Add(-time.Minute)
-	retry := 30.0
+	now := time.Now()
+	cut := now.Add(-time.Minute)
+	retry, window := 30.0, 0.0
 	for _, r := range seen {
 		held, err := InfoFromRecord(r.Record)
 		if err != nil {
@@ -202,18 +243,26 @@ func (a *Alone) admit(ctx context.Context, info Info, lim TenantLimits) error {
 		u.Hold(held.Resources, held.Record)
 		if held.CreatedAt.After(cut) {
 			creates++
+			// The window has room once the oldest of them leaves it.
+			if w := held.CreatedAt.Add(time.Minute).Sub(now).Seconds(); window == 0 || w < window {
+				window = w
+			}
 		}
-		retry = min(retry, time.Until(held.ExpiresAt).Seconds())
+		retry = min(retry, held.ExpiresAt.Sub(now).Seconds())
 	}
-	if why := fits(u, creates, lim, info.Resources, info.Record, total, a.Capacity); why != "" {
-		return &PublicError{Class: ErrQuota, Msg: "over quota: " + why, RetryAfter: int(max(1, min(30, retry)))}
+	why := fits(u, creates, lim, info.Resources, info.Record, total, a.Capacity)
+	if why == "" {
+		return nil
 	}
-	return nil
+	if lim.MaxCreatesPerMinute > 0 && creates >= lim.MaxCreatesPerMinute {
+		retry = max(retry, window)
+	}
+	return &PublicError{Class: ErrQuota, Msg: "over quota: " + why, RetryAfter: int(max(1, math.Ceil(retry)))}
 }
 
 // storeTrail stores the session's first events as the first piece of
 // its trail, as the leader's journal would have.
-func (a *Alone) storeTrail(ctx context.Context, info Info, took time.Duration, steps map[string]any) error {
+func (a *Alone) storeTrail(ctx context.Context, info Info, took time.Duration, steps map[string]any, more []Event) error {
 	if a.Trails == nil {
 		return nil
 	}
@@ -227,6 +276,12 @@ func (a *Alone) storeTrail(ctx context.Context, info Info, took time.Duration, s
 	enc := json.NewEncoder(&b)
 	enc.Encode(Event{Time: info.CreatedAt, Type: "created", Fields: created})
 	enc.Encode(Event{Time: time.Now().UTC(), Type: "started", Fields: map[string]any{"took_ms": took.Milliseconds(), "steps_ms": steps}})
+	for _, ev := range more {
+		if ev.Time.IsZero() {
+			ev.Time = time.Now().UTC()
+		}
+		enc.Encode(ev)
+	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if m, ok := a.Trails.(TrailMarker); ok && tag != "" {
@@ -236,30 +291,28 @@ func (a *Alone) storeTrail(ctx context.Context, info Info, took time.Duration, s
 }
 
 // markRunning stores the session's state, running, unless a stop was
-// asked meanwhile (a delete by another replica): the leader that adopts
-// it carries the stop out, and the create is answered with a conflict.
-func (a *Alone) markRunning(ctx context.Context, sb Sandbox) error {
-	u, ok := sb.(RecordUpdater)
-	if !ok {
-		return fmt.Errorf("the %s backend's records cannot be changed by a conditional write", a.Backend.Name())
-	}
+// asked meanwhile (a delete by another replica) or its sandbox no
+// longer runs (a leader removes it: it was overdue): the create fails,
+// and its sandbox goes.
+func (a *Alone) markRunning(ctx context.Context, id string) error {
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	stopped := false
-	_, err := u.UpdateRecord(mctx, func(rec map[string]string) (map[string]string, error) {
-		stopped = State(rec[labelState]) != StateStarting
-		if stopped {
-			return nil, nil
+	var refused error
+	_, _, err := a.Update(mctx, id, func(rec map[string]string, running bool) (map[string]string, error) {
+		switch {
+		case !running:
+			refused = publicf(ErrUnavailable, "the session's sandbox stopped as it started", nil)
+		case State(rec[labelState]) != StateStarting:
+			refused = publicf(ErrConflict, "the session was deleted while it started", nil)
+		default:
+			return map[string]string{labelState: string(StateRunning)}, nil
 		}
-		return map[string]string{labelState: string(StateRunning)}, nil
+		return nil, refused
 	})
-	switch {
-	case err != nil:
-		return err
-	case stopped:
-		return publicf(ErrConflict, "the session was deleted while it started", nil)
+	if refused != nil {
+		return refused
 	}
-	return nil
+	return err
 }
 
 // startingAlone says whether rec is of a session a replica created
@@ -270,11 +323,15 @@ func (m *Manager) startingAlone(rec map[string]string, now time.Time) (time.Time
 	if rec[RecordCreatedAlone] == "" || State(rec[labelState]) != StateStarting {
 		return time.Time{}, false
 	}
-	created, err := time.Parse(time.RFC3339Nano, rec[labelCreated])
+	due, err := time.Parse(time.RFC3339Nano, rec[RecordAloneDue])
 	if err != nil {
 		return time.Time{}, false
 	}
-	due := created.Add(m.cfg.ReadyTimeout + aloneSlack + 10*time.Second)
+	// (Not trusted past what a create may take: a record is anyone's
+	// with the API's rights.)
+	if created, err := time.Parse(time.RFC3339Nano, rec[labelCreated]); err != nil || due.After(created.Add(10*time.Minute)) {
+		return time.Time{}, false
+	}
 	return due, now.Before(due)
 }
 
@@ -293,10 +350,18 @@ type SandboxFinder interface {
 // start, and told to the observer as a fresh session's start is.
 func (m *Manager) adoptCreatedAlone(id string) {
 	f, ok := m.backend.(SandboxFinder)
-	if !ok || m.base.Err() != nil {
+	if !ok {
+		return
+	}
+	// Under mu, as Close cancels base: a Close under way waits for it,
+	// or it sees base ended.
+	m.mu.Lock()
+	if m.base.Err() != nil {
+		m.mu.Unlock()
 		return
 	}
 	m.wg.Add(1)
+	m.mu.Unlock()
 	go func() {
 		defer m.wg.Done()
 		ctx, cancel := context.WithTimeout(m.base, time.Minute)
@@ -317,15 +382,26 @@ func (m *Manager) adoptCreatedAlone(id string) {
 	}()
 }
 
-// overdueAlone looks at a session startingAlone again once it is due:
-// one that runs by then is adopted (should its record's change have
-// been missed), one still starting is removed (its creator died), as
-// takeOver removes what it cannot adopt.
+// overdueAlone looks at a session startingAlone once it is due (its
+// record says when): one that runs by then is adopted (should its
+// record's change have been missed), one still starting is removed (its
+// creator died), as takeOver removes what it cannot adopt. One look is
+// due per session at a time.
 func (m *Manager) overdueAlone(id string) {
 	f, ok := m.backend.(SandboxFinder)
 	if !ok {
 		return
 	}
+	m.mu.Lock()
+	if m.overdue == nil {
+		m.overdue = map[string]bool{}
+	}
+	if m.overdue[id] || m.base.Err() != nil {
+		m.mu.Unlock()
+		return
+	}
+	m.overdue[id] = true
+	m.mu.Unlock()
 	var look func()
 	look = func() {
 		if m.base.Err() != nil {
@@ -334,18 +410,24 @@ func (m *Manager) overdueAlone(id string) {
 		ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
 		defer cancel()
 		rec, err := f.Sandbox(id).Record(ctx)
-		if err != nil {
-			if !errors.Is(err, ErrSandboxGone) {
-				// Asked again: the store may be away a moment.
-				time.AfterFunc(10*time.Second, look)
+		switch {
+		case errors.Is(err, ErrSandboxGone):
+		case err != nil:
+			// Asked again: the API server may be away a moment.
+			time.AfterFunc(10*time.Second, look)
+			return
+		default:
+			if due, starting := m.startingAlone(rec, time.Now()); starting {
+				time.AfterFunc(time.Until(due)+time.Second, look)
+				return
 			}
-			return
 		}
-		if due, starting := m.startingAlone(rec, time.Now()); starting {
-			time.AfterFunc(time.Until(due), look)
-			return
+		m.mu.Lock()
+		delete(m.overdue, id)
+		m.mu.Unlock()
+		if err == nil {
+			m.adoptCreatedAlone(id)
 		}
-		m.adoptCreatedAlone(id)
 	}
-	time.AfterFunc(m.cfg.ReadyTimeout+aloneSlack+11*time.Second, look)
+	go look()
 }

@@ -3,8 +3,10 @@ package session
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,23 +81,24 @@ func TestAloneAdmission(t *testing.T) {
 			return func() { mu.Lock(); held = false; mu.Unlock() }, nil
 		},
 		Records: func(context.Context) ([]RecordSeen, error) { return records, nil },
+		Adopts:  func(context.Context) (bool, error) { return true, nil },
 	}
 	runtimes := map[string]*Runtime{"runc": {Name: "runc", Usable: true}}
 	spec := Spec{Tenant: "team", Runtime: "runc", TTL: time.Minute}
 	lim := TenantLimits{MaxSessions: 2, MaxTTL: time.Hour, DefaultTTL: time.Minute}
 
-	_, err := a.Create(context.Background(), spec, lim, runtimes, "runc")
+	_, err := a.Create(context.Background(), spec, lim, runtimes, "runc", nil)
 	var pe *PublicError
 	if !errors.As(err, &pe) || !errors.Is(pe.Class, ErrQuota) || pe.RetryAfter < 1 || pe.RetryAfter > 21 || len(b.created) != 0 {
 		t.Fatalf("a create over the tenant's quota (2 held, one stopping): %v, %d sandboxes made", err, len(b.created))
 	}
 	a.Capacity = 3
 	lim.MaxSessions = 3
-	if _, err := a.Create(context.Background(), spec, lim, runtimes, "runc"); !errors.As(err, &pe) || !errors.Is(pe.Class, ErrQuota) || len(b.created) != 0 {
+	if _, err := a.Create(context.Background(), spec, lim, runtimes, "runc", nil); !errors.As(err, &pe) || !errors.Is(pe.Class, ErrQuota) || len(b.created) != 0 {
 		t.Fatalf("a create over the gateway's capacity (3 sessions): %v, %d sandboxes made", err, len(b.created))
 	}
 	a.Capacity = 4
-	_, err = a.Create(context.Background(), spec, lim, runtimes, "runc")
+	_, err = a.Create(context.Background(), spec, lim, runtimes, "runc", nil)
 	if !errors.As(err, &pe) || !errors.Is(pe.Class, ErrUnavailable) || len(b.created) != 1 {
 		t.Fatalf("a create that fits, whose start fails: %v, %d sandboxes made", err, len(b.created))
 	}
@@ -108,8 +111,79 @@ func TestAloneAdmission(t *testing.T) {
 	if b.box.removed != 1 {
 		t.Errorf("the sandbox of the start that failed was removed %d times, want once", b.box.removed)
 	}
+	if b.record[RecordAloneDue] == "" {
+		t.Errorf("the record of the session made alone has no due time: %v", b.record)
+	}
 	if held || takes != 3 {
 		t.Errorf("the lock: held %v after the creates, taken %d times, want 3", held, takes)
+	}
+
+	// Over the creates of a minute (2, both in the last 20 s): the hint
+	// is when the window has room again, not a session's expiry.
+	records = []RecordSeen{rec("s-5", "team", StateRunning), rec("s-6", "team", StateRunning)}
+	for i, r := range records {
+		r.Record[labelCreated] = time.Now().Add(-time.Duration(20+i) * time.Second).UTC().Format(time.RFC3339Nano)
+		r.Record[labelExpires] = time.Now().Add(3 * time.Second).UTC().Format(time.RFC3339Nano)
+	}
+	lim = TenantLimits{MaxCreatesPerMinute: 2, MaxTTL: time.Hour, DefaultTTL: time.Minute}
+	if _, err := a.Create(context.Background(), spec, lim, runtimes, "runc", nil); !errors.As(err, &pe) || !errors.Is(pe.Class, ErrQuota) || pe.RetryAfter < 35 || pe.RetryAfter > 40 {
+		t.Errorf("a create over the creates of a minute: %v (Retry-After %d), want about 39 s", err, pe.RetryAfter)
+	}
+	// A last leader of an earlier version: no create alone, no lock.
+	a.Adopts = func(context.Context) (bool, error) { return false, nil }
+	if _, err := a.Create(context.Background(), spec, TenantLimits{MaxTTL: time.Hour}, runtimes, "runc", nil); !errors.As(err, &pe) || !errors.Is(pe.Class, ErrUnavailable) || pe.RetryAfter == 0 || takes != 4 {
+		t.Errorf("a create alone after a leader of an earlier version: %v, the lock taken %d times (want 4)", err, takes)
+	}
+}
+
+// TestAloneFinish: a create made alone stores its first events, with
+// those extra gives (a preview's issue), as the first piece of its
+// trail, marked with the gateway's scope; then writes its state
+// running, unless its record says a stop was asked, or its sandbox no
+// longer runs (a leader removed it, overdue).
+func TestAloneFinish(t *testing.T) {
+	store := &pieceStore{}
+	a := &Alone{Trails: store, Scope: "kubernetes/ns"}
+	info := Info{ID: "s-1", Tenant: "team", Kind: KindBrowser, Runtime: "runc", CreatedAt: time.Now().UTC()}
+	issued := Event{Type: "preview_issued", Fields: map[string]any{"preview": "p-1"}}
+	if err := a.storeTrail(context.Background(), info, time.Second, map[string]any{"pod": 1}, []Event{issued}); err != nil {
+		t.Fatal(err)
+	}
+	evs, gap, err := StoredTrail(context.Background(), store, "team", "s-1")
+	if err != nil || gap || len(evs) != 3 || evs[0].Type != "created" || evs[1].Type != "started" || evs[2].Type != "preview_issued" ||
+		evs[0].Fields["scope"] != scopeTagOf("kubernetes/ns") || evs[2].Fields["preview"] != "p-1" || evs[2].Time.IsZero() {
+		t.Errorf("the trail stored by a create made alone: %+v, gap %v, %v", evs, gap, err)
+	}
+	if store.scopes["team/s-1"][0] != scopeTagOf("kubernetes/ns") {
+		t.Errorf("the trail's piece is marked %q, want the scope's tag", store.scopes["team/s-1"][0])
+	}
+	for _, c := range []struct {
+		name    string
+		state   State
+		running bool
+		want    error
+	}{
+		{"starting", StateStarting, true, nil},
+		{"stop asked", StateStopping, true, ErrConflict},
+		{"sandbox gone", StateStarting, false, ErrUnavailable},
+	} {
+		rec := map[string]string{labelState: string(c.state)}
+		a.Update = func(_ context.Context, id string, change func(map[string]string, bool) (map[string]string, error)) (map[string]string, bool, error) {
+			set, err := change(rec, c.running)
+			if err != nil {
+				return nil, false, err
+			}
+			for k, v := range set {
+				rec[k] = v
+			}
+			return rec, c.running, nil
+		}
+		err := a.markRunning(context.Background(), "s-1")
+		var pe *PublicError
+		if c.want == nil && (err != nil || rec[labelState] != string(StateRunning)) ||
+			c.want != nil && (!errors.As(err, &pe) || !errors.Is(pe.Class, c.want) || rec[labelState] == string(StateRunning)) {
+			t.Errorf("%s: marked %v, the record %v; want %v", c.name, err, rec, c.want)
+		}
 	}
 }
 
@@ -121,7 +195,9 @@ func TestAloneAdmission(t *testing.T) {
 // session made alone that runs now is adopted as its change is seen;
 // one still starting, or not made alone, is not.
 func TestStartingAlone(t *testing.T) {
-	m := &Manager{base: context.Background(), log: slog.New(slog.DiscardHandler), sessions: map[string]*sess{},
+	var logged strings.Builder
+	var logMu sync.Mutex
+	m := &Manager{base: context.Background(), log: slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logged}, nil)), sessions: map[string]*sess{},
 		cfg: Config{ReadyTimeout: time.Minute}}
 	m.backend = boxesBackend{}
 	box := func(created time.Time, alone bool) *recordBox {
@@ -131,21 +207,32 @@ func TestStartingAlone(t *testing.T) {
 		}
 		if alone {
 			r[RecordCreatedAlone] = "replica-b"
+			r[RecordAloneDue] = created.Add(100 * time.Second).UTC().Format(time.RFC3339Nano)
 		}
 		return &recordBox{record: r}
 	}
+	reason := func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		out := logged.String()
+		logged.Reset()
+		return out
+	}
+	farDue := box(time.Now(), true)
+	farDue.record[RecordAloneDue] = time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
 	for _, c := range []struct {
-		name    string
-		box     *recordBox
-		removed int
+		name, reason string
+		box          *recordBox
+		removed      int
 	}{
-		{"starting alone", box(time.Now(), true), 0},
-		{"overdue", box(time.Now().Add(-2*time.Minute), true), 1},
-		{"a dead leader's", box(time.Now(), false), 1},
+		{"starting alone", "is starting this session", box(time.Now(), true), 0},
+		{"overdue", "did not finish in time", box(time.Now().Add(-2*time.Minute), true), 1},
+		{"a due time past what a create takes", "did not finish in time", farDue, 1},
+		{"a dead leader's", "tenant no longer configured", box(time.Now(), false), 1},
 	} {
 		kept := m.takeOver(context.Background(), idRecordBox{c.box})
-		if c.box.removed != c.removed || kept != (c.removed == 0) {
-			t.Errorf("%s: kept %v, removed %d times, want %d", c.name, kept, c.box.removed, c.removed)
+		if got := reason(); c.box.removed != c.removed || kept != (c.removed == 0) || !strings.Contains(got, c.reason) {
+			t.Errorf("%s: kept %v, removed %d times, want %d, for %q: %s", c.name, kept, c.box.removed, c.removed, c.reason, got)
 		}
 	}
 
@@ -169,8 +256,44 @@ func TestStartingAlone(t *testing.T) {
 		f.boxes["s-1"] = b
 		m.recordChanged(b.record)
 		m.wg.Wait()
-		if b.removed != c.removed {
-			t.Errorf("%s: the record's change seen, removed %d times, want %d", c.name, b.removed, c.removed)
+		// (Removed for its tenant, not as overdue: adopted.)
+		if got := reason(); b.removed != c.removed || c.removed > 0 && !strings.Contains(got, "tenant no longer configured") {
+			t.Errorf("%s: the record's change seen, removed %d times, want %d: %s", c.name, b.removed, c.removed, got)
+		}
+	}
+	// One starting whose due time passes while it still starts (its
+	// creator died): removed then, once.
+	soon := box(time.Now(), true)
+	soon.record[RecordAloneDue] = time.Now().Add(500 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	f.boxes["s-1"] = soon
+	m.recordChanged(soon.record)
+	m.recordChanged(soon.record)
+	waitUntil(t, 10*time.Second, func() bool { soon.mu.Lock(); defer soon.mu.Unlock(); return soon.removed > 0 })
+	time.Sleep(200 * time.Millisecond)
+	m.wg.Wait()
+	if got := reason(); soon.removed != 1 || !strings.Contains(got, "did not finish in time") {
+		t.Errorf("a session whose start is overdue as it is awaited: removed %d times, want once: %s", soon.removed, got)
+	}
+}
+
+// lockedWriter is a writer under a lock.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// waitUntil waits for cond, at most d.
+func waitUntil(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("not in time")
 		}
 	}
 }

@@ -193,6 +193,7 @@ type Manager struct {
 	mu       sync.Mutex
 	sessions map[string]*sess
 	adopting map[string]bool      // sessions being adopted (takeOver)
+	overdue  map[string]bool      // sessions started alone whose due time is awaited (overdueAlone)
 	byAddr   map[netip.Addr]*sess // live sessions by bridge address
 	observer Observer
 	// Admission (admit.go): creates waiting per tenant, in order, and the
@@ -503,7 +504,9 @@ func (m *Manager) Close() {
 		m.journalStop() // a put under way ends now: the last flush follows
 	}
 	m.lastFlush()
+	m.mu.Lock() // (adoptCreatedAlone adds to wg under it)
 	m.cancel()
+	m.mu.Unlock()
 	m.wg.Wait()
 	m.removePooled()
 	m.sweep()
@@ -637,8 +640,12 @@ func (m *Manager) recordChanged(rec map[string]string) {
 		// A session a replica created while no leader answered, which
 		// runs now (or was deleted as it started): this leader's.
 		m.mu.Unlock()
-		if st := State(rec[labelState]); st == StateRunning || st == StateStopping {
+		switch State(rec[labelState]) {
+		case StateRunning, StateStopping:
 			m.adoptCreatedAlone(rec[labelSession])
+		case StateStarting:
+			// Its creator answers for it until then.
+			m.overdueAlone(rec[labelSession])
 		}
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sandgate/sandgate/ids"
@@ -79,7 +80,7 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 	if why == whyStartingAlone {
 		// Its creator answers for it until it runs: it is adopted
 		// then (adoptCreatedAlone), or removed once overdue.
-		log.Info("a gateway replica is starting this session (created while no leader answered): it is adopted once it runs")
+		log.Info("a gateway replica is starting this session (created while no leader answered): it is adopted once it runs, or removed if it does not by its due time")
 		m.overdueAlone(id)
 		return true
 	}
@@ -243,6 +244,17 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 	}
 	s.record("adopted", adopted)
 	if labels[RecordCreatedAlone] != "" {
+		// Its create counts against the tenant's creates per minute, as
+		// one this manager admitted.
+		if time.Since(info.CreatedAt) < time.Minute {
+			m.mu.Lock()
+			if m.creates != nil {
+				ts := m.creates[info.Tenant]
+				i, _ := slices.BinarySearchFunc(ts, info.CreatedAt, time.Time.Compare)
+				m.creates[info.Tenant] = slices.Insert(ts, i, info.CreatedAt)
+			}
+			m.mu.Unlock()
+		}
 		// Held by a leader from here on: a later one adopts it as any.
 		if _, err := sb.SetRecord(ctx, map[string]string{RecordCreatedAlone: ""}); err != nil {
 			m.log.Warn("the creator of an adopted session could not be cleared from its record", "session", info.ID, "err", err)

@@ -1066,7 +1066,7 @@ func TestKubeRelay(t *testing.T) {
 	}
 	mcpCreate := make(chan toolAnswer, 1)
 	go func() {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": -1}})
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": -1, "record": true}})
 		mcpCreate <- toolAnswer{res, err, time.Now()}
 	}()
 	if st, body := rb.rawPost(t, "/mcp", "Bearer junk", `{"jsonrpc":"2.0","id":1,"method":"ping"}`); st != 401 {
@@ -1277,26 +1277,73 @@ func TestKubeRelay(t *testing.T) {
 	if string(stdout) != "survived\n" || len(exits) != 1 || exits[0] != 0 {
 		t.Fatalf("the command through B across A's death: stdout %q, exits %v", stdout, exits)
 	}
-	// A create through B while nobody leads: a cold start B makes
+	// Creates through B while nobody leads: a cold start B makes
 	// itself, admitted by the session Pods (tenant-a holds one of its
 	// 2; tenant-b's one, deleted above, holds its Pod while it stops),
-	// with its preview, driven through B at once. A second of
-	// tenant-a's is over its quota, as is tenant-b's: 429 with a
-	// Retry-After. One that records waits for a leader: 503, to retry.
-	createAloneAt := time.Now()
+	// with its preview, driven through B at once. Three of tenant-a's
+	// at once: one is made, the others are over its quota (429 with a
+	// Retry-After), as is tenant-b's. One that records waits for a
+	// leader: 503, to retry.
+	type createAnswer struct {
+		st   int
+		body []byte
+		took time.Duration
+		err  error
+	}
+	createVia := func(key string, req map[string]any) createAnswer {
+		raw, _ := json.Marshal(req)
+		hreq, _ := http.NewRequestWithContext(ctx, "POST", rb.gwURL+"/v1/sessions", bytes.NewReader(raw))
+		hreq.Header.Set("Authorization", "Bearer "+key)
+		hreq.Header.Set("Content-Type", "application/json")
+		at := time.Now()
+		resp, err := fresh.Do(hreq)
+		if err != nil {
+			return createAnswer{err: err}
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 201 && resp.Header.Get("Retry-After") == "" {
+			body = append(body, " (no Retry-After)"...)
+		}
+		return createAnswer{st: resp.StatusCode, body: body, took: time.Since(at)}
+	}
 	// (A quarter CPU: the trial node's 2 are held by the other two.)
-	st, body = callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.25},
-		"labels": map[string]string{"made": "alone"}, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600}})
+	answers := make(chan createAnswer, 3)
+	for range 3 {
+		go func() {
+			answers <- createVia(rb.keyA, map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.25},
+				"labels": map[string]string{"made": "alone"}, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600}})
+		}()
+	}
 	var madeAlone struct {
 		sessionInfo
 		Preview previewInfo `json:"preview"`
 	}
-	if err := json.Unmarshal(body, &madeAlone); st != 201 || err != nil || madeAlone.State != "running" || madeAlone.Labels["made"] != "alone" || madeAlone.Preview.URL == "" {
-		t.Fatalf("a create through B while nobody leads: %d %s", st, body)
+	var aloneCreate time.Duration
+	var codes []int
+	for range 3 {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			t.Fatalf("a create through B while nobody leads: %v", a.err)
+		case a.st == 201:
+			if madeAlone.ID != "" {
+				t.Errorf("two of tenant-a's creates through B while nobody leads were made, past its quota: %s and %s", madeAlone.ID, a.body)
+			}
+			if err := json.Unmarshal(a.body, &madeAlone); err != nil || madeAlone.State != "running" || madeAlone.Labels["made"] != "alone" || madeAlone.Preview.URL == "" {
+				t.Fatalf("a create through B while nobody leads: %s", a.body)
+			}
+			aloneCreate = a.took
+		case a.st != 429 || bytes.Contains(a.body, []byte("no Retry-After")):
+			t.Errorf("one of three creates at once through B while nobody leads: %d %s, want 201 or 429 with a Retry-After", a.st, a.body)
+		}
+		codes = append(codes, a.st)
 	}
-	aloneCreate := time.Since(createAloneAt)
-	t.Logf("a create through B (a cold start, runc) answered in %.2f s, %.1f s after A's death, nobody leading; through A, leading, %.2f s (B/A %.2f)",
-		aloneCreate.Seconds(), time.Since(killed).Seconds(), leaderCreate.Seconds(), aloneCreate.Seconds()/leaderCreate.Seconds())
+	if madeAlone.ID == "" {
+		t.Fatalf("three creates at once through B while nobody leads, tenant-a holding one of its 2 sessions: %v, none made", codes)
+	}
+	t.Logf("a create through B (a cold start, runc) answered in %.2f s, %.1f s after A's death, nobody leading; through A, leading, %.2f s (B/A %.2f); three at once: %v",
+		aloneCreate.Seconds(), time.Since(killed).Seconds(), leaderCreate.Seconds(), aloneCreate.Seconds()/leaderCreate.Seconds(), codes)
 	aloneCDP := cdpDial(t, browserWS(t, viaB(madeAlone.Preview.URL)))
 	defer aloneCDP.Close()
 	if err := cdpTry(aloneCDP, 1); err != nil {
@@ -1322,7 +1369,6 @@ func TestKubeRelay(t *testing.T) {
 		}
 	}
 	podsMade := kubePods(t, kb)
-	refusedAlone(rb.keyA, map[string]any{"runtime": "runc"}, 429, "tenant-a's third session")
 	refusedAlone(rb.keyB, map[string]any{"runtime": "runc"}, 429, "tenant-b's second session")
 	refusedAlone(rb.keyB, map[string]any{"runtime": "runc", "record": true}, 503, "one that records")
 	for id, tn := range kubePods(t, kb) {
@@ -1341,7 +1387,9 @@ func TestKubeRelay(t *testing.T) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
 	gapEnded := time.Since(killed)
-	if n := keepGap(); n > 0 {
+	n := keepGap()
+	gapClosed := time.Now() // B may lead from here on, not before
+	if n > 0 {
 		t.Logf("the steps while nobody leads ended %.1f s after the kill; the test renewed A's lease %d times meanwhile (a slow machine), so B leads later than the lease alone would have it", gapEnded.Seconds(), n)
 	} else {
 		t.Logf("the steps while nobody leads ended %.1f s after the kill", gapEnded.Seconds())
@@ -1361,35 +1409,43 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the session through B, leading: %d %s", st, body)
 	}
 	t.Logf("B leads %.1f s after A's death", time.Since(killed).Seconds())
-	// The create over MCP made through B while nobody led: answered
-	// (its TTL refused, as a leader refuses it), not with the 503 of
-	// the gap.
+	// The create over MCP made through B while nobody led (one that
+	// records: a leader's alone): answered by the leader, once there
+	// was one (its refusal of the TTL), not with the 503 of the gap.
 	select {
 	case a := <-mcpCreate:
-		if a.err != nil || !a.res.IsError || !strings.HasPrefix(contentText(a.res), "invalid_argument: ") {
-			t.Errorf("session_create over MCP through B, made while nobody led: %v %+v, want invalid_argument", a.err, a.res)
+		if a.err != nil || !a.res.IsError || !strings.HasPrefix(contentText(a.res), "invalid_argument: ") || a.at.Before(gapClosed) {
+			t.Errorf("session_create over MCP through B, made while nobody led: %v %+v at %.1f s after the kill (the gap closed at %.1f s), want the leader's invalid_argument",
+				a.err, a.res, a.at.Sub(killed).Seconds(), gapClosed.Sub(killed).Seconds())
 		} else {
-			t.Logf("a create over MCP through B made while nobody led was answered %.1f s after the kill", a.at.Sub(killed).Seconds())
+			t.Logf("a create over MCP through B made while nobody led was answered by the leader %.1f s after the kill", a.at.Sub(killed).Seconds())
 		}
 	case <-time.After(2 * time.Minute):
 		t.Error("session_create over MCP through B, made while nobody led: no answer 2 minutes after B leads")
 	}
 	// The session B created while nobody led, B leading has adopted:
 	// it reads running, its trail has its create (made by a replica
-	// while none led), its start and its adoption, the connection made
-	// through its preview goes on, and it is deleted as any.
+	// while none led), its start, its preview's issue and its adoption,
+	// the connection made through its preview goes on, and it is
+	// deleted as any.
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+madeAlone.ID, nil); st != 200 || jsonField(body, "state") != "running" {
 		t.Errorf("the session created while nobody led, through B leading: %d %s", st, body)
 	}
+	var startedAlone map[string]any
 	waitFor(t, 30*time.Second, "the trail of the session created while nobody led, through B leading", func() bool {
 		var types []string
-		made := false
+		made, issued := false, false
 		for _, ev := range rb.events(t, rb.keyA, madeAlone.ID) {
 			types = append(types, ev.Type)
 			made = made || ev.Type == "created" && strings.Contains(fmt.Sprint(ev.Fields["created_by"]), "while none led")
+			if ev.Type == "started" {
+				startedAlone = ev.Fields
+			}
+			issued = issued || ev.Type == "preview_issued" && ev.Fields["preview"] == madeAlone.Preview.ID
 		}
-		return made && len(types) >= 3 && types[0] == "created" && types[1] == "started" && slices.Contains(types, "adopted")
+		return made && issued && len(types) >= 4 && types[0] == "created" && types[1] == "started" && slices.Contains(types, "adopted")
 	})
+	t.Logf("the start of the session created through B while nobody led: %v", startedAlone)
 	if err := cdpTry(aloneCDP, 2); err != nil {
 		t.Errorf("CDP through B to the session created while nobody led, B leading: %v", err)
 	}

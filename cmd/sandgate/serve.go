@@ -302,17 +302,19 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				alone := &session.Alone{
 					Backend: pods, Identity: identity, ProxyURL: proxyURL(cfg), Env: sessionCAEnv(ca),
 					Trails: relayStore, Scope: scope, Capacity: cfg.Capacity.MaxSessions,
-					Lock:    func(ctx context.Context) (func(), error) { return holds.LockAdmission(ctx, identity) },
+					Lock:    func(ctx context.Context) (func(), error) { return holds.LockAdmission(ctx, identity, rlog) },
 					Records: pods.LookEvery,
+					Update:  pods.UpdateRecord,
+					Adopts:  holds.AdoptsAlone,
 					Log:     rlog,
 				}
 				relay.AdmitAlone(gateway.RelayAlone{
-					Create: func(ctx context.Context, spec session.Spec, lim session.TenantLimits) (session.Info, error) {
+					Create: func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info) ([]session.Event, error)) (session.Info, error) {
 						runtimes, def, err := pods.Offered(ctx, cfg.DefaultRuntime)
 						if err != nil {
 							return session.Info{}, &session.PublicError{Class: session.ErrUnavailable, Msg: "the cluster's runtimes could not be read; retry", Err: err, RetryAfter: 2}
 						}
-						return alone.Create(ctx, spec, lim, runtimes, def)
+						return alone.Create(ctx, spec, lim, runtimes, def, extra)
 					},
 					Tenant: func(key string) (string, session.TenantLimits, error) {
 						t, err := followed.Authenticate(key)

@@ -2,50 +2,105 @@ package kube
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// admissionLease names the Lease the replicas that create sessions while
-// no leader answers take in turn (session.Alone.Lock): each counts the
-// sessions and makes its Pod while it holds it, so that two cannot both
-// take a tenant's last slot. It is held for that moment only, and
-// removed as it is given back; one whose holder died runs out after
-// admissionHold.
+// admissionLease names the Lease the creates made while no leader
+// answers take in turn (session.Alone.Lock): each counts the sessions
+// and makes its Pod while it holds it, so that two cannot both take a
+// tenant's last slot, whichever replica makes them. It is held for
+// that moment only, renewed meanwhile, and removed as it is given back;
+// one whose holder died runs out after admissionHold.
 const admissionLease = "sandgate-admission"
 
-// admissionHold is how long the lease holds without its holder giving it
-// back; admissionWait how long a replica waits for it at most (a dead
-// holder's lease runs out meanwhile).
+// admissionHold is how long the lease holds without a renewal (its
+// holder renews it every third of that); admissionWait how long a
+// create waits for it at most (a dead holder's lease runs out
+// meanwhile).
 const (
 	admissionHold = 10 * time.Second
 	admissionWait = admissionHold + 5*time.Second
 )
 
-// LockAdmission takes the replicas' admission lease for identity,
-// waiting for it while another replica holds it (within ctx, and at
-// most admissionWait); unlock gives it back.
-func (b *Backend) LockAdmission(ctx context.Context, identity string) (unlock func(), err error) {
-	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: admissionHold}
-	ctx, cancel := context.WithTimeout(ctx, admissionWait)
+// LockAdmission takes the admission lease for one create of replica
+// identity, waiting while another create holds it (within ctx, and at
+// most admissionWait), and renews it until unlock gives it back. Each
+// call holds it under a name of its own (identity and a random word),
+// so that two creates of one replica exclude each other too.
+func (b *Backend) LockAdmission(ctx context.Context, identity string, log *slog.Logger) (unlock func(), err error) {
+	return b.lockAdmission(ctx, identity, admissionHold, admissionWait, log)
+}
+
+func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait time.Duration, log *slog.Logger) (unlock func(), err error) {
+	var word [4]byte
+	rand.Read(word[:])
+	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity + "/" + hex.EncodeToString(word[:]), Duration: hold}
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	for wait := 20 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
-		held, holder, err := l.Acquire(ctx, admissionLease, "admission")
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, 250*time.Millisecond) {
+		held, holder, err := l.Acquire(wctx, admissionLease, "admission")
 		if err == nil && held {
-			return func() {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				defer cancel()
-				// One not given back runs out after admissionHold.
-				l.Release(rctx, admissionLease)
-			}, nil
+			break
 		}
 		select {
-		case <-ctx.Done():
+		case <-wctx.Done():
 			if err == nil {
 				err = fmt.Errorf("held by %s", holder)
 			}
-			return nil, fmt.Errorf("the replicas' admission lease: %w (%v)", err, ctx.Err())
-		case <-time.After(wait):
+			return nil, fmt.Errorf("the replicas' admission lease: %w (%v)", err, wctx.Err())
+		case <-time.After(pause):
 		}
 	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(hold / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hold/3)
+			err := l.Renew(rctx, admissionLease)
+			cancel()
+			if errors.Is(err, ErrLeaseLost) {
+				log.Warn("the replicas' admission lease was taken over while this create held it: a tenant may get a session past its quota", "holder", l.Identity)
+				return
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-stopped
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		// One not given back runs out after hold.
+		l.Release(rctx, admissionLease)
+	}, nil
+}
+
+// AdoptsAlone says whether the namespace's last leader, dead or alive,
+// adopts the sessions created while no leader answered
+// (AnnotationAdoptsAlone): read from the hold lease as it is, expired
+// or not.
+func (b *Backend) AdoptsAlone(ctx context.Context) (bool, error) {
+	le, err := b.client.CoordinationV1().Leases(b.cfg.Namespace).Get(ctx, HoldLease, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	holder := deref(le.Spec.HolderIdentity)
+	return holder != "" && le.Annotations[AnnotationAdoptsAlone] == holder, nil
 }

@@ -73,6 +73,15 @@ const AnnotationRelayActions = "sandgate.io/relay-actions"
 // identity): the leader records a snapshot_saved a replica reports.
 const AnnotationRelaySnapshots = "sandgate.io/relay-snapshots"
 
+// AnnotationAdoptsAlone, on the hold lease, says the leading replica
+// adopts the sessions a replica standing by created while no leader
+// answered, and leaves those still starting to their creator (its
+// value, too, is the holder's identity). A replica creates sessions
+// alone only when the last leader said so: a leader of an earlier
+// version would remove one still starting, and never adopt one made
+// after it took over.
+const AnnotationAdoptsAlone = "sandgate.io/adopts-alone"
+
 // Hold takes the namespace's hold for identity, which serves at address
 // ("" when no other replica can reach it). With wait > 0, a holder
 // that renews for that long keeps it and Hold fails naming it; with
@@ -87,7 +96,7 @@ const AnnotationRelaySnapshots = "sandgate.io/relay-snapshots"
 func (b *Backend) Hold(ctx, keep context.Context, identity, address string, wait time.Duration, log *slog.Logger, lost func()) (<-chan struct{}, error) {
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity, Duration: holdDuration,
 		Annotations: map[string]string{AnnotationAddress: address, AnnotationRelays: identity, AnnotationRelayExec: identity, AnnotationRelayFiles: identity,
-			AnnotationRelayActions: identity, AnnotationRelaySnapshots: identity}}
+			AnnotationRelayActions: identity, AnnotationRelaySnapshots: identity, AnnotationAdoptsAlone: identity}}
 	deadline := time.Now().Add(wait)
 	said := ""
 	var sent time.Time // when the acquisition that succeeded was sent

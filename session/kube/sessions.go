@@ -524,7 +524,10 @@ func (s *Sessions) ends() *podEnds {
 		inf := factory.Core().V1().Pods().Informer()
 		e.synced = inf.HasSynced
 		inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc: seen,
+			AddFunc: func(obj any) {
+				seen(obj)
+				s.recordAdded(obj)
+			},
 			UpdateFunc: func(was, o any) {
 				seen(o)
 				s.recordChanged(was, o)
@@ -550,6 +553,22 @@ func (s *Sessions) ends() *podEnds {
 func (s *Sessions) WatchRecords(changed func(rec map[string]string)) {
 	s.recordHook.Store(&changed)
 	s.ends() // the informer, started
+}
+
+// recordAdded hands the record of a Pod the watch sees first (at its
+// first list, or made since) to the hook WatchRecords set, if any, when
+// a replica standing by made it (session.RecordCreatedAlone): the
+// leader adopts it, or awaits its due time. (The others are the
+// leader's own, or adopted at its start.)
+func (s *Sessions) recordAdded(obj any) {
+	hook := s.recordHook.Load()
+	o, ok := obj.(*corev1.Pod)
+	if hook == nil || !ok {
+		return
+	}
+	if r, err := record(o); err == nil && r[session.RecordCreatedAlone] != "" {
+		(*hook)(r)
+	}
 }
 
 // recordChanged hands the record of a Pod whose info annotation changed
