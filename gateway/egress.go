@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -53,7 +54,7 @@ func (s *Server) egressSpec(c *fiber.Ctx, allow []string, bindings []egress.Bind
 	if len(bindings) == 0 {
 		return out, nil
 	}
-	if len(bindings) > maxBindings {
+	if len(bindings) > maxBindings { // (before the vault, as always)
 		return session.Egress{}, errInvalid("credentials: at most 16 bindings")
 	}
 	if err := s.needVault(); err != nil {
@@ -61,26 +62,39 @@ func (s *Server) egressSpec(c *fiber.Ctx, allow []string, bindings []egress.Bind
 	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
+	if err := checkBindings(ctx, s.vault, tenant, bindings); err != nil {
+		return session.Egress{}, err
+	}
+	out.Credentials = bindings
+	return out, nil
+}
+
+// checkBindings checks a create's credential bindings against the
+// tenant's credentials in v: each is well formed, names one of the
+// tenant's, and sends it only where its owner said it goes.
+func checkBindings(ctx context.Context, v *vault.Vault, tenant string, bindings []egress.Binding) error {
+	if len(bindings) > maxBindings {
+		return errInvalid("credentials: at most 16 bindings")
+	}
 	for i := range bindings {
 		b := &bindings[i]
 		if err := egress.CheckBinding(b); err != nil {
-			return session.Egress{}, errInvalid("credentials: " + strings.TrimPrefix(err.Error(), egress.ErrInvalid.Error()+": "))
+			return errInvalid("credentials: " + strings.TrimPrefix(err.Error(), egress.ErrInvalid.Error()+": "))
 		}
 		// Another tenant's credential answers exactly like a missing one.
-		m, err := s.vault.Get(ctx, tenant, b.Credential)
+		m, err := v.Get(ctx, tenant, b.Credential)
 		if err != nil {
 			if errors.Is(err, vault.ErrNotFound) {
-				return session.Egress{}, errNotFound("credentials: no credential " + b.Credential)
+				return errNotFound("credentials: no credential " + b.Credential)
 			}
-			return session.Egress{}, vaultError(err)
+			return vaultError(err)
 		}
 		// Whoever may create sessions may not send a credential where
 		// its owner did not say it goes: that would hand them the
 		// secret (a binding to their own host, or a value fill).
 		if why := bindingAllowed(m, *b); why != "" {
-			return session.Egress{}, errDenied(fmt.Sprintf("credentials[%d] (%s to %s://%s:%d%s) is refused: %s", i, b.Credential, b.Scheme, b.Host, b.Port, b.PathPrefix, why))
+			return errDenied(fmt.Sprintf("credentials[%d] (%s to %s://%s:%d%s) is refused: %s", i, b.Credential, b.Scheme, b.Host, b.Port, b.PathPrefix, why))
 		}
 	}
-	out.Credentials = bindings
-	return out, nil
+	return nil
 }

@@ -23,11 +23,12 @@ const (
 // leader would (createSession), by RelayAlone.Create: a cold start,
 // admitted by the sessions' Pods (session.Alone). What it cannot do
 // alone waits for a leader (503 with a Retry-After, as before): a
-// create that records, binds credentials, starts from a profile or a
-// snapshot, does not wait for its session (wait=false), or asks for a
-// review link. One over quota is refused at once (429 with a
-// Retry-After), wait_seconds or not: the line that waits for room is
-// the leader's.
+// create that records, starts from a profile or a snapshot, does not
+// wait for its session (wait=false), or asks for a review link, and one
+// that binds credentials on a replica that opens no vault. The
+// bindings are checked against the replica's own vault. One over quota
+// is refused at once (429 with a Retry-After), wait_seconds or not: the
+// line that waits for room is the leader's.
 func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	l := s.live.(*relayLive)
 	var req createRequest
@@ -39,7 +40,7 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	switch {
 	case req.Record:
 		leaders = "a create that records"
-	case len(req.Credentials) > 0:
+	case len(req.Credentials) > 0 && l.alone.Vault == nil:
 		leaders = "a create that binds credentials"
 	case req.Profile != nil || req.Snapshot != "":
 		leaders = "a create from a profile or a snapshot"
@@ -83,6 +84,22 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	if req.Screen != nil {
 		spec.Screen = *req.Screen
+	}
+	if len(req.Credentials) > 0 {
+		// Checked against the replica's own vault, as the leader checks
+		// them against its own; the proxies bind them by the Pod's
+		// record, this replica's now and the leader's once it adopts
+		// the session.
+		vctx, cancel := context.WithTimeout(c.UserContext(), 10*time.Second)
+		v, err := ownAlone(vctx, l.alone.Vault, vaultError, errNoVault)
+		if err == nil {
+			err = checkBindings(vctx, v, tenantName, req.Credentials)
+		}
+		cancel()
+		if err != nil {
+			return err
+		}
+		spec.Egress.Credentials = req.Credentials
 	}
 	if err := s.checkArtifactRoom(c, tenantName, lim.MaxArtifactBytes); err != nil {
 		return err

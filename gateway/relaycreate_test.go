@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
 )
 
 // TestRelayCreateAlone: POST /v1/sessions that no leader takes is
@@ -167,10 +169,30 @@ func TestRelayCreateAlone(t *testing.T) {
 		t.Errorf("a create alone once the tenant's are done: %d %s", st, body)
 	}
 
+	// Credentials, checked against the replica's own vault: one that
+	// cannot open, 503 to retry; none configured (no vault.key), the
+	// leader's 503, not to retry; neither makes a create. (One that
+	// opens is TestKubeRelay's: the vault needs MinIO.)
+	made := creates()
+	bind := `{"credentials":[{"credential":"cred_0123456789abcdef","scheme":"https","host":"a.example","port":443}]}`
+	alone.Vault = func(context.Context) (*vault.Vault, error) { return nil, errors.New("MinIO does not answer") }
+	srv.AdmitAlone(alone)
+	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", bind); st != 503 || retry != "2" || !strings.Contains(body, "vault") || creates() != made {
+		t.Errorf("a create alone that binds credentials, the vault not opening: %d %s (Retry-After %q), %d made", st, body, retry, creates()-made)
+	}
+	alone.Vault = func(context.Context) (*vault.Vault, error) { return nil, nil }
+	srv.AdmitAlone(alone)
+	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", bind); st != 503 || retry != "" || !strings.Contains(body, "no credential vault") || creates() != made {
+		t.Errorf("a create alone that binds credentials, no vault configured: %d %s (Retry-After %q), %d made", st, body, retry, creates()-made)
+	}
+	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{}`); st != 201 {
+		t.Errorf("a create alone without credentials, no vault configured: %d %s", st, body)
+	}
+
 	// While the artifact store does not answer (the trail could not be
 	// stored): 503 to retry, before a start.
 	srv.live.(*relayLive).storeOK.Store(false)
-	made := creates()
+	made = creates()
 	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", `{}`); st != 503 || retry != "2" || creates() != made {
 		t.Errorf("a create alone while the store does not answer: %d %s (Retry-After %q), %d started", st, body, retry, creates()-made)
 	}

@@ -37,6 +37,11 @@ import (
 // it adopts the session.
 const RecordCreatedAlone = "sandgate.created-alone"
 
+// RecordMade, in a record as a backend reads it, is when the backend
+// made the sandbox, as the backend itself says (a Pod's creation time):
+// not a value the record's writers set.
+const RecordMade = "sandgate.sandbox-made"
+
 // RecordAloneDue, in the record of a session created alone, is when its
 // creator is done with its start at the latest (RFC 3339): a leader
 // removes it if it is still starting then (its creator died).
@@ -49,6 +54,11 @@ const (
 	aloneSlack  = 30 * time.Second
 	aloneMargin = 10 * time.Second
 )
+
+// maxAloneStart bounds how long after its sandbox was made a leader
+// leaves a session starting alone to its creator, whatever its record
+// says.
+const maxAloneStart = 10 * time.Minute
 
 // Alone creates sessions for a replica that stands by.
 type Alone struct {
@@ -69,8 +79,9 @@ type Alone struct {
 	Scope  string
 	// Lock makes the admission exclusive among the creates made alone,
 	// of every replica; unlock is called once the sandbox exists (or
-	// the create failed before).
-	Lock func(ctx context.Context) (unlock func(), err error)
+	// the create failed before). lost says whether another create took
+	// it over meanwhile (this one could not keep it): the create fails.
+	Lock func(ctx context.Context) (unlock func(), lost func() bool, err error)
 	// Records is every session's record, read fresh.
 	Records func(ctx context.Context) ([]RecordSeen, error)
 	// Update changes session id's record as a write conditional on what
@@ -123,7 +134,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	log := a.Log.With("session", info.ID, "tenant", info.Tenant, "runtime", rt.Name)
 
 	log.Info("creating a session while no leader answers")
-	unlock, err := a.Lock(ctx)
+	unlock, lost, err := a.Lock(ctx)
 	if err != nil {
 		return Info{}, &PublicError{Class: ErrUnavailable, Msg: "the replicas' admission could not be taken; retry", Err: err, RetryAfter: 2}
 	}
@@ -141,6 +152,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	due := time.Now().Add(ready + aloneSlack)
 	record[RecordAloneDue] = due.UTC().Format(time.RFC3339Nano)
 	t0 := time.Now()
+	lostLock := false
 	steps := map[string]any{}
 	last := t0
 	host := Host{
@@ -150,6 +162,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 			if locked {
 				// The sandbox exists: its record counts from here on.
 				locked = false
+				lostLock = lost()
 				unlock()
 			}
 			steps[name] = time.Since(last).Milliseconds()
@@ -169,6 +182,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	}
 	if locked {
 		locked = false
+		lostLock = lost()
 		unlock()
 	}
 	fail := func(err error) (Info, error) {
@@ -183,6 +197,10 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 			return Info{}, pe
 		}
 		return Info{}, publicf(ErrUnavailable, "the session could not be started: "+failureText(startCtx, err), err)
+	}
+	if lostLock {
+		// Another create may have counted without this one's Pod.
+		return fail(&PublicError{Class: ErrUnavailable, Msg: "the replicas' admission was lost as the session was made; retry", RetryAfter: 2})
 	}
 	addr := sb.Addr()
 	if !addr.IsValid() {
@@ -206,6 +224,14 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	// running, and reads the trail then.
 	if err := a.storeTrail(startCtx, info, took, steps, more); err != nil {
 		return fail(fmt.Errorf("store the session's audit trail: %w", err))
+	}
+	// The gate again: a leader of an earlier version that took over
+	// meanwhile would never adopt the session.
+	actx, cancel = context.WithTimeout(startCtx, 5*time.Second)
+	adopts, err = a.Adopts(actx)
+	cancel()
+	if err != nil || !adopts {
+		return fail(&PublicError{Class: ErrUnavailable, Msg: "a gateway replica of an earlier version took the lead as the session started: a create waits for a replica to lead; retry", Err: err, RetryAfter: 2})
 	}
 	if err := a.markRunning(startCtx, info.ID); err != nil {
 		return fail(err)
@@ -327,9 +353,17 @@ func (m *Manager) startingAlone(rec map[string]string, now time.Time) (time.Time
 	if err != nil {
 		return time.Time{}, false
 	}
-	// (Not trusted past what a create may take: a record is anyone's
-	// with the API's rights.)
-	if created, err := time.Parse(time.RFC3339Nano, rec[labelCreated]); err != nil || due.After(created.Add(10*time.Minute)) {
+	// Not trusted past what a create may take, counted from when the
+	// backend says it made the sandbox (the rest of a record is anyone's
+	// with the API's rights), or else from its creation as the record
+	// says.
+	made, err := time.Parse(time.RFC3339Nano, rec[RecordMade])
+	if err != nil {
+		if made, err = time.Parse(time.RFC3339Nano, rec[labelCreated]); err != nil {
+			return time.Time{}, false
+		}
+	}
+	if due.After(made.Add(maxAloneStart)) {
 		return time.Time{}, false
 	}
 	return due, now.Before(due)
@@ -403,6 +437,7 @@ func (m *Manager) overdueAlone(id string) {
 	m.overdue[id] = true
 	m.mu.Unlock()
 	var look func()
+	failed := 0 // reads of the record that failed in a row
 	look = func() {
 		if m.base.Err() != nil {
 			return
@@ -410,22 +445,27 @@ func (m *Manager) overdueAlone(id string) {
 		ctx, cancel := context.WithTimeout(m.base, 30*time.Second)
 		defer cancel()
 		rec, err := f.Sandbox(id).Record(ctx)
+		gone := errors.Is(err, ErrSandboxGone)
 		switch {
-		case errors.Is(err, ErrSandboxGone):
-		case err != nil:
-			// Asked again: the API server may be away a moment.
+		case gone:
+		case err != nil && failed < 6:
+			// Asked again: the API server may be away a moment. (A
+			// record still unreadable a minute on is taken over as it
+			// is: takeOver removes one it cannot read.)
+			failed++
 			time.AfterFunc(10*time.Second, look)
 			return
-		default:
+		case err == nil:
 			if due, starting := m.startingAlone(rec, time.Now()); starting {
-				time.AfterFunc(time.Until(due)+time.Second, look)
+				failed = 0
+				time.AfterFunc(min(time.Until(due), maxAloneStart)+time.Second, look)
 				return
 			}
 		}
 		m.mu.Lock()
 		delete(m.overdue, id)
 		m.mu.Unlock()
-		if err == nil {
+		if !gone {
 			m.adoptCreatedAlone(id)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -13,7 +15,8 @@ import (
 )
 
 // aloneBackend makes sandboxes that exit at once (a start that fails),
-// and says whether the admission lock was held as it made them.
+// or, with addr, that serve there (a desktop's VNC port listens), and
+// says whether the admission lock was held as it made them.
 type aloneBackend struct {
 	Backend
 	mu      sync.Mutex
@@ -22,6 +25,7 @@ type aloneBackend struct {
 	locked  func() bool
 	heldAt  []bool // the lock, as each Create began
 	box     *recordBox
+	addr    netip.Addr
 	// unlockedBy: the lock was given back by the time Create returned.
 	unlockedBy bool
 }
@@ -37,15 +41,22 @@ func (b *aloneBackend) Create(_ context.Context, info Info, _ *Runtime, record m
 	host.Done("pod") // the sandbox exists
 	b.unlockedBy = !b.locked()
 	exited := make(chan Exit, 1)
-	exited <- Exit{Code: 1}
+	addr := b.addr
+	if !addr.IsValid() {
+		exited <- Exit{Code: 1}
+		addr = netip.MustParseAddr("127.0.0.1")
+	}
 	b.box = &recordBox{record: record}
-	return addrBox{b.box}, exited, nil
+	return addrBox{b.box, addr}, exited, nil
 }
 
-// addrBox is a recordBox with an address (where nothing answers).
-type addrBox struct{ *recordBox }
+// addrBox is a recordBox with an address.
+type addrBox struct {
+	*recordBox
+	addr netip.Addr
+}
 
-func (addrBox) Addr() netip.Addr { return netip.MustParseAddr("127.0.0.1") }
+func (b addrBox) Addr() netip.Addr { return b.addr }
 
 // TestAloneAdmission: a create made alone counts the sessions' records
 // under the replicas' lock and refuses one over the tenant's quota (a
@@ -56,7 +67,7 @@ func (addrBox) Addr() netip.Addr { return netip.MustParseAddr("127.0.0.1") }
 // lock is given back whatever comes of the create.
 func TestAloneAdmission(t *testing.T) {
 	var mu sync.Mutex
-	held, takes := false, 0
+	held, takes, lostLock := false, 0, false
 	rec := func(id, tenant string, st State) RecordSeen {
 		r, err := containerLabels(Info{ID: id, Tenant: tenant, Kind: KindBrowser, Runtime: "runc", CreatedAt: time.Now().Add(-time.Hour), ExpiresAt: time.Now().Add(20 * time.Second)}, "")
 		if err != nil {
@@ -70,7 +81,7 @@ func TestAloneAdmission(t *testing.T) {
 	b := &aloneBackend{}
 	b.locked = func() bool { mu.Lock(); defer mu.Unlock(); return held }
 	a := &Alone{Backend: b, Identity: "replica-b", ReadyTimeout: 2 * time.Second, Log: slog.New(slog.DiscardHandler),
-		Lock: func(context.Context) (func(), error) {
+		Lock: func(context.Context) (func(), func() bool, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			if held {
@@ -78,7 +89,7 @@ func TestAloneAdmission(t *testing.T) {
 			}
 			held = true
 			takes++
-			return func() { mu.Lock(); held = false; mu.Unlock() }, nil
+			return func() { mu.Lock(); held = false; mu.Unlock() }, func() bool { return lostLock }, nil
 		},
 		Records: func(context.Context) ([]RecordSeen, error) { return records, nil },
 		Adopts:  func(context.Context) (bool, error) { return true, nil },
@@ -133,6 +144,90 @@ func TestAloneAdmission(t *testing.T) {
 	a.Adopts = func(context.Context) (bool, error) { return false, nil }
 	if _, err := a.Create(context.Background(), spec, TenantLimits{MaxTTL: time.Hour}, runtimes, "runc", nil); !errors.As(err, &pe) || !errors.Is(pe.Class, ErrUnavailable) || pe.RetryAfter == 0 || takes != 4 {
 		t.Errorf("a create alone after a leader of an earlier version: %v, the lock taken %d times (want 4)", err, takes)
+	}
+}
+
+// TestAloneStart: a create made alone whose session answers (a
+// desktop: its VNC port, on a loopback address of the test's) stores
+// its first events with extra's, gets its state written running, and is
+// answered running; one whose admission lease was taken over as it was
+// made, or after whose start the last leader is of an earlier version,
+// or whose extra fails, is removed and refused (503 to retry); its
+// record never reads running then.
+func TestAloneStart(t *testing.T) {
+	addr := netip.AddrFrom4([4]byte{127, 77, byte(time.Now().UnixNano() % 250), 1})
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(addr, VNCPort).String())
+	if err != nil {
+		t.Skipf("no VNC port to listen on at %s: %v", addr, err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	store := &pieceStore{}
+	b := &aloneBackend{addr: addr, locked: func() bool { return false }}
+	lost, adopts, adoptsAsked := false, true, 0
+	a := &Alone{Backend: b, Identity: "replica-b", ReadyTimeout: 5 * time.Second, Log: slog.New(slog.DiscardHandler), Trails: store,
+		Lock:    func(context.Context) (func(), func() bool, error) { return func() {}, func() bool { return lost }, nil },
+		Records: func(context.Context) ([]RecordSeen, error) { return nil, nil },
+		Adopts: func(context.Context) (bool, error) {
+			adoptsAsked++
+			return adoptsAsked == 1 || adopts, nil
+		},
+		Update: func(_ context.Context, id string, change func(map[string]string, bool) (map[string]string, error)) (map[string]string, bool, error) {
+			b.box.mu.Lock()
+			rec := maps.Clone(b.box.record)
+			b.box.mu.Unlock()
+			set, err := change(rec, true)
+			if err != nil {
+				return nil, false, err
+			}
+			out, err := b.box.SetRecord(context.Background(), set)
+			return out, true, err
+		},
+	}
+	runtimes := map[string]*Runtime{"runc": {Name: "runc", Usable: true}}
+	spec := Spec{Tenant: "team", Kind: KindDesktop, Runtime: "runc", TTL: time.Minute}
+	lim := TenantLimits{MaxTTL: time.Hour}
+	issued := Event{Type: "preview_issued", Fields: map[string]any{"preview": "p-1"}}
+	extra := func(info Info) ([]Event, error) { return []Event{issued}, nil }
+
+	info, err := a.Create(context.Background(), spec, lim, runtimes, "runc", extra)
+	if err != nil || info.State != StateRunning || b.box.state2() != StateRunning || b.box.removed != 0 {
+		t.Fatalf("a create alone whose session answers: %+v %v, its record %s, removed %d times", info, err, b.box.state2(), b.box.removed)
+	}
+	evs, _, err := StoredTrail(context.Background(), store, "team", info.ID)
+	if err != nil || len(evs) != 3 || evs[0].Type != "created" || evs[1].Type != "started" || evs[2].Type != "preview_issued" {
+		t.Errorf("the trail of a create alone: %+v %v", evs, err)
+	}
+	for _, c := range []struct {
+		name  string
+		setup func()
+		msg   string
+	}{
+		{"the lease taken over", func() { lost = true }, "admission was lost"},
+		{"an earlier version leads", func() { adoptsAsked, adopts = 0, false }, "earlier version took the lead"},
+		{"extra fails", func() {
+			extra = func(Info) ([]Event, error) {
+				return nil, &PublicError{Class: ErrUnavailable, Msg: "cannot sign", RetryAfter: 2}
+			}
+		}, "cannot sign"},
+	} {
+		lost, adopts, adoptsAsked = false, true, 0
+		extra = func(info Info) ([]Event, error) { return []Event{issued}, nil }
+		c.setup()
+		_, err := a.Create(context.Background(), spec, lim, runtimes, "runc", extra)
+		var pe *PublicError
+		if !errors.As(err, &pe) || !errors.Is(pe.Class, ErrUnavailable) || pe.RetryAfter == 0 || !strings.Contains(pe.Msg, c.msg) ||
+			b.box.removed != 1 || b.box.state2() == StateRunning {
+			t.Errorf("%s: %v, the sandbox removed %d times, its record %s; want 503 to retry, removed, never running", c.name, err, b.box.removed, b.box.state2())
+		}
 	}
 }
 

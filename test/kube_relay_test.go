@@ -1312,7 +1312,9 @@ func TestKubeRelay(t *testing.T) {
 	for range 3 {
 		go func() {
 			answers <- createVia(rb.keyA, map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.25},
-				"labels": map[string]string{"made": "alone"}, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600}})
+				"labels": map[string]string{"made": "alone"}, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600},
+				"egress":      map[string]any{"allow": []string{"pages.sandgate.test:80"}},
+				"credentials": []map[string]any{{"credential": fillCred.ID, "scheme": "http", "host": "pages.sandgate.test", "port": 80}}})
 		}()
 	}
 	var madeAlone struct {
@@ -1349,6 +1351,26 @@ func TestKubeRelay(t *testing.T) {
 	if err := cdpTry(aloneCDP, 1); err != nil {
 		t.Fatalf("CDP through B to the session created while nobody leads: %v", err)
 	}
+	// Its binding holds, as a leader's session's: the test page through
+	// the egress proxy, and the bound credential typed into it through B
+	// (the placeholder, never the secret).
+	aloneAlloc, aloneAllocCancel := remote.NewAllocator(ctx, browserWS(t, viaB(madeAlone.Preview.URL)), remote.NoModifyURL)
+	defer aloneAllocCancel()
+	alonePage, alonePageCancel := chromedp.NewContext(aloneAlloc)
+	defer alonePageCancel()
+	if title, err := navigateTitle(alonePage, "http://pages.sandgate.test/hello.html"); err != nil || title != "Sandgate test page" {
+		t.Fatalf("the bound credential's page in the session created through B while nobody leads: %q, %v", title, err)
+	}
+	if _, err := chromedp.Run(alonePage, chromedp.Evaluate[bool](`document.body.insertAdjacentHTML("beforeend", '<input id="sg-pass" type="password">'); true`)); err != nil {
+		t.Fatalf("a password field on the page of the session created alone: %v", err)
+	}
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "POST", "/v1/sessions/"+madeAlone.ID+"/actions",
+		map[string]any{"action": "fill_credential", "credential": fillCred.ID, "selector": "#sg-pass"}); st != 200 || strings.Contains(string(body), fillSecret) {
+		t.Errorf("a fill of the bound credential in the session created through B while nobody leads: %d %s, want 200", st, body)
+	}
+	if got, err := chromedp.Run(alonePage, chromedp.Evaluate[string](`document.querySelector("#sg-pass").value`)); err != nil || got == fillSecret || !strings.HasPrefix(got, "sgph_") {
+		t.Errorf("the field filled in the session created alone holds %q (%v), want the placeholder", redactSecret(got, fillSecret), err)
+	}
 	if o, err := kb.Client().CoreV1().Pods(kb.Namespace()).Get(ctx, "sandgate-"+madeAlone.ID, metav1.GetOptions{}); err != nil || o.Labels[kube.LabelTenant] != "tenant-a" {
 		t.Errorf("the Pod of the session created through B while nobody leads: %v %v", err, o.Labels)
 	}
@@ -1370,6 +1392,18 @@ func TestKubeRelay(t *testing.T) {
 	}
 	podsMade := kubePods(t, kb)
 	refusedAlone(rb.keyB, map[string]any{"runtime": "runc"}, 429, "tenant-b's second session")
+	// Bindings checked against B's vault before the quota: another
+	// tenant's credential is none (404), one sent where its owner did
+	// not say it goes is refused (403).
+	for _, c := range []struct {
+		key, host string
+		want      int
+	}{{rb.keyB, "pages.sandgate.test", 404}, {rb.keyA, "elsewhere.sandgate.test", 403}} {
+		a := createVia(c.key, map[string]any{"runtime": "runc", "credentials": []map[string]any{{"credential": fillCred.ID, "scheme": "http", "host": c.host, "port": 80}}})
+		if a.err != nil || a.st != c.want {
+			t.Errorf("a create through B binding %s's credential to %s while nobody leads: %d %s %v, want %d", map[bool]string{true: "tenant-a", false: "another tenant"}[c.key == rb.keyA], c.host, a.st, a.body, a.err, c.want)
+		}
+	}
 	refusedAlone(rb.keyB, map[string]any{"runtime": "runc", "record": true}, 503, "one that records")
 	for id, tn := range kubePods(t, kb) {
 		if _, ok := podsMade[id]; !ok {

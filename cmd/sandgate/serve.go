@@ -302,7 +302,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				alone := &session.Alone{
 					Backend: pods, Identity: identity, ProxyURL: proxyURL(cfg), Env: sessionCAEnv(ca),
 					Trails: relayStore, Scope: scope, Capacity: cfg.Capacity.MaxSessions,
-					Lock:    func(ctx context.Context) (func(), error) { return holds.LockAdmission(ctx, identity, rlog) },
+					Lock: func(ctx context.Context) (func(), func() bool, error) {
+						return holds.LockAdmission(ctx, identity, rlog)
+					},
 					Records: pods.LookEvery,
 					Update:  pods.UpdateRecord,
 					Adopts:  holds.AdoptsAlone,

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -34,12 +35,13 @@ const (
 // identity, waiting while another create holds it (within ctx, and at
 // most admissionWait), and renews it until unlock gives it back. Each
 // call holds it under a name of its own (identity and a random word),
-// so that two creates of one replica exclude each other too.
-func (b *Backend) LockAdmission(ctx context.Context, identity string, log *slog.Logger) (unlock func(), err error) {
+// so that two creates of one replica exclude each other too. lost says whether another create took the lease over meanwhile (this
+// one could not renew it in time): what it counted may be stale.
+func (b *Backend) LockAdmission(ctx context.Context, identity string, log *slog.Logger) (unlock func(), lost func() bool, err error) {
 	return b.lockAdmission(ctx, identity, admissionHold, admissionWait, log)
 }
 
-func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait time.Duration, log *slog.Logger) (unlock func(), err error) {
+func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait time.Duration, log *slog.Logger) (unlock func(), lost func() bool, err error) {
 	var word [4]byte
 	rand.Read(word[:])
 	l := &Leases{Client: b.client, Namespace: b.cfg.Namespace, Identity: identity + "/" + hex.EncodeToString(word[:]), Duration: hold}
@@ -55,11 +57,12 @@ func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait
 			if err == nil {
 				err = fmt.Errorf("held by %s", holder)
 			}
-			return nil, fmt.Errorf("the replicas' admission lease: %w (%v)", err, wctx.Err())
+			return nil, nil, fmt.Errorf("the replicas' admission lease: %w (%v)", err, wctx.Err())
 		case <-time.After(pause):
 		}
 	}
 	stop, stopped := make(chan struct{}), make(chan struct{})
+	var taken atomic.Bool
 	go func() {
 		defer close(stopped)
 		tick := time.NewTicker(hold / 3)
@@ -74,7 +77,8 @@ func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait
 			err := l.Renew(rctx, admissionLease)
 			cancel()
 			if errors.Is(err, ErrLeaseLost) {
-				log.Warn("the replicas' admission lease was taken over while this create held it: a tenant may get a session past its quota", "holder", l.Identity)
+				taken.Store(true)
+				log.Warn("the replicas' admission lease was taken over while this create held it", "holder", l.Identity)
 				return
 			}
 		}
@@ -86,7 +90,7 @@ func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait
 		defer cancel()
 		// One not given back runs out after hold.
 		l.Release(rctx, admissionLease)
-	}, nil
+	}, taken.Load, nil
 }
 
 // AdoptsAlone says whether the namespace's last leader, dead or alive,

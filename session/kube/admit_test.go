@@ -29,12 +29,12 @@ func TestLockAdmission(t *testing.T) {
 	casLeases(client)
 	b := &Backend{client: client, cfg: Config{Namespace: "ns"}}
 	ctx := context.Background()
-	unlockA, err := b.LockAdmission(ctx, "replica-a", slog.New(slog.DiscardHandler))
+	unlockA, _, err := b.LockAdmission(ctx, "replica-a", slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = b.LockAdmission(short, "replica-b", slog.New(slog.DiscardHandler))
+	_, _, err = b.LockAdmission(short, "replica-b", slog.New(slog.DiscardHandler))
 	cancel()
 	if err == nil {
 		t.Fatal("replica-b took the admission lease replica-a holds")
@@ -42,7 +42,7 @@ func TestLockAdmission(t *testing.T) {
 	took, done := make(chan time.Time, 1), make(chan struct{})
 	go func() {
 		defer close(done)
-		unlockB, err := b.LockAdmission(ctx, "replica-b", slog.New(slog.DiscardHandler))
+		unlockB, _, err := b.LockAdmission(ctx, "replica-b", slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Error(err)
 			took <- time.Time{}
@@ -69,12 +69,12 @@ func TestLockAdmission(t *testing.T) {
 
 	// Two creates of one replica.
 	log := slog.New(slog.DiscardHandler)
-	unlock1, err := b.LockAdmission(ctx, "replica-a", log)
+	unlock1, _, err := b.LockAdmission(ctx, "replica-a", log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	short, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = b.LockAdmission(short, "replica-a", log)
+	_, _, err = b.LockAdmission(short, "replica-a", log)
 	cancel()
 	if err == nil {
 		t.Error("a second create of replica-a took the admission lease the first holds")
@@ -84,20 +84,49 @@ func TestLockAdmission(t *testing.T) {
 	// Held for 3 s under a lease of 1 s: renewed, so nobody takes it;
 	// the control, a holder that stops renewing (a dead one's lease
 	// left behind), loses it once it has run out.
-	unlockLong, err := b.lockAdmission(ctx, "replica-a", time.Second, time.Second, log)
+	unlockLong, lostLong, err := b.lockAdmission(ctx, "replica-a", time.Second, time.Second, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.lockAdmission(ctx, "replica-b", time.Second, 3*time.Second, log); err == nil {
+	if _, _, err := b.lockAdmission(ctx, "replica-b", time.Second, 3*time.Second, log); err == nil {
 		t.Error("replica-b took the admission lease replica-a renews")
 	}
+	if lostLong() {
+		t.Error("replica-a says it lost the lease it renewed")
+	}
 	unlockLong()
+	// A holder whose lease another took over (it could not renew in
+	// time) says so.
+	unlockTaken, lostTaken, err := b.lockAdmission(ctx, "replica-a", time.Second, time.Second, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	le, err := client.CoordinationV1().Leases("ns").Get(ctx, admissionLease, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	intruder := "replica-c/0"
+	le.Spec.HolderIdentity = &intruder
+	if _, err := client.CoordinationV1().Leases("ns").Update(ctx, le, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(3 * time.Second); !lostTaken() && time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !lostTaken() {
+		t.Error("replica-a does not say it lost the lease another took over")
+	}
+	unlockTaken()
+	if le, err := client.CoordinationV1().Leases("ns").Get(ctx, admissionLease, metav1.GetOptions{}); err != nil || *le.Spec.HolderIdentity != intruder {
+		t.Errorf("the lease another took over, once replica-a gave it back: %v, want it left to its holder", err)
+	}
+	client.CoordinationV1().Leases("ns").Delete(ctx, admissionLease, metav1.DeleteOptions{})
 	dead := &Leases{Client: client, Namespace: "ns", Identity: "replica-dead/0", Duration: time.Second}
 	if held, _, err := dead.Acquire(ctx, admissionLease, "admission"); err != nil || !held {
 		t.Fatalf("a lease for a holder that dies: %v %v", held, err)
 	}
 	at := time.Now()
-	unlockB, err := b.lockAdmission(ctx, "replica-b", time.Second, 5*time.Second, log)
+	unlockB, _, err := b.lockAdmission(ctx, "replica-b", time.Second, 5*time.Second, log)
 	if err != nil {
 		t.Fatalf("replica-b waiting for a dead holder's lease: %v", err)
 	}

@@ -219,6 +219,8 @@ func record(o *corev1.Pod) (map[string]string, error) {
 	if a, err := netip.ParseAddr(o.Status.PodIP); err == nil {
 		r[session.RecordAddr] = a.String()
 	}
+	// The API server's, which no update changes.
+	r[session.RecordMade] = o.CreationTimestamp.UTC().Format(time.RFC3339Nano)
 	return r, nil
 }
 
