@@ -23,9 +23,9 @@ const (
 // leader would (createSession), by RelayAlone.Create: a cold start,
 // admitted by the sessions' Pods (session.Alone). What it cannot do
 // alone waits for a leader (503 with a Retry-After, as before): a
-// create that records, starts from a profile or a snapshot, does not
-// wait for its session (wait=false), or asks for a review link, and one
-// that binds credentials on a replica that opens no vault. The
+// create that records, starts from a profile or a snapshot, or does not
+// wait for its session (wait=false), and one that binds credentials on
+// a replica that opens no vault. The
 // bindings are checked against the replica's own vault. One over quota
 // is refused at once (429 with a Retry-After), wait_seconds or not: the
 // line that waits for room is the leader's.
@@ -46,8 +46,6 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 		leaders = "a create from a profile or a snapshot"
 	case c.Query("wait", "true") == "false":
 		leaders = "a create that does not wait for its session (wait=false)"
-	case req.Preview != nil && req.Preview.Scope == ScopeReview:
-		leaders = "a create that asks for a review link"
 	}
 	if leaders != "" {
 		return &apiError{status: 503, code: "unavailable", msg: leaders + " waits for a gateway replica to lead; retry"}

@@ -21,9 +21,9 @@ import (
 // answered by the relay with RelayAlone.Create: the spec as the leader
 // would make it (the tenant's, its allow list first, the request's
 // labels and shape), 201 with the session and the preview asked for,
-// signed with the gateway's keys. What only a leader does (a recording,
-// credentials, a profile or a snapshot, wait=false, a review link)
-// gets a 503 to retry, before the request's own checks and without a
+// signed with the gateway's keys (a review link too). What only a
+// leader does (a recording, a profile or a snapshot, wait=false,
+// credentials on a replica without a vault) gets a 503 to retry, before the request's own checks and without a
 // create, as does any while the artifact store does not answer; a junk
 // key 401; a bad TTL 400; Create's refusals are its (over quota: 429
 // with its Retry-After). The preview's issue is handed to Create, to be
@@ -113,11 +113,16 @@ func TestRelayCreateAlone(t *testing.T) {
 		{"a profile", "good", `{"profile":{"id":"prof_0123456789abcdef"}}`, "/v1/sessions"},
 		{"a snapshot", "good", `{"snapshot":"snap"}`, "/v1/sessions"},
 		{"wait=false", "good", `{}`, "/v1/sessions?wait=false"},
-		{"a review link", "good", `{"preview":{"scope":"review","ttl_seconds":60}}`, "/v1/sessions"},
 	} {
 		if st, body, retry := relayCall(t, srv, "POST", c.path, c.key, c.body); st != 503 || retry != "2" || !strings.Contains(body, "waits for a gateway replica to lead") {
 			t.Errorf("a create alone, %s: %d %s (Retry-After %q), want 503 to retry", c.name, st, body, retry)
 		}
+	}
+	// A review link, as any preview.
+	st, body, _ = relayCall(t, srv, "POST", "/v1/sessions", "good", `{"preview":{"scope":"review","ttl_seconds":60}}`)
+	if err := json.Unmarshal([]byte(body), &out); st != 201 || err != nil || out.Preview.Scope != "review" || !strings.Contains(out.Preview.URL, "/review/") ||
+		stored[len(stored)-1].Fields["scope"] != "review" {
+		t.Errorf("a create alone with a review link: %d %s", st, body)
 	}
 	for _, c := range []struct {
 		name, key, body string
@@ -131,8 +136,8 @@ func TestRelayCreateAlone(t *testing.T) {
 			t.Errorf("a create alone, %s: %d %s, want %d", c.name, st, body, c.status)
 		}
 	}
-	if creates() != 1 {
-		t.Errorf("%d creates made alone, want only the first", creates())
+	if creates() != 2 {
+		t.Errorf("%d creates made alone, want the first and the review link's", creates())
 	}
 	mu.Lock()
 	refuse = &session.PublicError{Class: session.ErrQuota, Msg: "over quota: the tenant has 2 active sessions, its maximum", RetryAfter: 7}
