@@ -25,10 +25,10 @@ const (
 // alone waits for a leader (503 with a Retry-After, as before): a
 // create that records, starts from a profile or a snapshot, or does not
 // wait for its session (wait=false), and one that binds credentials on
-// a replica that opens no vault. The
-// bindings are checked against the replica's own vault. One over quota
-// is refused at once (429 with a Retry-After), wait_seconds or not: the
-// line that waits for room is the leader's.
+// a replica built without a vault. The bindings are checked against the
+// replica's own vault. One over quota is refused at once (429 with a
+// Retry-After), wait_seconds or not: the line that waits for room is
+// the leader's.
 func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	l := s.live.(*relayLive)
 	var req createRequest
@@ -82,6 +82,9 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	if req.Screen != nil {
 		spec.Screen = *req.Screen
+	}
+	if len(req.Credentials) > maxBindings { // (before the vault, as on the leader)
+		return errInvalid("credentials: at most 16 bindings")
 	}
 	if len(req.Credentials) > 0 {
 		// Checked against the replica's own vault, as the leader checks

@@ -185,6 +185,10 @@ func TestRelayCreateAlone(t *testing.T) {
 	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", bind); st != 503 || retry != "2" || !strings.Contains(body, "vault") || creates() != made {
 		t.Errorf("a create alone that binds credentials, the vault not opening: %d %s (Retry-After %q), %d made", st, body, retry, creates()-made)
 	}
+	many := `{"credentials":[` + strings.TrimSuffix(strings.Repeat(`{"credential":"cred_0123456789abcdef","scheme":"https","host":"a.example","port":443},`, 17), ",") + `]}`
+	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", many); st != 400 || !strings.Contains(body, "at most 16") {
+		t.Errorf("a create alone with 17 bindings, the vault not opening: %d %s, want the leader's 400", st, body)
+	}
 	alone.Vault = func(context.Context) (*vault.Vault, error) { return nil, nil }
 	srv.AdmitAlone(alone)
 	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", bind); st != 503 || retry != "" || !strings.Contains(body, "no credential vault") || creates() != made {

@@ -231,7 +231,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	adopts, err = a.Adopts(actx)
 	cancel()
 	if err != nil || !adopts {
-		return fail(&PublicError{Class: ErrUnavailable, Msg: "a gateway replica of an earlier version took the lead as the session started: a create waits for a replica to lead; retry", Err: err, RetryAfter: 2})
+		return fail(&PublicError{Class: ErrUnavailable, Msg: "the gateway's lease, read again as the session started, does not say that the next leader adopts it (one of an earlier version took the lead, or it could not be read): a create waits for a replica to lead; retry", Err: err, RetryAfter: 2})
 	}
 	if err := a.markRunning(startCtx, info.ID); err != nil {
 		return fail(err)
@@ -437,7 +437,7 @@ func (m *Manager) overdueAlone(id string) {
 	m.overdue[id] = true
 	m.mu.Unlock()
 	var look func()
-	failed := 0 // reads of the record that failed in a row
+	failed := 0 // reads of the record the API server did not answer, in a row
 	look = func() {
 		if m.base.Err() != nil {
 			return
@@ -447,13 +447,12 @@ func (m *Manager) overdueAlone(id string) {
 		rec, err := f.Sandbox(id).Record(ctx)
 		gone := errors.Is(err, ErrSandboxGone)
 		switch {
-		case gone:
-		case err != nil && failed < 6:
-			// Asked again: the API server may be away a moment. (A
-			// record still unreadable a minute on is taken over as it
-			// is: takeOver removes one it cannot read.)
+		case gone, errors.Is(err, ErrRecordUnreadable):
+			// (One that cannot be read is removed by takeOver.)
+		case err != nil:
+			// Asked again, less often: the API server may be away.
 			failed++
-			time.AfterFunc(10*time.Second, look)
+			time.AfterFunc(min(time.Duration(failed)*10*time.Second, time.Minute), look)
 			return
 		case err == nil:
 			if due, starting := m.startingAlone(rec, time.Now()); starting {

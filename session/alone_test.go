@@ -369,6 +369,23 @@ func TestStartingAlone(t *testing.T) {
 	if got := reason(); soon.removed != 1 || !strings.Contains(got, "did not finish in time") {
 		t.Errorf("a session whose start is overdue as it is awaited: removed %d times, want once: %s", soon.removed, got)
 	}
+	// Awaited, a record that cannot be read is taken over at once (and
+	// removed); one the API server does not answer for is asked again,
+	// not removed.
+	mute := box(time.Now(), true)
+	mute.readErr = errors.New("the API server does not answer")
+	f.boxes["s-2"] = mute
+	m.overdueAlone("s-2")
+	junk := box(time.Now(), true)
+	junk.readErr = ErrRecordUnreadable
+	junk.record[labelSession] = "s-3"
+	f.boxes["s-3"] = junk
+	m.overdueAlone("s-3")
+	waitUntil(t, 10*time.Second, func() bool { junk.mu.Lock(); defer junk.mu.Unlock(); return junk.removed > 0 })
+	time.Sleep(300 * time.Millisecond)
+	if mute.removed != 0 || junk.removed != 1 {
+		t.Errorf("awaited: one the API server does not answer for removed %d times (want none), one whose record cannot be read %d times (want once)", mute.removed, junk.removed)
+	}
 }
 
 // lockedWriter is a writer under a lock.

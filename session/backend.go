@@ -134,6 +134,10 @@ type Exit struct {
 // backend wraps it in the errors of Running, Wait and SetRecord.
 var ErrSandboxGone = errors.New("the sandbox is gone")
 
+// ErrRecordUnreadable is returned for a sandbox whose record is there
+// but cannot be read as one (not for a store that does not answer).
+var ErrRecordUnreadable = errors.New("the sandbox's record cannot be read")
+
 // ExecProc is a command a backend runs in a sandbox; Process (exec.go)
 // gives it the same behaviour under every backend.
 type ExecProc interface {

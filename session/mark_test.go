@@ -21,6 +21,8 @@ type recordBox struct {
 	// removed counts the removals.
 	removed int
 	delay   time.Duration
+	// readErr, if set, is what reading the record returns.
+	readErr error
 }
 
 func (b *recordBox) SetRecord(_ context.Context, change map[string]string) (map[string]string, error) {
@@ -48,6 +50,9 @@ func (b *recordBox) Remove(context.Context) error {
 func (b *recordBox) Record(context.Context) (map[string]string, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.readErr != nil {
+		return nil, b.readErr
+	}
 	return maps.Clone(b.record), nil
 }
 

@@ -62,7 +62,12 @@ func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait
 		}
 	}
 	stop, stopped := make(chan struct{}), make(chan struct{})
+	// taken: another took the lease over; renewed: when the last
+	// renewal that succeeded was sent (the take, first). One not
+	// renewed for hold may be another's by now, whatever this one saw.
 	var taken atomic.Bool
+	var renewed atomic.Int64
+	renewed.Store(time.Now().UnixNano())
 	go func() {
 		defer close(stopped)
 		tick := time.NewTicker(hold / 3)
@@ -73,9 +78,13 @@ func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait
 				return
 			case <-tick.C:
 			}
+			sent := time.Now()
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hold/3)
 			err := l.Renew(rctx, admissionLease)
 			cancel()
+			if err == nil {
+				renewed.Store(sent.UnixNano())
+			}
 			if errors.Is(err, ErrLeaseLost) {
 				taken.Store(true)
 				log.Warn("the replicas' admission lease was taken over while this create held it", "holder", l.Identity)
@@ -84,13 +93,15 @@ func (b *Backend) lockAdmission(ctx context.Context, identity string, hold, wait
 		}
 	}()
 	return func() {
-		close(stop)
-		<-stopped
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		// One not given back runs out after hold.
-		l.Release(rctx, admissionLease)
-	}, taken.Load, nil
+			close(stop)
+			<-stopped
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			// One not given back runs out after hold.
+			l.Release(rctx, admissionLease)
+		}, func() bool {
+			return taken.Load() || time.Since(time.Unix(0, renewed.Load())) >= hold
+		}, nil
 }
 
 // AdoptsAlone says whether the namespace's last leader, dead or alive,

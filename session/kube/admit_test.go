@@ -121,6 +121,30 @@ func TestLockAdmission(t *testing.T) {
 		t.Errorf("the lease another took over, once replica-a gave it back: %v, want it left to its holder", err)
 	}
 	client.CoordinationV1().Leases("ns").Delete(ctx, admissionLease, metav1.DeleteOptions{})
+	// A holder whose renewals fail (the API server does not answer)
+	// says it may have lost the lease once a hold's length has passed
+	// without one, though nobody told it another took it.
+	var failing atomic.Bool
+	client.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if failing.Load() {
+			return true, nil, errors.New("the API server does not answer")
+		}
+		return false, nil, nil
+	})
+	unlockMute, lostMute, err := b.lockAdmission(ctx, "replica-a", time.Second, time.Second, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lostMute() {
+		t.Error("replica-a says it lost the lease it has just taken")
+	}
+	failing.Store(true)
+	time.Sleep(1200 * time.Millisecond)
+	if !lostMute() {
+		t.Error("replica-a, its renewals failing for longer than the lease lasts, does not say it may have lost it")
+	}
+	failing.Store(false)
+	unlockMute()
 	dead := &Leases{Client: client, Namespace: "ns", Identity: "replica-dead/0", Duration: time.Second}
 	if held, _, err := dead.Acquire(ctx, admissionLease, "admission"); err != nil || !held {
 		t.Fatalf("a lease for a holder that dies: %v %v", held, err)

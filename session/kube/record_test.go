@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -172,5 +173,44 @@ func TestWatchRecords(t *testing.T) {
 	case rec := <-seen:
 		t.Errorf("the hook got %v more: a status change, or one twice", rec)
 	default:
+	}
+}
+
+// TestRecordMade: a record as the backend reads it says when the API
+// server made the Pod, whatever its annotation says, and a write of the
+// record does not store that time in the annotation; a Pod with no
+// creation time (one not from an API server) says none.
+func TestRecordMade(t *testing.T) {
+	id := ids.NewSession()
+	made := time.Now().UTC().Add(-time.Minute).Truncate(time.Second)
+	raw, _ := json.Marshal(map[string]string{"sandgate.session": id, session.RecordTenant: "t", session.RecordState: "starting",
+		session.RecordMade: "2999-01-01T00:00:00Z"})
+	client := fake.NewSimpleClientset(&corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: podName(id), Namespace: "ns", CreationTimestamp: metav1.NewTime(made),
+			Labels: map[string]string{LabelManaged: managedBy}, Annotations: map[string]string{AnnInfo: string(raw)}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3"},
+	})
+	s := NewSessions(context.Background(), &Backend{client: client, cfg: Config{Namespace: "ns"}})
+	ctx := context.Background()
+	rec, err := s.Sandbox(id).Record(ctx)
+	if err != nil || rec[session.RecordMade] != made.Format(time.RFC3339Nano) {
+		t.Fatalf("the record: %v %v, want made at %v", rec, err, made)
+	}
+	if _, _, err := s.UpdateRecord(ctx, id, func(map[string]string, bool) (map[string]string, error) {
+		return map[string]string{session.RecordState: "running"}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := client.CoreV1().Pods("ns").Get(ctx, podName(id), metav1.GetOptions{})
+	if err != nil || strings.Contains(o.Annotations[AnnInfo], session.RecordMade) || !strings.Contains(o.Annotations[AnnInfo], `"running"`) {
+		t.Errorf("the annotation once written: %v %s, want the state and no creation time", err, o.Annotations[AnnInfo])
+	}
+	o.CreationTimestamp = metav1.Time{}
+	if r, err := record(o); err != nil || r[session.RecordMade] != "" {
+		t.Errorf("the record of a Pod with no creation time: %v %v", r, err)
+	}
+	o.Annotations[AnnInfo] = "{junk"
+	if _, err := record(o); !errors.Is(err, session.ErrRecordUnreadable) {
+		t.Errorf("a record that cannot be read: %v, want ErrRecordUnreadable", err)
 	}
 }

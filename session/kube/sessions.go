@@ -214,13 +214,15 @@ func (p *pod) Record(ctx context.Context) (map[string]string, error) {
 func record(o *corev1.Pod) (map[string]string, error) {
 	r := map[string]string{}
 	if err := json.Unmarshal([]byte(o.Annotations[AnnInfo]), &r); err != nil {
-		return nil, fmt.Errorf("pod %s: annotation %s: %w", o.Name, AnnInfo, err)
+		return nil, fmt.Errorf("pod %s: annotation %s: %w (%w)", o.Name, AnnInfo, session.ErrRecordUnreadable, err)
 	}
 	if a, err := netip.ParseAddr(o.Status.PodIP); err == nil {
 		r[session.RecordAddr] = a.String()
 	}
 	// The API server's, which no update changes.
-	r[session.RecordMade] = o.CreationTimestamp.UTC().Format(time.RFC3339Nano)
+	if !o.CreationTimestamp.IsZero() {
+		r[session.RecordMade] = o.CreationTimestamp.UTC().Format(time.RFC3339Nano)
+	}
 	return r, nil
 }
 
@@ -273,7 +275,9 @@ func (s *Sessions) UpdateRecord(ctx context.Context, id string, change func(rec 
 				r[k] = v
 			}
 		}
-		delete(r, session.RecordAddr) // the Pod's IP, read afresh each time
+		// The Pod's IP and creation, read afresh each time.
+		delete(r, session.RecordAddr)
+		delete(r, session.RecordMade)
 		raw, err := json.Marshal(r)
 		if err != nil {
 			return err
