@@ -342,8 +342,9 @@ func (a *Alone) markRunning(ctx context.Context, id string) error {
 }
 
 // startingAlone says whether rec is of a session a replica created
-// while no leader answered and may still be starting (by its creation,
-// with the manager's ready timeout): the leader leaves it to its creator
+// while no leader answered and may still be starting (its due time, as
+// its record says it, bounded by maxAloneStart from the making of its
+// sandbox), and when it is due: the leader leaves it to its creator
 // until it runs (then adopts it) or is overdue (then removes it).
 func (m *Manager) startingAlone(rec map[string]string, now time.Time) (time.Time, bool) {
 	if rec[RecordCreatedAlone] == "" || State(rec[labelState]) != StateStarting {
