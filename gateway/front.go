@@ -176,12 +176,12 @@ func relayable(method, path string) Relays {
 
 // answersAlone: a request creates a session, reads one, lists them,
 // reads the tenant's usage, the runtimes or the pools, extends or
-// deletes a session, issues or revokes a session's preview, reads its trail, its
-// artifacts, its snapshots or an artifact's link, is a review link's,
-// stores, lists, reads or deletes a credential, creates, lists, reads,
-// deletes or rolls back a profile, reads the admin API's tenants or
-// keys, is the MCP endpoint's or reads the OpenAPI document, which a
-// relay answers itself when no leader takes it.
+// deletes a session, issues or revokes a session's preview, reads its
+// trail, its artifacts, its snapshots or an artifact's link, is a
+// review link's, stores, lists, reads or deletes a credential, creates,
+// lists, reads, deletes or rolls back a profile, reads the admin API's
+// tenants or keys, is the MCP endpoint's or reads the OpenAPI document,
+// which a relay answers itself when no leader takes it.
 func answersAlone(method, path string) bool {
 	if path == "/v1/sessions" && method == "POST" {
 		return true

@@ -33,10 +33,10 @@ import (
 // answers its report, which records them as it does the
 // leader-admitted ones'. It also answers session reads and lists,
 // extends and deletes sessions, and issues and revokes previews, that
-// no leader takes (orAlone), creates sessions (createAlone), the tenant's usage (usageAlone),
-// credentials with its own vault (vaultAlone), fills (fillAlone) and
-// profiles' creates and reads with its own profile store
-// (profilesAlone).
+// no leader takes (orAlone), creates sessions (createAlone), the
+// tenant's usage (usageAlone), credentials with its own vault
+// (vaultAlone), fills (fillAlone) and profiles' creates and reads with
+// its own profile store (profilesAlone).
 type RelayAlone struct {
 	// Tenant is the API key's tenant and its limits (the gateway's
 	// defaults applied): tenant.ErrNotFound, tenant.ErrDisabled, or
