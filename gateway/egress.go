@@ -54,15 +54,9 @@ func (s *Server) egressSpec(c *fiber.Ctx, allow []string, bindings []egress.Bind
 	if len(bindings) == 0 {
 		return out, nil
 	}
-	if len(bindings) > maxBindings { // (before the vault, as always)
-		return session.Egress{}, errInvalid("credentials: at most 16 bindings")
-	}
-	if err := s.needVault(); err != nil {
-		return session.Egress{}, err
-	}
 	ctx, cancel := reqCtx(c, 30*time.Second)
 	defer cancel()
-	if err := checkBindings(ctx, s.vault, tenant, bindings); err != nil {
+	if err := checkBindings(ctx, func(context.Context) (*vault.Vault, error) { return s.vault, s.needVault() }, tenant, bindings); err != nil {
 		return session.Egress{}, err
 	}
 	out.Credentials = bindings
@@ -70,11 +64,17 @@ func (s *Server) egressSpec(c *fiber.Ctx, allow []string, bindings []egress.Bind
 }
 
 // checkBindings checks a create's credential bindings against the
-// tenant's credentials in v: each is well formed, names one of the
-// tenant's, and sends it only where its owner said it goes.
-func checkBindings(ctx context.Context, v *vault.Vault, tenant string, bindings []egress.Binding) error {
+// tenant's credentials in the vault open gives (opened only for
+// bindings that could be, its error the answer): each is well formed,
+// names one of the tenant's, and sends it only where its owner said it
+// goes.
+func checkBindings(ctx context.Context, open func(context.Context) (*vault.Vault, error), tenant string, bindings []egress.Binding) error {
 	if len(bindings) > maxBindings {
 		return errInvalid("credentials: at most 16 bindings")
+	}
+	v, err := open(ctx)
+	if err != nil {
+		return err
 	}
 	for i := range bindings {
 		b := &bindings[i]

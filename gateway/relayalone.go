@@ -577,19 +577,9 @@ func (l *relayLive) mcpAlone(c *fiber.Ctx) error {
 // whose tool calls hold maxMCPAnswersPerTenant of them (a long command
 // each, say) leaves the rest to the others.
 func (l *relayLive) mcpSlot(tenantName string) (release func(), err error) {
-	l.mu.Lock()
-	if l.mcpBy[tenantName] >= maxMCPAnswersPerTenant {
-		l.mu.Unlock()
-		return nil, &apiError{status: 503, code: "unavailable", msg: "the tenant's MCP requests keep this gateway replica busy; retry"}
-	}
-	l.mcpBy[tenantName]++
-	l.mu.Unlock()
-	drop := func() {
-		l.mu.Lock()
-		if l.mcpBy[tenantName]--; l.mcpBy[tenantName] <= 0 {
-			delete(l.mcpBy, tenantName)
-		}
-		l.mu.Unlock()
+	drop, err := l.tenantTurn(l.mcpBy, tenantName, maxMCPAnswersPerTenant, "the tenant's MCP requests keep this gateway replica busy; retry")
+	if err != nil {
+		return nil, err
 	}
 	free, err := l.slot(l.mcpAnswers)
 	if err != nil {
@@ -597,6 +587,24 @@ func (l *relayLive) mcpSlot(tenantName string) (release func(), err error) {
 		return nil, err
 	}
 	return func() { free(); drop() }, nil
+}
+
+// tenantTurn counts one of tenantName's turns in by (under mu), at most
+// max of them at once (past that, 503 with busy); release gives it back.
+func (l *relayLive) tenantTurn(by map[string]int, tenantName string, max int, busy string) (release func(), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if by[tenantName] >= max {
+		return nil, &apiError{status: 503, code: "unavailable", msg: busy}
+	}
+	by[tenantName]++
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if by[tenantName]--; by[tenantName] <= 0 {
+			delete(by, tenantName)
+		}
+	}, nil
 }
 
 // usageAlone answers GET /v1/usage no leader takes, as the leader

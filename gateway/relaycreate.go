@@ -8,6 +8,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/sandgate/sandgate/session"
+	"github.com/sandgate/sandgate/vault"
 )
 
 // maxCreatesAlone bounds the creates a replica carries at once (passed
@@ -50,11 +51,7 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	if leaders != "" {
 		return &apiError{status: 503, code: "unavailable", msg: leaders + " waits for a gateway replica to lead; retry"}
 	}
-	ttl, err := seconds("ttl_seconds", req.TTL)
-	if err != nil {
-		return err
-	}
-	idle, err := seconds("idle_timeout_seconds", req.Idle)
+	ttl, idle, err := req.lifetimes()
 	if err != nil {
 		return err
 	}
@@ -83,19 +80,15 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	if req.Screen != nil {
 		spec.Screen = *req.Screen
 	}
-	if len(req.Credentials) > maxBindings { // (before the vault, as on the leader)
-		return errInvalid("credentials: at most 16 bindings")
-	}
 	if len(req.Credentials) > 0 {
 		// Checked against the replica's own vault, as the leader checks
 		// them against its own; the proxies bind them by the Pod's
 		// record, this replica's now and the leader's once it adopts
 		// the session.
 		vctx, cancel := context.WithTimeout(c.UserContext(), 10*time.Second)
-		v, err := ownAlone(vctx, l.alone.Vault, vaultError, errNoVault)
-		if err == nil {
-			err = checkBindings(vctx, v, tenantName, req.Credentials)
-		}
+		err := checkBindings(vctx, func(ctx context.Context) (*vault.Vault, error) {
+			return ownAlone(ctx, l.alone.Vault, vaultError, errNoVault)
+		}, tenantName, req.Credentials)
 		cancel()
 		if err != nil {
 			return err
@@ -166,17 +159,5 @@ const createPassFor = maxWaitSeconds*time.Second + 2*time.Minute
 // createTurn takes one of the tenant's turns of creates answered alone;
 // release gives it back. None free: 503.
 func (l *relayLive) createTurn(tenantName string) (release func(), err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.createsBy[tenantName] >= maxCreatesAlonePerTenant {
-		return nil, &apiError{status: 503, code: "unavailable", msg: "too many of the tenant's creates are under way while no gateway replica leads; retry"}
-	}
-	l.createsBy[tenantName]++
-	return func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if l.createsBy[tenantName]--; l.createsBy[tenantName] == 0 {
-			delete(l.createsBy, tenantName)
-		}
-	}, nil
+	return l.tenantTurn(l.createsBy, tenantName, maxCreatesAlonePerTenant, "too many of the tenant's creates are under way while no gateway replica leads; retry")
 }

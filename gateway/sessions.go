@@ -37,6 +37,16 @@ type createRequest struct {
 	Preview *previewRequest `json:"preview"`
 }
 
+// lifetimes are the TTL and idle timeout a create asks for (0: the
+// tenant's defaults), checked.
+func (req createRequest) lifetimes() (ttl, idle time.Duration, err error) {
+	if ttl, err = seconds("ttl_seconds", req.TTL); err != nil {
+		return 0, 0, err
+	}
+	idle, err = seconds("idle_timeout_seconds", req.Idle)
+	return ttl, idle, err
+}
+
 // createResponse is the session, with the preview asked for.
 type createResponse struct {
 	session.Info
@@ -51,11 +61,7 @@ func (s *Server) createSession(c *fiber.Ctx) error {
 	if err := decode(c, &req); err != nil {
 		return err
 	}
-	ttl, err := seconds("ttl_seconds", req.TTL)
-	if err != nil {
-		return err
-	}
-	idle, err := seconds("idle_timeout_seconds", req.Idle)
+	ttl, idle, err := req.lifetimes()
 	if err != nil {
 		return err
 	}

@@ -192,7 +192,7 @@ type Manager struct {
 
 	mu       sync.Mutex
 	sessions map[string]*sess
-	adopting map[string]bool      // sessions being adopted (takeOver)
+	adopting map[string]bool      // sessions being adopted (takeOver; made there)
 	overdue  map[string]bool      // sessions started alone whose due time is awaited (overdueAlone)
 	byAddr   map[netip.Addr]*sess // live sessions by bridge address
 	observer Observer
@@ -343,7 +343,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		return nil, fmt.Errorf("warm pools that freeze need the containerd backend, not %s", backend.Name())
 	}
 	m := &Manager{backend: backend, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
-		sessions: map[string]*sess{}, adopting: map[string]bool{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
+		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
 	if err := m.loadStoredRevocations(ctx); err != nil {
 		cancel()

@@ -277,6 +277,14 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					return profile.Open(ctx, profileConfig(cfg, vkey))
 				})
 			}
+			// The key hashes of each session's own CA, which its Chromium
+			// trusts: for the sessions this replica creates and its
+			// egress proxy's.
+			vkey, _ := cfg.vaultKey()
+			ca, err := caSecret(vkey)
+			if err != nil {
+				return err
+			}
 			// While no leader answers (one died; its lease has yet to
 			// run out), it admits the connections and requests it
 			// carries itself: by copies of the tenant registry and the
@@ -290,11 +298,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				// And creates, each a cold start made here, admitted by
 				// the sessions' Pods under the replicas' admission lease,
 				// that the next leader adopts.
-				vkey, _ := cfg.vaultKey()
-				ca, err := caSecret(vkey)
-				if err != nil {
-					return err
-				}
 				scope, err := sessionScope(cfg, true)
 				if err != nil {
 					return err
@@ -364,11 +367,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			// Service sends to each): while this one stands by, it knows
 			// a session by its Pod.
 			if cfg.Egress.Listen != "" {
-				vkey, _ := cfg.vaultKey()
-				ca, err := caSecret(vkey)
-				if err != nil {
-					return err
-				}
 				sources, err := kube.NewSources(pods)
 				if err != nil {
 					return err
