@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
+
 	"github.com/sandgate/sandgate/ids"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/vault"
@@ -77,6 +79,13 @@ func TestRelayCreateAlone(t *testing.T) {
 	}
 	srv.AdmitAlone(alone)
 	srv.live.(*relayLive).storeOK.Store(true)
+	// A shared view link of one of the tenant's sessions: a token, not
+	// a key.
+	view, err := srv.tokens.issue(previewClaims{Session: ids.NewSession(), Tenant: "t", Scope: ScopeView, ViewOnly: true,
+		RegisteredClaims: jwt.RegisteredClaims{ID: "p-1", ExpiresAt: jwtTime(time.Now().Add(time.Hour))}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	creates := func() int { mu.Lock(); defer mu.Unlock(); return len(specs) }
 
 	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{}`); st != 200 || body != `{"leader":"POST /v1/sessions"}` || creates() != 0 {
@@ -129,6 +138,7 @@ func TestRelayCreateAlone(t *testing.T) {
 		status          int
 	}{
 		{"a junk key", "junk", `{}`, 401},
+		{"a view link's token", view, `{}`, 401},
 		{"a bad TTL", "good", `{"ttl_seconds":-1}`, 400},
 		{"not JSON", "good", `{`, 400},
 	} {
