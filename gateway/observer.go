@@ -74,7 +74,12 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 		} else {
 			ready = s.recorder.Start(t)
 		}
-		s.sessions.Record(info.ID, "recording_started", nil)
+		if s.recShare == nil || !s.hasEvent(info.Tenant, info.ID, "recording_started") {
+			// (A recording placed before, by a leader that died or by a
+			// replica that created the session alone, goes on: the
+			// session's trail says when it started.)
+			s.sessions.Record(info.ID, "recording_started", nil)
+		}
 		// The session is handed out once its display is being recorded,
 		// so a slow display loses nothing; the recorder keeps trying after
 		// this wait, and says so in the trail if it gives up.
@@ -650,4 +655,19 @@ func (l *limitedReader) end() error {
 		return errDownloadChanged
 	}
 	return io.EOF
+}
+
+// hasEvent says whether the session's trail, as this gateway holds it,
+// has an event of type typ.
+func (s *Server) hasEvent(tenant, id, typ string) bool {
+	evs, err := s.sessions.Events(tenant, id)
+	if err != nil {
+		return false
+	}
+	for _, ev := range evs {
+		if ev.Type == typ {
+			return true
+		}
+	}
+	return false
 }

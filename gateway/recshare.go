@@ -22,6 +22,10 @@ type RecordingShare interface {
 	// of it, when placed again by a replica that took the lead), and the
 	// channel is closed once it records the display.
 	Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, replayed bool, f map[string]any)) (<-chan struct{}, error)
+	// Leave stops following here the recording that Place gave ready
+	// for, without changing it: a replica standing by that placed it
+	// leaves it to the leader that adopts the session.
+	Leave(session string, ready <-chan struct{})
 	// Stop asks the replica recording the session to stop, at once (the
 	// session is stopping), without waiting.
 	Stop(ctx context.Context, session string) error

@@ -98,9 +98,10 @@ type RelayAlone struct {
 	Every   func(ctx context.Context) ([]AloneRecord, error)
 	// Create starts a session while no leader answers
 	// (session.Alone.Create, with the runtimes the backend offers now,
-	// and extra's events stored with its first ones) and returns it
+	// extra given the session and its endpoint once it answers, and
+	// extra's events stored with its first ones) and returns it
 	// running; nil: creates wait for a leader.
-	Create func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info) ([]session.Event, error)) (session.Info, error)
+	Create func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error)
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/vault"
 )
@@ -24,10 +25,12 @@ const (
 // leader would (createSession), by RelayAlone.Create: a cold start,
 // admitted by the sessions' Pods (session.Alone). What it cannot do
 // alone waits for a leader (503 with a Retry-After, as before): a
-// create that records, starts from a profile or a snapshot, or does not
-// wait for its session (wait=false), and one that binds credentials on
-// a replica built without a vault. The bindings are checked against the
-// replica's own vault. One over quota is refused at once (429 with a
+// create that starts from a profile or a snapshot, or does not wait for
+// its session (wait=false), one that binds credentials on a replica
+// built without a vault, and one that records on a replica that places
+// no recordings. The bindings are checked against the replica's own
+// vault. A recording is placed with the replicas as the leader places
+// it (recordAlone). One over quota is refused at once (429 with a
 // Retry-After), wait_seconds or not: the line that waits for room is
 // the leader's.
 func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
@@ -39,8 +42,8 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	// First: what waits for a leader gets the leader's checks, there.
 	var leaders string
 	switch {
-	case req.Record:
-		leaders = "a create that records"
+	case req.Record && s.recShare == nil:
+		leaders = "a create that records, on a replica that places no recordings,"
 	case len(req.Credentials) > 0 && l.alone.Vault == nil:
 		leaders = "a create that binds credentials"
 	case req.Profile != nil || req.Snapshot != "":
@@ -70,7 +73,7 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 		allow = req.Egress.Allow
 	}
 	spec := session.Spec{Tenant: tenantName, Kind: session.Kind(req.Kind), Runtime: req.Runtime,
-		TTL: ttl, IdleTimeout: idle, Labels: req.Labels}
+		TTL: ttl, IdleTimeout: idle, Labels: req.Labels, Record: req.Record}
 	if spec.Egress.Allow, err = egressAllow(lim.EgressAllow, allow); err != nil {
 		return err
 	}
@@ -109,26 +112,43 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	defer release()
 	ctx, cancel := reqCtx(c, 2*time.Minute)
 	defer cancel()
-	// The preview is signed once the session answers, before its trail
-	// is stored: its preview_issued is stored with the first events (a
-	// report to the next leader could come before it adopts the
-	// session).
+	// The recording is placed and the preview signed once the session
+	// answers, before its trail is stored: their events are stored with
+	// the first ones (a report to the next leader could come before it
+	// adopts the session).
 	var preview *previewResponse
-	var extra func(session.Info) ([]session.Event, error)
-	if req.Preview != nil {
-		extra = func(info session.Info) ([]session.Event, error) {
+	recorded := "" // the session whose recording was placed (or tried)
+	extra := func(info session.Info, ep session.Endpoint) ([]session.Event, error) {
+		var evs []session.Event
+		if req.Record {
+			recorded = info.ID
+			ev, err := s.recordAlone(ctx, info, ep)
+			if err != nil {
+				return nil, err
+			}
+			evs = append(evs, ev)
+		}
+		if req.Preview != nil {
 			p, _, ev, err := s.signPreview(tenantName, info.ID, *req.Preview, previewTTL)
 			if err != nil {
 				return nil, relayUnavailableFor(err)
 			}
 			preview = &p
-			return []session.Event{ev}, nil
+			evs = append(evs, ev)
 		}
+		return evs, nil
 	}
 	info, err := createWatched(ctx, c, cancel, func(ctx context.Context) (session.Info, error) {
 		return l.alone.Create(ctx, spec, lim, extra)
 	})
 	if err != nil {
+		if recorded != "" {
+			// Its Pod is gone: the replica recording it stops, and the
+			// leader's janitor finishes what it stored.
+			if serr := s.stopRecording(recorded); serr != nil {
+				s.log.Warn("the recording of a session whose create failed could not be stopped; the leader's janitor stops it", "session", recorded, "err", serr)
+			}
+		}
 		return err
 	}
 	out := createResponse{Info: info, Preview: preview}
@@ -160,4 +180,34 @@ const createPassFor = maxWaitSeconds*time.Second + 2*time.Minute
 // release gives it back. None free: 503.
 func (l *relayLive) createTurn(tenantName string) (release func(), err error) {
 	return l.tenantTurn(l.createsBy, tenantName, maxCreatesAlonePerTenant, "too many of the tenant's creates are under way while no gateway replica leads; retry")
+}
+
+// recordAlone places the recording of a session created alone with the
+// replicas, as the leader's observer places a session's recording
+// (SessionRunning), and waits for its first frame as long as the leader
+// would (handing the session out regardless after that); it then leaves
+// the recording to the leader that adopts the session, which places it
+// again and is replayed what its holder noted meanwhile. The event is
+// the session's recording_started.
+func (s *Server) recordAlone(ctx context.Context, info session.Info, ep session.Endpoint) (session.Event, error) {
+	t := recordings.Target{Tenant: info.Tenant, Session: info.ID, VNC: ep.VNC.String(), Width: info.Screen.Width, Height: info.Screen.Height}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ready, err := s.recShare.Place(pctx, info.ID, recordingParams(t), func(string, time.Time, bool, map[string]any) {})
+	cancel()
+	if err != nil {
+		s.log.Warn("the recording of a session created alone could not be placed with the replicas", "session", info.ID, "err", err)
+		return session.Event{}, &apiError{status: 503, code: "unavailable", msg: "the session's recording could not be placed with the gateway replicas; retry"}
+	}
+	defer s.recShare.Leave(info.ID, ready)
+	ev := session.Event{Time: time.Now().UTC(), Type: "recording_started"}
+	wait := time.NewTimer(recordingStartWait)
+	defer wait.Stop()
+	select {
+	case <-ready:
+	case <-wait.C:
+		s.log.Warn("recording has not started yet; the session is handed out all the same", "session", info.ID, "waited", recordingStartWait)
+	case <-ctx.Done():
+		return session.Event{}, ctx.Err()
+	}
+	return ev, nil
 }

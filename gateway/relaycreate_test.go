@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -24,9 +26,10 @@ import (
 // would make it (the tenant's, its allow list first, the request's
 // labels and shape), 201 with the session and the preview asked for,
 // signed with the gateway's keys (a review link too). What only a
-// leader does (a recording, a profile or a snapshot, wait=false,
-// credentials on a replica without a vault) gets a 503 to retry, before the request's own checks and without a
-// create, as does any while the artifact store does not answer; a junk
+// leader does (a profile or a snapshot, wait=false; a recording on a
+// replica that places none, credentials on one without a vault) gets a
+// 503 to retry, before the request's own checks and without a create,
+// as does any while the artifact store does not answer; a junk
 // key 401; a bad TTL 400; Create's refusals are its (over quota: 429
 // with its Retry-After). The preview's issue is handed to Create, to be
 // stored with the session's first events. A tenant has at most 4
@@ -51,7 +54,7 @@ func TestRelayCreateAlone(t *testing.T) {
 		return testTenants(session.TenantLimits{MaxTTL: time.Hour, EgressAllow: []string{"tenant.example:443"}})(key)
 	}
 	var stored []session.Event // what extra gave, to store with the first events
-	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info) ([]session.Event, error)) (session.Info, error) {
+	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
 		mu.Lock()
 		specs = append(specs, spec)
 		err := refuse
@@ -67,7 +70,7 @@ func TestRelayCreateAlone(t *testing.T) {
 		info := session.Info{ID: ids.NewSession(), Tenant: spec.Tenant, Kind: session.KindBrowser, Runtime: "runc", State: session.StateRunning,
 			CreatedAt: now, ExpiresAt: now.Add(spec.TTL), Labels: spec.Labels}
 		if extra != nil {
-			evs, err := extra(info)
+			evs, err := extra(info, session.Endpoint{})
 			if err != nil {
 				return session.Info{}, err
 			}
@@ -221,5 +224,113 @@ func TestRelayCreateAlone(t *testing.T) {
 	plain.AdmitAlone(sessionlessAlone())
 	if st, body, retry := relayCall(t, plain, "POST", "/v1/sessions", "good", `{}`); st != 503 || retry != "2" {
 		t.Errorf("a create through a relay that cannot create alone: %d %s (Retry-After %q), want 503 to retry", st, body, retry)
+	}
+}
+
+// shareCalls is a RecordingShare that notes what it is asked
+// (TestRelayCreateRecordedAlone): placements, leaves and stops.
+type shareCalls struct {
+	mu     sync.Mutex
+	placed []map[string]string
+	ready  chan struct{}
+	fail   error // Place's
+	left   []<-chan struct{}
+	stops  []string
+}
+
+func (f *shareCalls) Place(_ context.Context, id string, params map[string]string, _ func(string, time.Time, bool, map[string]any)) (<-chan struct{}, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.placed = append(f.placed, params)
+	return f.ready, f.fail
+}
+
+func (f *shareCalls) Leave(id string, ready <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.left = append(f.left, ready)
+}
+
+func (f *shareCalls) Stop(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stops = append(f.stops, id)
+	return nil
+}
+
+func (f *shareCalls) Collect(context.Context, string) (string, error)   { return "", nil }
+func (f *shareCalls) Placed(context.Context) ([]PlacedRecording, error) { return nil, nil }
+
+// TestRelayCreateRecordedAlone: a create that records, answered alone,
+// places the session's recording with the replicas once it answers, as
+// the leader does (its display's address, its screen, its tenant), and
+// waits until it records; recording_started is stored with its first
+// events, before the preview's issue (the leader's order), and the
+// relay leaves the recording to the leader that adopts the session.
+// One whose recording cannot be placed is refused (503 to retry), and
+// the recording stopped (its lease may have been written all the same);
+// one that fails after the recording was placed has it stopped too.
+// The control: without a recording, nothing is placed.
+func TestRelayCreateRecordedAlone(t *testing.T) {
+	srv := testRelay(t, "http://127.0.0.1:1", func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	share := &shareCalls{ready: make(chan struct{})}
+	close(share.ready)
+	srv.recShare = share
+	vnc := netip.MustParseAddrPort("10.9.8.7:5900")
+	var mu sync.Mutex
+	var stored []session.Event
+	var failAfter error // the create's, once extra has run
+	alone := sessionlessAlone()
+	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
+		now := time.Now().UTC()
+		info := session.Info{ID: ids.NewSession(), Tenant: spec.Tenant, Kind: session.KindBrowser, Runtime: "runc", State: session.StateRunning,
+			CreatedAt: now, ExpiresAt: now.Add(spec.TTL), Record: spec.Record, Screen: session.Screen{Width: 1280, Height: 800}}
+		evs, err := extra(info, session.Endpoint{VNC: vnc})
+		if err != nil {
+			return session.Info{}, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if failAfter != nil {
+			return session.Info{}, failAfter
+		}
+		stored = append(stored, evs...)
+		return info, nil
+	}
+	srv.AdmitAlone(alone)
+	srv.live.(*relayLive).storeOK.Store(true)
+
+	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{}`); st != 201 || len(share.placed) != 0 || len(stored) != 0 {
+		t.Fatalf("a create alone without a recording: %d %s, %d placed, stored %+v", st, body, len(share.placed), stored)
+	}
+	st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{"record":true,"preview":{"scope":"view","ttl_seconds":60}}`)
+	var out struct {
+		ID     string
+		Record bool
+	}
+	if err := json.Unmarshal([]byte(body), &out); st != 201 || err != nil || !out.Record {
+		t.Fatalf("a create alone that records: %d %s", st, body)
+	}
+	want := map[string]string{"tenant": "t", "session": out.ID, "vnc": vnc.String(), "width": "1280", "height": "800"}
+	if len(share.placed) != 1 || !maps.Equal(share.placed[0], want) {
+		t.Errorf("the recording placed by a create alone: %v, want %v", share.placed, want)
+	}
+	if len(stored) != 2 || stored[0].Type != "recording_started" || stored[1].Type != "preview_issued" {
+		t.Errorf("the events stored with the first ones of a create alone that records: %+v, want recording_started then preview_issued", stored)
+	}
+	if len(share.left) != 1 || share.left[0] != share.ready || len(share.stops) != 0 {
+		t.Errorf("a create alone that records: left %d placements (want its own), stopped %v (want none)", len(share.left), share.stops)
+	}
+
+	share.fail = errors.New("the API server does not answer")
+	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", `{"record":true}`); st != 503 || retry != "2" || len(share.stops) != 1 || len(stored) != 2 {
+		t.Errorf("a create alone whose recording cannot be placed: %d %s (Retry-After %q), stopped %v; want 503 to retry, its recording stopped", st, body, retry, share.stops)
+	}
+	share.fail = nil
+	mu.Lock()
+	failAfter = &session.PublicError{Class: session.ErrUnavailable, Msg: "the session's sandbox stopped as it started", RetryAfter: 2}
+	mu.Unlock()
+	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{"record":true}`); st != 503 || len(share.stops) != 2 || share.stops[1] == share.stops[0] {
+		t.Errorf("a create alone that fails once its recording was placed: %d %s, stopped %v; want 503, its recording stopped", st, body, share.stops)
 	}
 }

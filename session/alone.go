@@ -28,9 +28,10 @@ import (
 //
 // What it does not start alone (these wait for a leader, with a 503):
 // a create that waits in line for room (the line is the leader's), one
-// from a warm pool (the pools are the leader's), one that records (the
-// recordings are placed by the leader), and one with a profile or a
-// snapshot (their holds and restores are the leader's).
+// from a warm pool (the pools are the leader's), and one with a profile
+// or a snapshot (their holds and restores are the leader's). One that
+// records is started alone; its creator places the recording with the
+// replicas (in extra), as a leader would.
 
 // RecordCreatedAlone, in a session's record, names the replica that
 // created the session while no leader answered; the leader clears it as
@@ -99,11 +100,11 @@ type Alone struct {
 
 // Create starts a session for spec, of a tenant with the limits lim,
 // under one of runtimes (as Offered gives them; def the default), and
-// returns it running. extra, if set, is called with the session once it
-// answers, before its trail is stored: the events it returns (a
-// preview's issue) are stored with its first ones; its error fails the
-// create.
-func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtimes map[string]*Runtime, def string, extra func(Info) ([]Event, error)) (Info, error) {
+// returns it running. extra, if set, is called with the session and its
+// endpoint once it answers, before its trail is stored: the events it
+// returns (a preview's issue, a recording's start) are stored with its
+// first ones; its error fails the create.
+func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtimes map[string]*Runtime, def string, extra func(Info, Endpoint) ([]Event, error)) (Info, error) {
 	rt, err := normalizeFor(&spec, lim, runtimes, def, a.ProxyURL == "", a.Backend)
 	if err != nil {
 		return Info{}, err
@@ -206,7 +207,8 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	if !addr.IsValid() {
 		return fail(fmt.Errorf("the %s backend gave the sandbox no address", a.Backend.Name()))
 	}
-	waited, _, err := waitReady(startCtx, endpointOf(addr), info.Kind == KindBrowser, exited, ready)
+	ep := endpointOf(addr)
+	waited, _, err := waitReady(startCtx, ep, info.Kind == KindBrowser, exited, ready)
 	if err != nil {
 		return fail(err)
 	}
@@ -216,7 +218,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	took := time.Since(t0)
 	var more []Event
 	if extra != nil {
-		if more, err = extra(info); err != nil {
+		if more, err = extra(info, ep); err != nil {
 			return fail(err)
 		}
 	}

@@ -149,7 +149,8 @@ func TestAloneAdmission(t *testing.T) {
 
 // TestAloneStart: a create made alone whose session answers (a
 // desktop: its VNC port, on a loopback address of the test's) stores
-// its first events with extra's, gets its state written running, and is
+// its first events with extra's (given the session's endpoint, for its
+// recording), gets its state written running, and is
 // answered running; one whose admission lease was taken over as it was
 // made, or after whose start the last leader is of an earlier version,
 // or whose extra fails, is removed and refused (503 to retry); its
@@ -196,11 +197,18 @@ func TestAloneStart(t *testing.T) {
 	spec := Spec{Tenant: "team", Kind: KindDesktop, Runtime: "runc", TTL: time.Minute}
 	lim := TenantLimits{MaxTTL: time.Hour}
 	issued := Event{Type: "preview_issued", Fields: map[string]any{"preview": "p-1"}}
-	extra := func(info Info) ([]Event, error) { return []Event{issued}, nil }
+	var given Endpoint // what extra was given: where the session answers
+	extra := func(info Info, ep Endpoint) ([]Event, error) {
+		given = ep
+		return []Event{issued}, nil
+	}
 
 	info, err := a.Create(context.Background(), spec, lim, runtimes, "runc", extra)
 	if err != nil || info.State != StateRunning || b.box.state2() != StateRunning || b.box.removed != 0 {
 		t.Fatalf("a create alone whose session answers: %+v %v, its record %s, removed %d times", info, err, b.box.state2(), b.box.removed)
+	}
+	if given.VNC != netip.AddrPortFrom(addr, VNCPort) || given.CDP != netip.AddrPortFrom(addr, CDPPort) {
+		t.Errorf("the endpoint extra was given: %+v, want the sandbox's (%s)", given, addr)
 	}
 	evs, _, err := StoredTrail(context.Background(), store, "team", info.ID)
 	if err != nil || len(evs) != 3 || evs[0].Type != "created" || evs[1].Type != "started" || evs[2].Type != "preview_issued" {
@@ -214,13 +222,13 @@ func TestAloneStart(t *testing.T) {
 		{"the lease taken over", func() { lost = true }, "admission was lost"},
 		{"an earlier version leads", func() { adoptsAsked, adopts = 0, false }, "earlier version took the lead"},
 		{"extra fails", func() {
-			extra = func(Info) ([]Event, error) {
+			extra = func(Info, Endpoint) ([]Event, error) {
 				return nil, &PublicError{Class: ErrUnavailable, Msg: "cannot sign", RetryAfter: 2}
 			}
 		}, "cannot sign"},
 	} {
 		lost, adopts, adoptsAsked = false, true, 0
-		extra = func(info Info) ([]Event, error) { return []Event{issued}, nil }
+		extra = func(info Info, _ Endpoint) ([]Event, error) { return []Event{issued}, nil }
 		c.setup()
 		_, err := a.Create(context.Background(), spec, lim, runtimes, "runc", extra)
 		var pe *PublicError

@@ -81,6 +81,9 @@ import (
 // And it says the tenant's usage, from its Pods' records; the runtimes
 // and the pools, from the cluster; and the tenants and their keys to
 // the admin API, from its copy of the stored registry, as A said them.
+// And it creates sessions alone (one that records, with a preview and
+// a bound credential), admitted by the session Pods, which B adopts
+// once it leads, its recording going on and finished as it ends.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -544,9 +547,10 @@ func TestKubeRelay(t *testing.T) {
 	viewP := ra.vncPreview(t, ra.keyA, s.ID, "view", true, 300)
 	reviewP := ra.vncPreview(t, ra.keyA, s.ID, "review", false, 600)
 	// An ended session, its Pod gone and its log stored, and its review
-	// link: a reviewer's.
+	// link: a reviewer's. (Its create, recorded and with a preview as
+	// the one through B alone is below, is the baseline of that one's.)
 	leaderCreateAt := time.Now()
-	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc"})
+	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "record": true, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600}})
 	leaderCreate := time.Since(leaderCreateAt)
 	var ended sessionInfo
 	if err := json.Unmarshal(body, &ended); st != 201 || err != nil {
@@ -1066,7 +1070,7 @@ func TestKubeRelay(t *testing.T) {
 	}
 	mcpCreate := make(chan toolAnswer, 1)
 	go func() {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": -1, "record": true}})
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": -1, "snapshot": "snap-probe"}})
 		mcpCreate <- toolAnswer{res, err, time.Now()}
 	}()
 	if st, body := rb.rawPost(t, "/mcp", "Bearer junk", `{"jsonrpc":"2.0","id":1,"method":"ping"}`); st != 401 {
@@ -1280,10 +1284,11 @@ func TestKubeRelay(t *testing.T) {
 	// Creates through B while nobody leads: a cold start B makes
 	// itself, admitted by the session Pods (tenant-a holds one of its
 	// 2; tenant-b's one, deleted above, holds its Pod while it stops),
-	// with its preview, driven through B at once. Three of tenant-a's
-	// at once: one is made, the others are over its quota (429 with a
-	// Retry-After), as is tenant-b's. One that records waits for a
-	// leader: 503, to retry.
+	// with its preview and its recording (placed with the replicas, as
+	// a leader places it), driven through B at once. Three of
+	// tenant-a's at once: one is made, the others are over its quota
+	// (429 with a Retry-After), as is tenant-b's. One from a snapshot
+	// waits for a leader: 503, to retry.
 	type createAnswer struct {
 		st   int
 		body []byte
@@ -1311,7 +1316,7 @@ func TestKubeRelay(t *testing.T) {
 	answers := make(chan createAnswer, 3)
 	for range 3 {
 		go func() {
-			answers <- createVia(rb.keyA, map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.25},
+			answers <- createVia(rb.keyA, map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.25}, "record": true,
 				"labels": map[string]string{"made": "alone"}, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600},
 				"egress":      map[string]any{"allow": []string{"pages.sandgate.test:80"}},
 				"credentials": []map[string]any{{"credential": fillCred.ID, "scheme": "http", "host": "pages.sandgate.test", "port": 80}}})
@@ -1344,7 +1349,7 @@ func TestKubeRelay(t *testing.T) {
 	if madeAlone.ID == "" {
 		t.Fatalf("three creates at once through B while nobody leads, tenant-a holding one of its 2 sessions: %v, none made", codes)
 	}
-	t.Logf("a create through B (a cold start, runc) answered in %.2f s, %.1f s after A's death, nobody leading; through A, leading, %.2f s (B/A %.2f); three at once: %v",
+	t.Logf("a create through B (a cold start, runc, recorded, with a preview) answered in %.2f s, %.1f s after A's death, nobody leading; through A, leading, %.2f s (B/A %.2f); three at once: %v",
 		aloneCreate.Seconds(), time.Since(killed).Seconds(), leaderCreate.Seconds(), aloneCreate.Seconds()/leaderCreate.Seconds(), codes)
 	aloneCDP := cdpDial(t, browserWS(t, viaB(madeAlone.Preview.URL)))
 	defer aloneCDP.Close()
@@ -1373,6 +1378,12 @@ func TestKubeRelay(t *testing.T) {
 	}
 	if o, err := kb.Client().CoreV1().Pods(kb.Namespace()).Get(ctx, "sandgate-"+madeAlone.ID, metav1.GetOptions{}); err != nil || o.Labels[kube.LabelTenant] != "tenant-a" {
 		t.Errorf("the Pod of the session created through B while nobody leads: %v %v", err, o.Labels)
+	}
+	// Its recording, placed by B: held by a replica (B, the one that
+	// runs), which says it records.
+	if le, err := kb.Client().CoordinationV1().Leases(kb.Namespace()).Get(ctx, "sandgate-recording-"+madeAlone.ID, metav1.GetOptions{}); err != nil ||
+		le.Spec.HolderIdentity == nil || le.Annotations["sandgate.io/work-ready"] == "" {
+		t.Errorf("the recording lease of the session created through B while nobody leads: %v %+v, want it held and recording", err, le)
 	}
 	refusedAlone := func(key string, req map[string]any, want int, why string) {
 		t.Helper()
@@ -1404,7 +1415,7 @@ func TestKubeRelay(t *testing.T) {
 			t.Errorf("a create through B binding %s's credential to %s while nobody leads: %d %s %v, want %d", map[bool]string{true: "tenant-a", false: "another tenant"}[c.key == rb.keyA], c.host, a.st, a.body, a.err, c.want)
 		}
 	}
-	refusedAlone(rb.keyB, map[string]any{"runtime": "runc", "record": true}, 503, "one that records")
+	refusedAlone(rb.keyB, map[string]any{"runtime": "runc", "snapshot": "snap-probe"}, 503, "one from a snapshot")
 	for id, tn := range kubePods(t, kb) {
 		if _, ok := podsMade[id]; !ok {
 			t.Errorf("a session Pod (%s, %s) after the creates through B that were refused", id, tn)
@@ -1413,11 +1424,11 @@ func TestKubeRelay(t *testing.T) {
 	// An SDK call through B while no replica that answers leads, that
 	// waits for a leader: refused at once without retries (the
 	// control); with them (the SDK's default), answered once B leads,
-	// as B's 503s say to retry. (A create that records is a leader's
-	// alone; this one's TTL cannot be, so a leader refuses it, 400,
-	// before it does anything.)
+	// as B's 503s say to retry. (A create from a snapshot is a
+	// leader's alone; this one's TTL cannot be, so a leader refuses it,
+	// 400, before it does anything.)
 	var sdkErr *sandgate.Error
-	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Record: true}); !sandgate.IsUnavailable(err) {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Snapshot: "snap-probe"}); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
 	gapEnded := time.Since(killed)
@@ -1428,7 +1439,7 @@ func TestKubeRelay(t *testing.T) {
 	} else {
 		t.Logf("the steps while nobody leads ended %.1f s after the kill", gapEnded.Seconds())
 	}
-	if _, err := sandgate.New(rb.gwURL, rb.keyA).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Record: true}); !errors.As(err, &sdkErr) || sdkErr.Code != "invalid_argument" {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Snapshot: "snap-probe"}); !errors.As(err, &sdkErr) || sdkErr.Code != "invalid_argument" {
 		t.Fatalf("an SDK call through B, retried, after A's death: %v, want the leader's invalid_argument", err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
@@ -1443,8 +1454,8 @@ func TestKubeRelay(t *testing.T) {
 		t.Fatalf("the session through B, leading: %d %s", st, body)
 	}
 	t.Logf("B leads %.1f s after A's death", time.Since(killed).Seconds())
-	// The create over MCP made through B while nobody led (one that
-	// records: a leader's alone): answered by the leader, once there
+	// The create over MCP made through B while nobody led (one from a
+	// snapshot: a leader's alone): answered by the leader, once there
 	// was one (its refusal of the TTL), not with the 503 of the gap.
 	select {
 	case a := <-mcpCreate:
@@ -1459,16 +1470,17 @@ func TestKubeRelay(t *testing.T) {
 	}
 	// The session B created while nobody led, B leading has adopted:
 	// it reads running, its trail has its create (made by a replica
-	// while none led), its start, its preview's issue and its adoption,
-	// the connection made through its preview goes on, and it is
-	// deleted as any.
+	// while none led), its start, its recording's start (once: the
+	// recording goes on, placed before), its preview's issue and its
+	// adoption, the connection made through its preview goes on, and it
+	// is deleted as any, its recording finished.
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+madeAlone.ID, nil); st != 200 || jsonField(body, "state") != "running" {
 		t.Errorf("the session created while nobody led, through B leading: %d %s", st, body)
 	}
 	var startedAlone map[string]any
 	waitFor(t, 30*time.Second, "the trail of the session created while nobody led, through B leading", func() bool {
 		var types []string
-		made, issued := false, false
+		made, issued, recStarted := false, false, 0
 		for _, ev := range rb.events(t, rb.keyA, madeAlone.ID) {
 			types = append(types, ev.Type)
 			made = made || ev.Type == "created" && strings.Contains(fmt.Sprint(ev.Fields["created_by"]), "while none led")
@@ -1476,8 +1488,12 @@ func TestKubeRelay(t *testing.T) {
 				startedAlone = ev.Fields
 			}
 			issued = issued || ev.Type == "preview_issued" && ev.Fields["preview"] == madeAlone.Preview.ID
+			if ev.Type == "recording_started" {
+				recStarted++
+			}
 		}
-		return made && issued && len(types) >= 4 && types[0] == "created" && types[1] == "started" && slices.Contains(types, "adopted")
+		return made && issued && recStarted == 1 && len(types) >= 5 && types[0] == "created" && types[1] == "started" && types[2] == "recording_started" &&
+			slices.Contains(types, "adopted")
 	})
 	t.Logf("the start of the session created through B while nobody led: %v", startedAlone)
 	if err := cdpTry(aloneCDP, 2); err != nil {
@@ -1486,6 +1502,24 @@ func TestKubeRelay(t *testing.T) {
 	if st, body := rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+madeAlone.ID, nil); st != 200 {
 		t.Errorf("delete the session created while nobody led, through B leading: %d %s", st, body)
 	}
+	deletedAlone := time.Now()
+	waitFor(t, 2*time.Minute, "the recording of the session created while nobody led, finished", func() bool {
+		as := rb.artifacts(t, rb.keyA, madeAlone.ID)
+		return findKind(as, "recording", "video/mp4") != nil && findKind(as, "recording", "application/json") != nil
+	})
+	if _, m := rb.finalRecording(t, rb.keyA, madeAlone.ID); len(m["segments"].([]any)) == 0 {
+		t.Errorf("the recording of the session created while nobody led has no segment: %v", m)
+	}
+	var recTypes []string
+	for _, ev := range rb.events(t, rb.keyA, madeAlone.ID) {
+		if strings.HasPrefix(ev.Type, "recording_") {
+			recTypes = append(recTypes, ev.Type)
+		}
+	}
+	if !slices.Contains(recTypes, "recording_finalised") || slices.Contains(recTypes, "recording_failed") {
+		t.Errorf("the recording events of the session created while nobody led: %v, want it finalised, not failed", recTypes)
+	}
+	t.Logf("the recording of the session created while nobody led was finished %.1f s after its delete: %v", time.Since(deletedAlone).Seconds(), recTypes)
 	// What B did alone, B leading holds to: the extended session keeps
 	// its new expiry; the deleted one is stopped (its Pod gone), its
 	// trail has the request, when it was made, and then its end.
@@ -1787,15 +1821,15 @@ func without(t testing.TB, raw []byte, list, field string) []byte {
 	return out
 }
 
-// leaderAnswers asks r something only a leader answers: a create that
-// records, with a TTL that cannot be, which a leader refuses (400)
+// leaderAnswers asks r something only a leader answers: a create from a
+// snapshot, with a TTL that cannot be, which a leader refuses (400)
 // before it does anything else, where a replica taking over answers 503
 // until it has adopted the sessions, and one that stands by answers 503
 // while no leader answers (it answers every read itself then, and
-// creates, but not one that records). led says a leader answered.
+// creates, but not one from a snapshot). led says a leader answered.
 func leaderAnswers(t testing.TB, r *testEnv, key string) (led bool, st int, body []byte) {
 	t.Helper()
-	st, body = r.api(t, key, "POST", "/v1/sessions", map[string]any{"ttl_seconds": -1, "record": true})
+	st, body = r.api(t, key, "POST", "/v1/sessions", map[string]any{"ttl_seconds": -1, "snapshot": "snap-probe"})
 	return st == 400 && jsonErrorCode(string(body)) == "invalid_argument", st, body
 }
 

@@ -213,6 +213,20 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 	return p.ready, nil
 }
 
+// Leave stops following here the session's piece that Place gave ready
+// for (its readiness, its notes), without changing the piece: a replica
+// that placed it while standing by leaves it to the leader that adopts
+// the session, which places it again (and is replayed its notes). A
+// piece placed here again since is followed on.
+func (s *Shared) Leave(session string, ready <-chan struct{}) {
+	name := s.name(session)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.placed[name]; p != nil && p.ready == ready {
+		delete(s.placed, name)
+	}
+}
+
 // Stop asks the session's piece to stop, without waiting: the session
 // is stopping, and its holder must not go on (nor connect again to an
 // address the session is about to give up). No lease: nothing to do.
