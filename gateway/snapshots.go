@@ -214,19 +214,32 @@ func viewSnapshots(as []recordings.Artifact) []snapshotView {
 	return out
 }
 
-// restoreSnapshot unpacks a snapshot into a starting session's home,
-// holding the bytes to the digest the store recorded as they go.
+// restoreSnapshot unpacks a snapshot into a starting session's home
+// (unpackSnapshot) and says so in its trail.
 func (s *Server) restoreSnapshot(ctx context.Context, info session.Info, in *session.Inside) error {
+	f, err := s.unpackSnapshot(ctx, info.Tenant, info.Snapshot, in.Run)
+	if err != nil {
+		return err
+	}
+	s.sessions.Record(info.ID, "snapshot_restored", f)
+	return nil
+}
+
+// unpackSnapshot unpacks the tenant's snapshot into a starting session's
+// home by run (a command in the session), holding the bytes to the
+// digest the store recorded as they go, and returns its
+// snapshot_restored event's fields.
+func (s *Server) unpackSnapshot(ctx context.Context, tenant, snapshot string, run func(context.Context, session.ExecSpec) (int, error)) (map[string]any, error) {
 	t0 := time.Now()
-	a, _, err := s.store.Find(ctx, info.Tenant, info.Snapshot)
+	a, _, err := s.store.Find(ctx, tenant, snapshot)
 	if err != nil || a.Kind != recordings.KindSnapshot {
-		return &session.PublicError{Class: session.ErrNotFound, Msg: "no such snapshot", Err: err}
+		return nil, &session.PublicError{Class: session.ErrNotFound, Msg: "no such snapshot", Err: err}
 	}
 	pr, pw := io.Pipe()
 	h := sha256.New()
 	fetched := make(chan error, 1)
 	go func() {
-		err := s.store.Fetch(ctx, info.Tenant, a.ID, io.MultiWriter(pw, h))
+		err := s.store.Fetch(ctx, tenant, a.ID, io.MultiWriter(pw, h))
 		pw.CloseWithError(err)
 		fetched <- err
 	}()
@@ -235,12 +248,14 @@ func (s *Server) restoreSnapshot(ctx context.Context, info session.Info, in *ses
 	cr, cw := io.Pipe()
 	go func() {
 		_, err := profile.Clean(cw, pr, profile.Rules{MaxBytes: max(a.Size, 1), MaxEntries: s.keepLimits.MaxEntries,
-			Skip: profile.SnapshotSkip, Symlinks: true})
+			Skip: profile.SnapshotSkip, Symlinks: true, Mounted: func(name string) bool { return name == session.WorkspaceDir }})
 		cw.CloseWithError(err)
 	}()
 	body := &readErr{r: cr}
 	var stderr bytes.Buffer
-	code, err := in.Run(ctx, session.ExecSpec{Args: []string{"tar", "-x", "-C", "/home/sandgate", "--no-same-owner", "-f", "-"},
+	// (The workspace, a volume's mount point whose mode and times the
+	// session user may not change, is left as it is: Mounted.)
+	code, err := run(ctx, session.ExecSpec{Args: []string{"tar", "-x", "-C", "/home/sandgate", "--no-same-owner", "-f", "-"},
 		Stdin: body, Stderr: &limitWriter{w: &stderr, n: 4096}})
 	// tar may stop at the archive's end marker: the rest is read too, so
 	// that the digest covers the whole object.
@@ -251,16 +266,15 @@ func (s *Server) restoreSnapshot(ctx context.Context, info session.Info, in *ses
 	}
 	switch {
 	case body.err != nil:
-		return &session.PublicError{Class: session.ErrUnavailable, Msg: "the snapshot could not be read from the artifact store", Err: body.err}
+		return nil, &session.PublicError{Class: session.ErrUnavailable, Msg: "the snapshot could not be read from the artifact store", Err: body.err}
 	case err != nil:
-		return fmt.Errorf("restore snapshot: %w", err)
+		return nil, fmt.Errorf("restore snapshot: %w", err)
 	case code != 0:
-		return &session.PublicError{Class: session.ErrUnavailable, Msg: fmt.Sprintf("the snapshot could not be unpacked in the session (status %d)", code), Err: errors.New(stderr.String())}
+		return nil, &session.PublicError{Class: session.ErrUnavailable, Msg: fmt.Sprintf("the snapshot could not be unpacked in the session (status %d)", code), Err: errors.New(stderr.String())}
 	case hex.EncodeToString(h.Sum(nil)) != a.SHA256:
-		return &session.PublicError{Class: session.ErrConflict, Msg: "the snapshot's stored bytes do not match its sha256; it was altered in the store"}
+		return nil, &session.PublicError{Class: session.ErrConflict, Msg: "the snapshot's stored bytes do not match its sha256; it was altered in the store"}
 	}
-	s.sessions.Record(info.ID, "snapshot_restored", map[string]any{"snapshot": a.ID, "size": a.Size, "sha256": a.SHA256, "took_ms": time.Since(t0).Milliseconds()})
-	return nil
+	return map[string]any{"snapshot": a.ID, "size": a.Size, "sha256": a.SHA256, "took_ms": time.Since(t0).Milliseconds()}, nil
 }
 
 // tenantSlots lets one operation of a kind run per tenant at a time.

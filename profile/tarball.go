@@ -38,6 +38,11 @@ type Rules struct {
 	// only ever followed inside a session) and hard links to files kept
 	// earlier in the archive.
 	Symlinks bool
+	// Mounted names directories the archive goes into that are there
+	// already and may not be the unpacking user's (a volume's mount
+	// point): their own entries are dropped, so that tar leaves them as
+	// they are; what is under them is kept.
+	Mounted func(name string) bool
 }
 
 // Summary is what Clean kept and dropped.
@@ -94,6 +99,9 @@ func Clean(dst io.Writer, src io.Reader, r Rules) (Summary, error) {
 		out := &tar.Header{Name: name, Uid: 1000, Gid: 1000, ModTime: clampTime(h.ModTime), Format: tar.FormatPAX}
 		switch h.Typeflag {
 		case tar.TypeDir:
+			if r.Mounted != nil && r.Mounted(name) {
+				continue
+			}
 			out.Typeflag, out.Mode, out.Name = tar.TypeDir, 0o700|int64(h.Mode&0o755), name+"/"
 			sum.Dirs++
 		case tar.TypeReg, tar.TypeRegA:

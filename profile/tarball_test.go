@@ -134,7 +134,8 @@ func TestCleanRefuses(t *testing.T) {
 }
 
 // TestCleanSnapshot: a snapshot keeps symlinks (as links) and drops the
-// kept profile.
+// kept profile; with its workspace mounted, it drops the workspace's own
+// entry (tar then leaves the mount point as it is).
 func TestCleanSnapshot(t *testing.T) {
 	in := mkTar(t, []entry{
 		{name: "./workspace/", typ: tar.TypeDir},
@@ -151,8 +152,18 @@ func TestCleanSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := names(t, out.Bytes())
-	if got["workspace/a.txt"] != "a" || got["workspace/l"] != "a.txt" || got["workspace/hard"] != "workspace/a.txt" || len(got) != 4 {
+	if _, dir := got["workspace/"]; !dir || got["workspace/a.txt"] != "a" || got["workspace/l"] != "a.txt" || got["workspace/hard"] != "workspace/a.txt" || len(got) != 4 {
 		t.Fatalf("got %v", got)
+	}
+	// The workspace, mounted where it is unpacked: its own entry goes,
+	// what is under it stays.
+	out.Reset()
+	if _, err := Clean(&out, bytes.NewReader(in), Rules{Skip: SnapshotSkip, Symlinks: true, Mounted: func(n string) bool { return n == "workspace" }}); err != nil {
+		t.Fatal(err)
+	}
+	got = names(t, out.Bytes())
+	if _, dir := got["workspace/"]; dir || got["workspace/a.txt"] != "a" || got["workspace/l"] != "a.txt" || got["workspace/hard"] != "workspace/a.txt" || len(got) != 3 {
+		t.Fatalf("with the workspace mounted: got %v", got)
 	}
 }
 

@@ -39,6 +39,11 @@ var execSeq atomic.Uint64
 // homeDir is the session user's home inside every session.
 const homeDir = "/home/sandgate"
 
+// WorkspaceDir, under a session's home, is where every backend mounts
+// the session's workspace volume: a directory the session user may not
+// own (a Pod's emptyDir is root's).
+const WorkspaceDir = "workspace"
+
 // Start runs a command in the session through its backend's exec, so it
 // works the same under every runtime handler. The caller must Wait and
 // then Close.
