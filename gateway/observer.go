@@ -59,25 +59,25 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 			},
 		}
 		var ready <-chan struct{}
+		goesOn := false // a recording placed before goes on
 		if s.recShare != nil {
 			// Whichever replica has room records it.
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			var err error
-			ready, err = s.recShare.Place(ctx, info.ID, recordingParams(t), s.heldNote(info.Tenant, info.ID))
+			ready, goesOn, err = s.recShare.Place(ctx, info.ID, recordingParams(t), s.heldNote(info.Tenant, info.ID))
 			cancel()
 			if err != nil {
 				// A lease that was written after all must not be taken
 				// by another replica as well: stopped, if it is there.
 				log.Warn("the recording cannot be placed with a replica; this one records it", "err", err, "stop_err", s.stopRecording(info.ID))
-				ready = s.recorder.Start(t)
+				ready, goesOn = s.recorder.Start(t), false
 			}
 		} else {
 			ready = s.recorder.Start(t)
 		}
-		if s.recShare == nil || !s.hasEvent(info.Tenant, info.ID, "recording_started") {
-			// (A recording placed before, by a leader that died or by a
-			// replica that created the session alone, goes on: the
-			// session's trail says when it started.)
+		// One placed before (by a leader that died, or by a replica that
+		// created the session alone) started when the trail says.
+		if !goesOn || !s.hasEvent(info.Tenant, info.ID, "recording_started") {
 			s.sessions.Record(info.ID, "recording_started", nil)
 		}
 		// The session is handed out once its display is being recorded,

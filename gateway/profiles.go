@@ -257,13 +257,20 @@ func (s *Server) keepSpec(ctx context.Context, tenant string, kind session.Kind,
 		}
 	}
 	if snapshot != "" {
-		a, _, err := s.store.Find(ctx, tenant, snapshot)
-		switch {
-		case errors.Is(err, recordings.ErrNotFound), err == nil && a.Kind != recordings.KindSnapshot:
-			return errNotFound("no such snapshot")
-		case err != nil:
-			return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}
-		}
+		return s.checkSnapshot(ctx, tenant, snapshot)
+	}
+	return nil
+}
+
+// checkSnapshot refuses a create from a snapshot that is not one of the
+// tenant's (404), or that the store cannot say (503).
+func (s *Server) checkSnapshot(ctx context.Context, tenant, snapshot string) error {
+	a, _, err := s.store.Find(ctx, tenant, snapshot)
+	switch {
+	case errors.Is(err, recordings.ErrNotFound), err == nil && a.Kind != recordings.KindSnapshot:
+		return errNotFound("no such snapshot")
+	case err != nil:
+		return &apiError{status: 503, code: "unavailable", msg: "the artifact store is not answering", err: err}
 	}
 	return nil
 }

@@ -20,8 +20,9 @@ type RecordingShare interface {
 	// Place puts the session's recording up for a replica to take;
 	// note receives what the recording replica notes for the trail (all
 	// of it, when placed again by a replica that took the lead), and the
-	// channel is closed once it records the display.
-	Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, replayed bool, f map[string]any)) (<-chan struct{}, error)
+	// channel is closed once it records the display. before says it
+	// was placed before (it goes on).
+	Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, replayed bool, f map[string]any)) (ready <-chan struct{}, before bool, err error)
 	// Leave stops following here the recording that Place gave ready
 	// for, without changing it: a replica standing by that placed it
 	// leaves it to the leader that adopts the session.

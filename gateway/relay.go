@@ -1157,6 +1157,10 @@ type relayLive struct {
 	// storeOK: the artifact store answered when last asked
 	// (watchStore; never without a store).
 	storeOK atomic.Bool
+	// recordings: where the sessions it creates alone have their
+	// recordings placed (RecordAlone; unset: a create that records
+	// waits for a leader).
+	recordings atomic.Pointer[RecordingShare]
 	// alone admits the connections and requests this replica carries
 	// while no leader answers (nil: they wait for one).
 	alone   *RelayAlone

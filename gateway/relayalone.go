@@ -98,10 +98,10 @@ type RelayAlone struct {
 	Every   func(ctx context.Context) ([]AloneRecord, error)
 	// Create starts a session while no leader answers
 	// (session.Alone.Create, with the runtimes the backend offers now,
-	// extra given the session and its endpoint once it answers, and
-	// extra's events stored with its first ones) and returns it
-	// running; nil: creates wait for a leader.
-	Create func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error)
+	// extra given the session and its endpoint once it answers, within
+	// the start's deadline, and extra's events stored with its first
+	// ones) and returns it running; nil: creates wait for a leader.
+	Create func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(context.Context, session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error)
 }
 
 // AloneRecord is a session's record, and whether its sandbox runs (not
@@ -110,6 +110,16 @@ type AloneRecord = session.RecordSeen
 
 // AdmitAlone makes a relay (NewRelay) admit by a while no leader
 // answers; called before it serves.
+// RecordAlone has the recordings of the sessions a relay creates while
+// no leader answers placed with sh, as the leader places them (without
+// it, a create that records waits for a leader). It may be called while
+// the relay serves.
+func (s *Server) RecordAlone(sh RecordingShare) {
+	if l, ok := s.live.(*relayLive); ok {
+		l.recordings.Store(&sh)
+	}
+}
+
 func (s *Server) AdmitAlone(a RelayAlone) {
 	if l, ok := s.live.(*relayLive); ok && a.Tenant != nil && a.Session != nil {
 		l.alone = &a

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,12 +26,14 @@ const (
 // leader would (createSession), by RelayAlone.Create: a cold start,
 // admitted by the sessions' Pods (session.Alone). What it cannot do
 // alone waits for a leader (503 with a Retry-After, as before): a
-// create that starts from a profile or a snapshot, or does not wait for
-// its session (wait=false), one that binds credentials on a replica
-// built without a vault, and one that records on a replica that places
-// no recordings. The bindings are checked against the replica's own
-// vault. A recording is placed with the replicas as the leader places
-// it (recordAlone). One over quota is refused at once (429 with a
+// create that starts from a profile, or does not wait for its session
+// (wait=false), one that binds credentials on a replica built without a
+// vault, and one that records on a replica that cannot record
+// (RecordAlone was not called). The bindings are checked against the
+// replica's own vault. A snapshot is the tenant's, read from the
+// replica's store and unpacked into the session through its Pod before
+// it is handed out, as the leader's is. A recording is placed with the
+// replicas as the leader places it (recordAlone). One over quota is refused at once (429 with a
 // Retry-After), wait_seconds or not: the line that waits for room is
 // the leader's.
 func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
@@ -40,14 +43,20 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 		return err
 	}
 	// First: what waits for a leader gets the leader's checks, there.
+	var share RecordingShare
+	if p := l.recordings.Load(); p != nil {
+		share = *p
+	}
 	var leaders string
 	switch {
-	case req.Record && s.recShare == nil:
-		leaders = "a create that records, on a replica that places no recordings,"
+	case req.Record && share == nil:
+		leaders = "a create that records, on a replica that cannot record,"
 	case len(req.Credentials) > 0 && l.alone.Vault == nil:
 		leaders = "a create that binds credentials"
-	case req.Profile != nil || req.Snapshot != "":
-		leaders = "a create from a profile or a snapshot"
+	case req.Profile != nil:
+		leaders = "a create from a profile"
+	case req.Snapshot != "" && s.store == nil:
+		leaders = "a create from a snapshot, on a replica without an artifact store,"
 	case c.Query("wait", "true") == "false":
 		leaders = "a create that does not wait for its session (wait=false)"
 	}
@@ -105,6 +114,15 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 		// Its trail could not be stored: known before a cold start.
 		return &apiError{status: 503, code: "unavailable", msg: "the artifact store does not answer: a create waits for it, or for a gateway replica to lead; retry"}
 	}
+	if req.Snapshot != "" {
+		sctx, cancel := context.WithTimeout(c.UserContext(), 10*time.Second)
+		err := s.checkSnapshot(sctx, tenantName, req.Snapshot)
+		cancel()
+		if err != nil {
+			return err
+		}
+		spec.Snapshot = req.Snapshot
+	}
 	release, err := l.createTurn(tenantName)
 	if err != nil {
 		return err
@@ -112,17 +130,33 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	defer release()
 	ctx, cancel := reqCtx(c, 2*time.Minute)
 	defer cancel()
-	// The recording is placed and the preview signed once the session
-	// answers, before its trail is stored: their events are stored with
-	// the first ones (a report to the next leader could come before it
-	// adopts the session).
+	// The snapshot is unpacked, the recording placed and the preview
+	// signed once the session answers, before its trail is stored: their
+	// events are stored with the first ones (a report to the next leader
+	// could come before it adopts the session).
 	var preview *previewResponse
 	recorded := "" // the session whose recording was placed (or tried)
-	extra := func(info session.Info, ep session.Endpoint) ([]session.Event, error) {
+	extra := func(ctx context.Context, info session.Info, ep session.Endpoint) ([]session.Event, error) {
 		var evs []session.Event
+		if spec.Snapshot != "" {
+			f, err := s.unpackSnapshot(ctx, tenantName, spec.Snapshot, func(ctx context.Context, es session.ExecSpec) (int, error) {
+				p, err := session.StartIn(ctx, l.sandbox(info.ID), es, func(err error) {
+					s.log.Warn("exec", "session", info.ID, "err", err)
+				})
+				if err != nil {
+					return -1, err
+				}
+				defer p.Close()
+				return p.Wait(ctx)
+			})
+			if err != nil {
+				return nil, err
+			}
+			evs = append(evs, session.Event{Time: time.Now().UTC(), Type: "snapshot_restored", Fields: f})
+		}
 		if req.Record {
 			recorded = info.ID
-			ev, err := s.recordAlone(ctx, info, ep)
+			ev, err := s.recordAlone(ctx, share, info, ep)
 			if err != nil {
 				return nil, err
 			}
@@ -145,7 +179,10 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 		if recorded != "" {
 			// Its Pod is gone: the replica recording it stops, and the
 			// leader's janitor finishes what it stored.
-			if serr := s.stopRecording(recorded); serr != nil {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			serr := share.Stop(sctx, recorded)
+			scancel()
+			if serr != nil {
 				s.log.Warn("the recording of a session whose create failed could not be stopped; the leader's janitor stops it", "session", recorded, "err", serr)
 			}
 		}
@@ -182,32 +219,37 @@ func (l *relayLive) createTurn(tenantName string) (release func(), err error) {
 	return l.tenantTurn(l.createsBy, tenantName, maxCreatesAlonePerTenant, "too many of the tenant's creates are under way while no gateway replica leads; retry")
 }
 
-// recordAlone places the recording of a session created alone with the
-// replicas, as the leader's observer places a session's recording
-// (SessionRunning), and waits for its first frame as long as the leader
-// would (handing the session out regardless after that); it then leaves
-// the recording to the leader that adopts the session, which places it
-// again and is replayed what its holder noted meanwhile. The event is
-// the session's recording_started.
-func (s *Server) recordAlone(ctx context.Context, info session.Info, ep session.Endpoint) (session.Event, error) {
+// recordAlone places the recording of a session created alone with
+// the replicas (sh), as the leader's observer places a session's
+// recording (SessionRunning), and waits for its first frame as long as
+// the leader would, or as ctx lets it, handing the session out
+// regardless after that; it then leaves the recording to the leader
+// that adopts the session, which places it again and is replayed what
+// its holder noted meanwhile. The event is the session's
+// recording_started.
+func (s *Server) recordAlone(ctx context.Context, sh RecordingShare, info session.Info, ep session.Endpoint) (session.Event, error) {
 	t := recordings.Target{Tenant: info.Tenant, Session: info.ID, VNC: ep.VNC.String(), Width: info.Screen.Width, Height: info.Screen.Height}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	ready, err := s.recShare.Place(pctx, info.ID, recordingParams(t), func(string, time.Time, bool, map[string]any) {})
+	ready, _, err := sh.Place(pctx, info.ID, recordingParams(t), func(string, time.Time, bool, map[string]any) {})
 	cancel()
 	if err != nil {
 		s.log.Warn("the recording of a session created alone could not be placed with the replicas", "session", info.ID, "err", err)
 		return session.Event{}, &apiError{status: 503, code: "unavailable", msg: "the session's recording could not be placed with the gateway replicas; retry"}
 	}
-	defer s.recShare.Leave(info.ID, ready)
+	defer sh.Leave(info.ID, ready)
 	ev := session.Event{Time: time.Now().UTC(), Type: "recording_started"}
-	wait := time.NewTimer(recordingStartWait)
-	defer wait.Stop()
+	at := time.Now()
+	timer := time.NewTimer(recordingStartWait)
+	defer timer.Stop()
 	select {
 	case <-ready:
-	case <-wait.C:
-		s.log.Warn("recording has not started yet; the session is handed out all the same", "session", info.ID, "waited", recordingStartWait)
+		return ev, nil
+	case <-timer.C:
 	case <-ctx.Done():
-		return session.Event{}, ctx.Err()
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return session.Event{}, ctx.Err() // the client went away
+		}
 	}
+	s.log.Warn("recording has not started yet; the session is handed out all the same", "session", info.ID, "waited", time.Since(at).Round(time.Millisecond))
 	return ev, nil
 }

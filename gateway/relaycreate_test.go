@@ -54,7 +54,7 @@ func TestRelayCreateAlone(t *testing.T) {
 		return testTenants(session.TenantLimits{MaxTTL: time.Hour, EgressAllow: []string{"tenant.example:443"}})(key)
 	}
 	var stored []session.Event // what extra gave, to store with the first events
-	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
+	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(context.Context, session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
 		mu.Lock()
 		specs = append(specs, spec)
 		err := refuse
@@ -70,7 +70,7 @@ func TestRelayCreateAlone(t *testing.T) {
 		info := session.Info{ID: ids.NewSession(), Tenant: spec.Tenant, Kind: session.KindBrowser, Runtime: "runc", State: session.StateRunning,
 			CreatedAt: now, ExpiresAt: now.Add(spec.TTL), Labels: spec.Labels}
 		if extra != nil {
-			evs, err := extra(info, session.Endpoint{})
+			evs, err := extra(ctx, info, session.Endpoint{})
 			if err != nil {
 				return session.Info{}, err
 			}
@@ -238,11 +238,11 @@ type shareCalls struct {
 	stops  []string
 }
 
-func (f *shareCalls) Place(_ context.Context, id string, params map[string]string, _ func(string, time.Time, bool, map[string]any)) (<-chan struct{}, error) {
+func (f *shareCalls) Place(_ context.Context, id string, params map[string]string, _ func(string, time.Time, bool, map[string]any)) (<-chan struct{}, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.placed = append(f.placed, params)
-	return f.ready, f.fail
+	return f.ready, false, f.fail
 }
 
 func (f *shareCalls) Leave(id string, ready <-chan struct{}) {
@@ -270,22 +270,27 @@ func (f *shareCalls) Placed(context.Context) ([]PlacedRecording, error) { return
 // One whose recording cannot be placed is refused (503 to retry), and
 // the recording stopped (its lease may have been written all the same);
 // one that fails after the recording was placed has it stopped too.
-// The control: without a recording, nothing is placed.
+// A recording that has not begun by the deadline extra is given is
+// handed out all the same, the create answered. A relay that cannot
+// record (RecordAlone not called) has a create that records wait for a
+// leader. The control: without a recording, nothing is placed.
 func TestRelayCreateRecordedAlone(t *testing.T) {
 	srv := testRelay(t, "http://127.0.0.1:1", func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
 	share := &shareCalls{ready: make(chan struct{})}
 	close(share.ready)
-	srv.recShare = share
 	vnc := netip.MustParseAddrPort("10.9.8.7:5900")
 	var mu sync.Mutex
 	var stored []session.Event
-	var failAfter error // the create's, once extra has run
+	var failAfter error   // the create's, once extra has run
+	extraFor := time.Hour // the deadline extra is given
 	alone := sessionlessAlone()
-	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
+	alone.Create = func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(context.Context, session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
 		now := time.Now().UTC()
 		info := session.Info{ID: ids.NewSession(), Tenant: spec.Tenant, Kind: session.KindBrowser, Runtime: "runc", State: session.StateRunning,
 			CreatedAt: now, ExpiresAt: now.Add(spec.TTL), Record: spec.Record, Screen: session.Screen{Width: 1280, Height: 800}}
-		evs, err := extra(info, session.Endpoint{VNC: vnc})
+		xctx, cancel := context.WithTimeout(ctx, extraFor)
+		evs, err := extra(xctx, info, session.Endpoint{VNC: vnc})
+		cancel()
 		if err != nil {
 			return session.Info{}, err
 		}
@@ -300,6 +305,10 @@ func TestRelayCreateRecordedAlone(t *testing.T) {
 	srv.AdmitAlone(alone)
 	srv.live.(*relayLive).storeOK.Store(true)
 
+	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", `{"record":true}`); st != 503 || retry != "2" || !strings.Contains(body, "cannot record") || len(stored) != 0 {
+		t.Errorf("a create alone that records, on a relay that cannot record: %d %s (Retry-After %q); want 503 to retry", st, body, retry)
+	}
+	srv.RecordAlone(share)
 	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{}`); st != 201 || len(share.placed) != 0 || len(stored) != 0 {
 		t.Fatalf("a create alone without a recording: %d %s, %d placed, stored %+v", st, body, len(share.placed), stored)
 	}
@@ -332,5 +341,18 @@ func TestRelayCreateRecordedAlone(t *testing.T) {
 	mu.Unlock()
 	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{"record":true}`); st != 503 || len(share.stops) != 2 || share.stops[1] == share.stops[0] {
 		t.Errorf("a create alone that fails once its recording was placed: %d %s, stopped %v; want 503, its recording stopped", st, body, share.stops)
+	}
+	mu.Lock()
+	failAfter = nil
+	mu.Unlock()
+
+	// A recording that does not begin: the wait ends at extra's
+	// deadline, and the session is handed out.
+	share.ready = make(chan struct{})
+	extraFor = 300 * time.Millisecond
+	at := time.Now()
+	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{"record":true}`); st != 201 || time.Since(at) > 10*time.Second ||
+		stored[len(stored)-1].Type != "recording_started" || len(share.stops) != 2 {
+		t.Errorf("a create alone whose recording does not begin by extra's deadline: %d %s after %v, stopped %v; want 201 at the deadline", st, body, time.Since(at), share.stops)
 	}
 }

@@ -29,9 +29,10 @@ import (
 // What it does not start alone (these wait for a leader, with a 503):
 // a create that waits in line for room (the line is the leader's), one
 // from a warm pool (the pools are the leader's), and one with a profile
-// or a snapshot (their holds and restores are the leader's). One that
-// records is started alone; its creator places the recording with the
-// replicas (in extra), as a leader would.
+// (its hold is the leader's). One that records, or starts from a
+// snapshot, is started alone: its creator unpacks the snapshot and
+// places the recording with the replicas (in extra), as a leader
+// would.
 
 // RecordCreatedAlone, in a session's record, names the replica that
 // created the session while no leader answered; the leader clears it as
@@ -50,10 +51,13 @@ const RecordAloneDue = "sandgate.alone-due"
 
 // aloneSlack is how long past its ready timeout a create made alone may
 // go on (the Pod's making, the trail, the record); aloneMargin how much
-// earlier than its due time its creator gives up.
+// earlier than its due time its creator gives up; aloneFinish what it
+// keeps of that for the steps after extra (the trail, the gate, the
+// record: 10, 5 and 10 s at most).
 const (
 	aloneSlack  = 30 * time.Second
 	aloneMargin = 10 * time.Second
+	aloneFinish = 25 * time.Second
 )
 
 // maxAloneStart bounds how long after its sandbox was made a leader
@@ -101,10 +105,12 @@ type Alone struct {
 // Create starts a session for spec, of a tenant with the limits lim,
 // under one of runtimes (as Offered gives them; def the default), and
 // returns it running. extra, if set, is called with the session and its
-// endpoint once it answers, before its trail is stored: the events it
-// returns (a preview's issue, a recording's start) are stored with its
-// first ones; its error fails the create.
-func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtimes map[string]*Runtime, def string, extra func(Info, Endpoint) ([]Event, error)) (Info, error) {
+// endpoint once it answers, before its trail is stored, within the
+// start's deadline (ctx; what follows it, the trail and the record,
+// takes aloneFinish at most): the events it returns (a preview's issue,
+// a recording's start) are stored with its first ones; its error fails
+// the create.
+func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtimes map[string]*Runtime, def string, extra func(context.Context, Info, Endpoint) ([]Event, error)) (Info, error) {
 	rt, err := normalizeFor(&spec, lim, runtimes, def, a.ProxyURL == "", a.Backend)
 	if err != nil {
 		return Info{}, err
@@ -218,7 +224,10 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	took := time.Since(t0)
 	var more []Event
 	if extra != nil {
-		if more, err = extra(info, ep); err != nil {
+		xctx, cancel := context.WithDeadline(startCtx, due.Add(-aloneMargin-aloneFinish))
+		more, err = extra(xctx, info, ep)
+		cancel()
+		if err != nil {
 			return fail(err)
 		}
 	}

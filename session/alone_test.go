@@ -197,18 +197,25 @@ func TestAloneStart(t *testing.T) {
 	spec := Spec{Tenant: "team", Kind: KindDesktop, Runtime: "runc", TTL: time.Minute}
 	lim := TenantLimits{MaxTTL: time.Hour}
 	issued := Event{Type: "preview_issued", Fields: map[string]any{"preview": "p-1"}}
-	var given Endpoint // what extra was given: where the session answers
-	extra := func(info Info, ep Endpoint) ([]Event, error) {
+	var given Endpoint     // what extra was given: where the session answers
+	var givenDue time.Time // and by when it is done
+	extra := func(ctx context.Context, info Info, ep Endpoint) ([]Event, error) {
 		given = ep
+		givenDue, _ = ctx.Deadline()
 		return []Event{issued}, nil
 	}
 
+	asked := time.Now()
 	info, err := a.Create(context.Background(), spec, lim, runtimes, "runc", extra)
 	if err != nil || info.State != StateRunning || b.box.state2() != StateRunning || b.box.removed != 0 {
 		t.Fatalf("a create alone whose session answers: %+v %v, its record %s, removed %d times", info, err, b.box.state2(), b.box.removed)
 	}
 	if given.VNC != netip.AddrPortFrom(addr, VNCPort) || given.CDP != netip.AddrPortFrom(addr, CDPPort) {
 		t.Errorf("the endpoint extra was given: %+v, want the sandbox's (%s)", given, addr)
+	}
+	// What follows extra keeps its share of the start's deadline.
+	if latest := time.Now().Add(a.ReadyTimeout + aloneSlack - aloneMargin - aloneFinish); givenDue.IsZero() || givenDue.After(latest) || givenDue.Before(asked.Add(a.ReadyTimeout+aloneSlack-aloneMargin-aloneFinish)) {
+		t.Errorf("extra's deadline: %v, want the start's less aloneFinish (%v)", givenDue, latest)
 	}
 	evs, _, err := StoredTrail(context.Background(), store, "team", info.ID)
 	if err != nil || len(evs) != 3 || evs[0].Type != "created" || evs[1].Type != "started" || evs[2].Type != "preview_issued" {
@@ -222,13 +229,13 @@ func TestAloneStart(t *testing.T) {
 		{"the lease taken over", func() { lost = true }, "admission was lost"},
 		{"an earlier version leads", func() { adoptsAsked, adopts = 0, false }, "earlier version took the lead"},
 		{"extra fails", func() {
-			extra = func(Info, Endpoint) ([]Event, error) {
+			extra = func(context.Context, Info, Endpoint) ([]Event, error) {
 				return nil, &PublicError{Class: ErrUnavailable, Msg: "cannot sign", RetryAfter: 2}
 			}
 		}, "cannot sign"},
 	} {
 		lost, adopts, adoptsAsked = false, true, 0
-		extra = func(info Info, _ Endpoint) ([]Event, error) { return []Event{issued}, nil }
+		extra = func(_ context.Context, info Info, _ Endpoint) ([]Event, error) { return []Event{issued}, nil }
 		c.setup()
 		_, err := a.Create(context.Background(), spec, lim, runtimes, "runc", extra)
 		var pe *PublicError

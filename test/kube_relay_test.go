@@ -81,9 +81,10 @@ import (
 // And it says the tenant's usage, from its Pods' records; the runtimes
 // and the pools, from the cluster; and the tenants and their keys to
 // the admin API, from its copy of the stored registry, as A said them.
-// And it creates sessions alone (one that records, with a preview and
-// a bound credential), admitted by the session Pods, which B adopts
-// once it leads, its recording going on and finished as it ends.
+// And it creates sessions alone (one from a snapshot B took alone, that
+// records, with a preview and a bound credential), admitted by the
+// session Pods, which B adopts once it leads, its recording going on
+// and finished as it ends.
 func TestKubeRelay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -547,14 +548,19 @@ func TestKubeRelay(t *testing.T) {
 	viewP := ra.vncPreview(t, ra.keyA, s.ID, "view", true, 300)
 	reviewP := ra.vncPreview(t, ra.keyA, s.ID, "review", false, 600)
 	// An ended session, its Pod gone and its log stored, and its review
-	// link: a reviewer's. (Its create, recorded and with a preview as
-	// the one through B alone is below, is the baseline of that one's.)
+	// link: a reviewer's. It starts from the snapshot B took, unpacked
+	// by A (its file there), recorded and with a preview: as the one
+	// created through B alone is below, whose baseline its create is.
 	leaderCreateAt := time.Now()
-	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "record": true, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600}})
+	st, body = ra.api(t, ra.keyA, "POST", "/v1/sessions", map[string]any{"runtime": "runc", "record": true, "snapshot": snapB.ID,
+		"preview": map[string]any{"scope": "cdp", "ttl_seconds": 600}})
 	leaderCreate := time.Since(leaderCreateAt)
 	var ended sessionInfo
 	if err := json.Unmarshal(body, &ended); st != 201 || err != nil {
 		t.Fatalf("create a second session: %d %s", st, body)
+	}
+	if st, body := fileVia(t, fresh, ra.gwURL, ra.keyA, "GET", ended.ID, "/home/sandgate/workspace/snap.txt", nil); st != 200 || string(body) != "kept-by-B\n" {
+		t.Errorf("the snapshot's file in the session created from it through A: %d %q", st, body)
 	}
 	if st, body := ra.api(t, ra.keyA, "DELETE", "/v1/sessions/"+ended.ID, nil); st != 200 && st != 204 {
 		t.Fatalf("delete the second session: %d %s", st, body)
@@ -1063,16 +1069,6 @@ func TestKubeRelay(t *testing.T) {
 		t.Errorf("exec over MCP through B while nobody leads: %+v", mcpRan)
 	}
 	t.Logf("MCP through B (connect, session_get, exec) answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(mcpAt).Seconds(), time.Since(killed).Seconds())
-	type toolAnswer struct {
-		res *mcp.CallToolResult
-		err error
-		at  time.Time
-	}
-	mcpCreate := make(chan toolAnswer, 1)
-	go func() {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": -1, "snapshot": "snap-probe"}})
-		mcpCreate <- toolAnswer{res, err, time.Now()}
-	}()
 	if st, body := rb.rawPost(t, "/mcp", "Bearer junk", `{"jsonrpc":"2.0","id":1,"method":"ping"}`); st != 401 {
 		t.Errorf("MCP through B while nobody leads, a junk key: %d %s, want 401", st, body)
 	}
@@ -1284,10 +1280,11 @@ func TestKubeRelay(t *testing.T) {
 	// Creates through B while nobody leads: a cold start B makes
 	// itself, admitted by the session Pods (tenant-a holds one of its
 	// 2; tenant-b's one, deleted above, holds its Pod while it stops),
+	// from the snapshot taken through B just before (unpacked by B),
 	// with its preview and its recording (placed with the replicas, as
 	// a leader places it), driven through B at once. Three of
 	// tenant-a's at once: one is made, the others are over its quota
-	// (429 with a Retry-After), as is tenant-b's. One from a snapshot
+	// (429 with a Retry-After), as is tenant-b's. One from a profile
 	// waits for a leader: 503, to retry.
 	type createAnswer struct {
 		st   int
@@ -1316,7 +1313,7 @@ func TestKubeRelay(t *testing.T) {
 	answers := make(chan createAnswer, 3)
 	for range 3 {
 		go func() {
-			answers <- createVia(rb.keyA, map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.25}, "record": true,
+			answers <- createVia(rb.keyA, map[string]any{"runtime": "runc", "resources": map[string]any{"cpus": 0.25}, "record": true, "snapshot": gapSnap.ID,
 				"labels": map[string]string{"made": "alone"}, "preview": map[string]any{"scope": "cdp", "ttl_seconds": 600},
 				"egress":      map[string]any{"allow": []string{"pages.sandgate.test:80"}},
 				"credentials": []map[string]any{{"credential": fillCred.ID, "scheme": "http", "host": "pages.sandgate.test", "port": 80}}})
@@ -1349,8 +1346,12 @@ func TestKubeRelay(t *testing.T) {
 	if madeAlone.ID == "" {
 		t.Fatalf("three creates at once through B while nobody leads, tenant-a holding one of its 2 sessions: %v, none made", codes)
 	}
-	t.Logf("a create through B (a cold start, runc, recorded, with a preview) answered in %.2f s, %.1f s after A's death, nobody leading; through A, leading, %.2f s (B/A %.2f); three at once: %v",
+	t.Logf("a create through B (a cold start, runc, from a snapshot, recorded, with a preview) answered in %.2f s, %.1f s after A's death, nobody leading; through A, leading, %.2f s (B/A %.2f); three at once: %v",
 		aloneCreate.Seconds(), time.Since(killed).Seconds(), leaderCreate.Seconds(), aloneCreate.Seconds()/leaderCreate.Seconds(), codes)
+	// It holds the snapshot's file, as handed out (read through B).
+	if st, body := fileVia(t, fresh, rb.gwURL, rb.keyA, "GET", madeAlone.ID, gapFile, nil); st != 200 || string(body) != "written while nobody led" {
+		t.Errorf("the snapshot's file in the session created through B from it while nobody leads: %d %q", st, body)
+	}
 	aloneCDP := cdpDial(t, browserWS(t, viaB(madeAlone.Preview.URL)))
 	defer aloneCDP.Close()
 	if err := cdpTry(aloneCDP, 1); err != nil {
@@ -1415,7 +1416,14 @@ func TestKubeRelay(t *testing.T) {
 			t.Errorf("a create through B binding %s's credential to %s while nobody leads: %d %s %v, want %d", map[bool]string{true: "tenant-a", false: "another tenant"}[c.key == rb.keyA], c.host, a.st, a.body, a.err, c.want)
 		}
 	}
-	refusedAlone(rb.keyB, map[string]any{"runtime": "runc", "snapshot": "snap-probe"}, 503, "one from a snapshot")
+	// A snapshot checked against B's store before the quota: another
+	// tenant's is none (404), as is one that does not exist.
+	for key, snap := range map[string]string{rb.keyB: gapSnap.ID, rb.keyA: "art_0000000000000000"} {
+		if a := createVia(key, map[string]any{"runtime": "runc", "snapshot": snap}); a.err != nil || a.st != 404 {
+			t.Errorf("a create through B from snapshot %s while nobody leads, %s's key: %d %s %v, want 404", snap, map[bool]string{true: "tenant-a", false: "tenant-b"}[key == rb.keyA], a.st, a.body, a.err)
+		}
+	}
+	refusedAlone(rb.keyB, map[string]any{"runtime": "runc", "profile": map[string]any{"id": "prof_0000000000000000"}}, 503, "one from a profile")
 	for id, tn := range kubePods(t, kb) {
 		if _, ok := podsMade[id]; !ok {
 			t.Errorf("a session Pod (%s, %s) after the creates through B that were refused", id, tn)
@@ -1424,13 +1432,28 @@ func TestKubeRelay(t *testing.T) {
 	// An SDK call through B while no replica that answers leads, that
 	// waits for a leader: refused at once without retries (the
 	// control); with them (the SDK's default), answered once B leads,
-	// as B's 503s say to retry. (A create from a snapshot is a
-	// leader's alone; this one's TTL cannot be, so a leader refuses it,
-	// 400, before it does anything.)
+	// as B's 503s say to retry. (A create from a profile is a leader's
+	// alone; this one's TTL cannot be, so a leader refuses it, 400,
+	// before it does anything.)
 	var sdkErr *sandgate.Error
-	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Snapshot: "snap-probe"}); !sandgate.IsUnavailable(err) {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA, sandgate.WithRetry(0)).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Profile: &sandgate.ProfileUse{ID: "prof_0000000000000000"}}); !sandgate.IsUnavailable(err) {
 		t.Errorf("an SDK call through B without retries right after A's death: %v, want unavailable", err)
 	}
+	// A create over MCP through B, made as the steps while nobody leads
+	// end (its tools' calls are retried for 30 s: a replica leads by
+	// then, the lease's 15 s after the gap closes): answered by the
+	// leader (below).
+	type toolAnswer struct {
+		res *mcp.CallToolResult
+		err error
+		at  time.Time
+	}
+	mcpCreate := make(chan toolAnswer, 1)
+	mcpCreateAt := time.Now()
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "session_create", Arguments: map[string]any{"ttl_seconds": -1, "profile": "prof_0000000000000000"}})
+		mcpCreate <- toolAnswer{res, err, time.Now()}
+	}()
 	gapEnded := time.Since(killed)
 	n := keepGap()
 	gapClosed := time.Now() // B may lead from here on, not before
@@ -1439,7 +1462,7 @@ func TestKubeRelay(t *testing.T) {
 	} else {
 		t.Logf("the steps while nobody leads ended %.1f s after the kill", gapEnded.Seconds())
 	}
-	if _, err := sandgate.New(rb.gwURL, rb.keyA).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Snapshot: "snap-probe"}); !errors.As(err, &sdkErr) || sdkErr.Code != "invalid_argument" {
+	if _, err := sandgate.New(rb.gwURL, rb.keyA).CreateSession(ctx, sandgate.SessionRequest{TTLSeconds: -1, Profile: &sandgate.ProfileUse{ID: "prof_0000000000000000"}}); !errors.As(err, &sdkErr) || sdkErr.Code != "invalid_argument" {
 		t.Fatalf("an SDK call through B, retried, after A's death: %v, want the leader's invalid_argument", err)
 	}
 	t.Logf("an SDK call through B made after A's death was answered %.1f s after the kill", time.Since(killed).Seconds())
@@ -1455,13 +1478,17 @@ func TestKubeRelay(t *testing.T) {
 	}
 	t.Logf("B leads %.1f s after A's death", time.Since(killed).Seconds())
 	// The create over MCP made through B while nobody led (one from a
-	// snapshot: a leader's alone): answered by the leader, once there
+	// profile: a leader's alone): answered by the leader, once there
 	// was one (its refusal of the TTL), not with the 503 of the gap.
 	select {
 	case a := <-mcpCreate:
 		if a.err != nil || !a.res.IsError || !strings.HasPrefix(contentText(a.res), "invalid_argument: ") || a.at.Before(gapClosed) {
-			t.Errorf("session_create over MCP through B, made while nobody led: %v %+v at %.1f s after the kill (the gap closed at %.1f s), want the leader's invalid_argument",
-				a.err, a.res, a.at.Sub(killed).Seconds(), gapClosed.Sub(killed).Seconds())
+			text := ""
+			if a.res != nil {
+				text = contentText(a.res)
+			}
+			t.Errorf("session_create over MCP through B, made while nobody led (%.1f s after the kill): %v %q at %.1f s after the kill (the gap closed at %.1f s), want the leader's invalid_argument",
+				mcpCreateAt.Sub(killed).Seconds(), a.err, text, a.at.Sub(killed).Seconds(), gapClosed.Sub(killed).Seconds())
 		} else {
 			t.Logf("a create over MCP through B made while nobody led was answered by the leader %.1f s after the kill", a.at.Sub(killed).Seconds())
 		}
@@ -1470,17 +1497,18 @@ func TestKubeRelay(t *testing.T) {
 	}
 	// The session B created while nobody led, B leading has adopted:
 	// it reads running, its trail has its create (made by a replica
-	// while none led), its start, its recording's start (once: the
-	// recording goes on, placed before), its preview's issue and its
-	// adoption, the connection made through its preview goes on, and it
-	// is deleted as any, its recording finished.
+	// while none led), its start, its snapshot's restore, its
+	// recording's start (once: the recording goes on, placed before),
+	// its preview's issue and its adoption, the connection made through
+	// its preview goes on, and it is deleted as any, its recording
+	// finished.
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+madeAlone.ID, nil); st != 200 || jsonField(body, "state") != "running" {
 		t.Errorf("the session created while nobody led, through B leading: %d %s", st, body)
 	}
 	var startedAlone map[string]any
 	waitFor(t, 30*time.Second, "the trail of the session created while nobody led, through B leading", func() bool {
 		var types []string
-		made, issued, recStarted := false, false, 0
+		made, issued, recStarted, restored := false, false, 0, false
 		for _, ev := range rb.events(t, rb.keyA, madeAlone.ID) {
 			types = append(types, ev.Type)
 			made = made || ev.Type == "created" && strings.Contains(fmt.Sprint(ev.Fields["created_by"]), "while none led")
@@ -1491,9 +1519,10 @@ func TestKubeRelay(t *testing.T) {
 			if ev.Type == "recording_started" {
 				recStarted++
 			}
+			restored = restored || ev.Type == "snapshot_restored" && ev.Fields["snapshot"] == gapSnap.ID && ev.Fields["sha256"] != nil
 		}
-		return made && issued && recStarted == 1 && len(types) >= 5 && types[0] == "created" && types[1] == "started" && types[2] == "recording_started" &&
-			slices.Contains(types, "adopted")
+		return made && issued && restored && recStarted == 1 && len(types) >= 6 && types[0] == "created" && types[1] == "started" &&
+			types[2] == "snapshot_restored" && types[3] == "recording_started" && slices.Contains(types, "adopted")
 	})
 	t.Logf("the start of the session created through B while nobody led: %v", startedAlone)
 	if err := cdpTry(aloneCDP, 2); err != nil {
@@ -1822,14 +1851,14 @@ func without(t testing.TB, raw []byte, list, field string) []byte {
 }
 
 // leaderAnswers asks r something only a leader answers: a create from a
-// snapshot, with a TTL that cannot be, which a leader refuses (400)
+// profile, with a TTL that cannot be, which a leader refuses (400)
 // before it does anything else, where a replica taking over answers 503
 // until it has adopted the sessions, and one that stands by answers 503
 // while no leader answers (it answers every read itself then, and
-// creates, but not one from a snapshot). led says a leader answered.
+// creates, but not one from a profile). led says a leader answered.
 func leaderAnswers(t testing.TB, r *testEnv, key string) (led bool, st int, body []byte) {
 	t.Helper()
-	st, body = r.api(t, key, "POST", "/v1/sessions", map[string]any{"ttl_seconds": -1, "snapshot": "snap-probe"})
+	st, body = r.api(t, key, "POST", "/v1/sessions", map[string]any{"ttl_seconds": -1, "profile": map[string]any{"id": "prof_0000000000000000"}})
 	return st == 400 && jsonErrorCode(string(body)) == "invalid_argument", st, body
 }
 

@@ -41,7 +41,7 @@ import (
 // A session created through the leader is driven through the other:
 // CDP with chromedp, a VNC viewer, exec, files, a screenshot, a preview
 // revoked. The leader is then SIGKILLed mid-session: meanwhile the other
-// answers a create that records 503 in the API's JSON (only a leader
+// answers a create from a profile 503 in the API's JSON (only a leader
 // makes one), then takes the lead, and the session,
 // its previews (the revoked one stays revoked), its audit trail and its
 // recording carry on through it, and its Pod is the leader's. The
@@ -316,6 +316,19 @@ func TestKubeReplicas(t *testing.T) {
 	waitFor(t, 2*time.Minute, "more segments of the recording B had", func() bool { return recordingSegments(t, rb, onB) >= before+2 })
 	if n := recordingParts(t, rb, onB); n != 1 {
 		t.Errorf("the recording B held was cut by A's death: %d parts", n)
+	}
+	// B, placing the recordings again as it took the lead, started none:
+	// each session's trail says recording_started once.
+	for _, id := range []string{s.ID, s2.ID} {
+		n := 0
+		for _, ev := range rb.events(t, rb.keyA, id) {
+			if ev.Type == "recording_started" {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("session %s's trail says recording_started %d times after B took the lead, want once", id, n)
+		}
 	}
 	parts := 1 // of the first session's recording, so far
 	if onA == s.ID {

@@ -64,9 +64,10 @@ func TestKubeShared(t *testing.T) {
 		f        map[string]any
 	}
 	notes := map[string][]noted{}
+	placed := map[string]bool{}
 	place := func(s *kube.Shared, sid, p string) <-chan struct{} {
 		t.Helper()
-		ready, err := s.Place(ctx, sid, map[string]string{"p": p}, func(typ string, at time.Time, replayed bool, f map[string]any) {
+		ready, before, err := s.Place(ctx, sid, map[string]string{"p": p}, func(typ string, at time.Time, replayed bool, f map[string]any) {
 			mu.Lock()
 			notes[sid] = append(notes[sid], noted{typ, at, replayed, f})
 			mu.Unlock()
@@ -74,6 +75,10 @@ func TestKubeShared(t *testing.T) {
 		if err != nil {
 			t.Fatalf("place %s: %v", sid, err)
 		}
+		if before != placed[sid] {
+			t.Errorf("place %s: placed before %v, want %v", sid, before, placed[sid])
+		}
+		placed[sid] = true
 		return ready
 	}
 	wait := func(what string, ch <-chan struct{}) {

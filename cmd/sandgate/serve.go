@@ -94,6 +94,9 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 	// session manager takes once it leads (egressStand ends its tries
 	// to listen).
 	var standEgress *replicaEgress
+	// Backend kubernetes, with kubernetes.advertise: what this replica
+	// answers while it stands by.
+	var standRelay *gateway.Server
 	egressStand, endEgressStand := context.WithCancel(ctx)
 	defer endEgressStand()
 	// leadCtx lasts while this replica holds the namespace's lease, its
@@ -158,22 +161,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 			name = own
 		}
 		identity := kube.Identity(name, uid, os.Getpid(), randomHex(4))
-		// Recordings are spread over the replicas: this one records what
-		// it takes, standing by or leading (the leader finishes them).
-		// One that cannot record still places, stops and collects them
-		// when it leads, and places those of the sessions it creates
-		// while it stands by.
-		var record func(context.Context, kube.Work) string // nil: this replica records nothing
-		if rec, err := sharedRecorder(ctx, cfg, log); err != nil {
-			log.Warn("this replica records no sessions: the other replicas record those it places", "err", err)
-		} else {
-			heldRec = rec
-			serves := kb.Serves // (kb is read again on taking the lead)
-			record = func(ctx context.Context, w kube.Work) string {
-				return gateway.RecordHeld(ctx, rec, w.Session, w.Params, w.TakenOver, w.Ready, w.Note, serves)
-			}
-		}
-		recShare = kb.NewShared(identity, "recording", record, log.With("component", "recordings"))
 		wait := 3 * kube.HoldDuration
 		// knowsDead: this run serves in its Pod at the advertised port,
 		// so any earlier run of the Pod's container is dead (below).
@@ -270,9 +257,6 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 				return err
 			}
 			relayOpts = append(relayOpts, mcp)
-			// The recordings of the sessions it creates while no leader
-			// answers, placed as the leader places them.
-			relayOpts = append(relayOpts, gateway.WithRecordingShare(sharedRecordings{recShare}))
 			relay, err := gateway.NewRelay(gatewayConfig(cfg, pub), identity, func(ctx context.Context) (string, error) {
 				_, addr, err := holds.Leader(ctx) // this replica too, once it leads
 				if err == nil && addr != "" && checkAdvertise(addr) != nil {
@@ -333,7 +317,7 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					Log:     rlog,
 				}
 				relay.AdmitAlone(gateway.RelayAlone{
-					Create: func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
+					Create: func(ctx context.Context, spec session.Spec, lim session.TenantLimits, extra func(context.Context, session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
 						runtimes, def, err := pods.Offered(ctx, cfg.DefaultRuntime)
 						if err != nil {
 							return session.Info{}, &session.PublicError{Class: session.ErrUnavailable, Msg: "the cluster's runtimes could not be read; retry", Err: err, RetryAfter: 2}
@@ -423,12 +407,35 @@ func cmdServe(ctx context.Context, log *slog.Logger, args []string) error {
 					}
 				}()
 			}
+			standRelay = relay
 			go relay.ServeRelay(front.RelayListener(relay.RelayUsable))
 			defer relay.App().ShutdownWithTimeout(5 * time.Second)
 			// A replica that led in this Pod before its container
 			// restarted may have left the leader's label on it.
 			role.StandBy(holds)
 			log.Info("sandgate replica listening", "addr", cfg.Listen, "advertise", cfg.Kubernetes.Advertise)
+		}
+		// Recordings are spread over the replicas: this one records what
+		// it takes, standing by or leading (the leader finishes them).
+		// One that cannot record still places, stops and collects them
+		// when it leads.
+		var record func(context.Context, kube.Work) string // nil: this replica records nothing
+		if rec, err := sharedRecorder(ctx, cfg, log); err != nil {
+			log.Warn("this replica records no sessions: the other replicas record those it places", "err", err)
+		} else {
+			heldRec = rec
+			serves := kb.Serves // (kb is read again on taking the lead)
+			record = func(ctx context.Context, w kube.Work) string {
+				return gateway.RecordHeld(ctx, rec, w.Session, w.Params, w.TakenOver, w.Ready, w.Note, serves)
+			}
+		}
+		recShare = kb.NewShared(identity, "recording", record, log.With("component", "recordings"))
+		if standRelay != nil && heldRec != nil {
+			// The sessions it creates while no leader answers have their
+			// recordings placed as the leader places them: this replica
+			// records, so the image has what a recording needs (a
+			// replica that cannot record has them wait for a leader).
+			standRelay.RecordAlone(sharedRecordings{recShare})
 		}
 		if knowsDead {
 			// The recordings an earlier run of this Pod's container held

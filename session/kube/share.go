@@ -158,11 +158,13 @@ func (s *Shared) name(session string) string { return "sandgate-" + s.kind + "-"
 // holder's notes, with when each was written: all of them, for a piece
 // placed before (the predecessor may have died before it had them),
 // those marked replayed; the channel is closed once the holder says the
-// work has begun.
-func (s *Shared) Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, replayed bool, f map[string]any)) (<-chan struct{}, error) {
+// work has begun. before says the piece was placed before: its lease
+// was there already (or is there after a create whose answer was lost,
+// which may have been this call's).
+func (s *Shared) Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, replayed bool, f map[string]any)) (ready <-chan struct{}, before bool, err error) {
 	raw, err := json.Marshal(params)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	name := s.name(session)
 	secs := int32(ShareDuration / time.Second)
@@ -187,11 +189,12 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 	if apierrors.IsAlreadyExists(err) {
 		cur, err := leases.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("read %s lease %s: %w", s.kind, name, err)
+			return nil, false, fmt.Errorf("read %s lease %s: %w", s.kind, name, err)
 		}
 		if cur.Annotations[annotationStop] != "" {
-			return nil, fmt.Errorf("the %s of session %s is being stopped", s.kind, session)
+			return nil, false, fmt.Errorf("the %s of session %s is being stopped", s.kind, session)
 		}
+		before = true
 		if cur.Annotations[annotationReady] != "" {
 			p.once.Do(func() { close(p.ready) })
 		}
@@ -201,7 +204,7 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 			p.replayTo = notes[len(notes)-1].Seq
 		}
 	} else if err != nil {
-		return nil, fmt.Errorf("place the %s of session %s: %w", s.kind, session, err)
+		return nil, false, fmt.Errorf("place the %s of session %s: %w", s.kind, session, err)
 	}
 	s.mu.Lock()
 	s.placed[name] = p
@@ -210,7 +213,7 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 	case s.wake <- struct{}{}:
 	default:
 	}
-	return p.ready, nil
+	return p.ready, before, nil
 }
 
 // Leave stops following here the session's piece that Place gave ready

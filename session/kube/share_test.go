@@ -9,10 +9,11 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-// TestShareLeave: a replica that placed a piece stops following it on
-// Leave, its lease left as it is; a Leave with the readiness of an
-// earlier placement (the piece was placed here again since, on taking
-// the lead) leaves the later one followed. (The API server is
+// TestShareLeave: a piece placed again says it was placed before (the
+// first placement, not). A replica that placed a piece stops following
+// it on Leave, its lease left as it is; a Leave with the readiness of
+// an earlier placement (the piece was placed here again since, on
+// taking the lead) leaves the later one followed. (The API server is
 // client-go's fake clientset.)
 func TestShareLeave(t *testing.T) {
 	b := &Backend{client: fake.NewSimpleClientset(), cfg: Config{Namespace: "ns"}}
@@ -23,13 +24,13 @@ func TestShareLeave(t *testing.T) {
 		defer sh.mu.Unlock()
 		return sh.placed[sh.name("sess")] != nil
 	}
-	first, err := sh.Place(ctx, "sess", map[string]string{"tenant": "t"}, nil)
-	if err != nil || !followed() {
-		t.Fatalf("placed: %v, followed %v", err, followed())
+	first, before, err := sh.Place(ctx, "sess", map[string]string{"tenant": "t"}, nil)
+	if err != nil || !followed() || before {
+		t.Fatalf("placed: %v, followed %v, placed before %v", err, followed(), before)
 	}
-	again, err := sh.Place(ctx, "sess", map[string]string{"tenant": "t"}, nil)
-	if err != nil {
-		t.Fatal(err)
+	again, before, err := sh.Place(ctx, "sess", map[string]string{"tenant": "t"}, nil)
+	if err != nil || !before {
+		t.Fatalf("placed again: %v, placed before %v", err, before)
 	}
 	sh.Leave("sess", first)
 	if !followed() {
