@@ -108,8 +108,6 @@ type RelayAlone struct {
 // being deleted).
 type AloneRecord = session.RecordSeen
 
-// AdmitAlone makes a relay (NewRelay) admit by a while no leader
-// answers; called before it serves.
 // RecordAlone has the recordings of the sessions a relay creates while
 // no leader answers placed with sh, as the leader places them (without
 // it, a create that records waits for a leader). It may be called while
@@ -120,6 +118,8 @@ func (s *Server) RecordAlone(sh RecordingShare) {
 	}
 }
 
+// AdmitAlone makes a relay (NewRelay) admit by a while no leader
+// answers; called before it serves.
 func (s *Server) AdmitAlone(a RelayAlone) {
 	if l, ok := s.live.(*relayLive); ok && a.Tenant != nil && a.Session != nil {
 		l.alone = &a

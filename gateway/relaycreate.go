@@ -138,6 +138,19 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	recorded := "" // the session whose recording was placed (or tried)
 	extra := func(ctx context.Context, info session.Info, ep session.Endpoint) ([]session.Event, error) {
 		var evs []session.Event
+		// The recording is placed first: its first frame is waited for
+		// while the snapshot goes in.
+		var recording <-chan struct{}
+		if req.Record {
+			recorded = info.ID
+			ready, ev, err := s.placeAlone(ctx, share, info, ep)
+			if err != nil {
+				return nil, err
+			}
+			defer share.Leave(info.ID, ready)
+			recording = ready
+			evs = append(evs, ev)
+		}
 		if spec.Snapshot != "" {
 			f, err := s.unpackSnapshot(ctx, tenantName, spec.Snapshot, func(ctx context.Context, es session.ExecSpec) (int, error) {
 				p, err := session.StartIn(ctx, l.sandbox(info.ID), es, func(err error) {
@@ -154,13 +167,10 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 			}
 			evs = append(evs, session.Event{Time: time.Now().UTC(), Type: "snapshot_restored", Fields: f})
 		}
-		if req.Record {
-			recorded = info.ID
-			ev, err := s.recordAlone(ctx, share, info, ep)
-			if err != nil {
+		if recording != nil {
+			if err := s.awaitRecording(ctx, info.ID, recording, evs[0].Time); err != nil {
 				return nil, err
 			}
-			evs = append(evs, ev)
 		}
 		if req.Preview != nil {
 			p, _, ev, err := s.signPreview(tenantName, info.ID, *req.Preview, previewTTL)
@@ -219,37 +229,40 @@ func (l *relayLive) createTurn(tenantName string) (release func(), err error) {
 	return l.tenantTurn(l.createsBy, tenantName, maxCreatesAlonePerTenant, "too many of the tenant's creates are under way while no gateway replica leads; retry")
 }
 
-// recordAlone places the recording of a session created alone with
-// the replicas (sh), as the leader's observer places a session's
-// recording (SessionRunning), and waits for its first frame as long as
-// the leader would, or as ctx lets it, handing the session out
-// regardless after that; it then leaves the recording to the leader
-// that adopts the session, which places it again and is replayed what
-// its holder noted meanwhile. The event is the session's
-// recording_started.
-func (s *Server) recordAlone(ctx context.Context, sh RecordingShare, info session.Info, ep session.Endpoint) (session.Event, error) {
+// placeAlone places the recording of a session created alone with the
+// replicas (sh), as the leader's observer places a session's recording
+// (SessionRunning); awaitRecording waits for its first frame. The
+// caller then leaves the recording to the leader that adopts the
+// session (sh.Leave), which places it again and is replayed what its
+// holder noted meanwhile. The event is the session's recording_started.
+func (s *Server) placeAlone(ctx context.Context, sh RecordingShare, info session.Info, ep session.Endpoint) (<-chan struct{}, session.Event, error) {
 	t := recordings.Target{Tenant: info.Tenant, Session: info.ID, VNC: ep.VNC.String(), Width: info.Screen.Width, Height: info.Screen.Height}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	ready, _, err := sh.Place(pctx, info.ID, recordingParams(t), func(string, time.Time, bool, map[string]any) {})
 	cancel()
 	if err != nil {
 		s.log.Warn("the recording of a session created alone could not be placed with the replicas", "session", info.ID, "err", err)
-		return session.Event{}, &apiError{status: 503, code: "unavailable", msg: "the session's recording could not be placed with the gateway replicas; retry"}
+		return nil, session.Event{}, &apiError{status: 503, code: "unavailable", msg: "the session's recording could not be placed with the gateway replicas; retry"}
 	}
-	defer sh.Leave(info.ID, ready)
-	ev := session.Event{Time: time.Now().UTC(), Type: "recording_started"}
-	at := time.Now()
-	timer := time.NewTimer(recordingStartWait)
+	return ready, session.Event{Time: time.Now().UTC(), Type: "recording_started"}, nil
+}
+
+// awaitRecording waits until the recording placed at placed has its
+// first frame, as long as the leader would (recordingStartWait from
+// then) or as ctx's deadline lets it, handing the session out regardless
+// after that; a client that went away (ctx cancelled) fails the create.
+func (s *Server) awaitRecording(ctx context.Context, id string, ready <-chan struct{}, placed time.Time) error {
+	timer := time.NewTimer(time.Until(placed.Add(recordingStartWait)))
 	defer timer.Stop()
 	select {
 	case <-ready:
-		return ev, nil
+		return nil
 	case <-timer.C:
 	case <-ctx.Done():
 		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return session.Event{}, ctx.Err() // the client went away
+			return ctx.Err() // the client went away
 		}
 	}
-	s.log.Warn("recording has not started yet; the session is handed out all the same", "session", info.ID, "waited", time.Since(at).Round(time.Millisecond))
-	return ev, nil
+	s.log.Warn("recording has not started yet; the session is handed out all the same", "session", id, "waited", time.Since(placed).Round(time.Millisecond))
+	return nil
 }

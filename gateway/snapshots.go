@@ -232,8 +232,11 @@ func (s *Server) restoreSnapshot(ctx context.Context, info session.Info, in *ses
 func (s *Server) unpackSnapshot(ctx context.Context, tenant, snapshot string, run func(context.Context, session.ExecSpec) (int, error)) (map[string]any, error) {
 	t0 := time.Now()
 	a, _, err := s.store.Find(ctx, tenant, snapshot)
-	if err != nil || a.Kind != recordings.KindSnapshot {
+	switch {
+	case errors.Is(err, recordings.ErrNotFound), err == nil && a.Kind != recordings.KindSnapshot:
 		return nil, &session.PublicError{Class: session.ErrNotFound, Msg: "no such snapshot", Err: err}
+	case err != nil:
+		return nil, &session.PublicError{Class: session.ErrUnavailable, Msg: "the artifact store is not answering; retry", Err: err, RetryAfter: 2}
 	}
 	pr, pw := io.Pipe()
 	h := sha256.New()
@@ -261,10 +264,14 @@ func (s *Server) unpackSnapshot(ctx context.Context, tenant, snapshot string, ru
 	// that the digest covers the whole object.
 	io.Copy(io.Discard, body)
 	io.Copy(io.Discard, pr)
-	if ferr := <-fetched; ferr != nil && body.err == nil {
+	ferr := <-fetched
+	if ferr != nil && body.err == nil {
 		body.err = ferr
 	}
 	switch {
+	case ferr != nil:
+		// (Not the archive's shape: the store's answer, worth a retry.)
+		return nil, &session.PublicError{Class: session.ErrUnavailable, Msg: "the snapshot could not be read from the artifact store; retry", Err: body.err, RetryAfter: 2}
 	case body.err != nil:
 		return nil, &session.PublicError{Class: session.ErrUnavailable, Msg: "the snapshot could not be read from the artifact store", Err: body.err}
 	case err != nil:

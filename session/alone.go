@@ -53,12 +53,28 @@ const RecordAloneDue = "sandgate.alone-due"
 // go on (the Pod's making, the trail, the record); aloneMargin how much
 // earlier than its due time its creator gives up; aloneFinish what it
 // keeps of that for the steps after extra (the trail, the gate, the
-// record: 10, 5 and 10 s at most).
+// record: 10, 5 and 10 s at most, a second or less as a rule), but
+// extra has extraFloor at least.
 const (
 	aloneSlack  = 30 * time.Second
 	aloneMargin = 10 * time.Second
 	aloneFinish = 25 * time.Second
+	extraFloor  = 15 * time.Second
 )
+
+// extraDue is when extra is done at the latest, called at now in a
+// create due then: before aloneFinish, or after extraFloor from now
+// if that is later, and before its creator gives up in any case.
+func extraDue(due, now time.Time) time.Time {
+	at := due.Add(-aloneMargin - aloneFinish)
+	if floor := now.Add(extraFloor); floor.After(at) {
+		at = floor
+	}
+	if last := due.Add(-aloneMargin); at.After(last) {
+		at = last
+	}
+	return at
+}
 
 // maxAloneStart bounds how long after its sandbox was made a leader
 // leaves a session starting alone to its creator, whatever its record
@@ -106,10 +122,11 @@ type Alone struct {
 // under one of runtimes (as Offered gives them; def the default), and
 // returns it running. extra, if set, is called with the session and its
 // endpoint once it answers, before its trail is stored, within the
-// start's deadline (ctx; what follows it, the trail and the record,
-// takes aloneFinish at most): the events it returns (a preview's issue,
-// a recording's start) are stored with its first ones; its error fails
-// the create.
+// start's deadline less what follows it (the trail and the record:
+// aloneFinish), or extraFloor from its call if that is later: the
+// events it returns (a snapshot's restore, a recording's start, a
+// preview's issue) are stored with its first ones; its error fails the
+// create.
 func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtimes map[string]*Runtime, def string, extra func(context.Context, Info, Endpoint) ([]Event, error)) (Info, error) {
 	rt, err := normalizeFor(&spec, lim, runtimes, def, a.ProxyURL == "", a.Backend)
 	if err != nil {
@@ -224,7 +241,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	took := time.Since(t0)
 	var more []Event
 	if extra != nil {
-		xctx, cancel := context.WithDeadline(startCtx, due.Add(-aloneMargin-aloneFinish))
+		xctx, cancel := context.WithDeadline(startCtx, extraDue(due, time.Now()))
 		more, err = extra(xctx, info, ep)
 		cancel()
 		if err != nil {

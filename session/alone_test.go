@@ -205,7 +205,6 @@ func TestAloneStart(t *testing.T) {
 		return []Event{issued}, nil
 	}
 
-	asked := time.Now()
 	info, err := a.Create(context.Background(), spec, lim, runtimes, "runc", extra)
 	if err != nil || info.State != StateRunning || b.box.state2() != StateRunning || b.box.removed != 0 {
 		t.Fatalf("a create alone whose session answers: %+v %v, its record %s, removed %d times", info, err, b.box.state2(), b.box.removed)
@@ -213,9 +212,10 @@ func TestAloneStart(t *testing.T) {
 	if given.VNC != netip.AddrPortFrom(addr, VNCPort) || given.CDP != netip.AddrPortFrom(addr, CDPPort) {
 		t.Errorf("the endpoint extra was given: %+v, want the sandbox's (%s)", given, addr)
 	}
-	// What follows extra keeps its share of the start's deadline.
-	if latest := time.Now().Add(a.ReadyTimeout + aloneSlack - aloneMargin - aloneFinish); givenDue.IsZero() || givenDue.After(latest) || givenDue.Before(asked.Add(a.ReadyTimeout+aloneSlack-aloneMargin-aloneFinish)) {
-		t.Errorf("extra's deadline: %v, want the start's less aloneFinish (%v)", givenDue, latest)
+	// Extra's deadline: here (a 5 s ready timeout) extraFloor after it
+	// is called, the start's less aloneFinish being earlier.
+	if until := time.Until(givenDue); givenDue.IsZero() || until < extraFloor-5*time.Second || until > extraFloor {
+		t.Errorf("extra's deadline: in %v, want extraFloor (%v) from its call", until, extraFloor)
 	}
 	evs, _, err := StoredTrail(context.Background(), store, "team", info.ID)
 	if err != nil || len(evs) != 3 || evs[0].Type != "created" || evs[1].Type != "started" || evs[2].Type != "preview_issued" {
@@ -438,3 +438,23 @@ type finder struct {
 
 func (f *finder) Name() string              { return "test" }
 func (f *finder) Sandbox(id string) Sandbox { return idRecordBox{f.boxes[id]} }
+
+// TestExtraDue: extra is done aloneFinish before its creator gives up;
+// extraFloor from its call at least, but never past the creator's own
+// deadline.
+func TestExtraDue(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		due  time.Duration // from now
+		want time.Duration // from now
+	}{
+		{"early in the start", 90 * time.Second, 90*time.Second - aloneMargin - aloneFinish},
+		{"late in the start: the floor", 40 * time.Second, extraFloor},
+		{"past the floor's room: the creator's deadline", 20 * time.Second, 20*time.Second - aloneMargin},
+	} {
+		if got := extraDue(now.Add(c.due), now).Sub(now); got != c.want {
+			t.Errorf("%s: extra due in %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -1497,9 +1497,10 @@ func TestKubeRelay(t *testing.T) {
 	}
 	// The session B created while nobody led, B leading has adopted:
 	// it reads running, its trail has its create (made by a replica
-	// while none led), its start, its snapshot's restore, its
-	// recording's start (once: the recording goes on, placed before),
-	// its preview's issue and its adoption, the connection made through
+	// while none led), its start, its recording's start (once: the
+	// recording goes on, placed before; placed before the snapshot went
+	// in), its snapshot's restore, its preview's issue and its
+	// adoption, the connection made through
 	// its preview goes on, and it is deleted as any, its recording
 	// finished.
 	if st, body := rb.api(t, rb.keyA, "GET", "/v1/sessions/"+madeAlone.ID, nil); st != 200 || jsonField(body, "state") != "running" {
@@ -1522,7 +1523,7 @@ func TestKubeRelay(t *testing.T) {
 			restored = restored || ev.Type == "snapshot_restored" && ev.Fields["snapshot"] == gapSnap.ID && ev.Fields["sha256"] != nil
 		}
 		return made && issued && restored && recStarted == 1 && len(types) >= 6 && types[0] == "created" && types[1] == "started" &&
-			types[2] == "snapshot_restored" && types[3] == "recording_started" && slices.Contains(types, "adopted")
+			types[2] == "recording_started" && types[3] == "snapshot_restored" && slices.Contains(types, "adopted")
 	})
 	t.Logf("the start of the session created through B while nobody led: %v", startedAlone)
 	if err := cdpTry(aloneCDP, 2); err != nil {
