@@ -28,14 +28,15 @@ const (
 // alone waits for a leader (503 with a Retry-After, as before): a
 // create that starts from a profile, or does not wait for its session
 // (wait=false), one that binds credentials on a replica built without a
-// vault, and one that records on a replica that cannot record
-// (RecordAlone was not called). The bindings are checked against the
-// replica's own vault. A snapshot is the tenant's, read from the
-// replica's store and unpacked into the session through its Pod before
-// it is handed out, as the leader's is. A recording is placed with the
-// replicas as the leader places it (recordAlone). One over quota is refused at once (429 with a
-// Retry-After), wait_seconds or not: the line that waits for room is
-// the leader's.
+// vault, one from a snapshot on a replica without a store, and one that
+// records on a replica that cannot record (RecordAlone was not called).
+// The bindings are checked against the replica's own vault. A snapshot
+// is the tenant's, read from the replica's store and unpacked into the
+// session through its Pod before it is handed out, as the leader's is.
+// A recording is placed with the replicas as the leader places it
+// (placeAlone, awaitRecording). One over quota is refused at once (429
+// with a Retry-After), wait_seconds or not: the line that waits for
+// room is the leader's.
 func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	l := s.live.(*relayLive)
 	var req createRequest
