@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -105,6 +106,8 @@ const (
 	annotationReady  = "sandgate.io/work-ready"
 	annotationNotes  = "sandgate.io/work-notes"
 	annotationResult = "sandgate.io/work-result"
+	// annotationPlaced marks a lease with the call of Place that made it.
+	annotationPlaced = "sandgate.io/work-placed"
 )
 
 // How the work spreads: leases are looked for every shareTick; a free one
@@ -159,8 +162,8 @@ func (s *Shared) name(session string) string { return "sandgate-" + s.kind + "-"
 // placed before (the predecessor may have died before it had them),
 // those marked replayed; the channel is closed once the holder says the
 // work has begun. before says the piece was placed before: its lease
-// was there already (or is there after a create whose answer was lost,
-// which may have been this call's).
+// was there already, and not made by this call (whose mark it would
+// bear, should the create's answer have been lost).
 func (s *Shared) Place(ctx context.Context, session string, params map[string]string, note func(typ string, at time.Time, replayed bool, f map[string]any)) (ready <-chan struct{}, before bool, err error) {
 	raw, err := json.Marshal(params)
 	if err != nil {
@@ -168,11 +171,14 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 	}
 	name := s.name(session)
 	secs := int32(ShareDuration / time.Second)
+	var word [8]byte
+	rand.Read(word[:])
+	mark := hex.EncodeToString(word[:])
 	leases := s.leases.Client.CoordinationV1().Leases(s.leases.Namespace)
 	_, err = leases.Create(ctx, &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: name,
 			Labels:      map[string]string{LabelManaged: managedBy, labelLeaseFor: session, labelWork: s.kind},
-			Annotations: map[string]string{annotationParams: string(raw)}},
+			Annotations: map[string]string{annotationParams: string(raw), annotationPlaced: mark}},
 		Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs},
 	}, metav1.CreateOptions{})
 	p := &placedWork{ready: make(chan struct{}), note: note}
@@ -194,7 +200,7 @@ func (s *Shared) Place(ctx context.Context, session string, params map[string]st
 		if cur.Annotations[annotationStop] != "" {
 			return nil, false, fmt.Errorf("the %s of session %s is being stopped", s.kind, session)
 		}
-		before = true
+		before = cur.Annotations[annotationPlaced] != mark
 		if cur.Annotations[annotationReady] != "" {
 			p.once.Do(func() { close(p.ready) })
 		}

@@ -2,11 +2,15 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"testing"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // TestShareLeave: a piece placed again says it was placed before (the
@@ -42,5 +46,31 @@ func TestShareLeave(t *testing.T) {
 	}
 	if _, err := b.client.CoordinationV1().Leases("ns").Get(ctx, sh.name("sess"), metav1.GetOptions{}); err != nil {
 		t.Errorf("the piece's lease after a Leave: %v, want it left", err)
+	}
+}
+
+// TestSharePlaceLostAnswer: a Place whose create made the lease but
+// lost its answer says the piece was not placed before (the lease bears
+// its mark); another Place then says it was. (The API server is
+// client-go's fake clientset, its create answering an error after
+// storing the lease.)
+func TestSharePlaceLostAnswer(t *testing.T) {
+	client := fake.NewSimpleClientset()
+	client.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		obj := a.(k8stesting.CreateAction).GetObject()
+		if err := client.Tracker().Create(coordinationv1.SchemeGroupVersion.WithResource("leases"), obj, a.GetNamespace()); err != nil {
+			return true, nil, err
+		}
+		return true, nil, errors.New("the connection broke before the answer")
+	})
+	b := &Backend{client: client, cfg: Config{Namespace: "ns"}}
+	sh := b.NewShared("replica-a", "recording", nil, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	if _, before, err := sh.Place(ctx, "sess", map[string]string{"tenant": "t"}, nil); err != nil || before {
+		t.Errorf("a Place whose answer was lost: placed before %v, %v; want this call's", before, err)
+	}
+	other := b.NewShared("replica-b", "recording", nil, slog.New(slog.DiscardHandler))
+	if _, before, err := other.Place(ctx, "sess", map[string]string{"tenant": "t"}, nil); err != nil || !before {
+		t.Errorf("a Place after it: placed before %v, %v; want placed before", before, err)
 	}
 }
