@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -77,7 +78,7 @@ func (o *observer) SessionRunning(info session.Info, ep session.Endpoint) {
 		}
 		// One placed before (by a leader that died, or by a replica that
 		// created the session alone) started when the trail says.
-		if !goesOn || !s.hasEvent(info.Tenant, info.ID, "recording_started") {
+		if !goesOn || !s.hasEvent(info.Tenant, info.ID, "recording_started", time.Time{}) {
 			s.sessions.Record(info.ID, "recording_started", nil)
 		}
 		// The session is handed out once its display is being recorded,
@@ -658,16 +659,8 @@ func (l *limitedReader) end() error {
 }
 
 // hasEvent says whether the session's trail, as this gateway holds it,
-// has an event of type typ.
-func (s *Server) hasEvent(tenant, id, typ string) bool {
+// has an event of type typ at or after since.
+func (s *Server) hasEvent(tenant, id, typ string, since time.Time) bool {
 	evs, err := s.sessions.Events(tenant, id)
-	if err != nil {
-		return false
-	}
-	for _, ev := range evs {
-		if ev.Type == typ {
-			return true
-		}
-	}
-	return false
+	return err == nil && slices.ContainsFunc(evs, func(ev session.Event) bool { return ev.Type == typ && !ev.Time.Before(since) })
 }

@@ -178,14 +178,8 @@ func HandLeftovers(ctx context.Context, rec *recordings.Recorder, placed func(ct
 // before recorded it when it arrived.
 func (s *Server) heldNote(tenant, session string) func(string, time.Time, bool, map[string]any) {
 	return func(typ string, at time.Time, replayed bool, f map[string]any) {
-		if replayed {
-			if evs, err := s.sessions.Events(tenant, session); err == nil {
-				for _, ev := range evs {
-					if ev.Type == typ && !ev.Time.Before(at) {
-						return
-					}
-				}
-			}
+		if replayed && s.hasEvent(tenant, session, typ, at) {
+			return
 		}
 		s.sessions.Record(session, typ, f)
 	}

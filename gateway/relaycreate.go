@@ -154,14 +154,7 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 		}
 		if spec.Snapshot != "" {
 			f, err := s.unpackSnapshot(ctx, tenantName, spec.Snapshot, func(ctx context.Context, es session.ExecSpec) (int, error) {
-				p, err := session.StartIn(ctx, l.sandbox(info.ID), es, func(err error) {
-					s.log.Warn("exec", "session", info.ID, "err", err)
-				})
-				if err != nil {
-					return -1, err
-				}
-				defer p.Close()
-				return p.Wait(ctx)
+				return session.RunIn(ctx, l.sandbox(info.ID), es, func(err error) { s.log.Warn("exec", "session", info.ID, "err", err) })
 			})
 			if err != nil {
 				return nil, err

@@ -95,6 +95,17 @@ func StartIn(ctx context.Context, sb Sandbox, spec ExecSpec, log func(error)) (*
 	return &Process{p: p, log: log}, nil
 }
 
+// RunIn runs a command in a session's sandbox as StartIn starts it, and
+// returns its exit code once it has exited and its output is copied.
+func RunIn(ctx context.Context, sb Sandbox, spec ExecSpec, log func(error)) (int, error) {
+	p, err := StartIn(ctx, sb, spec, log)
+	if err != nil {
+		return -1, err
+	}
+	defer p.Close()
+	return p.Wait(ctx)
+}
+
 // Wait waits for the process to exit and for its output to be copied, and
 // returns the exit code. When ctx ends first the process is killed; when
 // it ends after the exit while the output is still open (a child the

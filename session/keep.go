@@ -41,12 +41,7 @@ func (in *Inside) Endpoint() Endpoint { return in.ep }
 // Run runs spec in the session and returns its exit code once it has
 // exited and its output is copied.
 func (in *Inside) Run(ctx context.Context, spec ExecSpec) (int, error) {
-	p, err := in.m.startIn(ctx, in.sb, in.id, spec)
-	if err != nil {
-		return -1, err
-	}
-	defer p.Close()
-	return p.Wait(ctx)
+	return RunIn(ctx, in.sb, spec, func(err error) { in.m.log.Warn("exec", "session", in.id, "err", err) })
 }
 
 // SaveTimeout bounds the save of a profile at a session's end.
