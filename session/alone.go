@@ -26,13 +26,16 @@ import (
 // moment a new leader takes over), the tenant may get a session past
 // its quota, until the leader adopts it.
 //
-// What it does not start alone (these wait for a leader, with a 503):
-// a create that waits in line for room (the line is the leader's), one
-// from a warm pool (the pools are the leader's), and one with a profile
-// (its hold is the leader's). One that records, or starts from a
-// snapshot, is started alone: its creator unpacks the snapshot and
-// places the recording with the replicas (in extra), as a leader
-// would.
+// What it does not start alone: a create that waits in line for room
+// (the line is the leader's: one that does not fit is refused at once),
+// and one from a warm pool (the pools are the leader's: it starts
+// cold). One that records, or starts from a snapshot or a profile, is
+// started alone: its creator unpacks the snapshot, writes the profile
+// in and places the recording with the replicas (in extra), as a
+// leader would. A profile's hold is admitted by the records as the
+// quota is (a session that writes its profile back holds it alone;
+// those that only read it share it); a create that would wait for the
+// profile to be free is not made (the wait is the leader's).
 
 // RecordCreatedAlone, in a session's record, names the replica that
 // created the session while no leader answered; the leader clears it as
@@ -126,7 +129,9 @@ type Alone struct {
 // aloneFinish), or extraFloor from its call if that is later: the
 // events it returns (a snapshot's restore, a recording's start, a
 // preview's issue) are stored with its first ones; its error fails the
-// create.
+// create. A browser started for a profile waits for it (its browser is
+// held until the profile is in): extra writes the profile in, and waits
+// for the browser (BrowserReady), as the leader's restore does.
 func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtimes map[string]*Runtime, def string, extra func(context.Context, Info, Endpoint) ([]Event, error)) (Info, error) {
 	rt, err := normalizeFor(&spec, lim, runtimes, def, a.ProxyURL == "", a.Backend)
 	if err != nil {
@@ -134,6 +139,9 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	}
 	if why := neverFits(lim, spec.Resources); why != "" {
 		return Info{}, publicf(ErrInvalid, why, nil)
+	}
+	if spec.Profile != nil && extra == nil {
+		return Info{}, errors.New("a session with a profile is created alone only with an extra that writes it in")
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	adopts, err := a.Adopts(actx)
@@ -168,7 +176,7 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 			unlock()
 		}
 	}()
-	if err := a.admit(ctx, info, lim); err != nil {
+	if err := a.admit(ctx, info, lim, spec.Wait > 0); err != nil {
 		return Info{}, err
 	}
 	// From here on, the create is done by its due time, less a margin:
@@ -231,7 +239,9 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 		return fail(fmt.Errorf("the %s backend gave the sandbox no address", a.Backend.Name()))
 	}
 	ep := endpointOf(addr)
-	waited, _, err := waitReady(startCtx, ep, info.Kind == KindBrowser, exited, ready)
+	// A browser that waits for its profile answers CDP once extra has
+	// written it in.
+	waited, _, err := waitReady(startCtx, ep, info.Kind == KindBrowser && info.Profile == nil, exited, ready)
 	if err != nil {
 		return fail(err)
 	}
@@ -269,9 +279,11 @@ func (a *Alone) Create(ctx context.Context, spec Spec, lim TenantLimits, runtime
 	return info, nil
 }
 
-// admit refuses a create that does not fit (ErrQuota), by the records
-// as they are now.
-func (a *Alone) admit(ctx context.Context, info Info, lim TenantLimits) error {
+// admit refuses a create that does not fit (ErrQuota), or whose profile
+// another session holds (ErrConflict; ErrUnavailable for a create that
+// would wait for it: waits asks for that), by the records as they are
+// now.
+func (a *Alone) admit(ctx context.Context, info Info, lim TenantLimits, waits bool) error {
 	// (Well within the admission lease's hold, which is renewed all the
 	// same.)
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -285,6 +297,7 @@ func (a *Alone) admit(ctx context.Context, info Info, lim TenantLimits) error {
 	now := time.Now()
 	cut := now.Add(-time.Minute)
 	retry, window := 30.0, 0.0
+	profileHeld := false
 	for _, r := range seen {
 		held, err := InfoFromRecord(r.Record)
 		if err != nil {
@@ -293,6 +306,11 @@ func (a *Alone) admit(ctx context.Context, info Info, lim TenantLimits) error {
 		total++
 		if held.Tenant != info.Tenant {
 			continue
+		}
+		if p, hp := info.Profile, held.Profile; p != nil && hp != nil && hp.ID == p.ID && (p.Persist || hp.Persist) {
+			// (Stopping or not: a session holds its profile until it
+			// is saved, its sandbox removed after that.)
+			profileHeld = true
 		}
 		u.Hold(held.Resources, held.Record)
 		if held.CreatedAt.After(cut) {
@@ -303,6 +321,14 @@ func (a *Alone) admit(ctx context.Context, info Info, lim TenantLimits) error {
 			}
 		}
 		retry = min(retry, held.ExpiresAt.Sub(now).Seconds())
+	}
+	if profileHeld {
+		// The profile first, as the leader holds it before the quota.
+		msg := fmt.Sprintf("profile %s is in use by another session (a session that writes a profile back holds it alone)", info.Profile.ID)
+		if waits {
+			return &PublicError{Class: ErrUnavailable, Msg: msg + "; a create that waits for it waits for a gateway replica to lead; retry", RetryAfter: 2}
+		}
+		return publicf(ErrConflict, msg+"; try again once it has ended, or set wait_seconds", nil)
 	}
 	why := fits(u, creates, lim, info.Resources, info.Record, total, a.Capacity)
 	if why == "" {
@@ -493,9 +519,53 @@ func (m *Manager) overdueAlone(id string) {
 		m.mu.Lock()
 		delete(m.overdue, id)
 		m.mu.Unlock()
-		if !gone {
-			m.adoptCreatedAlone(id)
+		if gone {
+			m.dropAloneHold(id)
+			return
 		}
+		m.adoptCreatedAlone(id)
 	}
 	go look()
+}
+
+// holdStartingAlone takes the profile hold of session id, which a
+// replica starts alone (rec is its record), as the hold of a create of
+// this manager's own: nothing this leader admits takes the profile from
+// it meanwhile (the replica admitted it by the records, which hold no
+// create of a leader's before its sandbox exists). It is the session's
+// once adopted (takeOver), and dropped if the session is not
+// (dropAloneHold).
+func (m *Manager) holdStartingAlone(id string, rec map[string]string) {
+	info, err := InfoFromRecord(rec)
+	if err != nil || info.Profile == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.aloneHolds[id] != nil || m.sessions[id] != nil {
+		return
+	}
+	if !m.takeProfileLocked(info.Tenant, info.Profile) {
+		// Taken by a session of this leader's before this one was
+		// seen (a partition between the two): the replica's admission
+		// could not see that hold.
+		m.log.Warn("a session a replica starts alone takes a profile that a session of this gateway holds", "session", id, "profile", info.Profile.ID)
+		return
+	}
+	if m.aloneHolds == nil {
+		m.aloneHolds = map[string]func(){}
+	}
+	tenant, use := info.Tenant, *info.Profile
+	m.aloneHolds[id] = func() { m.dropProfileLocked(tenant, &use) }
+}
+
+// dropAloneHold drops the profile hold holdStartingAlone took for
+// session id, if it holds one.
+func (m *Manager) dropAloneHold(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if drop := m.aloneHolds[id]; drop != nil {
+		delete(m.aloneHolds, id)
+		drop()
+	}
 }

@@ -221,6 +221,13 @@ func TestAloneStart(t *testing.T) {
 	if err != nil || len(evs) != 3 || evs[0].Type != "created" || evs[1].Type != "started" || evs[2].Type != "preview_issued" {
 		t.Errorf("the trail of a create alone: %+v %v", evs, err)
 	}
+	// A browser started for a profile: it is held until extra writes
+	// the profile in (and waits for it), so only its VNC port is waited
+	// for before extra (here no CDP ever answers).
+	pspec := Spec{Tenant: "team", Kind: KindBrowser, Runtime: "runc", TTL: time.Minute, Profile: &ProfileUse{ID: "prof_00000000000000aa"}}
+	if info, err := a.Create(context.Background(), pspec, lim, runtimes, "runc", extra); err != nil || info.State != StateRunning {
+		t.Errorf("a create alone of a browser started for a profile: %+v %v, want it running once extra is done", info, err)
+	}
 	for _, c := range []struct {
 		name  string
 		setup func()
@@ -455,6 +462,189 @@ func TestExtraDue(t *testing.T) {
 	} {
 		if got := extraDue(now.Add(c.due), now).Sub(now); got != c.want {
 			t.Errorf("%s: extra due in %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestAloneProfileHold: a create made alone takes its profile as the
+// leader holds it, by the records: a session that writes the profile
+// back holds it alone (another reader or writer is refused, 409, or
+// 503 to retry when it would wait for it; a stopping one still holds
+// it); readers share it; another tenant's profile of the same id, or
+// another profile, is no hold. A refused create makes no sandbox.
+func TestAloneProfileHold(t *testing.T) {
+	rec := func(id, tenant string, st State, p *ProfileUse) RecordSeen {
+		r, err := containerLabels(Info{ID: id, Tenant: tenant, Kind: KindBrowser, Runtime: "runc", Profile: p,
+			CreatedAt: time.Now().Add(-time.Hour), ExpiresAt: time.Now().Add(time.Hour)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r[labelState] = string(st)
+		return RecordSeen{Record: r, Running: true}
+	}
+	const pid = "prof_00000000000000aa"
+	var records []RecordSeen
+	b := &aloneBackend{locked: func() bool { return false }}
+	a := &Alone{Backend: b, Identity: "replica-b", ReadyTimeout: 2 * time.Second, Log: slog.New(slog.DiscardHandler),
+		Lock: func(context.Context) (func(), func() bool, error) {
+			return func() {}, func() bool { return false }, nil
+		},
+		Records: func(context.Context) ([]RecordSeen, error) { return records, nil },
+		Adopts:  func(context.Context) (bool, error) { return true, nil },
+	}
+	runtimes := map[string]*Runtime{"runc": {Name: "runc", Usable: true}}
+	lim := TenantLimits{MaxTTL: time.Hour, DefaultTTL: time.Minute}
+	extra := func(context.Context, Info, Endpoint) ([]Event, error) { return nil, nil }
+	writer, reader := &ProfileUse{ID: pid, Persist: true}, &ProfileUse{ID: pid}
+	for _, c := range []struct {
+		name    string
+		held    []RecordSeen
+		use     *ProfileUse
+		wait    time.Duration
+		refused error // nil: admitted (its sandbox made)
+	}{
+		{"a reader, a writer holding it", []RecordSeen{rec("s-1", "team", StateRunning, writer)}, reader, 0, ErrConflict},
+		{"a writer, a writer holding it", []RecordSeen{rec("s-1", "team", StateRunning, writer)}, writer, 0, ErrConflict},
+		{"a writer that would wait, a writer holding it", []RecordSeen{rec("s-1", "team", StateRunning, writer)}, writer, time.Minute, ErrUnavailable},
+		{"a writer, a stopping writer holding it", []RecordSeen{rec("s-1", "team", StateStopping, writer)}, writer, 0, ErrConflict},
+		{"a writer, a reader holding it", []RecordSeen{rec("s-1", "team", StateRunning, reader)}, writer, 0, ErrConflict},
+		{"a reader, a reader holding it", []RecordSeen{rec("s-1", "team", StateRunning, reader)}, reader, 0, nil},
+		{"a writer, another tenant's writer of the id", []RecordSeen{rec("s-1", "other", StateRunning, writer)}, writer, 0, nil},
+		{"a writer, a writer of another profile", []RecordSeen{rec("s-1", "team", StateRunning, &ProfileUse{ID: "prof_00000000000000bb", Persist: true})}, writer, 0, nil},
+		{"a writer, none held", nil, writer, 0, nil},
+	} {
+		records = c.held
+		made := len(b.created)
+		_, err := a.Create(context.Background(), Spec{Tenant: "team", Runtime: "runc", TTL: time.Minute, Profile: c.use, Wait: c.wait}, lim, runtimes, "runc", extra)
+		var pe *PublicError
+		switch {
+		case c.refused == nil:
+			// Admitted: its sandbox made (its start fails here).
+			if len(b.created) != made+1 || errors.As(err, &pe) && errors.Is(pe.Class, ErrConflict) {
+				t.Errorf("%s: %v, %d sandboxes made, want it admitted", c.name, err, len(b.created)-made)
+			}
+		case !errors.As(err, &pe) || !errors.Is(pe.Class, c.refused) || !strings.Contains(pe.Msg, pid) || len(b.created) != made:
+			t.Errorf("%s: %v, %d sandboxes made, want %v and none", c.name, err, len(b.created)-made, c.refused)
+		case c.refused == ErrUnavailable && pe.RetryAfter == 0:
+			t.Errorf("%s: %v without a Retry-After", c.name, err)
+		}
+	}
+	records = nil
+	if _, err := a.Create(context.Background(), Spec{Tenant: "team", Runtime: "runc", TTL: time.Minute, Profile: writer}, lim, runtimes, "runc", nil); err == nil {
+		t.Error("a create with a profile and no extra to write it in: made")
+	}
+}
+
+// TestStartingAloneHoldsProfile: a leader that sees a session a replica
+// starts alone holds its profile for it as for a create of its own (a
+// create of the leader's from that profile is refused meanwhile; one
+// from another profile, the control, is not), the hold becomes the
+// session's as it is adopted (its end drops it), and it is dropped if
+// the session is not adopted (its Pod gone, or removed as it turns
+// running).
+func TestStartingAloneHoldsProfile(t *testing.T) {
+	m := &Manager{base: context.Background(), log: slog.New(slog.DiscardHandler), sessions: map[string]*sess{},
+		profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), cfg: Config{ReadyTimeout: time.Minute}}
+	const pid = "prof_00000000000000aa"
+	box := func(id string, due time.Duration) *recordBox {
+		r, err := containerLabels(Info{ID: id, Tenant: "gone", Kind: KindBrowser, Runtime: "runc", Profile: &ProfileUse{ID: pid, Persist: true},
+			CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r[RecordCreatedAlone] = "replica-b"
+		r[RecordAloneDue] = time.Now().Add(due).UTC().Format(time.RFC3339Nano)
+		return &recordBox{record: r}
+	}
+	f := &finder{boxes: map[string]*recordBox{}}
+	m.backend = f
+	leaderCreate := func(id string) error {
+		release, err := m.holdProfile(context.Background(), Spec{Tenant: "gone", Profile: &ProfileUse{ID: id}})
+		if err == nil {
+			release()
+		}
+		return err
+	}
+
+	// Seen at the leader's takeover: held.
+	f.boxes["s-1"] = box("s-1", 100*time.Second)
+	if !m.takeOver(context.Background(), idRecordBox{f.boxes["s-1"]}) || !m.ProfileInUse("gone", pid) {
+		t.Fatalf("a session starting alone, at the takeover: its profile in use %v, want held", m.ProfileInUse("gone", pid))
+	}
+	var pe *PublicError
+	if err := leaderCreate(pid); !errors.As(err, &pe) || !errors.Is(pe.Class, ErrConflict) {
+		t.Errorf("a leader's create from the profile of a session starting alone: %v, want a conflict", err)
+	}
+	if err := leaderCreate("prof_00000000000000bb"); err != nil {
+		t.Errorf("a leader's create from another profile: %v", err)
+	}
+	// Adopted: the session's hold, dropped as it ends.
+	s := newSess(Info{ID: "s-1", Tenant: "gone", Profile: &ProfileUse{ID: pid, Persist: true}})
+	m.mu.Lock()
+	m.keepHoldLocked(s, m.log)
+	moved := len(m.aloneHolds) == 0
+	m.mu.Unlock()
+	if !moved || s.releaseProfile == nil || !m.ProfileInUse("gone", pid) {
+		t.Fatalf("the hold as the session is adopted: moved %v, the session's %v, in use %v", moved, s.releaseProfile != nil, m.ProfileInUse("gone", pid))
+	}
+	s.releaseProfile()
+	if m.ProfileInUse("gone", pid) || leaderCreate(pid) != nil {
+		t.Errorf("the profile after the adopted session ended: still held")
+	}
+
+	// Seen as its record changes, then its Pod gone by its due time:
+	// dropped.
+	f.boxes["s-2"] = box("s-2", 300*time.Millisecond)
+	m.recordChanged(f.boxes["s-2"].record)
+	if !m.ProfileInUse("gone", pid) {
+		t.Fatal("a session starting alone, seen by its record's change: its profile not held")
+	}
+	f.boxes["s-2"].mu.Lock()
+	f.boxes["s-2"].readErr = ErrSandboxGone
+	f.boxes["s-2"].mu.Unlock()
+	waitUntil(t, 10*time.Second, func() bool { return !m.ProfileInUse("gone", pid) })
+
+	// Seen, then running: the adoption fails here (the tenant is not
+	// configured), and the session is removed with its hold.
+	f.boxes["s-3"] = box("s-3", 100*time.Second)
+	m.recordChanged(f.boxes["s-3"].record)
+	if !m.ProfileInUse("gone", pid) {
+		t.Fatal("a third session starting alone: its profile not held")
+	}
+	f.boxes["s-3"].mu.Lock()
+	f.boxes["s-3"].record[labelState] = string(StateRunning)
+	f.boxes["s-3"].mu.Unlock()
+	m.recordChanged(f.boxes["s-3"].record)
+	m.wg.Wait()
+	if f.boxes["s-3"].removed != 1 || m.ProfileInUse("gone", pid) {
+		t.Errorf("a session started alone whose adoption failed: removed %d times, its profile in use %v; want removed, not held", f.boxes["s-3"].removed, m.ProfileInUse("gone", pid))
+	}
+}
+
+// TestAdoptExpiredProfile: a session that expired while no gateway held
+// it is removed as expired at a takeover, unless it writes its profile
+// back: that one is adopted to be stopped (here it goes on to fail for
+// its runtime, which shows it was not refused as expired).
+func TestAdoptExpiredProfile(t *testing.T) {
+	m := &Manager{base: context.Background(), log: slog.New(slog.DiscardHandler), sessions: map[string]*sess{},
+		cfg: Config{ReadyTimeout: time.Minute, Tenants: map[string]TenantLimits{"team": {MaxTTL: time.Hour}}}}
+	for _, c := range []struct {
+		name string
+		use  *ProfileUse
+		why  string
+	}{
+		{"none", nil, "expired"},
+		{"a profile it reads", &ProfileUse{ID: "prof_00000000000000aa"}, "expired"},
+		{"a profile it writes back", &ProfileUse{ID: "prof_00000000000000aa", Persist: true}, "runtime no longer usable"},
+	} {
+		r, err := containerLabels(Info{ID: "s-1", Tenant: "team", Kind: KindBrowser, Runtime: "runc", Profile: c.use,
+			CreatedAt: time.Now().Add(-time.Hour), ExpiresAt: time.Now().Add(-time.Minute)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r[labelState] = string(StateRunning)
+		if _, _, why := m.adopt(context.Background(), idRecordBox{&recordBox{record: r}}); why != c.why {
+			t.Errorf("an expired session, %s: %q, want %q", c.name, why, c.why)
 		}
 	}
 }

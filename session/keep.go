@@ -68,7 +68,14 @@ func (m *Manager) restore(ctx context.Context, info Info, sb Sandbox, ep Endpoin
 	if info.Profile == nil {
 		return ep.Version, nil
 	}
-	_, version, err := waitReady(ctx, ep, true, nil, m.cfg.ReadyTimeout)
+	return BrowserReady(ctx, ep, m.cfg.ReadyTimeout)
+}
+
+// BrowserReady waits, within ctx and limit, until the browser of a
+// session started for a profile answers CDP once the profile is in,
+// and returns the browser's version (/json/version).
+func BrowserReady(ctx context.Context, ep Endpoint, limit time.Duration) ([]byte, error) {
+	_, version, err := waitReady(ctx, ep, true, nil, limit)
 	if err != nil {
 		return nil, fmt.Errorf("the browser did not start again on its profile: %w", err)
 	}

@@ -210,6 +210,10 @@ type Manager struct {
 	// and replaced whenever one is dropped.
 	profiles     map[string]*profileHold
 	profileFreed chan struct{}
+	// aloneHolds are the profile holds of sessions a replica starts
+	// alone, by id (holdStartingAlone): each drops its hold, called
+	// under mu. Moved to the session as it is adopted.
+	aloneHolds map[string]func()
 
 	// The journal (journal.go) stores trails as they are written.
 	journalKick chan struct{}
@@ -645,6 +649,7 @@ func (m *Manager) recordChanged(rec map[string]string) {
 			m.adoptCreatedAlone(rec[labelSession])
 		case StateStarting:
 			// Its creator answers for it until then.
+			m.holdStartingAlone(rec[labelSession], rec)
 			m.overdueAlone(rec[labelSession])
 		}
 		return

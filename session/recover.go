@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -81,10 +82,14 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 		// Its creator answers for it until it runs: it is adopted
 		// then (adoptCreatedAlone), or removed once overdue.
 		log.Info("a gateway replica is starting this session (created while no leader answered): it is adopted once it runs, or removed if it does not by its due time")
+		if rec, err := sb.Record(ctx); err == nil {
+			m.holdStartingAlone(id, rec)
+		}
 		m.overdueAlone(id)
 		return true
 	}
 	if s == nil {
+		m.dropAloneHold(id)
 		log.Info("removing orphaned session", "reason", why)
 		m.recoverStoredTrail(ctx, sb)
 		// Bounded: a Pod on a lost node can stay terminating for
@@ -99,18 +104,8 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 	m.mu.Lock()
 	m.sessions[id] = s
 	m.byAddr[s.addr] = s
-	if p := s.info.Profile; p != nil {
-		// Its hold goes on: nothing else may take the profile first.
-		if m.takeProfileLocked(s.info.Tenant, p) {
-			tenant, use := s.info.Tenant, *p
-			s.releaseProfile = func() { m.mu.Lock(); m.dropProfileLocked(tenant, &use); m.mu.Unlock() }
-		} else {
-			// Two writers of one profile (an earlier gateway's
-			// teardown that failed): the one adopted first keeps the
-			// hold, and this one's end does not drop it.
-			log.Warn("adopted a second session holding the same profile; only the first keeps the hold", "profile", p.ID)
-		}
-	}
+	expired := time.Now().After(s.info.ExpiresAt)
+	m.keepHoldLocked(s, log)
 	m.mu.Unlock()
 	if _, ok := m.backend.(RecordWatcher); ok {
 		// What another replica wrote while the session was adopted
@@ -125,11 +120,40 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 	log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
 	m.wg.Add(1)
 	go m.watch(s, exited)
-	if s.resumeStop {
+	switch {
+	case s.resumeStop:
 		log.Info("the session's stop had begun before this gateway took it over: it is stopped")
+		m.stopAsync(s, StateStopped, "")
+	case expired:
+		log.Info("the session expired before this gateway took it over: it is stopped, its profile written back")
 		m.stopAsync(s, StateStopped, "")
 	}
 	return true
+}
+
+// keepHoldLocked gives an adopted session its profile's hold: the one
+// taken for it as a replica started it alone (holdStartingAlone), or
+// its own again. The caller holds mu.
+func (m *Manager) keepHoldLocked(s *sess, log *slog.Logger) {
+	if drop := m.aloneHolds[s.info.ID]; drop != nil {
+		delete(m.aloneHolds, s.info.ID)
+		s.releaseProfile = func() { m.mu.Lock(); drop(); m.mu.Unlock() }
+		return
+	}
+	p := s.info.Profile
+	if p == nil {
+		return
+	}
+	// Its hold goes on: nothing else may take the profile first.
+	if m.takeProfileLocked(s.info.Tenant, p) {
+		tenant, use := s.info.Tenant, *p
+		s.releaseProfile = func() { m.mu.Lock(); m.dropProfileLocked(tenant, &use); m.mu.Unlock() }
+	} else {
+		// Two writers of one profile (an earlier gateway's teardown
+		// that failed): the one adopted first keeps the hold, and this
+		// one's end does not drop it.
+		log.Warn("adopted a second session holding the same profile; only the first keeps the hold", "profile", p.ID)
+	}
 }
 
 // orphanRemoval bounds the removal of one orphan at startup.
@@ -173,8 +197,10 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 	}
 	// A session whose stop had begun (or was asked by a replica while
 	// no leader answered) is adopted to be stopped, expired or not: its
-	// profile is saved and its trail records the stop.
-	if time.Now().After(info.ExpiresAt) && State(labels[labelState]) != StateStopping {
+	// profile is saved and its trail records the stop. So is one that
+	// expired while no gateway held it, if it writes its profile back
+	// (takeOver stops it at once).
+	if time.Now().After(info.ExpiresAt) && State(labels[labelState]) != StateStopping && (info.Profile == nil || !info.Profile.Persist) {
 		return nil, nil, "expired"
 	}
 	rt, ok := m.runtimes[info.Runtime]
