@@ -236,28 +236,37 @@ func (s *Server) keepSpec(ctx context.Context, tenant string, kind session.Kind,
 		if err := s.needProfiles(); err != nil {
 			return err
 		}
-		if kind == session.KindDesktop {
-			return errInvalid("a profile is a browser's: a desktop session cannot take one")
+		if err := profileUseValid(kind, p, bindings); err != nil {
+			return err
 		}
-		if !profile.IsID(p.ID) {
-			return errInvalid("profile.id must be a profile id (prof_ and 16 hex digits)")
-		}
-		if p.Persist {
-			for _, b := range bindings {
-				if b.Fill == egress.FillValue {
-					// The page would hold the secret's value, and the
-					// browser would keep it (a saved password, a form's
-					// autofill) where a scan of the profile cannot see.
-					return errInvalid("a session that writes its profile back cannot bind a credential with fill \"value\": the typed secret would be kept in the profile")
-				}
-			}
-		}
-		if err := s.checkProfile(ctx, tenant, p.ID); err != nil {
+		if err := s.checkProfile(ctx, s.profiles, tenant, p.ID); err != nil {
 			return profileError(err)
 		}
 	}
 	if snapshot != "" {
 		return s.checkSnapshot(ctx, tenant, snapshot)
+	}
+	return nil
+}
+
+// profileUseValid refuses a create's profile p that a session of kind,
+// with bindings, cannot take.
+func profileUseValid(kind session.Kind, p *session.ProfileUse, bindings []egress.Binding) error {
+	if kind == session.KindDesktop {
+		return errInvalid("a profile is a browser's: a desktop session cannot take one")
+	}
+	if !profile.IsID(p.ID) {
+		return errInvalid("profile.id must be a profile id (prof_ and 16 hex digits)")
+	}
+	if p.Persist {
+		for _, b := range bindings {
+			if b.Fill == egress.FillValue {
+				// The page would hold the secret's value, and the
+				// browser would keep it (a saved password, a form's
+				// autofill) where a scan of the profile cannot see.
+				return errInvalid("a session that writes its profile back cannot bind a credential with fill \"value\": the typed secret would be kept in the profile")
+			}
+		}
 	}
 	return nil
 }
@@ -278,8 +287,8 @@ func (s *Server) checkSnapshot(ctx context.Context, tenant, snapshot string) err
 // checkProfile reads the profile's current version whole, once per
 // version: a version that opened once is not read again at every create
 // (its restore is checked as it goes in all the same).
-func (s *Server) checkProfile(ctx context.Context, tenant, id string) error {
-	p, err := s.profiles.Get(ctx, tenant, id)
+func (s *Server) checkProfile(ctx context.Context, store *profile.Store, tenant, id string) error {
+	p, err := store.Get(ctx, tenant, id)
 	if err != nil {
 		return err
 	}
@@ -293,7 +302,7 @@ func (s *Server) checkProfile(ctx context.Context, tenant, id string) error {
 	if p.Current == 0 || s.verified.has(key) {
 		return nil
 	}
-	if _, err := s.profiles.Verify(ctx, tenant, id); err != nil {
+	if _, err := store.Verify(ctx, tenant, id); err != nil {
 		return err
 	}
 	s.verified.add(key)
@@ -346,29 +355,58 @@ func (s *Server) restoreProfile(ctx context.Context, info session.Info, in *sess
 	if s.profiles == nil {
 		return &session.PublicError{Class: session.ErrUnavailable, Msg: "this gateway keeps no browser profiles"}
 	}
+	f, err := s.writeProfile(ctx, s.profiles, info.Tenant, *info.Profile, in.Run)
+	if err != nil {
+		return err
+	}
+	s.sessions.Record(info.ID, "profile_restored", f)
+	return nil
+}
+
+// writeProfile writes the tenant's profile p, read from store, into a
+// starting session by run (a command in the session), which lets its
+// browser start on it, and returns its profile_restored event's fields.
+func (s *Server) writeProfile(ctx context.Context, store *profile.Store, tenant string, p session.ProfileUse, run func(context.Context, session.ExecSpec) (int, error)) (map[string]any, error) {
 	t0 := time.Now()
 	// Checked whole at the create; read again as it goes in. An object
 	// altered between the two fails here, and the session with it.
-	v, r, err := s.profiles.Open(ctx, info.Tenant, info.Profile.ID)
+	v, r, err := store.Open(ctx, tenant, p.ID)
 	if err != nil {
-		return &session.PublicError{Class: session.ErrConflict, Msg: "profile " + info.Profile.ID + ": " + publicText(err), Err: err}
+		return nil, profileReadError(p.ID, err)
 	}
 	defer r.Close()
 	var stderr bytes.Buffer
 	body := &readErr{r: r}
-	code, err := in.Run(ctx, session.ExecSpec{Args: []string{"sandgate-profile", "restore"}, Stdin: body, Stderr: &limitWriter{w: &stderr, n: 4096}})
+	code, err := run(ctx, session.ExecSpec{Args: []string{"sandgate-profile", "restore"}, Stdin: body, Stderr: &limitWriter{w: &stderr, n: 4096}})
 	switch {
 	case body.err != nil:
-		return &session.PublicError{Class: session.ErrConflict, Msg: "profile " + info.Profile.ID + ": " + publicText(body.err), Err: body.err}
+		return nil, profileReadError(p.ID, body.err)
 	case err != nil:
-		return fmt.Errorf("restore profile: %w", err)
+		return nil, fmt.Errorf("restore profile: %w", err)
 	case code != 0:
-		return &session.PublicError{Class: session.ErrUnavailable, Msg: fmt.Sprintf("the profile could not be written into the session (status %d)", code),
+		return nil, &session.PublicError{Class: session.ErrUnavailable, Msg: fmt.Sprintf("the profile could not be written into the session (status %d)", code),
 			Err: errors.New(stderr.String())}
 	}
-	s.sessions.Record(info.ID, "profile_restored", map[string]any{"profile": info.Profile.ID, "version": v.Version,
-		"size": v.Size, "persist": info.Profile.Persist, "took_ms": time.Since(t0).Milliseconds()})
-	return nil
+	return map[string]any{"profile": p.ID, "version": v.Version, "size": v.Size, "persist": p.Persist,
+		"took_ms": time.Since(t0).Milliseconds()}, nil
+}
+
+// profileReadError is a failed read of profile id's stored version as
+// it goes into a session: altered (409) or gone meanwhile (404), or a
+// store that does not answer (503 to retry).
+func profileReadError(id string, err error) error {
+	class, retry := session.ErrUnavailable, 2
+	switch {
+	case errors.Is(err, profile.ErrTampered):
+		class, retry = session.ErrConflict, 0
+	case errors.Is(err, profile.ErrNotFound):
+		class, retry = session.ErrNotFound, 0
+	}
+	msg := "profile " + id + ": " + publicText(err)
+	if retry > 0 {
+		msg += "; retry"
+	}
+	return &session.PublicError{Class: class, Msg: msg, Err: err, RetryAfter: retry}
 }
 
 // publicText is the message of a profile or snapshot error, safe to show.

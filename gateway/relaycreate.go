@@ -8,6 +8,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/sandgate/sandgate/profile"
 	"github.com/sandgate/sandgate/recordings"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/vault"
@@ -26,17 +27,22 @@ const (
 // leader would (createSession), by RelayAlone.Create: a cold start,
 // admitted by the sessions' Pods (session.Alone). What it cannot do
 // alone waits for a leader (503 with a Retry-After, as before): a
-// create that starts from a profile, or does not wait for its session
-// (wait=false), one that binds credentials on a replica built without a
-// vault, one from a snapshot on a replica without a store, and one that
-// records on a replica that cannot record (RecordAlone was not called).
-// The bindings are checked against the replica's own vault. A snapshot
-// is the tenant's, read from the replica's store and unpacked into the
-// session through its Pod before it is handed out, as the leader's is.
-// A recording is placed with the replicas as the leader places it
-// (placeAlone, awaitRecording). One over quota is refused at once (429
-// with a Retry-After), wait_seconds or not: the line that waits for
-// room is the leader's.
+// create that does not wait for its session (wait=false), one that
+// binds credentials on a replica built without a vault, one from a
+// snapshot on a replica without a store, one from a profile on a
+// replica that opens no profile store, and one that records on a
+// replica that cannot record (RecordAlone was not called). The
+// bindings are checked against the replica's own vault. A snapshot is
+// the tenant's, read from the replica's store and unpacked into the
+// session through its Pod before it is handed out, as the leader's is;
+// a profile is checked with, read from and written in from the
+// replica's own profile store the same way, and held as the Pods'
+// records say (session.Alone). A recording is placed with the replicas
+// as the leader places it (placeAlone, awaitRecording). One over quota
+// is refused at once (429 with a Retry-After), wait_seconds or not: the
+// line that waits for room is the leader's; one whose profile another
+// session holds is refused as the leader refuses it without
+// wait_seconds (409), or with them, 503 with a Retry-After.
 func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	l := s.live.(*relayLive)
 	var req createRequest
@@ -54,8 +60,8 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 		leaders = "a create that records, on a replica that cannot record,"
 	case len(req.Credentials) > 0 && l.alone.Vault == nil:
 		leaders = "a create that binds credentials"
-	case req.Profile != nil:
-		leaders = "a create from a profile"
+	case req.Profile != nil && l.alone.Profiles == nil:
+		leaders = "a create from a profile, on a replica that opens no profile store,"
 	case req.Snapshot != "" && s.store == nil:
 		leaders = "a create from a snapshot, on a replica without an artifact store,"
 	case c.Query("wait", "true") == "false":
@@ -84,6 +90,9 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	}
 	spec := session.Spec{Tenant: tenantName, Kind: session.Kind(req.Kind), Runtime: req.Runtime,
 		TTL: ttl, IdleTimeout: idle, Labels: req.Labels, Record: req.Record}
+	if w := req.WaitSeconds; w != nil {
+		spec.Wait = time.Duration(*w) * time.Second // (not waited alone: session.Alone)
+	}
 	if spec.Egress.Allow, err = egressAllow(lim.EgressAllow, allow); err != nil {
 		return err
 	}
@@ -115,6 +124,31 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 		// Its trail could not be stored: known before a cold start.
 		return &apiError{status: 503, code: "unavailable", msg: "the artifact store does not answer: a create waits for it, or for a gateway replica to lead; retry"}
 	}
+	var profiles *profile.Store
+	if req.Profile != nil {
+		kind := spec.Kind
+		if kind == "" {
+			kind = session.KindBrowser
+		}
+		if err := profileUseValid(kind, req.Profile, spec.Egress.Credentials); err != nil {
+			return err
+		}
+		octx, cancel := context.WithTimeout(c.UserContext(), profileAlone)
+		profiles, err = ownAlone(octx, l.alone.Profiles, relayUnavailableFor, errNoProfiles)
+		cancel()
+		if err != nil {
+			return err
+		}
+		// As long as the leader's check: a version not read whole yet
+		// is read whole (up to profiles.max_bytes).
+		vctx, cancel := context.WithTimeout(c.UserContext(), 2*time.Minute)
+		err = s.checkProfile(vctx, profiles, tenantName, req.Profile.ID)
+		cancel()
+		if err != nil {
+			return profileError(err)
+		}
+		spec.Profile = req.Profile
+	}
 	if req.Snapshot != "" {
 		sctx, cancel := context.WithTimeout(c.UserContext(), 10*time.Second)
 		err := s.checkSnapshot(sctx, tenantName, req.Snapshot)
@@ -131,10 +165,11 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 	defer release()
 	ctx, cancel := reqCtx(c, 2*time.Minute)
 	defer cancel()
-	// The snapshot is unpacked, the recording placed and the preview
-	// signed once the session answers, before its trail is stored: their
-	// events are stored with the first ones (a report to the next leader
-	// could come before it adopts the session).
+	// The snapshot is unpacked, the profile written in, the recording
+	// placed and the preview signed once the session answers, before its
+	// trail is stored: their events are stored with the first ones (a
+	// report to the next leader could come before it adopts the
+	// session).
 	var preview *previewResponse
 	recorded := "" // the session whose recording was placed (or tried)
 	extra := func(ctx context.Context, info session.Info, ep session.Endpoint) ([]session.Event, error) {
@@ -152,14 +187,27 @@ func (s *Server) createAlone(c *fiber.Ctx, tenantName string) error {
 			recording = ready
 			evs = append(evs, ev)
 		}
+		run := func(ctx context.Context, es session.ExecSpec) (int, error) {
+			return session.RunIn(ctx, l.sandbox(info.ID), es, func(err error) { s.log.Warn("exec", "session", info.ID, "err", err) })
+		}
 		if spec.Snapshot != "" {
-			f, err := s.unpackSnapshot(ctx, tenantName, spec.Snapshot, func(ctx context.Context, es session.ExecSpec) (int, error) {
-				return session.RunIn(ctx, l.sandbox(info.ID), es, func(err error) { s.log.Warn("exec", "session", info.ID, "err", err) })
-			})
+			f, err := s.unpackSnapshot(ctx, tenantName, spec.Snapshot, run)
 			if err != nil {
 				return nil, err
 			}
 			evs = append(evs, session.Event{Time: time.Now().UTC(), Type: "snapshot_restored", Fields: f})
+		}
+		if spec.Profile != nil {
+			// After the snapshot, as the leader's restore: the browser,
+			// held until then, starts on the profile.
+			f, err := s.writeProfile(ctx, profiles, tenantName, *spec.Profile, run)
+			if err != nil {
+				return nil, err
+			}
+			evs = append(evs, session.Event{Time: time.Now().UTC(), Type: "profile_restored", Fields: f})
+			if _, err := session.BrowserReady(ctx, ep, time.Minute); err != nil {
+				return nil, err
+			}
 		}
 		if recording != nil {
 			if err := s.awaitRecording(ctx, info.ID, recording, evs[0].Time); err != nil {

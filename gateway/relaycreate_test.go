@@ -11,12 +11,14 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/sandgate/sandgate/ids"
+	"github.com/sandgate/sandgate/profile"
 	"github.com/sandgate/sandgate/session"
 	"github.com/sandgate/sandgate/vault"
 )
@@ -26,8 +28,9 @@ import (
 // would make it (the tenant's, its allow list first, the request's
 // labels and shape), 201 with the session and the preview asked for,
 // signed with the gateway's keys (a review link too). What only a
-// leader does (a profile or a snapshot, wait=false; a recording on a
-// replica that places none, credentials on one without a vault) gets a
+// leader does (wait=false; a profile on a replica that opens no profile
+// store, a snapshot on one without a store, a recording on one that
+// places none, credentials on one without a vault) gets a
 // 503 to retry, before the request's own checks and without a create,
 // as does any while the artifact store does not answer; a junk
 // key 401; a bad TTL 400; Create's refusals are its (over quota: 429
@@ -122,7 +125,7 @@ func TestRelayCreateAlone(t *testing.T) {
 	for _, c := range []struct{ name, key, body, path string }{
 		{"one that records", "good", `{"record":true,"ttl_seconds":-1}`, "/v1/sessions"},
 		{"credentials", "good", `{"credentials":[{"credential":"cred_1"}]}`, "/v1/sessions"},
-		{"a profile", "good", `{"profile":{"id":"prof_0123456789abcdef"}}`, "/v1/sessions"},
+		{"a profile, on a replica that opens no profile store", "good", `{"profile":{"id":"prof_0123456789abcdef"}}`, "/v1/sessions"},
 		{"a snapshot", "good", `{"snapshot":"snap"}`, "/v1/sessions"},
 		{"wait=false", "good", `{}`, "/v1/sessions?wait=false"},
 	} {
@@ -354,5 +357,82 @@ func TestRelayCreateRecordedAlone(t *testing.T) {
 	if st, body, _ := relayCall(t, srv, "POST", "/v1/sessions", "good", `{"record":true}`); st != 201 || time.Since(at) > 10*time.Second ||
 		stored[len(stored)-1].Type != "recording_started" || len(share.stops) != 2 {
 		t.Errorf("a create alone whose recording does not begin by extra's deadline: %d %s after %v, stopped %v; want 201 at the deadline", st, body, time.Since(at), share.stops)
+	}
+}
+
+// TestRelayCreateProfileAlone: a create from a profile that no leader
+// takes is checked as the leader checks it: a profile id that is none,
+// or a desktop's profile, 400 before the replica's profile store is
+// opened; a store that cannot open, 503 to retry; none on the replica
+// (no vault.key), the leader's 503, not to retry; none of these makes a
+// session. (A profile that opens, written into a session made alone and
+// held by the Pods' records, is TestKubeRelayProfile's: the store is
+// MinIO, the session a Pod.)
+func TestRelayCreateProfileAlone(t *testing.T) {
+	srv := testRelay(t, "http://127.0.0.1:1", func(id string) session.Sandbox { return failingSandbox{id: id, started: make(chan string, 1)} })
+	var made, opened atomic.Int32
+	var mu sync.Mutex
+	open := func(context.Context) (*profile.Store, error) { return nil, errors.New("MinIO does not answer") }
+	alone := sessionlessAlone()
+	alone.Profiles = func(ctx context.Context) (*profile.Store, error) {
+		opened.Add(1)
+		mu.Lock()
+		defer mu.Unlock()
+		return open(ctx)
+	}
+	alone.Create = func(context.Context, session.Spec, session.TenantLimits, func(context.Context, session.Info, session.Endpoint) ([]session.Event, error)) (session.Info, error) {
+		made.Add(1)
+		return session.Info{}, errors.New("not made in this test")
+	}
+	srv.AdmitAlone(alone)
+	srv.live.(*relayLive).storeOK.Store(true)
+	for _, c := range []struct {
+		why, body  string
+		want       int
+		msg, retry string
+		opened     bool
+	}{
+		{"a profile id that is none", `{"profile":{"id":"junk"}}`, 400, "profile.id must be a profile id", "", false},
+		{"a desktop's profile", `{"kind":"desktop","profile":{"id":"prof_0123456789abcdef"}}`, 400, "a desktop session cannot take one", "", false},
+		{"a store that cannot open", `{"profile":{"id":"prof_0123456789abcdef"}}`, 503, "retry", "2", true},
+	} {
+		opened.Store(0)
+		st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", c.body)
+		if st != c.want || !strings.Contains(body, c.msg) || retry != c.retry || (opened.Load() > 0) != c.opened {
+			t.Errorf("a create alone, %s: %d %s (Retry-After %q, the store opened %d times), want %d with %q (Retry-After %q, opened %v)",
+				c.why, st, body, retry, opened.Load(), c.want, c.msg, c.retry, c.opened)
+		}
+	}
+	mu.Lock()
+	open = func(context.Context) (*profile.Store, error) { return nil, nil }
+	mu.Unlock()
+	if st, body, retry := relayCall(t, srv, "POST", "/v1/sessions", "good", `{"profile":{"id":"prof_0123456789abcdef"}}`); st != 503 || !strings.Contains(body, "vault.key is not configured") || retry != "" {
+		t.Errorf("a create alone from a profile, no vault.key: %d %s (Retry-After %q), want the leader's 503, not to retry", st, body, retry)
+	}
+	if made.Load() != 0 {
+		t.Errorf("%d sessions made by the creates from a profile that were refused", made.Load())
+	}
+}
+
+// TestProfileReadError: a profile's stored version that fails as it goes
+// into a session is a conflict if it was altered, not found if it went
+// meanwhile (neither to retry), and a 503 to retry if the store did not
+// answer; the message names the profile and never the store's error.
+func TestProfileReadError(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		err   error
+		class error
+		retry int
+	}{
+		{"altered", fmt.Errorf("%w: version 2 of profile prof_00000000000000aa is missing from the store", profile.ErrTampered), session.ErrConflict, 0},
+		{"gone", fmt.Errorf("%w: prof_00000000000000aa", profile.ErrNotFound), session.ErrNotFound, 0},
+		{"a store that does not answer", errors.New("dial tcp 10.0.0.7:9000: connection refused"), session.ErrUnavailable, 2},
+	} {
+		var pe *session.PublicError
+		if err := profileReadError("prof_00000000000000aa", c.err); !errors.As(err, &pe) || !errors.Is(pe.Class, c.class) || pe.RetryAfter != c.retry ||
+			!strings.Contains(pe.Msg, "prof_00000000000000aa") || strings.Contains(pe.Msg, "10.0.0.7") {
+			t.Errorf("%s: %v, want %v with Retry-After %d", c.name, err, c.class, c.retry)
+		}
 	}
 }
