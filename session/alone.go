@@ -536,6 +536,9 @@ func (m *Manager) overdueAlone(id string) {
 // once adopted (takeOver), and dropped if the session is not
 // (dropAloneHold).
 func (m *Manager) holdStartingAlone(id string, rec map[string]string) {
+	if _, ok := m.backend.(SandboxFinder); !ok {
+		return // (nothing would look at it again to drop the hold)
+	}
 	info, err := InfoFromRecord(rec)
 	if err != nil || info.Profile == nil {
 		return

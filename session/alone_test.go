@@ -648,3 +648,56 @@ func TestAdoptExpiredProfile(t *testing.T) {
 		}
 	}
 }
+
+// savingKeeper is an Observer and a Keeper that counts the saves asked.
+type savingKeeper struct {
+	mu    sync.Mutex
+	saved int
+}
+
+func (k *savingKeeper) SessionRunning(Info, Endpoint)                {}
+func (k *savingKeeper) SessionEnded(Info, []Event)                   {}
+func (k *savingKeeper) Restore(context.Context, Info, *Inside) error { return nil }
+func (k *savingKeeper) Save(context.Context, Info, *Inside) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.saved++
+}
+
+func (k *savingKeeper) saves() int { k.mu.Lock(); defer k.mu.Unlock(); return k.saved }
+
+// TestSaveAwaitsObserver: a session that writes its profile back and is
+// stopped before the gateway observes the manager (adopted as the
+// manager starts: its stop resumed, or expired) has its profile saved
+// once it does, not skipped for want of a Keeper; the control, a
+// session that only reads its profile, is never saved.
+func TestSaveAwaitsObserver(t *testing.T) {
+	m := &Manager{base: context.Background(), log: slog.New(slog.DiscardHandler), sessions: map[string]*sess{},
+		observed: make(chan struct{}), cfg: Config{StateDir: t.TempDir()}}
+	writer := newSess(Info{ID: "s-1", Tenant: "team", Profile: &ProfileUse{ID: "prof_00000000000000aa", Persist: true}})
+	reader := newSess(Info{ID: "s-2", Tenant: "team", Profile: &ProfileUse{ID: "prof_00000000000000aa"}})
+	done := make(chan struct{}, 2)
+	for _, s := range []*sess{writer, reader} {
+		go func() {
+			m.save(context.Background(), s, &recordBox{record: map[string]string{}}, StateStopped)
+			done <- struct{}{}
+		}()
+	}
+	<-done // the reader's, at once
+	select {
+	case <-done:
+		t.Fatal("the save of a session that writes its profile back ended before the gateway observed the manager")
+	case <-time.After(200 * time.Millisecond):
+	}
+	k := &savingKeeper{}
+	m.Observe(k)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the save did not go on once the gateway observed the manager")
+	}
+	if k.saves() != 1 {
+		t.Errorf("saves asked: %d, want the writer's alone", k.saves())
+	}
+	m.wg.Wait()
+}

@@ -484,6 +484,13 @@ const (
 func (m *Manager) Observe(o Observer) {
 	m.mu.Lock()
 	m.observer = o
+	if m.observed != nil {
+		select {
+		case <-m.observed:
+		default:
+			close(m.observed)
+		}
+	}
 	m.mu.Unlock()
 	for _, s := range m.running() {
 		m.mu.Lock()

@@ -90,13 +90,31 @@ func (m *Manager) save(ctx context.Context, s *sess, sb Sandbox, final State) {
 	if final != StateStopped || info.Profile == nil || !info.Profile.Persist || sb == nil {
 		return
 	}
-	k, ok := m.keeper()
-	if !ok {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SaveTimeout)
 	defer cancel()
+	k, ok := m.keeperWithin(ctx)
+	if !ok {
+		m.log.Warn("a session's profile was not saved: the gateway keeps no profiles, or did not observe the sessions in time", "session", info.ID)
+		return
+	}
 	k.Save(ctx, info, &Inside{m: m, sb: sb, id: info.ID, ep: ep})
+}
+
+// keeperWithin is the Keeper, waited for within ctx while the gateway
+// has not observed the manager yet (Observe): a session adopted as the
+// manager starts (its stop resumed, or expired) may stop before that.
+func (m *Manager) keeperWithin(ctx context.Context) (Keeper, bool) {
+	m.mu.Lock()
+	o, observed := m.observer, m.observed
+	m.mu.Unlock()
+	if o == nil && observed != nil {
+		select {
+		case <-observed:
+		case <-ctx.Done():
+		case <-m.base.Done():
+		}
+	}
+	return m.keeper()
 }
 
 // Profile holds: a session that writes its profile back holds it alone;

@@ -214,6 +214,9 @@ type Manager struct {
 	// alone, by id (holdStartingAlone): each drops its hold, called
 	// under mu. Moved to the session as it is adopted.
 	aloneHolds map[string]func()
+	// observed is closed once Observe has set the observer (nil in a
+	// manager made without New: nothing to wait for).
+	observed chan struct{}
 
 	// The journal (journal.go) stores trails as they are written.
 	journalKick chan struct{}
@@ -347,7 +350,7 @@ func New(ctx context.Context, client *containerd.Client, cfg Config, log *slog.L
 		return nil, fmt.Errorf("warm pools that freeze need the containerd backend, not %s", backend.Name())
 	}
 	m := &Manager{backend: backend, cfg: cfg, log: log, net: n, base: base, cancel: cancel,
-		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
+		sessions: map[string]*sess{}, byAddr: map[netip.Addr]*sess{}, queues: map[string][]*waiter{}, reserved: map[*reservation]bool{}, creates: map[string][]time.Time{}, profiles: map[string]*profileHold{}, profileFreed: make(chan struct{}), observed: make(chan struct{}), journalKick: make(chan struct{}, 1), revocations: revs, finals: make(chan struct{}, cfg.Finalisers)}
 	m.dropEndedTrails()
 	if err := m.loadStoredRevocations(ctx); err != nil {
 		cancel()

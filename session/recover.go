@@ -104,7 +104,6 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 	m.mu.Lock()
 	m.sessions[id] = s
 	m.byAddr[s.addr] = s
-	expired := time.Now().After(s.info.ExpiresAt)
 	m.keepHoldLocked(s, log)
 	m.mu.Unlock()
 	if _, ok := m.backend.(RecordWatcher); ok {
@@ -120,12 +119,8 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 	log.Info("adopted session", "tenant", s.info.Tenant, "expires_at", s.info.ExpiresAt)
 	m.wg.Add(1)
 	go m.watch(s, exited)
-	switch {
-	case s.resumeStop:
+	if s.resumeStop {
 		log.Info("the session's stop had begun before this gateway took it over: it is stopped")
-		m.stopAsync(s, StateStopped, "")
-	case expired:
-		log.Info("the session expired before this gateway took it over: it is stopped, its profile written back")
 		m.stopAsync(s, StateStopped, "")
 	}
 	return true
@@ -198,8 +193,10 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 	// A session whose stop had begun (or was asked by a replica while
 	// no leader answered) is adopted to be stopped, expired or not: its
 	// profile is saved and its trail records the stop. So is one that
-	// expired while no gateway held it, if it writes its profile back
-	// (takeOver stops it at once).
+	// expired while no gateway held it, if it writes its profile back:
+	// the reaper stops it as any that expired (unless its record, read
+	// again, says another replica extended it), and its profile is
+	// saved once the gateway observes the manager (keeperWithin).
 	if time.Now().After(info.ExpiresAt) && State(labels[labelState]) != StateStopping && (info.Profile == nil || !info.Profile.Persist) {
 		return nil, nil, "expired"
 	}

@@ -23,10 +23,11 @@ import (
 // events. While it holds the profile, another create from it through B
 // alone is refused (409; a reader too; 503 to retry for one that would
 // wait for it; over MCP as well), and another tenant's key finds no
-// such profile (404); none of these makes a Pod. Once B leads it
-// adopts the session, and the session's end (deleted through B) writes
-// the profile back: a session made from it after that holds what the
-// session made alone wrote.
+// such profile (404); none of these makes a Pod. Deleted through B
+// while nobody leads, it reads stopping; once B leads it adopts the
+// session and finishes its stop, which writes the profile back: a
+// session made from it after that holds what the session made alone
+// wrote.
 func TestKubeRelayProfile(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -72,7 +73,8 @@ func TestKubeRelayProfile(t *testing.T) {
 		t.Fatalf("a create from the profile through B while nobody leads: %d %s", st, body)
 	}
 	t.Cleanup(func() { rb.api(t, rb.keyA, "DELETE", "/v1/sessions/"+made.ID, nil) })
-	t.Logf("a create from a kept profile through B (a cold start, runc) answered in %.2f s, %.1f s after A's death, nobody leading", time.Since(at).Seconds(), time.Since(killed).Seconds())
+	aloneCreate := time.Since(at)
+	t.Logf("a create from a kept profile through B (a cold start, runc) answered in %.2f s, %.1f s after A's death, nobody leading", aloneCreate.Seconds(), time.Since(killed).Seconds())
 	if got := read(made.ID); got != "kept through the leader" {
 		t.Errorf("the profile in the session created from it through B while nobody leads: %q, want what the leader's session kept", got)
 	}
@@ -114,6 +116,11 @@ func TestKubeRelayProfile(t *testing.T) {
 			t.Errorf("a session Pod (%s, %s) after the creates from the held profile that were refused", id, tn)
 		}
 	}
+	// Deleted through B while nobody leads: stopping, its profile saved
+	// by the leader that adopts it (its stop resumed).
+	if st, body := callVia(t, fresh, rb.gwURL, rb.keyA, "DELETE", "/v1/sessions/"+made.ID, nil); st != 200 || jsonField(body, "state") != "stopping" {
+		t.Errorf("the delete of the session made alone, through B while nobody leads: %d %s, want it stopping", st, body)
+	}
 	if n := keepGap(); n > 0 {
 		t.Logf("the steps while nobody leads ended %.1f s after the kill; the test renewed A's lease %d times meanwhile", time.Since(killed).Seconds(), n)
 	}
@@ -122,35 +129,39 @@ func TestKubeRelayProfile(t *testing.T) {
 		led, _, _ := leaderAnswers(t, rb, rb.keyA)
 		return led
 	})
-	// Adopted: its trail holds its create, made alone, and the restore.
+	// Adopted and stopped: its trail holds its create, made alone, the
+	// restore, the delete asked while nobody led and the save.
 	var restored map[string]any
-	waitFor(t, 30*time.Second, "the session made alone adopted by B", func() bool {
+	waitFor(t, 2*time.Minute, "the session made alone adopted by B, stopped and its profile saved", func() bool {
 		var types []string
-		alone, adopted := false, false
+		alone, adopted, asked, saved := false, false, false, false
 		for _, ev := range rb.events(t, rb.keyA, made.ID) {
 			types = append(types, ev.Type)
 			alone = alone || ev.Type == "created" && strings.Contains(fmt.Sprint(ev.Fields["created_by"]), "while none led")
 			adopted = adopted || ev.Type == "adopted"
+			asked = asked || ev.Type == "stop_requested" && strings.Contains(fmt.Sprint(ev.Fields["reason"]), "while none led")
+			saved = saved || ev.Type == "profile_saved"
 			if ev.Type == "profile_restored" {
 				restored = ev.Fields
 			}
 		}
-		if !alone || !adopted {
+		if !alone || !adopted || !asked || !saved {
 			t.Logf("the trail so far: %v", types)
 		}
-		return alone && adopted
+		return alone && adopted && asked && saved
 	})
 	if restored == nil || restored["profile"] != p.ID || fmt.Sprint(restored["version"]) != "1" || restored["persist"] != true {
 		t.Errorf("the profile_restored event of the session made alone: %v, want version 1 of %s, written back", restored, p.ID)
 	}
-	// Its end writes the profile back, through B leading.
-	if _, ok := eventOf(rb.stopSession(t, rb.keyA, made.ID), "profile_saved"); !ok {
-		t.Fatalf("the profile was not saved as the session made alone ended")
+	// (Saved before the session's Pod is removed, held until then.)
+	waitFor(t, time.Minute, "the session made alone to end, its profile no longer in use", func() bool { return !rb.getProfile(t, rb.keyA, p.ID).InUse })
+	if got := rb.getProfile(t, rb.keyA, p.ID); got.Current != 2 {
+		t.Errorf("the profile after the session made alone ended: %+v, want version 2", got)
 	}
-	if got := rb.getProfile(t, rb.keyA, p.ID); got.Current != 2 || got.InUse {
-		t.Errorf("the profile after the session made alone ended: %+v, want version 2, not in use", got)
-	}
+	at = time.Now()
 	s3 := rb.createSession(t, rb.keyA, map[string]any{"runtime": "runc", "profile": map[string]any{"id": p.ID}})
+	leaderCreate := time.Since(at)
+	t.Logf("a create from the kept profile through B leading (a cold start, runc) answered in %.2f s: alone/leading %.2f", leaderCreate.Seconds(), aloneCreate.Seconds()/leaderCreate.Seconds())
 	if got := read(s3.ID); got != "written while nobody led" {
 		t.Errorf("the profile in a session made after the one made alone ended: %q, want what that one wrote", got)
 	}

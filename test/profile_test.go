@@ -859,6 +859,37 @@ func TestProfileAcrossRestart(t *testing.T) {
 	}
 }
 
+// TestProfileExpiredAcrossRestart: a session that writes its profile
+// back and expires while no gateway runs is not removed unsaved when the
+// next gateway starts: it is adopted, stopped for its TTL, and its
+// profile saved with what it wrote, before the gateway observed the
+// manager or after (the save waits for it).
+func TestProfileExpiredAcrossRestart(t *testing.T) {
+	e := needE2E(t)
+	p := e.newProfile(t, e.keyA, "expired across a restart")
+	s := e.profileSession(t, e.keyA, p.ID, true, map[string]any{"runtime": "runc", "ttl_seconds": 40})
+	mark := "expired-mark-" + randHex(6)
+	if out := e.execIn(t, e.keyA, s.ID, map[string]any{"cmd": []string{"sh", "-c", "printf %s " + mark + " > ~/.sandgate-profile/sandgate-mark"}}); out.ExitCode != 0 {
+		t.Fatalf("mark: %s", out.Stderr)
+	}
+	e.stopGateway(syscall.SIGKILL)
+	if time.Now().After(s.ExpiresAt) {
+		t.Fatalf("the session expired (%s) before the gateway was killed: this machine took over 40 s to create it and write a file", s.ExpiresAt)
+	}
+	// No gateway runs as it expires.
+	time.Sleep(time.Until(s.ExpiresAt) + time.Second)
+	if err := e.startGateway(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the expired session's profile saved", func() bool { return e.getProfile(t, e.keyA, p.ID).Current == 1 })
+	if plain := e.openProfile(t, "tenant-a", p.ID); !bytes.Contains(plain, []byte(mark)) {
+		t.Errorf("the profile saved as the expired session was stopped lacks what it wrote")
+	}
+	if _, ok := eventOf(e.events(t, e.keyA, s.ID), "profile_saved"); !ok {
+		t.Errorf("the expired session's trail has no profile_saved")
+	}
+}
+
 // TestProfileHostileSession: what a session puts in its profile is the
 // session's word. A symlink out of it and a fifo are dropped at the save
 // (the next session has the plain file beside them, the control); a name
