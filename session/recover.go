@@ -82,9 +82,6 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 		// Its creator answers for it until it runs: it is adopted
 		// then (adoptCreatedAlone), or removed once overdue.
 		log.Info("a gateway replica is starting this session (created while no leader answered): it is adopted once it runs, or removed if it does not by its due time")
-		if rec, err := sb.Record(ctx); err == nil {
-			m.holdStartingAlone(id, rec)
-		}
 		m.overdueAlone(id)
 		return true
 	}
@@ -177,6 +174,8 @@ func (m *Manager) adopt(ctx context.Context, sb Sandbox) (*sess, <-chan Exit, st
 		m.log.Info("finished the claim of a warm session an earlier gateway handed out", "session", sb.ID())
 	}
 	if _, starting := m.startingAlone(labels, time.Now()); starting {
+		// Its profile is held for it meanwhile, by its record as read.
+		m.holdStartingAlone(sb.ID(), labels)
 		return nil, nil, whyStartingAlone
 	} else if labels[RecordCreatedAlone] != "" && State(labels[labelState]) == StateStarting {
 		// Its creator died before the session was answered: nobody
