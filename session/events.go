@@ -513,7 +513,10 @@ func (m *Manager) Observe(o Observer) {
 }
 
 // endOrphanTrails reports the sessions that ended while no gateway ran:
-// their trail files are left, their sessions are not.
+// their trail files are left, their sessions are not. A session being
+// adopted is not one: under Kubernetes a leader adopts a session a
+// replica created alone apart from its start (adoptCreatedAlone), and
+// the adoption writes the session's trail file before it holds it.
 func (m *Manager) endOrphanTrails(o Observer) {
 	files, _ := filepath.Glob(filepath.Join(m.cfg.StateDir, "audit", "*", "s-*.jsonl"))
 	for _, f := range files {
@@ -521,6 +524,7 @@ func (m *Manager) endOrphanTrails(o Observer) {
 		id := strings.TrimSuffix(filepath.Base(f), ".jsonl")
 		m.mu.Lock()
 		_, live := m.sessions[id]
+		live = live || m.adopting[id]
 		m.mu.Unlock()
 		if live || !ids.IsSession(id) {
 			continue

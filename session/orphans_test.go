@@ -404,3 +404,30 @@ func TestStoredOrphanQuiet(t *testing.T) {
 		t.Errorf("finalised %v after its last piece, within the quiet of %v", at.Sub(written), m.cfg.OrphanQuiet)
 	}
 }
+
+// A trail file of a session being adopted (under Kubernetes a leader
+// adopts a session created alone apart from its start, and may observe
+// the manager meanwhile) is not an orphan's: it is neither finalised
+// nor removed, and keeps its events. The control: an orphan's file,
+// beside it, is finalised.
+func TestOrphanTrailsSpareAdopting(t *testing.T) {
+	const adopting, orphan = "s-00000000000000a1", "s-00000000000000a2"
+	m := journalManager(t, &pieceStore{})
+	for _, id := range []string{adopting, orphan} {
+		f := m.openTrail("acme", id)
+		f.record(time.Now(), "created", nil)
+		f.record(time.Now(), "adopted", nil)
+	}
+	m.adopting = map[string]bool{adopting: true}
+	k := &logKeeper{logs: map[string][]Event{}, calls: map[string]int{}}
+	m.endOrphanTrails(k)
+	if k.calls[orphan] != 1 {
+		t.Fatalf("the orphan's trail was finalised %d times, want once", k.calls[orphan])
+	}
+	if k.calls[adopting] != 0 {
+		t.Errorf("the trail of the session being adopted was finalised %d times as an orphan's", k.calls[adopting])
+	}
+	if got := types(readTrail(m.trailPath("acme", adopting))); !eq(got, []string{"created", "adopted"}) {
+		t.Errorf("the trail file of the session being adopted holds %v, want its events", got)
+	}
+}
