@@ -522,21 +522,47 @@ func (m *Manager) endOrphanTrails(o Observer) {
 	for _, f := range files {
 		tenant := filepath.Base(filepath.Dir(f))
 		id := strings.TrimSuffix(filepath.Base(f), ".jsonl")
-		m.mu.Lock()
-		_, live := m.sessions[id]
-		live = live || m.adopting[id]
-		m.mu.Unlock()
-		if live || !ids.IsSession(id) {
+		if !ids.IsSession(id) {
 			continue
 		}
-		// A log that holds the end already (another replica's host
-		// finalised the session from the store) takes what the file
-		// adds, not a second end.
-		ctx, cancel := context.WithTimeout(m.base, time.Minute)
-		ended, err := loggedEnd(ctx, o, tenant, id)
-		cancel()
-		m.endOrphanTrail(o, f, tenant, id, err == nil && ended)
+		m.mu.Lock()
+		_, live := m.sessions[id]
+		claimed := !live && !m.adopting[id] && m.claimOrphanLocked(id)
+		m.mu.Unlock()
+		if claimed {
+			m.endOrphanFile(o, tenant, id)
+		}
 	}
+}
+
+// claimOrphanLocked claims the trail file of session id for its
+// finalisation as an orphan's, unless it is claimed already; the
+// caller holds mu, and endOrphanFile gives the claim up.
+func (m *Manager) claimOrphanLocked(id string) bool {
+	if m.orphaning[id] {
+		return false
+	}
+	if m.orphaning == nil {
+		m.orphaning = map[string]bool{}
+	}
+	m.orphaning[id] = true
+	return true
+}
+
+// endOrphanFile finalises the trail file of session id (claimed,
+// claimOrphanLocked), of a session that ended unobserved. A log that
+// holds the end already (another replica's host finalised the session
+// from the store) takes what the file adds, not a second end.
+func (m *Manager) endOrphanFile(o Observer, tenant, id string) {
+	defer func() {
+		m.mu.Lock()
+		delete(m.orphaning, id)
+		m.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(m.base, time.Minute)
+	ended, err := loggedEnd(ctx, o, tenant, id)
+	cancel()
+	m.endOrphanTrail(o, m.trailPath(tenant, id), tenant, id, err == nil && ended)
 }
 
 // endOrphanTrail finalises the session of trail file f, which ended while

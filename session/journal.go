@@ -584,32 +584,34 @@ func (m *Manager) lastFlush() {
 
 // recoverStoredTrail gives a sandbox that was not adopted (it ended while
 // no gateway ran) a host trail file from the store when the host has
-// none, so that it is reported and finalised like any ended session's.
-func (m *Manager) recoverStoredTrail(ctx context.Context, sb Sandbox) {
+// none, so that it is reported and finalised like any ended session's;
+// it says the session's tenant and whether the host has a trail file of
+// it now.
+func (m *Manager) recoverStoredTrail(ctx context.Context, sb Sandbox) (tenant string, kept bool) {
 	if !m.journalOn() {
-		return
+		return "", false
 	}
 	labels, err := sb.Record(ctx)
 	if err != nil || labels[labelPool] != "" {
-		return
+		return "", false
 	}
 	info, err := infoFromLabels(labels)
 	if err != nil {
-		return
+		return "", false
 	}
 	p := m.trailPath(info.Tenant, info.ID)
 	if _, err := os.Stat(p); err == nil {
-		return
+		return info.Tenant, true
 	}
 	events, err := m.readStoredTrail(ctx, info.Tenant, info.ID)
 	if err != nil || len(events) == 0 {
 		if err != nil {
 			m.log.Warn("the stored audit trail of an ended session could not be read", "session", info.ID, "err", err)
 		}
-		return
+		return "", false
 	}
 	t := m.openTrail(info.Tenant, info.ID)
-	t.rewrite(events)
+	return info.Tenant, t.rewrite(events)
 }
 
 func trailLimit() int { return maxEvents + len(noisyEvents)*maxNoisy + maxDropTypes + 16 }

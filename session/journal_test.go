@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -76,6 +77,13 @@ func (p *pieceStore) ReadTrail(_ context.Context, tenant, id string, each func(i
 		}
 	}
 	return nil
+}
+
+// count is how many pieces of trail key (tenant/id) are stored.
+func (p *pieceStore) count(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pieces[key])
 }
 
 func (p *pieceStore) DropTrail(_ context.Context, tenant, id string) error {
@@ -557,5 +565,44 @@ func TestOrphanTrailMatched(t *testing.T) {
 				t.Errorf("the trail file was kept after it was reported: %v", err)
 			}
 		})
+	}
+}
+
+// An adopted session's events recorded before the manager held it (its
+// adopted event) are stored once it is held, not left for its next
+// event: the flush their record asked for found no session to flush.
+// The control: before the hold, nothing is stored.
+func TestAdoptedHeldFlushed(t *testing.T) {
+	const id = "s-00000000000000c1"
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	m.cfg.TrailFlush = 20 * time.Millisecond
+	m.byAddr = map[netip.Addr]*sess{}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.wg.Add(1)
+	go m.journal(ctx)
+	defer func() { cancel(); m.wg.Wait() }()
+
+	s := newSess(Info{ID: id, Tenant: "acme"})
+	s.trail = m.liveTrail("acme", id, false)
+	if err := m.syncTrail(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	s.record("adopted", nil)
+	m.mu.Unlock()
+	time.Sleep(10 * m.cfg.TrailFlush) // the flush the record asked for
+	if n := store.count("acme/" + id); n != 0 {
+		t.Fatalf("%d pieces stored of a session not held yet", n)
+	}
+	m.mu.Lock()
+	m.holdAdoptedLocked(s, m.log)
+	m.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for store.count("acme/"+id) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the adopted event was not stored within 10 s of the hold")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -190,12 +190,13 @@ type Manager struct {
 	// tenantMu guards cfg.Tenants, which SetTenant replaces whole.
 	tenantMu sync.RWMutex
 
-	mu       sync.Mutex
-	sessions map[string]*sess
-	adopting map[string]bool      // sessions being adopted (takeOver; made there)
-	overdue  map[string]bool      // sessions started alone whose due time is awaited (overdueAlone)
-	byAddr   map[netip.Addr]*sess // live sessions by bridge address
-	observer Observer
+	mu        sync.Mutex
+	sessions  map[string]*sess
+	adopting  map[string]bool      // sessions being adopted (takeOver; made there)
+	orphaning map[string]bool      // sessions whose trail file is finalised as ended unobserved (endOrphanFile; made there)
+	overdue   map[string]bool      // sessions started alone whose due time is awaited (overdueAlone)
+	byAddr    map[netip.Addr]*sess // live sessions by bridge address
+	observer  Observer
 	// Admission (admit.go): creates waiting per tenant, in order, and the
 	// shares of creates admitted but not yet counted as sessions.
 	queues     map[string][]*waiter

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"sort"
 	"strings"
@@ -429,5 +430,57 @@ func TestOrphanTrailsSpareAdopting(t *testing.T) {
 	}
 	if got := types(readTrail(m.trailPath("acme", adopting))); !eq(got, []string{"created", "adopted"}) {
 		t.Errorf("the trail file of the session being adopted holds %v, want its events", got)
+	}
+}
+
+// A session a leader's takeover removes once the gateway observes the
+// manager (under Kubernetes, one a replica created alone, adopted apart
+// from the start and not adoptable: here its runtime is not usable) is
+// finalised there, from its stored trail: its log has the trail and
+// ended_unobserved, its pieces and trail file go. The control: removed
+// before the gateway observes the manager, it is left to Observe's pass,
+// which finalises it once.
+func TestRemovedAtTakeoverFinalised(t *testing.T) {
+	for _, observed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("observed=%v", observed), func(t *testing.T) {
+			const id = "s-00000000000000b1"
+			store := &pieceStore{}
+			m := journalManager(t, store)
+			m.cfg.Tenants = map[string]TenantLimits{"acme": {MaxTTL: time.Hour}}
+			storePieces(t, store, id, "", "exec")
+			k := &logKeeper{logs: map[string][]Event{}, handed: map[string][]Event{}, calls: map[string]int{}}
+			if observed {
+				m.Observe(k)
+			}
+			r, err := containerLabels(Info{ID: id, Tenant: "acme", Kind: KindBrowser, Runtime: "runc",
+				CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r[labelState], r[labelAddr] = string(StateRunning), "10.0.0.9"
+			box := &recordBox{record: r}
+			if m.takeOver(context.Background(), idRecordBox{box}) || box.removed != 1 {
+				t.Fatalf("a session that cannot be adopted was kept, or removed %d times", box.removed)
+			}
+			if !observed {
+				if k.calls[id] != 0 {
+					t.Fatalf("finalised %d times before the gateway observed the manager", k.calls[id])
+				}
+				m.Observe(k)
+			}
+			m.wg.Wait()
+			if k.calls[id] != 1 {
+				t.Fatalf("finalised %d times, want once", k.calls[id])
+			}
+			if got := types(k.handed[id]); !eq(got, []string{"created", "exec", "ended_unobserved"}) {
+				t.Errorf("its log: %v, want its stored trail and ended_unobserved", got)
+			}
+			if _, err := os.Stat(m.trailPath("acme", id)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("its trail file after it was finalised: %v, want none", err)
+			}
+			if len(store.pieces["acme/"+id]) != 0 {
+				t.Error("its stored pieces were kept after it was finalised")
+			}
+		})
 	}
 }

@@ -63,9 +63,12 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 	id := sb.ID()
 	log := m.log.With("session", id)
 	m.mu.Lock()
-	if m.sessions[id] != nil || m.adopting[id] {
+	if m.sessions[id] != nil || m.adopting[id] || m.orphaning[id] {
 		m.mu.Unlock()
-		return true // held, or being adopted (adoptCreatedAlone)
+		// Held, or being adopted (adoptCreatedAlone), or its trail file
+		// is being finalised (a sandbox whose removal failed: its
+		// record's next change brings it here again).
+		return true
 	}
 	if m.adopting == nil {
 		m.adopting = map[string]bool{}
@@ -88,7 +91,7 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 	if s == nil {
 		m.dropAloneHold(id)
 		log.Info("removing orphaned session", "reason", why)
-		m.recoverStoredTrail(ctx, sb)
+		tenant, hasFile := m.recoverStoredTrail(ctx, sb)
 		// Bounded: a Pod on a lost node can stay terminating for
 		// good, and the gateway must start all the same.
 		rctx, cancel := context.WithTimeout(ctx, orphanRemoval)
@@ -96,12 +99,23 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 			log.Error("remove orphan sandbox; the next start tries again", "backend", m.backend.Name(), "err", err)
 		}
 		cancel()
+		// Its trail file is finalised by Observe's pass (endOrphanTrails)
+		// if the gateway has not observed the manager yet; once it has
+		// (a session a replica created alone, adopted apart from the
+		// start and not adoptable), here. Either way exactly once: the
+		// pass skips it until it is no longer being adopted.
+		m.mu.Lock()
+		delete(m.adopting, id)
+		o := m.observer
+		claimed := hasFile && o != nil && m.claimOrphanLocked(id)
+		m.mu.Unlock()
+		if claimed {
+			m.endOrphanFile(o, tenant, id)
+		}
 		return false
 	}
 	m.mu.Lock()
-	m.sessions[id] = s
-	m.byAddr[s.addr] = s
-	m.keepHoldLocked(s, log)
+	m.holdAdoptedLocked(s, log)
 	m.mu.Unlock()
 	if _, ok := m.backend.(RecordWatcher); ok {
 		// What another replica wrote while the session was adopted
@@ -121,6 +135,19 @@ func (m *Manager) takeOver(ctx context.Context, sb Sandbox) (kept bool) {
 		m.stopAsync(s, StateStopped, "")
 	}
 	return true
+}
+
+// holdAdoptedLocked makes the manager hold an adopted session; the
+// caller holds mu.
+func (m *Manager) holdAdoptedLocked(s *sess, log *slog.Logger) {
+	m.sessions[s.info.ID] = s
+	m.byAddr[s.addr] = s
+	m.keepHoldLocked(s, log)
+	if s.trail.journal && (!s.trail.synced || s.trail.unstored()) {
+		// Its adopted event, recorded before it was held, may have been
+		// passed over by a flush that looked meanwhile.
+		m.kickJournal()
+	}
 }
 
 // keepHoldLocked gives an adopted session its profile's hold: the one
