@@ -1,8 +1,9 @@
 // Command failures reads `go test -json` on its input, prints the output as
 // `go test -v` would while the tests run, and at the end repeats the output
-// of every test that failed. A CI log kept only by its tail (where the
-// suite's end prints the gateway's and MinIO's logs) then still says which
-// test failed and why. It exits 1 when a test or a package failed, or when
+// of every test that failed, then the lines each one's own code wrote. A CI
+// log kept only by its tail (where the suite's end prints the gateway's and
+// MinIO's logs, and a failed test its replicas') then still says which test
+// failed and why. It exits 1 when a test or a package failed, or when
 // the input ended without a package's result (a build failure, a crash).
 package main
 
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -28,7 +30,12 @@ type event struct {
 const (
 	maxLinesPerTest = 120
 	maxTestsShown   = 12
+	maxSaidPerTest  = 15
 )
+
+// said matches a line the test's own code wrote (t.Log, t.Error, t.Fatal:
+// indented, then file:line), not the lines of a log it printed.
+var said = regexp.MustCompile(`^\s+[\w./-]+\.go:\d+: `)
 
 func main() {
 	os.Exit(run(os.Stdin, os.Stdout))
@@ -84,6 +91,29 @@ func run(in io.Reader, out io.Writer) int {
 			}
 			fmt.Fprintln(out, ")")
 			for _, l := range lines {
+				fmt.Fprint(out, l)
+			}
+		}
+		// Last, what each failed test's code said: a test that prints
+		// logs as it fails (its gateways') puts its reason above them,
+		// out of a short tail.
+		for i, name := range failed {
+			if i == maxTestsShown {
+				break
+			}
+			var own []string
+			for _, l := range outputs[name] {
+				if said.MatchString(l) {
+					own = append(own, l)
+				}
+			}
+			fmt.Fprintf(out, "==== %s: what its code said (%d lines", name, len(own))
+			if len(own) > maxSaidPerTest {
+				fmt.Fprintf(out, ", the last %d", maxSaidPerTest)
+				own = own[len(own)-maxSaidPerTest:]
+			}
+			fmt.Fprintln(out, ")")
+			for _, l := range own {
 				fmt.Fprint(out, l)
 			}
 		}
