@@ -559,6 +559,12 @@ func (m *Manager) endOrphanFile(o Observer, tenant, id string) {
 		delete(m.orphaning, id)
 		m.mu.Unlock()
 	}()
+	if _, err := os.Stat(m.trailPath(tenant, id)); err != nil {
+		// Finalised since it was listed (by a takeover's removal, while
+		// Observe's pass was on other files): the file goes before the
+		// claim is given up.
+		return
+	}
 	ctx, cancel := context.WithTimeout(m.base, time.Minute)
 	ended, err := loggedEnd(ctx, o, tenant, id)
 	cancel()

@@ -31,6 +31,9 @@ type pieceStore struct {
 	// start; reads: how often each trail was read.
 	scopes map[string]map[int]string
 	reads  map[string]int
+	// onRead, if set, is called as a trail (tenant/id) is read, before
+	// the store's lock is taken.
+	onRead func(key string)
 }
 
 func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, lines []byte) error {
@@ -55,6 +58,9 @@ func (p *pieceStore) PutTrail(_ context.Context, tenant, id string, start int, l
 }
 
 func (p *pieceStore) ReadTrail(_ context.Context, tenant, id string, each func(int, io.Reader) error) error {
+	if p.onRead != nil {
+		p.onRead(tenant + "/" + id)
+	}
 	p.mu.Lock()
 	if p.fail != nil {
 		p.mu.Unlock()

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -452,13 +454,7 @@ func TestRemovedAtTakeoverFinalised(t *testing.T) {
 			if observed {
 				m.Observe(k)
 			}
-			r, err := containerLabels(Info{ID: id, Tenant: "acme", Kind: KindBrowser, Runtime: "runc",
-				CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			r[labelState], r[labelAddr] = string(StateRunning), "10.0.0.9"
-			box := &recordBox{record: r}
+			box := unadoptableBox(t, id)
 			if m.takeOver(context.Background(), idRecordBox{box}) || box.removed != 1 {
 				t.Fatalf("a session that cannot be adopted was kept, or removed %d times", box.removed)
 			}
@@ -482,5 +478,106 @@ func TestRemovedAtTakeoverFinalised(t *testing.T) {
 				t.Error("its stored pieces were kept after it was finalised")
 			}
 		})
+	}
+}
+
+// A session whose trail file Observe's pass listed while a takeover
+// adopted it, and which that takeover removed and finalised while the
+// pass was on an earlier file, is not finalised a second time by the
+// pass. The control: the earlier file, an orphan's, is finalised.
+func TestOrphanPassAfterTakeover(t *testing.T) {
+	const orphan, taken = "s-00000000000000d1", "s-00000000000000d2"
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	m.cfg.Tenants = map[string]TenantLimits{"acme": {MaxTTL: time.Hour}}
+	for _, id := range []string{orphan, taken} {
+		trailOnHost(t, m, store, id)
+	}
+	box := unadoptableBox(t, taken)
+	k := &logKeeper{logs: map[string][]Event{}, handed: map[string][]Event{}, calls: map[string]int{}}
+	m.mu.Lock()
+	m.observer = k
+	m.adopting = map[string]bool{taken: true} // (a takeover under way as the pass lists the files)
+	m.mu.Unlock()
+	var once atomic.Bool // (not sync.Once: the takeover reads trails too)
+	store.onRead = func(key string) {
+		if key != "acme/"+orphan || !once.CompareAndSwap(false, true) {
+			return
+		}
+		func() {
+			// The takeover goes on, finds the session not adoptable (its
+			// runtime), removes it and finalises its trail.
+			m.mu.Lock()
+			delete(m.adopting, taken)
+			m.mu.Unlock()
+			if m.takeOver(context.Background(), idRecordBox{box}) {
+				t.Error("the session that cannot be adopted was kept")
+			}
+		}()
+	}
+	m.endOrphanTrails(k)
+	if k.calls[orphan] != 1 {
+		t.Errorf("the orphan's trail was finalised %d times, want once", k.calls[orphan])
+	}
+	if k.calls[taken] != 1 {
+		t.Errorf("the trail of the session the takeover removed was finalised %d times, want once", k.calls[taken])
+	}
+}
+
+// trailOnHost stores a trail of session id (created, exec) and writes
+// it to m's host file as well, as a takeover's removal would have.
+func trailOnHost(t *testing.T, m *Manager, store *pieceStore, id string) {
+	t.Helper()
+	storePieces(t, store, id, "", "exec")
+	var stored []Event
+	store.ReadTrail(context.Background(), "acme", id, func(_ int, r io.Reader) error {
+		stored = append(stored, readEventsFrom(r, trailLimit())...)
+		return nil
+	})
+	f := m.openTrail("acme", id)
+	if !f.rewrite(stored) {
+		t.Fatal("the trail file could not be written")
+	}
+}
+
+// unadoptableBox is the sandbox of a running session of tenant acme
+// that a takeover cannot adopt: its runtime is not usable (none is).
+func unadoptableBox(t *testing.T, id string) *recordBox {
+	t.Helper()
+	r, err := containerLabels(Info{ID: id, Tenant: "acme", Kind: KindBrowser, Runtime: "runc",
+		CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r[labelState], r[labelAddr] = string(StateRunning), "10.0.0.9"
+	return &recordBox{record: r}
+}
+
+// A takeover of a session whose trail file Observe's pass is finalising
+// (its sandbox's removal failed before, and its record changed since)
+// leaves it to the pass: it neither removes the sandbox nor finalises
+// the trail a second time. The control: the pass finalises it once.
+func TestTakeoverDuringOrphanPass(t *testing.T) {
+	const id = "s-00000000000000e1"
+	store := &pieceStore{}
+	m := journalManager(t, store)
+	m.cfg.Tenants = map[string]TenantLimits{"acme": {MaxTTL: time.Hour}}
+	trailOnHost(t, m, store, id)
+	box := unadoptableBox(t, id)
+	k := &logKeeper{logs: map[string][]Event{}, handed: map[string][]Event{}, calls: map[string]int{}}
+	m.mu.Lock()
+	m.observer = k
+	m.mu.Unlock()
+	var once atomic.Bool // (not sync.Once: the takeover reads trails too)
+	store.onRead = func(string) {
+		if once.CompareAndSwap(false, true) {
+			if !m.takeOver(context.Background(), idRecordBox{box}) || box.removed != 0 {
+				t.Errorf("a takeover while the pass finalised the trail went on (removed %d times)", box.removed)
+			}
+		}
+	}
+	m.endOrphanTrails(k)
+	if k.calls[id] != 1 {
+		t.Errorf("the trail was finalised %d times, want once", k.calls[id])
 	}
 }
