@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -107,7 +108,7 @@ func TestMain(m *testing.M) {
 		}
 		code = 1
 	} else {
-		fmt.Println("leak check: no containers, tasks, snapshots, network namespaces, veths or cgroups left")
+		fmt.Println("leak check: no containers, tasks, snapshots, network namespaces, veths, cgroups or mounts left")
 	}
 	if code != 0 {
 		e.printLogs()
@@ -365,8 +366,10 @@ func (e *testEnv) teardown() {
 }
 
 // leaks lists everything of the test namespace that outlived the tests:
-// containers, tasks, active snapshots, network namespaces and veths. It
-// also removes them, so one failed run does not poison the next.
+// containers, tasks, active snapshots, network namespaces, veths,
+// cgroups and mounts under the suite's directory (a session workspace's
+// tmpfs). It also removes them, so one failed run does not poison the
+// next.
 func (e *testEnv) leaks() []string {
 	ctx := namespaces.WithNamespace(context.Background(), testNamespace)
 	var out []string
@@ -400,6 +403,34 @@ func (e *testEnv) leaks() []string {
 		out = append(out, "cgroup "+c)
 		os.Remove(c)
 	}
+	for _, p := range mountsUnder(e.dir) {
+		out = append(out, "mount "+p)
+		syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+	return out
+}
+
+// mountsUnder lists the mount points below dir (a session's workspace
+// left mounted), deepest first, as /proc/self/mountinfo has them.
+func mountsUnder(dir string) []string {
+	raw, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil || dir == "" {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			continue
+		}
+		// The mount point, with space, tab, newline and backslash
+		// written as octal escapes.
+		p := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(fields[4])
+		if strings.HasPrefix(p, filepath.Clean(dir)+"/") {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
 	return out
 }
 
