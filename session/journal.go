@@ -587,7 +587,7 @@ func (m *Manager) lastFlush() {
 // none, so that it is reported and finalised like any ended session's;
 // it says the session's tenant and whether the host has a trail file of
 // it now.
-func (m *Manager) recoverStoredTrail(ctx context.Context, sb Sandbox) (tenant string, kept bool) {
+func (m *Manager) recoverStoredTrail(ctx context.Context, sb Sandbox) (tenant string, hasFile bool) {
 	if !m.journalOn() {
 		return "", false
 	}
