@@ -84,15 +84,7 @@ func run(in io.Reader, out io.Writer) int {
 				break
 			}
 			lines := outputs[name]
-			fmt.Fprintf(out, "==== %s (%d lines of output", name, len(lines))
-			if len(lines) > maxLinesPerTest {
-				fmt.Fprintf(out, ", the last %d", maxLinesPerTest)
-				lines = lines[len(lines)-maxLinesPerTest:]
-			}
-			fmt.Fprintln(out, ")")
-			for _, l := range lines {
-				fmt.Fprint(out, l)
-			}
+			repeat(out, name, "lines of output", lines, maxLinesPerTest)
 		}
 		// Last, what each failed test's code said: a test that prints
 		// logs as it fails (its gateways') puts its reason above them,
@@ -107,15 +99,7 @@ func run(in io.Reader, out io.Writer) int {
 					own = append(own, l)
 				}
 			}
-			fmt.Fprintf(out, "==== %s: what its code said (%d lines", name, len(own))
-			if len(own) > maxSaidPerTest {
-				fmt.Fprintf(out, ", the last %d", maxSaidPerTest)
-				own = own[len(own)-maxSaidPerTest:]
-			}
-			fmt.Fprintln(out, ")")
-			for _, l := range own {
-				fmt.Fprint(out, l)
-			}
+			repeat(out, name+": what its code said", "lines", own, maxSaidPerTest)
 		}
 	}
 	switch {
@@ -126,4 +110,18 @@ func run(in io.Reader, out io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// repeat prints a heading (title, how many lines there are, and the
+// bound if they are more than most), then the last most of lines.
+func repeat(out io.Writer, title, what string, lines []string, most int) {
+	fmt.Fprintf(out, "==== %s (%d %s", title, len(lines), what)
+	if len(lines) > most {
+		fmt.Fprintf(out, ", the last %d", most)
+		lines = lines[len(lines)-most:]
+	}
+	fmt.Fprintln(out, ")")
+	for _, l := range lines {
+		fmt.Fprint(out, l)
+	}
 }
